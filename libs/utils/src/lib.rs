@@ -1,0 +1,15 @@
+//! Small value types shared by every part of the page server.
+//!
+//! The types here cross crate and process boundaries (file names, on-disk
+//! headers, the wire protocol, logs), so each one has a single canonical
+//! text form and a parser that reports bad input as a typed error instead of
+//! panicking. Keeping them in one dependency-light crate means every crate
+//! agrees on those forms.
+
+pub mod id;
+pub mod lsn;
+
+mod quote;
+
+pub use id::{TenantId, TimelineId};
+pub use lsn::Lsn;
