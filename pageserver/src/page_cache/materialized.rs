@@ -1,0 +1,172 @@
+//! The version directory for materialized pages: which LSNs of a page are (probably) cached.
+//!
+//! Materialized pages are looked up as "the newest cached version of (tenant, timeline, key) at
+//! or below LSN L", which an exact-key hash table cannot answer by itself. The directory maps
+//! each page key to a small sorted list of the newest LSNs memorized for it (at most
+//! `versions_per_key`) and to a directory id; the pages themselves live in ordinary cache slots
+//! under the exact 16-byte key `(MATERIALIZED_BIT | id, lsn)`.
+//!
+//! A lookup reads the candidate LSNs under a shard's read lock, drops the lock, and then probes
+//! the slots lock-free, newest candidate first. The directory is a hint, never the truth: a
+//! candidate whose slot was evicted is simply skipped, and the slot key is verified on every hit,
+//! so a stale or lost directory update costs a miss and never a wrong page.
+//!
+//! Ids are never reused, so a page key whose directory entry was dropped and recreated cannot
+//! reach slots of its previous life; those age out of the clock like any cold page.
+//!
+//! Lock order: a directory shard lock is never held while acquiring or claiming a slot. The
+//! evictor, which owns a slot in Construction, may take a shard lock to forget that version.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
+use pageserver_api::Key;
+use utils::{Lsn, TenantId, TimelineId};
+
+/// Marks a slot key as a materialized page rather than a file page (file ids stay below it).
+pub(super) const MATERIALIZED_BIT: u64 = 1 << 63;
+
+const SHARD_BITS: u32 = 6;
+const SHARDS: usize = 1 << SHARD_BITS;
+
+/// The identity of a materialized page, without its LSN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MaterializedPageKey {
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
+    pub key: Key,
+}
+
+struct Entry {
+    id: u64,
+    /// Ascending, at most `versions_per_key`.
+    lsns: Vec<Lsn>,
+}
+
+#[derive(Default)]
+struct Shard {
+    by_key: HashMap<MaterializedPageKey, Entry>,
+    key_of_id: HashMap<u64, MaterializedPageKey>,
+}
+
+pub(super) struct Directory {
+    shards: Box<[RwLock<Shard>]>,
+    next_id: AtomicU64,
+    versions_per_key: usize,
+}
+
+/// Candidate versions for one lookup, newest first.
+pub(super) struct Candidates {
+    pub id: u64,
+    pub lsns: Vec<Lsn>,
+}
+
+impl Directory {
+    pub(super) fn new(versions_per_key: usize) -> Self {
+        Directory {
+            shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
+            next_id: AtomicU64::new(1),
+            versions_per_key,
+        }
+    }
+
+    pub(super) fn enabled(&self) -> bool {
+        self.versions_per_key > 0
+    }
+
+    fn shard_index(key: &MaterializedPageKey) -> usize {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        // A fixed (unseeded) hasher: the same key must map to the same shard on every call.
+        let hash = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+            .hash_one(key);
+        (hash as usize) & (SHARDS - 1)
+    }
+
+    fn shard_of_key(&self, key: &MaterializedPageKey) -> &RwLock<Shard> {
+        &self.shards[Self::shard_index(key)]
+    }
+
+    fn shard_of_id(&self, id: u64) -> &RwLock<Shard> {
+        &self.shards[(id as usize) & (SHARDS - 1)]
+    }
+
+    /// The cached LSNs of `key` at or below `lsn`, newest first.
+    pub(super) fn candidates(&self, key: &MaterializedPageKey, lsn: Lsn) -> Option<Candidates> {
+        let shard = self
+            .shard_of_key(key)
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        let entry = shard.by_key.get(key)?;
+        let below = entry.lsns.partition_point(|l| *l <= lsn);
+        if below == 0 {
+            return None;
+        }
+        Some(Candidates {
+            id: entry.id,
+            lsns: entry.lsns[..below].iter().rev().copied().collect(),
+        })
+    }
+
+    /// Records that version `lsn` of `key` is being cached; returns the directory id to store it
+    /// under, and whether the LSN was already listed.
+    pub(super) fn remember(&self, key: &MaterializedPageKey, lsn: Lsn) -> (u64, bool) {
+        let mut shard = self
+            .shard_of_key(key)
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let shard = &mut *shard;
+        let entry = shard.by_key.entry(*key).or_insert_with(|| {
+            // The shard travels in the id so that eviction finds it without the key's hash.
+            let serial = self.next_id.fetch_add(1, Ordering::Relaxed);
+            let id = (serial << SHARD_BITS) | Self::shard_index(key) as u64;
+            shard.key_of_id.insert(id, *key);
+            Entry {
+                id,
+                lsns: Vec::with_capacity(self.versions_per_key + 1),
+            }
+        });
+        match entry.lsns.binary_search(&lsn) {
+            Ok(_) => (entry.id, true),
+            Err(pos) => {
+                entry.lsns.insert(pos, lsn);
+                if entry.lsns.len() > self.versions_per_key {
+                    // Forget the oldest version; its slot ages out unreachable.
+                    entry.lsns.remove(0);
+                }
+                (entry.id, false)
+            }
+        }
+    }
+
+    /// Forgets version `lsn` of directory id `id` (its slot was evicted or never filled).
+    pub(super) fn forget(&self, id: u64, lsn: Lsn) {
+        let mut shard = self
+            .shard_of_id(id)
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let shard = &mut *shard;
+        let Some(key) = shard.key_of_id.get(&id).copied() else {
+            return;
+        };
+        let Some(entry) = shard.by_key.get_mut(&key) else {
+            return;
+        };
+        if let Ok(pos) = entry.lsns.binary_search(&lsn) {
+            entry.lsns.remove(pos);
+        }
+        if entry.lsns.is_empty() {
+            shard.by_key.remove(&key);
+            shard.key_of_id.remove(&id);
+        }
+    }
+
+    /// Number of page keys with a directory entry (tests: the directory must not outgrow the cache).
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.read().unwrap_or_else(|e| e.into_inner()).by_key.len())
+            .sum()
+    }
+}

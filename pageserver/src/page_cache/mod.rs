@@ -1,0 +1,575 @@
+//! The shared, read-only page cache.
+//!
+//! One cache serves every tenant. It holds two kinds of page, both **immutable**:
+//!
+//! * **Immutable file pages**, keyed by `(FileId, block number)`: blocks of ephemeral files
+//!   (pre-warmed as their mutable tail is written out) and of layer files (read through on a
+//!   miss). Files are append-only or immutable, so a cached block can never go stale.
+//! * **Materialized pages**, keyed by `(tenant, timeline, key, lsn)` and looked up as "the newest
+//!   cached version at or below L" (see [`materialized`]). A hit is a base image: records newer
+//!   than it must still be applied.
+//!
+//! Because nothing in the cache is ever dirty there is no write-back, no flushing on eviction and
+//! no coherency protocol: evicting a page is forgetting it. The cache never writes a file.
+//!
+//! # Design
+//!
+//! The design follows RocksDB's HyperClockCache, cut down to fixed 8 KiB pages:
+//!
+//! * **Page memory is allocated once**: an arena of `capacity / PAGE_SZ` frames, 4 KiB aligned,
+//!   one per slot. Inserting never allocates; a lease derefs straight into the arena.
+//! * **Lookups take no lock.** The index (`index.rs`) is an open-addressed table of atomic words;
+//!   a lookup probes it and takes a reference with one `fetch_add` on the slot's metadata word
+//!   (`slot.rs`), then verifies the full 16-byte key. Dropping a [`PageLease`] is one more
+//!   `fetch_add`. Hit and miss counters are striped per thread (`stats.rs`).
+//! * **Eviction is a counting CLOCK.** Each slot carries a countdown of 0 to 3. A hit raises it;
+//!   the clock hand lowers it and evicts the slot when it is already 0 and unreferenced. The
+//!   countdown a page starts with depends on how it arrived ([`Arrival`]): a page a reader asked
+//!   for starts warm, a pre-warmed ephemeral block starts lukewarm, so it survives a full turn of
+//!   the clock hand (much longer than it takes for the block to be read back), and a page read
+//!   by a bulk scan starts cold so a scan evicts mostly its own pages, not the hot set.
+//! * **Bounded eviction effort.** A referenced (pinned) slot is never evicted. When the clock hand
+//!   keeps meeting pinned slots without making progress, the insert gives up with
+//!   [`InsertError::AllPinned`] instead of spinning; the caller serves the page uncached.
+//!
+//! # Invariants
+//!
+//! * A slot's key and bytes change only while one thread owns it exclusively (Construction), and
+//!   it can only be claimed when no lease references it. So a lease sees the bytes of its own
+//!   key for as long as it lives.
+//! * Every Visible slot is linked in the index exactly once, under the hash of its key; a slot
+//!   is linked and unlinked only by its owner.
+//! * Keys are verified in full on every hit: hash collisions and stale index entries cost probe
+//!   steps, never a wrong page.
+//!
+//! # Lock order
+//!
+//! The only locks are the materialized directory's shard locks. No slot is acquired or claimed
+//! while one is held; an evicting thread that owns a slot may take one to forget a version.
+
+mod index;
+pub mod materialized;
+mod slot;
+mod stats;
+#[cfg(test)]
+mod tests;
+
+use std::cell::UnsafeCell;
+use std::fmt;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use utils::Lsn;
+
+use crate::PAGE_SZ;
+use index::Index;
+pub use materialized::MaterializedPageKey;
+use materialized::{Directory, MATERIALIZED_BIT};
+use slot::{Slot, SlotKey, Sweep, MAX_COUNTDOWN};
+use stats::KindCounters;
+pub use stats::{KindStats, PageCacheStats};
+
+/// Identifies one file for the page cache. Ids are never reused within a process, so the pages
+/// of a deleted file can never be mistaken for another file's: they just age out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId(u64);
+
+impl FileId {
+    /// A new, process-unique id.
+    pub fn next() -> FileId {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        FileId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FileId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// How a page came to be inserted. It sets the page's starting CLOCK countdown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// A reader missed and read the page from disk: likely to be read again.
+    ReadThrough,
+    /// Written into the cache as its file was written (an ephemeral file's tail going to disk),
+    /// before anyone asked for it. It must survive until it is read back.
+    PreWarm,
+    /// Read as part of a bulk scan: unlikely to be read again soon.
+    Scan,
+}
+
+impl Arrival {
+    fn initial_countdown(self) -> u64 {
+        match self {
+            Arrival::ReadThrough => 2,
+            Arrival::PreWarm => 1,
+            Arrival::Scan => 0,
+        }
+    }
+}
+
+/// Page cache settings.
+#[derive(Clone, Debug)]
+pub struct PageCacheConfig {
+    /// Bytes of page memory; rounded down to whole pages.
+    pub capacity_bytes: u64,
+    /// How many pinned slots an insert may meet per slot of progress before it gives up.
+    pub eviction_effort_cap: u32,
+    /// Cached versions remembered per materialized page key; 0 turns materialized caching off.
+    pub materialized_versions_per_key: usize,
+    /// Test mode: keep only this many bits of every hash, forcing collisions.
+    pub degenerate_hash_bits: Option<u32>,
+}
+
+impl Default for PageCacheConfig {
+    fn default() -> Self {
+        PageCacheConfig {
+            capacity_bytes: 64 * 1024 * 1024,
+            eviction_effort_cap: 30,
+            materialized_versions_per_key: 4,
+            degenerate_hash_bits: None,
+        }
+    }
+}
+
+/// The cache needs at least this many pages to be useful.
+pub const MIN_PAGES: usize = 4;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PageCacheConfigError {
+    #[error("page cache size {bytes} bytes is too small: it must hold at least {MIN_PAGES} pages of {PAGE_SZ} bytes")]
+    TooSmall { bytes: u64 },
+    #[error("page cache size {bytes} bytes is too large: at most {max_pages} pages of {PAGE_SZ} bytes are supported")]
+    TooLarge { bytes: u64, max_pages: usize },
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum InsertError {
+    #[error("page cache has no evictable slot: {pinned_seen} pinned slots met before giving up")]
+    AllPinned { pinned_seen: u32 },
+}
+
+/// Why [`PageCache::read_file_page`] returned no lease.
+#[derive(Debug)]
+pub enum ReadThroughError<E> {
+    /// The fill function failed; nothing was cached.
+    Fill(E),
+    /// Every slot the clock hand met was pinned; the caller should read the page into a buffer of
+    /// its own.
+    NoFreeSlot(InsertError),
+}
+
+/// What [`PageCache::drop_unpinned`] evicted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DroppedPages {
+    pub file_pages: u64,
+    pub materialized_pages: u64,
+}
+
+#[repr(C, align(4096))]
+struct Frame(UnsafeCell<[u8; PAGE_SZ]>);
+
+/// See the module documentation.
+pub struct PageCache {
+    slots: Box<[Slot]>,
+    frames: Box<[Frame]>,
+    index: Index,
+    /// Slots below this have been handed out once; the rest are claimed without sweeping.
+    never_used: AtomicUsize,
+    clock_hand: AtomicU64,
+    eviction_effort_cap: u32,
+    /// `u64::MAX` normally; fewer bits in the collision test mode.
+    hash_mask: u64,
+    directory: Directory,
+    file_counters: KindCounters,
+    materialized_counters: KindCounters,
+    inserts_refused: AtomicU64,
+    inserts_duplicate: AtomicU64,
+}
+
+// SAFETY: a frame is written only by the thread that owns its slot in Construction and read only
+// through leases, which exist only while the slot is Visible and referenced (see slot.rs).
+unsafe impl Sync for PageCache {}
+
+/// A pinned, read-only view of one cached page. The page cannot be evicted or changed while the
+/// lease lives. Dropping it is one atomic add.
+pub struct PageLease<'c> {
+    cache: &'c PageCache,
+    slot: u32,
+    /// False for the lease handed to the reader whose miss inserted the page.
+    counts_as_hit: bool,
+}
+
+impl Deref for PageLease<'_> {
+    type Target = [u8; PAGE_SZ];
+
+    #[inline]
+    fn deref(&self) -> &[u8; PAGE_SZ] {
+        // SAFETY: the lease holds a reference on the slot, so nobody writes the frame.
+        unsafe { &*self.cache.frames[self.slot as usize].0.get() }
+    }
+}
+
+impl Drop for PageLease<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        let slot = &self.cache.slots[self.slot as usize];
+        if self.counts_as_hit {
+            slot.release();
+        } else {
+            slot.release_unhit();
+        }
+    }
+}
+
+impl fmt::Debug for PageLease<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PageLease")
+            .field("slot", &self.slot)
+            .finish()
+    }
+}
+
+fn file_key(file: FileId, blkno: u32) -> SlotKey {
+    SlotKey {
+        hi: file.0,
+        lo: u64::from(blkno),
+    }
+}
+
+fn materialized_key(directory_id: u64, lsn: Lsn) -> SlotKey {
+    SlotKey {
+        hi: MATERIALIZED_BIT | directory_id,
+        lo: lsn.0,
+    }
+}
+
+/// A strong 64-bit mixer (the splitmix64 finalizer): every input bit affects every output bit,
+/// which the index needs because it takes its start, step and tag from different bit ranges.
+#[inline]
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+impl PageCache {
+    pub fn new(config: PageCacheConfig) -> Result<PageCache, PageCacheConfigError> {
+        let bytes = config.capacity_bytes;
+        let pages = usize::try_from(bytes / PAGE_SZ as u64).unwrap_or(usize::MAX);
+        if pages < MIN_PAGES {
+            return Err(PageCacheConfigError::TooSmall { bytes });
+        }
+        if pages > index::MAX_SLOTS {
+            return Err(PageCacheConfigError::TooLarge {
+                bytes,
+                max_pages: index::MAX_SLOTS,
+            });
+        }
+        // SAFETY: a frame is a byte array in an UnsafeCell, for which all zeroes is valid.
+        let frames = unsafe { Box::<[Frame]>::new_zeroed_slice(pages).assume_init() };
+        let hash_mask = match config.degenerate_hash_bits {
+            Some(bits) if bits < 64 => (1u64 << bits) - 1,
+            _ => u64::MAX,
+        };
+        Ok(PageCache {
+            slots: (0..pages).map(|_| Slot::new()).collect(),
+            frames,
+            index: Index::with_slots(pages),
+            never_used: AtomicUsize::new(0),
+            clock_hand: AtomicU64::new(0),
+            eviction_effort_cap: config.eviction_effort_cap.max(1),
+            hash_mask,
+            directory: Directory::new(config.materialized_versions_per_key),
+            file_counters: KindCounters::new(),
+            materialized_counters: KindCounters::new(),
+            inserts_refused: AtomicU64::new(0),
+            inserts_duplicate: AtomicU64::new(0),
+        })
+    }
+
+    pub fn capacity_pages(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Bytes of bookkeeping the cache keeps besides page memory (slots and index).
+    pub fn metadata_bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.slots) + self.index.len() * std::mem::size_of::<u64>()
+    }
+
+    #[inline]
+    fn hash(&self, key: SlotKey) -> u64 {
+        let h = mix(key.hi ^ mix(key.lo));
+        if self.hash_mask == u64::MAX {
+            h
+        } else {
+            mix(h & self.hash_mask)
+        }
+    }
+
+    #[inline]
+    fn lookup(&self, key: SlotKey) -> Option<PageLease<'_>> {
+        let slot = self.index.find(self.hash(key), |slot| {
+            self.slots[slot as usize].try_acquire(key)
+        })?;
+        Some(PageLease {
+            cache: self,
+            slot,
+            counts_as_hit: true,
+        })
+    }
+
+    /// Block `blkno` of `file`, if cached.
+    #[inline]
+    pub fn get_file_page(&self, file: FileId, blkno: u32) -> Option<PageLease<'_>> {
+        let lease = self.lookup(file_key(file, blkno));
+        match lease {
+            Some(_) => self.file_counters.hits.inc(),
+            None => self.file_counters.misses.inc(),
+        }
+        lease
+    }
+
+    /// Caches a copy of block `blkno` of `file` (pre-warm). A block that is already cached is
+    /// left as it is: file pages are immutable, so both copies are the same.
+    pub fn insert_file_page(
+        &self,
+        file: FileId,
+        blkno: u32,
+        page: &[u8; PAGE_SZ],
+        arrival: Arrival,
+    ) -> Result<(), InsertError> {
+        let filled = self.insert_with(
+            file_key(file, blkno),
+            &self.file_counters,
+            arrival,
+            false,
+            |frame| {
+                frame.copy_from_slice(page);
+                Ok::<(), std::convert::Infallible>(())
+            },
+        );
+        match filled {
+            Ok(_) => Ok(()),
+            Err(ReadThroughError::NoFreeSlot(e)) => Err(e),
+            Err(ReadThroughError::Fill(never)) => match never {},
+        }
+    }
+
+    /// Block `blkno` of `file`, from the cache or else read by `fill` straight into a cache
+    /// frame. On [`ReadThroughError::NoFreeSlot`] `fill` was not called.
+    pub fn read_file_page<E>(
+        &self,
+        file: FileId,
+        blkno: u32,
+        arrival: Arrival,
+        fill: impl FnOnce(&mut [u8; PAGE_SZ]) -> Result<(), E>,
+    ) -> Result<PageLease<'_>, ReadThroughError<E>> {
+        if let Some(lease) = self.get_file_page(file, blkno) {
+            return Ok(lease);
+        }
+        let lease = self.insert_with(
+            file_key(file, blkno),
+            &self.file_counters,
+            arrival,
+            true,
+            fill,
+        )?;
+        Ok(lease.expect("insert_with hands out a lease when asked"))
+    }
+
+    /// The newest cached version of `key` at or below `lsn`, with its LSN. Records between that
+    /// LSN and `lsn` still have to be applied to it.
+    pub fn lookup_materialized(
+        &self,
+        key: &MaterializedPageKey,
+        lsn: Lsn,
+    ) -> Option<(Lsn, PageLease<'_>)> {
+        if !self.directory.enabled() {
+            return None;
+        }
+        let found = self.directory.candidates(key, lsn).and_then(|candidates| {
+            candidates.lsns.into_iter().find_map(|version| {
+                self.lookup(materialized_key(candidates.id, version))
+                    .map(|lease| (version, lease))
+            })
+        });
+        match found {
+            Some(_) => self.materialized_counters.hits.inc(),
+            None => self.materialized_counters.misses.inc(),
+        }
+        found
+    }
+
+    /// Caches version `lsn` of `key`, a page reconstructed at exactly that LSN.
+    pub fn memorize_materialized(
+        &self,
+        key: &MaterializedPageKey,
+        lsn: Lsn,
+        page: &[u8; PAGE_SZ],
+    ) -> Result<(), InsertError> {
+        if !self.directory.enabled() {
+            return Ok(());
+        }
+        let (id, _) = self.directory.remember(key, lsn);
+        let filled = self.insert_with(
+            materialized_key(id, lsn),
+            &self.materialized_counters,
+            Arrival::ReadThrough,
+            false,
+            |frame| {
+                frame.copy_from_slice(page);
+                Ok::<(), std::convert::Infallible>(())
+            },
+        );
+        match filled {
+            Ok(_) => Ok(()),
+            Err(ReadThroughError::NoFreeSlot(e)) => {
+                self.directory.forget(id, lsn);
+                Err(e)
+            }
+            Err(ReadThroughError::Fill(never)) => match never {},
+        }
+    }
+
+    /// Claims a slot, fills it, links and publishes it. Hands out a lease if `with_lease`.
+    fn insert_with<E>(
+        &self,
+        key: SlotKey,
+        counters: &KindCounters,
+        arrival: Arrival,
+        with_lease: bool,
+        fill: impl FnOnce(&mut [u8; PAGE_SZ]) -> Result<(), E>,
+    ) -> Result<Option<PageLease<'_>>, ReadThroughError<E>> {
+        if let Some(existing) = self.lookup(key) {
+            // A concurrent miss on the same page cached it first.
+            self.inserts_duplicate.fetch_add(1, Ordering::Relaxed);
+            return Ok(with_lease.then_some(existing));
+        }
+        let slot = self.claim_slot().map_err(|e| {
+            self.inserts_refused.fetch_add(1, Ordering::Relaxed);
+            ReadThroughError::NoFreeSlot(e)
+        })?;
+        let owned = &self.slots[slot as usize];
+        // SAFETY: we own the slot (Construction), so nobody else reads or writes its frame.
+        let frame = unsafe { &mut *self.frames[slot as usize].0.get() };
+        if let Err(e) = fill(frame) {
+            owned.vacate();
+            return Err(ReadThroughError::Fill(e));
+        }
+        // SAFETY: we own the slot.
+        unsafe { owned.set_key(key) };
+        if self.index.link(self.hash(key), slot).is_err() {
+            // Cannot happen: the index has more entries than there are slots.
+            owned.vacate();
+            self.inserts_refused.fetch_add(1, Ordering::Relaxed);
+            return Err(ReadThroughError::NoFreeSlot(InsertError::AllPinned {
+                pinned_seen: 0,
+            }));
+        }
+        owned.publish(arrival.initial_countdown(), with_lease);
+        counters.inserts.fetch_add(1, Ordering::Relaxed);
+        counters.resident_pages.fetch_add(1, Ordering::Relaxed);
+        // Not `then_some`: building a lease we do not hand out would release a reference.
+        Ok(with_lease.then(|| PageLease {
+            cache: self,
+            slot,
+            counts_as_hit: false,
+        }))
+    }
+
+    /// Finds a slot to fill: a never-used one while any are left, else the CLOCK victim.
+    fn claim_slot(&self) -> Result<u32, InsertError> {
+        let capacity = self.slots.len();
+        if self.never_used.load(Ordering::Relaxed) < capacity {
+            let fresh = self.never_used.fetch_add(1, Ordering::Relaxed);
+            if fresh < capacity && self.slots[fresh].claim_fresh() {
+                // `capacity` is at most index::MAX_SLOTS, which fits in u32.
+                return Ok(fresh as u32);
+            }
+        }
+        // Each unpinned slot reaches countdown 0 within MAX_COUNTDOWN turns of the hand, so this
+        // many steps find a victim unless nearly everything is pinned or contended.
+        let max_steps = (capacity as u64) * (MAX_COUNTDOWN + 2);
+        let mut pinned_seen: u32 = 0;
+        let mut progress: u32 = 0;
+        for _ in 0..max_steps {
+            // One slot per step keeps the sweep fair between threads; on a few cores the
+            // shared hand costs less than the skew of claiming batches.
+            let hand = self.clock_hand.fetch_add(1, Ordering::Relaxed);
+            let idx = (hand % capacity as u64) as usize;
+            match self.slots[idx].sweep() {
+                Sweep::Claimed { previous } => {
+                    if let Some(previous) = previous {
+                        self.forget_evicted(idx as u32, previous);
+                    }
+                    return Ok(idx as u32);
+                }
+                Sweep::Pinned => {
+                    pinned_seen += 1;
+                    let allowed = self
+                        .eviction_effort_cap
+                        .saturating_mul(progress.saturating_add(1));
+                    if pinned_seen >= allowed {
+                        return Err(InsertError::AllPinned { pinned_seen });
+                    }
+                }
+                Sweep::Cooled => progress = progress.saturating_add(1),
+                Sweep::Busy => {}
+            }
+        }
+        Err(InsertError::AllPinned { pinned_seen })
+    }
+
+    /// Bookkeeping for a page whose slot we just claimed from it.
+    fn forget_evicted(&self, slot: u32, previous: SlotKey) {
+        let linked = self.index.unlink(self.hash(previous), slot);
+        debug_assert!(linked, "a visible slot is always linked");
+        let counters = if previous.hi & MATERIALIZED_BIT != 0 {
+            self.directory
+                .forget(previous.hi & !MATERIALIZED_BIT, Lsn(previous.lo));
+            &self.materialized_counters
+        } else {
+            &self.file_counters
+        };
+        counters.evictions.fetch_add(1, Ordering::Relaxed);
+        counters.resident_pages.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Evicts every page that no lease pins; pinned pages stay.
+    pub fn drop_unpinned(&self) -> DroppedPages {
+        let mut dropped = DroppedPages::default();
+        for (idx, slot) in self.slots.iter().enumerate() {
+            if let Some(previous) = slot.claim_if_unreferenced() {
+                self.forget_evicted(idx as u32, previous);
+                slot.vacate();
+                if previous.hi & MATERIALIZED_BIT != 0 {
+                    dropped.materialized_pages += 1;
+                } else {
+                    dropped.file_pages += 1;
+                }
+            }
+        }
+        dropped
+    }
+
+    pub fn stats(&self) -> PageCacheStats {
+        let page = PAGE_SZ as u64;
+        PageCacheStats {
+            capacity_bytes: self.slots.len() as u64 * page,
+            file_pages: self.file_counters.snapshot(page),
+            materialized_pages: self.materialized_counters.snapshot(page),
+            inserts_refused: self.inserts_refused.load(Ordering::Relaxed),
+            inserts_duplicate: self.inserts_duplicate.load(Ordering::Relaxed),
+            pinned_pages: self.slots.iter().filter(|s| s.is_pinned()).count() as u64,
+        }
+    }
+}
