@@ -8,6 +8,8 @@
 //! [`page_cache`] shared by every reader of immutable blocks.
 
 pub mod page_cache;
+pub mod tenant;
+pub mod virtual_file;
 
 /// The size of a block of every file we write and of every page in the page cache.
 pub const PAGE_SZ: usize = 8192;

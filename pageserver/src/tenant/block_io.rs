@@ -1,0 +1,211 @@
+//! Block I/O: every file we write is read as a sequence of 8 KiB blocks, and a reader gets a
+//! [`BlockLease`] on one immutable block at a time.
+//!
+//! A lease is a borrow, not a copy: it pins a page in the page cache, or borrows the mutable
+//! tail of an ephemeral file (so the borrow checker forbids writes while it lives), or, when the
+//! page cache had no free slot, owns a private copy. Readers do not care which.
+//!
+//! [`FileBlockReader`] reads an immutable file through the page cache: a hit costs no I/O, a miss
+//! reads the block from the file straight into a cache frame.
+
+use std::io;
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+
+use crate::page_cache::{Arrival, FileId, PageCache, PageLease, ReadThroughError};
+use crate::virtual_file::FileIo;
+use crate::PAGE_SZ;
+
+/// A read-only view of one block; see the module docs.
+pub enum BlockLease<'a> {
+    /// Pinned in the page cache.
+    Cached(PageLease<'a>),
+    /// An ephemeral file's mutable tail; the file cannot be written while this lives.
+    Tail(&'a [u8; PAGE_SZ]),
+    /// Read around the page cache because it had no free slot.
+    Owned(Box<[u8; PAGE_SZ]>),
+}
+
+impl Deref for BlockLease<'_> {
+    type Target = [u8; PAGE_SZ];
+
+    #[inline]
+    fn deref(&self) -> &[u8; PAGE_SZ] {
+        match self {
+            BlockLease::Cached(lease) => lease,
+            BlockLease::Tail(tail) => tail,
+            BlockLease::Owned(page) => page,
+        }
+    }
+}
+
+impl std::fmt::Debug for BlockLease<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self {
+            BlockLease::Cached(_) => "Cached",
+            BlockLease::Tail(_) => "Tail",
+            BlockLease::Owned(_) => "Owned",
+        };
+        write!(f, "BlockLease::{kind}")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlockReadError {
+    #[error("failed to read block {blkno} of {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        blkno: u32,
+        source: io::Error,
+    },
+    #[error("block {blkno} of {} is past its end ({blocks} blocks)", path.display())]
+    OutOfBounds {
+        path: PathBuf,
+        blkno: u32,
+        blocks: u64,
+    },
+}
+
+/// Something that hands out leases on its blocks.
+pub trait BlockReader {
+    fn read_blk(&self, blkno: u32) -> Result<BlockLease<'_>, BlockReadError>;
+}
+
+/// The byte offset of block `blkno`.
+pub fn block_offset(blkno: u32) -> u64 {
+    u64::from(blkno) * PAGE_SZ as u64
+}
+
+/// Reads block `blkno` of an immutable file through the page cache.
+pub(crate) fn read_through_cache<'c>(
+    cache: &'c PageCache,
+    file: &dyn FileIo,
+    file_id: FileId,
+    path: &Path,
+    blkno: u32,
+    arrival: Arrival,
+) -> Result<BlockLease<'c>, BlockReadError> {
+    let io_error = |source: io::Error| {
+        if source.kind() == io::ErrorKind::UnexpectedEof {
+            BlockReadError::OutOfBounds {
+                path: path.to_owned(),
+                blkno,
+                blocks: u64::from(blkno),
+            }
+        } else {
+            BlockReadError::Io {
+                path: path.to_owned(),
+                blkno,
+                source,
+            }
+        }
+    };
+    let read = cache.read_file_page(file_id, blkno, arrival, |frame| {
+        file.read_exact_at(frame, block_offset(blkno))
+    });
+    match read {
+        Ok(lease) => Ok(BlockLease::Cached(lease)),
+        Err(ReadThroughError::Fill(e)) => Err(io_error(e)),
+        Err(ReadThroughError::NoFreeSlot(_)) => {
+            let mut page = Box::new([0u8; PAGE_SZ]);
+            file.read_exact_at(&mut page[..], block_offset(blkno))
+                .map_err(io_error)?;
+            Ok(BlockLease::Owned(page))
+        }
+    }
+}
+
+/// Reads an immutable file's blocks through the page cache.
+pub struct FileBlockReader<'a> {
+    file: &'a dyn FileIo,
+    file_id: FileId,
+    path: &'a Path,
+    cache: &'a PageCache,
+}
+
+impl<'a> FileBlockReader<'a> {
+    /// `file_id` must be the id under which this file's blocks are cached, and the file must
+    /// not change while any block of it may be cached.
+    pub fn new(
+        file: &'a dyn FileIo,
+        file_id: FileId,
+        path: &'a Path,
+        cache: &'a PageCache,
+    ) -> Self {
+        FileBlockReader {
+            file,
+            file_id,
+            path,
+            cache,
+        }
+    }
+}
+
+impl BlockReader for FileBlockReader<'_> {
+    fn read_blk(&self, blkno: u32) -> Result<BlockLease<'_>, BlockReadError> {
+        read_through_cache(
+            self.cache,
+            self.file,
+            self.file_id,
+            self.path,
+            blkno,
+            Arrival::ReadThrough,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::page_cache::PageCacheConfig;
+    use std::io::Write;
+
+    fn cache(pages: usize) -> PageCache {
+        PageCache::new(PageCacheConfig {
+            capacity_bytes: (pages * PAGE_SZ) as u64,
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn reads_blocks_through_the_cache_and_reports_eof() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("three-blocks");
+        let mut f = std::fs::File::create(&path).unwrap();
+        for b in 0..3u8 {
+            f.write_all(&[b + 1; PAGE_SZ]).unwrap();
+        }
+        drop(f);
+        let file = std::fs::File::open(&path).unwrap();
+        let cache = cache(8);
+        let reader = FileBlockReader::new(&file, FileId::next(), &path, &cache);
+        for round in 0..2 {
+            for b in 0..3u8 {
+                let blk = reader.read_blk(u32::from(b)).unwrap();
+                assert!(blk.iter().all(|&x| x == b + 1), "round {round} block {b}");
+            }
+        }
+        let stats = cache.stats().file_pages;
+        assert_eq!((stats.misses, stats.hits), (3, 3));
+
+        let err = reader.read_blk(3).unwrap_err();
+        assert!(matches!(err, BlockReadError::OutOfBounds { blkno: 3, .. }));
+        assert!(err.to_string().contains("three-blocks"), "{err}");
+    }
+
+    #[test]
+    fn serves_uncached_copies_when_the_cache_is_all_pinned() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, vec![7u8; 8 * PAGE_SZ]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let cache = cache(4);
+        let reader = FileBlockReader::new(&file, FileId::next(), &path, &cache);
+        let pinned: Vec<_> = (0..4).map(|b| reader.read_blk(b).unwrap()).collect();
+        let extra = reader.read_blk(5).unwrap();
+        assert!(matches!(extra, BlockLease::Owned(_)));
+        assert!(extra.iter().all(|&x| x == 7));
+        drop(pinned);
+    }
+}
