@@ -178,6 +178,21 @@ impl Index {
         found
     }
 
+    /// Entries a lookup of `hash` examines when nothing matches (tests: misses stay short).
+    #[cfg(test)]
+    pub(super) fn miss_probe_len(&self, hash: u64) -> u64 {
+        let mut examined = 0;
+        let probe = Probe::new(hash, self.mask);
+        for i in 0..=self.mask {
+            examined += 1;
+            let e = self.entries[probe.position(i, self.mask)].load(Ordering::Acquire);
+            if e >> DISPLACEMENT_SHIFT == 0 {
+                break;
+            }
+        }
+        examined
+    }
+
     /// Sum of all displacement counters (tests and statistics: 0 when nothing is linked).
     #[cfg(test)]
     pub(super) fn total_displacements(&self) -> u64 {

@@ -109,8 +109,9 @@ impl Directory {
     }
 
     /// Records that version `lsn` of `key` is being cached; returns the directory id to store it
-    /// under, and whether the LSN was already listed.
-    pub(super) fn remember(&self, key: &MaterializedPageKey, lsn: Lsn) -> (u64, bool) {
+    /// under, or `None` when the key already lists `versions_per_key` newer versions (caching it
+    /// would fill a slot no lookup can reach).
+    pub(super) fn remember(&self, key: &MaterializedPageKey, lsn: Lsn) -> Option<u64> {
         let mut shard = self
             .shard_of_key(key)
             .write()
@@ -127,14 +128,15 @@ impl Directory {
             }
         });
         match entry.lsns.binary_search(&lsn) {
-            Ok(_) => (entry.id, true),
+            Ok(_) => Some(entry.id),
+            Err(0) if entry.lsns.len() >= self.versions_per_key => None,
             Err(pos) => {
                 entry.lsns.insert(pos, lsn);
                 if entry.lsns.len() > self.versions_per_key {
                     // Forget the oldest version; its slot ages out unreachable.
                     entry.lsns.remove(0);
                 }
-                (entry.id, false)
+                Some(entry.id)
             }
         }
     }

@@ -409,7 +409,8 @@ impl PageCache {
         found
     }
 
-    /// Caches version `lsn` of `key`, a page reconstructed at exactly that LSN.
+    /// Caches version `lsn` of `key`, a page reconstructed at exactly that LSN. A version older
+    /// than the `materialized_versions_per_key` newest already cached is not kept.
     pub fn memorize_materialized(
         &self,
         key: &MaterializedPageKey,
@@ -419,7 +420,9 @@ impl PageCache {
         if !self.directory.enabled() {
             return Ok(());
         }
-        let (id, _) = self.directory.remember(key, lsn);
+        let Some(id) = self.directory.remember(key, lsn) else {
+            return Ok(());
+        };
         let filled = self.insert_with(
             materialized_key(id, lsn),
             &self.materialized_counters,
