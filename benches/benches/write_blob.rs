@@ -5,18 +5,25 @@
 //!   every full block is written with a positional write and pre-warmed into the cache.
 //! * `write_blob/vec_baseline/{size}`: `append_blob_to_vec` into a `Vec<u8>` that is cleared
 //!   (keeping its capacity) every 64 MiB so memory stays bounded.
+//! * `write_blob/pwrite_baseline/{size}`: the same encoding into one 8 KiB buffer written with a
+//!   positional write whenever it fills, to a file in the same temp dir, with no page cache and
+//!   no zeroing: what the kernel charges for the bytes, so `ephemeral / pwrite_baseline` is the
+//!   cost of our own work (pre-warm, bookkeeping).
 //!
 //! Each sample uses a fresh file so the files stay bounded too; creating and removing it is not
 //! timed. Throughput is blob payload bytes.
 
+use std::fs::File;
 use std::hint::black_box;
+use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
-use pageserver::tenant::blob_io::append_blob_to_vec;
+use pageserver::tenant::blob_io::{append_blob_to_vec, BlobHeader};
 use pageserver::tenant::ephemeral_file::EphemeralFile;
+use pageserver::PAGE_SZ;
 
 const SIZES: [usize; 5] = [1, 100, 1000, 8192, 20000];
 const VEC_RESET_BYTES: usize = 64 << 20;
@@ -56,8 +63,71 @@ fn write_blob(c: &mut Criterion) {
                 black_box(buf.len())
             })
         });
+
+        group.bench_with_input(
+            BenchmarkId::new("pwrite_baseline", size),
+            &blob,
+            |b, blob| {
+                b.iter_custom(|iters| {
+                    let path = dir.path().join("pwrite-baseline");
+                    let mut file = BlockAppender::new(File::create(&path).expect("create"));
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        file.append_blob(black_box(blob));
+                    }
+                    let elapsed = start.elapsed();
+                    drop(file);
+                    std::fs::remove_file(&path).expect("remove");
+                    elapsed
+                })
+            },
+        );
     }
     group.finish();
+}
+
+/// The least a file of blobs written block by block can cost: encode into one block buffer and
+/// write it at its offset when full.
+struct BlockAppender {
+    file: File,
+    block: Box<[u8; PAGE_SZ]>,
+    used: usize,
+    written: u64,
+}
+
+impl BlockAppender {
+    fn new(file: File) -> Self {
+        BlockAppender {
+            file,
+            block: Box::new([0; PAGE_SZ]),
+            used: 0,
+            written: 0,
+        }
+    }
+
+    #[inline]
+    fn append_blob(&mut self, blob: &[u8]) {
+        let header = BlobHeader::new(blob.len()).expect("blob size");
+        self.append(header.as_bytes());
+        self.append(blob);
+    }
+
+    #[inline]
+    fn append(&mut self, mut src: &[u8]) {
+        while !src.is_empty() {
+            let n = (PAGE_SZ - self.used).min(src.len());
+            self.block[self.used..self.used + n].copy_from_slice(&src[..n]);
+            self.used += n;
+            src = &src[n..];
+            if self.used == PAGE_SZ {
+                self.file
+                    .write_all_at(&self.block[..], self.written)
+                    .expect("pwrite");
+                self.written += PAGE_SZ as u64;
+                self.used = 0;
+            }
+        }
+    }
 }
 
 criterion_group!(benches, write_blob);
