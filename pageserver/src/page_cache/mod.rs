@@ -22,12 +22,13 @@
 //!   a lookup probes it and takes a reference with one `fetch_add` on the slot's metadata word
 //!   (`slot.rs`), then verifies the full 16-byte key. Dropping a [`PageLease`] is one more
 //!   `fetch_add`. Hit and miss counters are striped per thread (`stats.rs`).
-//! * **Eviction is a counting CLOCK.** Each slot carries a countdown of 0 to 3. A hit raises it;
-//!   the clock hand lowers it and evicts the slot when it is already 0 and unreferenced. The
-//!   countdown a page starts with depends on how it arrived ([`Arrival`]): a page a reader asked
-//!   for starts warm, a pre-warmed ephemeral block starts lukewarm, so it survives a full turn of
-//!   the clock hand (much longer than it takes for the block to be read back), and a page read
-//!   by a bulk scan starts cold so a scan evicts mostly its own pages, not the hot set.
+//! * **Eviction is a counting CLOCK with probation.** Each slot carries a countdown of 0 to 3. A
+//!   hit raises it; the clock hand lowers it and evicts the slot when it is already 0 and
+//!   unreferenced. Pages read for the first time and scanned pages start on probation
+//!   (`policy.rs`): while probation holds its share, evictions take its unhit pages first, so
+//!   one-hit pages recycle among themselves and do not age the hot set. Where a page starts
+//!   depends on how it arrived ([`Arrival`]); a pre-warmed ephemeral block survives a full turn
+//!   of the hand, much longer than it takes to be read back.
 //! * **Bounded eviction effort.** A referenced (pinned) slot is never evicted. When the clock hand
 //!   keeps meeting pinned slots without making progress, the insert gives up with
 //!   [`InsertError::AllPinned`] instead of spinning; the caller serves the page uncached.
@@ -49,6 +50,7 @@
 
 mod index;
 pub mod materialized;
+mod policy;
 mod slot;
 mod stats;
 #[cfg(test)]
@@ -65,6 +67,7 @@ use crate::PAGE_SZ;
 use index::Index;
 pub use materialized::MaterializedPageKey;
 use materialized::{Directory, MATERIALIZED_BIT};
+use policy::{Ghosts, Probation};
 use slot::{Slot, SlotKey, Sweep, MAX_COUNTDOWN};
 use stats::KindCounters;
 pub use stats::{KindStats, PageCacheStats};
@@ -92,26 +95,25 @@ impl fmt::Display for FileId {
     }
 }
 
-/// How a page came to be inserted. It sets the page's starting CLOCK countdown.
+/// How a page came to be inserted. It decides where the page starts in the eviction order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arrival {
-    /// A reader missed and read the page from disk: likely to be read again.
+    /// A reader missed and read the page from disk. The first time, the page starts on
+    /// probation (see `policy.rs`); asked for again soon after an eviction, it starts warm.
     ReadThrough,
     /// Written into the cache as its file was written (an ephemeral file's tail going to disk),
-    /// before anyone asked for it. It must survive until it is read back.
+    /// before anyone asked for it. It starts warm enough to survive a full turn of the clock
+    /// hand, so it is still there when it is read back.
     PreWarm,
-    /// Read as part of a bulk scan: unlikely to be read again soon.
+    /// Read as part of a bulk scan: starts on probation, cold, so a scan recycles its own slots.
     Scan,
 }
 
-impl Arrival {
-    fn initial_countdown(self) -> u64 {
-        match self {
-            Arrival::ReadThrough => 2,
-            Arrival::PreWarm => 1,
-            Arrival::Scan => 0,
-        }
-    }
+/// Where a new page starts: its CLOCK countdown, and whether it is on probation.
+#[derive(Clone, Copy)]
+struct Placement {
+    countdown: u64,
+    probation: bool,
 }
 
 /// Page cache settings.
@@ -187,6 +189,8 @@ pub struct PageCache {
     /// `u64::MAX` normally; fewer bits in the collision test mode.
     hash_mask: u64,
     directory: Directory,
+    probation: Probation,
+    ghosts: Ghosts,
     file_counters: KindCounters,
     materialized_counters: KindCounters,
     inserts_refused: AtomicU64,
@@ -289,6 +293,8 @@ impl PageCache {
             eviction_effort_cap: config.eviction_effort_cap.max(1),
             hash_mask,
             directory: Directory::new(config.materialized_versions_per_key),
+            probation: Probation::new(pages),
+            ghosts: Ghosts::new(pages),
             file_counters: KindCounters::new(),
             materialized_counters: KindCounters::new(),
             inserts_refused: AtomicU64::new(0),
@@ -300,9 +306,29 @@ impl PageCache {
         self.slots.len()
     }
 
-    /// Bytes of bookkeeping the cache keeps besides page memory (slots and index).
+    /// Bytes of bookkeeping the cache keeps besides page memory and the materialized version
+    /// directory: slots, index, probation FIFO and ghost table.
     pub fn metadata_bytes(&self) -> usize {
-        std::mem::size_of_val(&*self.slots) + self.index.len() * std::mem::size_of::<u64>()
+        std::mem::size_of_val(&*self.slots)
+            + (self.index.len() + self.probation.len()) * std::mem::size_of::<u64>()
+            + self.ghosts.len() * std::mem::size_of::<u32>()
+    }
+
+    fn placement(&self, arrival: Arrival, hash: u64) -> Placement {
+        match arrival {
+            Arrival::ReadThrough if self.ghosts.contains(hash) => Placement {
+                countdown: 1,
+                probation: false,
+            },
+            Arrival::ReadThrough | Arrival::Scan => Placement {
+                countdown: 0,
+                probation: true,
+            },
+            Arrival::PreWarm => Placement {
+                countdown: 0,
+                probation: false,
+            },
+        }
     }
 
     #[inline]
@@ -470,7 +496,8 @@ impl PageCache {
         }
         // SAFETY: we own the slot.
         unsafe { owned.set_key(key) };
-        if self.index.link(self.hash(key), slot).is_err() {
+        let hash = self.hash(key);
+        if self.index.link(hash, slot).is_err() {
             // Cannot happen: the index has more entries than there are slots.
             owned.vacate();
             self.inserts_refused.fetch_add(1, Ordering::Relaxed);
@@ -478,7 +505,11 @@ impl PageCache {
                 pinned_seen: 0,
             }));
         }
-        owned.publish(arrival.initial_countdown(), with_lease);
+        let placement = self.placement(arrival, hash);
+        let generation = owned.publish(placement.countdown, with_lease);
+        if placement.probation {
+            self.probation.push(slot, generation);
+        }
         counters.inserts.fetch_add(1, Ordering::Relaxed);
         counters.resident_pages.fetch_add(1, Ordering::Relaxed);
         // Not `then_some`: building a lease we do not hand out would release a reference.
@@ -489,7 +520,8 @@ impl PageCache {
         }))
     }
 
-    /// Finds a slot to fill: a never-used one while any are left, else the CLOCK victim.
+    /// Finds a slot to fill: a never-used one while any are left, else a page on probation
+    /// that was not hit, else the CLOCK victim.
     fn claim_slot(&self) -> Result<u32, InsertError> {
         let capacity = self.slots.len();
         if self.never_used.load(Ordering::Relaxed) < capacity {
@@ -497,6 +529,11 @@ impl PageCache {
             if fresh < capacity && self.slots[fresh].claim_fresh() {
                 // `capacity` is at most index::MAX_SLOTS, which fits in u32.
                 return Ok(fresh as u32);
+            }
+        }
+        if self.probation.is_full() {
+            if let Some(slot) = self.claim_from_probation() {
+                return Ok(slot);
             }
         }
         // Each unpinned slot reaches countdown 0 within MAX_COUNTDOWN turns of the hand, so this
@@ -509,7 +546,7 @@ impl PageCache {
             // shared hand costs less than the skew of claiming batches.
             let hand = self.clock_hand.fetch_add(1, Ordering::Relaxed);
             let idx = (hand % capacity as u64) as usize;
-            match self.slots[idx].sweep() {
+            match self.slots[idx].sweep(true) {
                 Sweep::Claimed { previous } => {
                     if let Some(previous) = previous {
                         self.forget_evicted(idx as u32, previous);
@@ -526,15 +563,37 @@ impl PageCache {
                     }
                 }
                 Sweep::Cooled => progress = progress.saturating_add(1),
-                Sweep::Busy => {}
+                Sweep::Warm | Sweep::Busy => {}
             }
         }
         Err(InsertError::AllPinned { pinned_seen })
     }
 
+    /// Evicts the oldest page on probation that was not hit since it arrived. Pages that were
+    /// hit leave probation and stay. Looks at a bounded number of entries.
+    fn claim_from_probation(&self) -> Option<u32> {
+        const MAX_ENTRIES: usize = 16;
+        for _ in 0..MAX_ENTRIES {
+            let (slot, generation) = self.probation.pop()?;
+            let owned = &self.slots[slot as usize];
+            if owned.generation() & 0x7FFF_FFFF != generation {
+                continue; // reused since it was put on probation
+            }
+            if let Sweep::Claimed { previous } = owned.sweep(false) {
+                if let Some(previous) = previous {
+                    self.forget_evicted(slot, previous);
+                    self.ghosts.remember(self.hash(previous));
+                }
+                return Some(slot);
+            }
+        }
+        None
+    }
+
     /// Bookkeeping for a page whose slot we just claimed from it.
     fn forget_evicted(&self, slot: u32, previous: SlotKey) {
-        let linked = self.index.unlink(self.hash(previous), slot);
+        let hash = self.hash(previous);
+        let linked = self.index.unlink(hash, slot);
         debug_assert!(linked, "a visible slot is always linked");
         let counters = if previous.hi & MATERIALIZED_BIT != 0 {
             self.directory

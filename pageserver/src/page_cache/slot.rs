@@ -32,7 +32,7 @@
 //! can never change its key or bytes under a lease.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 const COUNTER_BITS: u32 = 30;
 const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
@@ -90,6 +90,8 @@ pub(super) enum Sweep {
     Pinned,
     /// Unreferenced but still warm: its countdown was lowered. Counts as progress.
     Cooled,
+    /// Unreferenced and warm, left as it was (a probation check, which never cools).
+    Warm,
     /// Another thread owns it or changed it under us: skipped.
     Busy,
 }
@@ -100,6 +102,9 @@ pub(super) struct Slot {
     /// Written only by the thread that holds the slot in Construction; read only by holders of
     /// a reference to the Visible slot or by its owner. See the module docs.
     key: UnsafeCell<SlotKey>,
+    /// Bumped by every publish, so a hint naming this slot can tell whether it still refers to
+    /// the same page. Written only by the owner; read as a hint by anyone.
+    generation: AtomicU32,
 }
 
 // SAFETY: `key` is only accessed under the ownership protocol described in the module docs;
@@ -111,6 +116,7 @@ impl Slot {
         Slot {
             meta: AtomicU64::new(EMPTY),
             key: UnsafeCell::new(SlotKey::default()),
+            generation: AtomicU32::new(0),
         }
     }
 
@@ -167,8 +173,9 @@ impl Slot {
         }
     }
 
-    /// One step of the clock hand over this slot.
-    pub(super) fn sweep(&self) -> Sweep {
+    /// One step of the clock hand over this slot. With `cool`, a warm slot's countdown is
+    /// lowered; without, it is left alone.
+    pub(super) fn sweep(&self, cool: bool) -> Sweep {
         let m = self.meta.load(Ordering::Relaxed);
         match state_of(m) {
             STATE_EMPTY => match self.claim_from(m) {
@@ -189,6 +196,9 @@ impl Slot {
                         },
                         false => Sweep::Busy,
                     };
+                }
+                if !cool {
+                    return Sweep::Warm;
                 }
                 let cooled = meta(STATE_VISIBLE, countdown - 1, countdown - 1);
                 match self
@@ -236,11 +246,20 @@ impl Slot {
 
     /// Makes a slot we own Visible with the given countdown, optionally handing one reference
     /// to the caller. The page bytes and key must be in place and the slot linked in the index.
-    pub(super) fn publish(&self, countdown: u64, with_reference: bool) {
+    /// Returns the slot's new generation.
+    pub(super) fn publish(&self, countdown: u64, with_reference: bool) -> u32 {
+        let generation = self.generation().wrapping_add(1);
+        self.generation.store(generation, Ordering::Relaxed);
         let countdown = countdown.min(MAX_COUNTDOWN);
         let acquire = countdown + u64::from(with_reference);
         self.meta
             .store(meta(STATE_VISIBLE, acquire, countdown), Ordering::Release);
+        generation
+    }
+
+    /// How many times the slot was published (a hint; see the field).
+    pub(super) fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Relaxed)
     }
 
     /// Returns a slot we own to Empty (a failed fill, or a page dropped on request).
@@ -283,12 +302,25 @@ mod tests {
     fn countdown_decays_then_evicts() {
         let slot = Slot::new();
         visible(&slot, 2);
-        assert!(matches!(slot.sweep(), Sweep::Cooled));
-        assert!(matches!(slot.sweep(), Sweep::Cooled));
-        match slot.sweep() {
+        assert!(matches!(slot.sweep(true), Sweep::Cooled));
+        assert!(matches!(slot.sweep(true), Sweep::Cooled));
+        match slot.sweep(true) {
             Sweep::Claimed { previous } => assert_eq!(previous, Some(K)),
             _ => panic!("a slot at countdown 0 must be claimed"),
         }
+    }
+
+    #[test]
+    fn sweep_without_cooling_takes_only_cold_slots() {
+        let slot = Slot::new();
+        visible(&slot, 1);
+        assert!(matches!(slot.sweep(false), Sweep::Warm));
+        assert!(
+            matches!(slot.sweep(false), Sweep::Warm),
+            "nothing was lowered"
+        );
+        assert!(matches!(slot.sweep(true), Sweep::Cooled));
+        assert!(matches!(slot.sweep(false), Sweep::Claimed { .. }));
     }
 
     #[test]
@@ -300,7 +332,7 @@ mod tests {
             slot.release();
         }
         let mut cooled = 0;
-        while let Sweep::Cooled = slot.sweep() {
+        while let Sweep::Cooled = slot.sweep(true) {
             cooled += 1;
         }
         assert_eq!(cooled, MAX_COUNTDOWN);
@@ -316,7 +348,7 @@ mod tests {
         slot.release_unhit();
         assert!(!slot.is_pinned());
         assert!(
-            matches!(slot.sweep(), Sweep::Claimed { .. }),
+            matches!(slot.sweep(true), Sweep::Claimed { .. }),
             "countdown must still be 0"
         );
     }
@@ -327,7 +359,7 @@ mod tests {
         visible(&slot, 0);
         assert!(slot.try_acquire(K));
         for _ in 0..10 {
-            assert!(matches!(slot.sweep(), Sweep::Pinned));
+            assert!(matches!(slot.sweep(true), Sweep::Pinned));
         }
         assert_eq!(slot.claim_if_unreferenced(), None);
         slot.release();

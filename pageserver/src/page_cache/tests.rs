@@ -574,3 +574,31 @@ fn misses_stay_short_after_heavy_churn() {
     );
     assert!(mean < 4.0, "misses probe {mean:.2} entries on average");
 }
+
+#[test]
+fn a_page_hit_on_probation_outlives_one_hit_pages() {
+    let cache = cache(64);
+    let file = FileId::next();
+    let read = |blk: u32| {
+        cache
+            .read_file_page(file, blk, Arrival::ReadThrough, |f| {
+                f.copy_from_slice(&page_of(file.get(), blk.into())[..]);
+                Ok::<_, ()>(())
+            })
+            .map(drop)
+            .unwrap();
+    };
+    read(0);
+    read(0); // the repeat read that earns the page its place
+    for blk in 1..=640 {
+        read(blk); // one-hit pages, ten times the cache
+    }
+    assert!(
+        cache.get_file_page(file, 0).is_some(),
+        "a re-read page was evicted by one-hit pages"
+    );
+    assert!(
+        cache.get_file_page(file, 1).is_none(),
+        "the oldest one-hit page should be long gone"
+    );
+}
