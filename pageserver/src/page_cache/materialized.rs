@@ -18,6 +18,7 @@
 //! evictor, which owns a slot in Construction, may take a shard lock to forget that version.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
@@ -30,13 +31,73 @@ pub(super) const MATERIALIZED_BIT: u64 = 1 << 63;
 const SHARD_BITS: u32 = 6;
 const SHARDS: usize = 1 << SHARD_BITS;
 
+/// Most versions a directory entry can list; `materialized_versions_per_key` is capped to it.
+pub(super) const MAX_VERSIONS_PER_KEY: usize = 8;
+
 /// The identity of a materialized page, without its LSN.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MaterializedPageKey {
     pub tenant_id: TenantId,
     pub timeline_id: TimelineId,
     pub key: Key,
 }
+
+impl MaterializedPageKey {
+    /// A well-mixed 64-bit hash of all 50 bytes. One hash serves both the shard choice and the
+    /// shard's map, which uses it as is (the default SipHash over each field cost more than the
+    /// rest of a lookup).
+    fn fingerprint(&self) -> u64 {
+        let word = |b: &[u8]| {
+            let mut w = [0u8; 8];
+            w[..b.len()].copy_from_slice(b);
+            u64::from_le_bytes(w)
+        };
+        let tenant = self.tenant_id.as_bytes();
+        let timeline = self.timeline_id.as_bytes();
+        let key = self.key.to_bytes();
+        let words = [
+            word(&tenant[..8]),
+            word(&tenant[8..]),
+            word(&timeline[..8]),
+            word(&timeline[8..]),
+            word(&key[..8]),
+            word(&key[8..16]),
+            word(&key[16..]),
+        ];
+        words
+            .iter()
+            .fold(0x243f_6a88_85a3_08d3, |h, w| super::mix(h ^ w))
+    }
+}
+
+impl Hash for MaterializedPageKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.fingerprint());
+    }
+}
+
+/// Passes a [`MaterializedPageKey::fingerprint`] through unchanged.
+#[derive(Default)]
+struct FingerprintHasher(u64);
+
+impl Hasher for FingerprintHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is expected; stay correct (if slower) for anything else.
+        for b in bytes {
+            self.0 = super::mix(self.0 ^ u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, fingerprint: u64) {
+        self.0 = fingerprint;
+    }
+}
+
+type FingerprintMap<V> = HashMap<MaterializedPageKey, V, BuildHasherDefault<FingerprintHasher>>;
 
 struct Entry {
     id: u64,
@@ -46,7 +107,7 @@ struct Entry {
 
 #[derive(Default)]
 struct Shard {
-    by_key: HashMap<MaterializedPageKey, Entry>,
+    by_key: FingerprintMap<Entry>,
     key_of_id: HashMap<u64, MaterializedPageKey>,
 }
 
@@ -59,7 +120,14 @@ pub(super) struct Directory {
 /// Candidate versions for one lookup, newest first.
 pub(super) struct Candidates {
     pub id: u64,
-    pub lsns: Vec<Lsn>,
+    lsns: [Lsn; MAX_VERSIONS_PER_KEY],
+    len: usize,
+}
+
+impl Candidates {
+    pub(super) fn newest_first(&self) -> &[Lsn] {
+        &self.lsns[..self.len]
+    }
 }
 
 impl Directory {
@@ -67,7 +135,7 @@ impl Directory {
         Directory {
             shards: (0..SHARDS).map(|_| RwLock::new(Shard::default())).collect(),
             next_id: AtomicU64::new(1),
-            versions_per_key,
+            versions_per_key: versions_per_key.min(MAX_VERSIONS_PER_KEY),
         }
     }
 
@@ -76,11 +144,8 @@ impl Directory {
     }
 
     fn shard_index(key: &MaterializedPageKey) -> usize {
-        use std::hash::{BuildHasher, BuildHasherDefault};
-        // A fixed (unseeded) hasher: the same key must map to the same shard on every call.
-        let hash = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
-            .hash_one(key);
-        (hash as usize) & (SHARDS - 1)
+        // The map uses the low bits of the same fingerprint; take the shard from the high ones.
+        (key.fingerprint() >> (64 - SHARD_BITS)) as usize
     }
 
     fn shard_of_key(&self, key: &MaterializedPageKey) -> &RwLock<Shard> {
@@ -102,10 +167,19 @@ impl Directory {
         if below == 0 {
             return None;
         }
-        Some(Candidates {
+        let mut candidates = Candidates {
             id: entry.id,
-            lsns: entry.lsns[..below].iter().rev().copied().collect(),
-        })
+            lsns: [Lsn::INVALID; MAX_VERSIONS_PER_KEY],
+            len: below,
+        };
+        for (dst, src) in candidates
+            .lsns
+            .iter_mut()
+            .zip(entry.lsns[..below].iter().rev())
+        {
+            *dst = *src;
+        }
+        Some(candidates)
     }
 
     /// Records that version `lsn` of `key` is being cached; returns the directory id to store it

@@ -123,7 +123,8 @@ pub struct PageCacheConfig {
     pub capacity_bytes: u64,
     /// How many pinned slots an insert may meet per slot of progress before it gives up.
     pub eviction_effort_cap: u32,
-    /// Cached versions remembered per materialized page key; 0 turns materialized caching off.
+    /// Cached versions remembered per materialized page key (at most 8); 0 turns materialized
+    /// caching off.
     pub materialized_versions_per_key: usize,
     /// Test mode: keep only this many bits of every hash, forcing collisions.
     pub degenerate_hash_bits: Option<u32>,
@@ -203,11 +204,24 @@ unsafe impl Sync for PageCache {}
 
 /// A pinned, read-only view of one cached page. The page cannot be evicted or changed while the
 /// lease lives. Dropping it is one atomic add.
+///
+/// Two words on purpose: a reference and a `u32` come back from a lookup in registers, and a
+/// hit is measurably slower when the lease has to go through memory.
 pub struct PageLease<'c> {
     cache: &'c PageCache,
-    slot: u32,
-    /// False for the lease handed to the reader whose miss inserted the page.
-    counts_as_hit: bool,
+    /// The slot number, with [`LEASE_NOT_A_HIT`] set on the lease handed to the reader whose
+    /// miss inserted the page.
+    slot_and_flag: u32,
+}
+
+/// Slot numbers fit in 24 bits (`index::MAX_SLOTS`), leaving the top bit for this flag.
+const LEASE_NOT_A_HIT: u32 = 1 << 31;
+
+impl PageLease<'_> {
+    #[inline]
+    fn slot(&self) -> usize {
+        (self.slot_and_flag & !LEASE_NOT_A_HIT) as usize
+    }
 }
 
 impl Deref for PageLease<'_> {
@@ -216,15 +230,15 @@ impl Deref for PageLease<'_> {
     #[inline]
     fn deref(&self) -> &[u8; PAGE_SZ] {
         // SAFETY: the lease holds a reference on the slot, so nobody writes the frame.
-        unsafe { &*self.cache.frames[self.slot as usize].0.get() }
+        unsafe { &*self.cache.frames[self.slot()].0.get() }
     }
 }
 
 impl Drop for PageLease<'_> {
     #[inline]
     fn drop(&mut self) {
-        let slot = &self.cache.slots[self.slot as usize];
-        if self.counts_as_hit {
+        let slot = &self.cache.slots[self.slot()];
+        if self.slot_and_flag & LEASE_NOT_A_HIT == 0 {
             slot.release();
         } else {
             slot.release_unhit();
@@ -235,7 +249,7 @@ impl Drop for PageLease<'_> {
 impl fmt::Debug for PageLease<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PageLease")
-            .field("slot", &self.slot)
+            .field("slot", &self.slot())
             .finish()
     }
 }
@@ -348,8 +362,7 @@ impl PageCache {
         })?;
         Some(PageLease {
             cache: self,
-            slot,
-            counts_as_hit: true,
+            slot_and_flag: slot,
         })
     }
 
@@ -423,7 +436,7 @@ impl PageCache {
             return None;
         }
         let found = self.directory.candidates(key, lsn).and_then(|candidates| {
-            candidates.lsns.into_iter().find_map(|version| {
+            candidates.newest_first().iter().find_map(|&version| {
                 self.lookup(materialized_key(candidates.id, version))
                     .map(|lease| (version, lease))
             })
@@ -470,6 +483,9 @@ impl PageCache {
     }
 
     /// Claims a slot, fills it, links and publishes it. Hands out a lease if `with_lease`.
+    /// A blind insert (`with_lease == false`) first checks that the page is not cached yet; a
+    /// read-through has just missed, so it skips the second probe and accepts the rare
+    /// duplicate of a concurrent miss (both copies hold the same immutable bytes).
     fn insert_with<E>(
         &self,
         key: SlotKey,
@@ -478,10 +494,9 @@ impl PageCache {
         with_lease: bool,
         fill: impl FnOnce(&mut [u8; PAGE_SZ]) -> Result<(), E>,
     ) -> Result<Option<PageLease<'_>>, ReadThroughError<E>> {
-        if let Some(existing) = self.lookup(key) {
-            // A concurrent miss on the same page cached it first.
+        if !with_lease && self.lookup(key).is_some() {
             self.inserts_duplicate.fetch_add(1, Ordering::Relaxed);
-            return Ok(with_lease.then_some(existing));
+            return Ok(None);
         }
         let slot = self.claim_slot().map_err(|e| {
             self.inserts_refused.fetch_add(1, Ordering::Relaxed);
@@ -515,8 +530,7 @@ impl PageCache {
         // Not `then_some`: building a lease we do not hand out would release a reference.
         Ok(with_lease.then(|| PageLease {
             cache: self,
-            slot,
-            counts_as_hit: false,
+            slot_and_flag: slot | LEASE_NOT_A_HIT,
         }))
     }
 

@@ -97,7 +97,7 @@ pub struct PageCacheStats {
     /// Inserts refused because every slot the clock hand looked at was pinned (the eviction
     /// effort cap was reached). The page was served without being cached.
     pub inserts_refused: u64,
-    /// Inserts of a key that was already cached (a concurrent miss got there first).
+    /// Blind inserts (pre-warm, memorize) of a page that was already cached.
     pub inserts_duplicate: u64,
     /// Slots referenced by a lease right now.
     pub pinned_pages: u64,
