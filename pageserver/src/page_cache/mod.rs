@@ -386,21 +386,7 @@ impl PageCache {
         page: &[u8; PAGE_SZ],
         arrival: Arrival,
     ) -> Result<(), InsertError> {
-        let filled = self.insert_with(
-            file_key(file, blkno),
-            &self.file_counters,
-            arrival,
-            false,
-            |frame| {
-                frame.copy_from_slice(page);
-                Ok::<(), std::convert::Infallible>(())
-            },
-        );
-        match filled {
-            Ok(_) => Ok(()),
-            Err(ReadThroughError::NoFreeSlot(e)) => Err(e),
-            Err(ReadThroughError::Fill(never)) => match never {},
-        }
+        self.insert_copy(file_key(file, blkno), &self.file_counters, arrival, page)
     }
 
     /// Block `blkno` of `file`, from the cache or else read by `fill` straight into a cache
@@ -462,22 +448,33 @@ impl PageCache {
         let Some(id) = self.directory.remember(key, lsn) else {
             return Ok(());
         };
-        let filled = self.insert_with(
+        let inserted = self.insert_copy(
             materialized_key(id, lsn),
             &self.materialized_counters,
             Arrival::ReadThrough,
-            false,
-            |frame| {
-                frame.copy_from_slice(page);
-                Ok::<(), std::convert::Infallible>(())
-            },
+            page,
         );
-        match filled {
+        if inserted.is_err() {
+            self.directory.forget(id, lsn);
+        }
+        inserted
+    }
+
+    /// A blind insert of a copy of `page`.
+    fn insert_copy(
+        &self,
+        key: SlotKey,
+        counters: &KindCounters,
+        arrival: Arrival,
+        page: &[u8; PAGE_SZ],
+    ) -> Result<(), InsertError> {
+        let copy = |frame: &mut [u8; PAGE_SZ]| {
+            frame.copy_from_slice(page);
+            Ok::<(), std::convert::Infallible>(())
+        };
+        match self.insert_with(key, counters, arrival, false, copy) {
             Ok(_) => Ok(()),
-            Err(ReadThroughError::NoFreeSlot(e)) => {
-                self.directory.forget(id, lsn);
-                Err(e)
-            }
+            Err(ReadThroughError::NoFreeSlot(e)) => Err(e),
             Err(ReadThroughError::Fill(never)) => match never {},
         }
     }
