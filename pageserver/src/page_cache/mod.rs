@@ -22,7 +22,7 @@
 //!   a lookup probes it and takes a reference with one `fetch_add` on the slot's metadata word
 //!   (`slot.rs`), then verifies the full 16-byte key. Dropping a [`PageLease`] is one more
 //!   `fetch_add`. Hit and miss counters are striped per thread (`stats.rs`).
-//! * **Eviction is a counting CLOCK with probation.** Each slot carries a countdown of 0 to 3. A
+//! * **Eviction is a counting CLOCK with probation.** Each slot carries a countdown of 0 to 7. A
 //!   hit raises it; the clock hand lowers it and evicts the slot when it is already 0 and
 //!   unreferenced. Pages read for the first time and scanned pages start on probation
 //!   (`policy.rs`): while probation holds its share, evictions take its unhit pages first, so

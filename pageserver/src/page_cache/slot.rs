@@ -46,8 +46,10 @@ const STATE_CONSTRUCTION: u64 = 1;
 const STATE_VISIBLE: u64 = 2;
 
 /// The highest CLOCK countdown: a page that keeps being hit survives this many sweeps of the
-/// clock hand without a further hit.
-pub(super) const MAX_COUNTDOWN: u64 = 3;
+/// clock hand without a further hit. Above 3 (HyperClockCache's cap) the countdown also
+/// separates often-read pages from sometimes-read ones; much higher, and a page that was hot
+/// once takes too long to age out.
+pub(super) const MAX_COUNTDOWN: u64 = 7;
 
 /// When a long-lived hot page's counters reach this, `release` rebases them so they never
 /// carry into the neighbouring field.
