@@ -1,0 +1,728 @@
+//! Redo: turning a page's history of [`Value`]s into the page.
+//!
+//! To produce page K as of LSN L, the read path walks the layers from the
+//! newest down, collecting K's records at or below L, newest first, and
+//! stops at the first record that does not depend on older ones (an image,
+//! or a delta with `will_init`; see [`Value::will_init`]). That record is
+//! the *base*. [`reconstruct_page`] then starts from the base and applies
+//! the newer deltas oldest to newest:
+//!
+//! - an image base starts from the image's bytes;
+//! - a `will_init` delta base starts from [`ZERO_PAGE_SIZE`] zero bytes and
+//!   applies its own patches onto them;
+//! - if the records run out without a base, the page does not exist as of
+//!   L ("not found"), which is `Ok(None)`, not an error.
+//!
+//! Records after the base are never looked at, so a walk may hand over more
+//! history than needed without changing the result.
+//!
+//! # Applying a delta
+//!
+//! [`apply_delta`] applies a delta's patches in order, each one copying its
+//! data to its offset, so a later patch wins where two overlap. A patch
+//! that ends past the end of the page first grows the page with zero bytes
+//! to end exactly where the patch ends (this includes an empty patch whose
+//! offset is past the end). Pages never shrink.
+//!
+//! # Limits
+//!
+//! A patch offset can be up to 4 GiB, so redo bounds every page it builds
+//! by a caller-given `max_page_size` (normally
+//! [`DEFAULT_MAX_VALUE_SIZE`](crate::value::DEFAULT_MAX_VALUE_SIZE)): a
+//! delta that would grow the page past it, or a base already larger than
+//! it, is a [`RedoError`], as is arithmetic overflow. Nothing here panics
+//! on bad input. `apply_delta` checks a whole delta before changing the
+//! page, so on error the page is left as it was.
+
+use std::fmt;
+use std::ops::Range;
+
+use bytes::Bytes;
+
+use crate::value::{Patch, Value};
+
+/// The size of the page a `will_init` delta is applied onto: a Postgres
+/// block of 8192 zero bytes.
+pub const ZERO_PAGE_SIZE: usize = 8192;
+
+/// Why redo failed: what went wrong and, from [`reconstruct_page`], in
+/// which record.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {kind}", Context(*.record))]
+pub struct RedoError {
+    /// The position of the failing record in the newest-first sequence
+    /// given to [`reconstruct_page`] (0 = newest), or `None` from
+    /// [`apply_delta`], which knows nothing of records.
+    pub record: Option<usize>,
+    /// What went wrong.
+    pub kind: RedoErrorKind,
+}
+
+/// What went wrong in redo; see [`RedoError`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RedoErrorKind {
+    /// `offset + data length` of a patch does not fit in `usize`.
+    #[error("patch {patch} (offset {offset}, {len} bytes) ends past the largest possible offset")]
+    PatchEndOverflow {
+        /// Which patch of the delta, counted from zero.
+        patch: usize,
+        /// Its offset.
+        offset: u32,
+        /// Its data length.
+        len: usize,
+    },
+    /// A patch would grow the page past `max_page_size`.
+    #[error(
+        "patch {patch} (offset {offset}, {len} bytes) would grow the page to {end} bytes, past the limit of {max_page_size}"
+    )]
+    PatchPastLimit {
+        /// Which patch of the delta, counted from zero.
+        patch: usize,
+        /// Its offset.
+        offset: u32,
+        /// Its data length.
+        len: usize,
+        /// Where it ends: the page length it needs.
+        end: usize,
+        /// The limit.
+        max_page_size: usize,
+    },
+    /// The page to start from (the page given to [`apply_delta`], an image
+    /// base, or the zero page of a `will_init` base) is already larger than
+    /// `max_page_size`.
+    #[error("the page is {len} bytes, past the limit of {max_page_size}")]
+    PagePastLimit {
+        /// The page's length.
+        len: usize,
+        /// The limit.
+        max_page_size: usize,
+    },
+    /// The record's LSN is not below the LSN of the record before it, so
+    /// the records are not newest first (or an LSN is repeated).
+    #[error("its LSN is not below the previous record's; records must be newest first with distinct LSNs")]
+    LsnNotDecreasing,
+}
+
+/// The start of a [`RedoError`] message: where the error happened.
+struct Context(Option<usize>);
+
+impl fmt::Display for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(record) => write!(
+                f,
+                "cannot reconstruct page: record {record} (counting from the newest, from 0)"
+            ),
+            None => f.write_str("cannot apply delta"),
+        }
+    }
+}
+
+impl RedoError {
+    fn in_record(record: usize, kind: RedoErrorKind) -> RedoError {
+        RedoError {
+            record: Some(record),
+            kind,
+        }
+    }
+}
+
+/// Applies `patches`, in order, to `page`; see the [module
+/// documentation](self) for the rules.
+///
+/// Fails if a patch's end overflows or would make the page longer than
+/// `max_page_size`, or if `page` is already longer than that. On failure
+/// `page` is unchanged.
+pub fn apply_delta(
+    page: &mut Vec<u8>,
+    patches: &[Patch],
+    max_page_size: usize,
+) -> Result<(), RedoError> {
+    let new_len = checked_len_after(page.len(), patches, max_page_size)
+        .map_err(|kind| RedoError { record: None, kind })?;
+
+    // Growing once to the final length and then copying every patch gives
+    // the same bytes as growing patch by patch: the gaps are zero either
+    // way, and every patch lands where it would have.
+    if new_len > page.len() {
+        page.resize(new_len, 0);
+    }
+    for patch in patches {
+        // Within the page: `checked_len_after` computed every patch's end
+        // without overflow and the page is now at least that long.
+        let start = offset_to_usize(patch.offset);
+        page[start..start + patch.data.len()].copy_from_slice(&patch.data);
+    }
+    Ok(())
+}
+
+/// The page length after applying `patches` to a page of `len` bytes, or
+/// why they cannot be applied within `max_page_size`.
+fn checked_len_after(
+    len: usize,
+    patches: &[Patch],
+    max_page_size: usize,
+) -> Result<usize, RedoErrorKind> {
+    if len > max_page_size {
+        return Err(RedoErrorKind::PagePastLimit { len, max_page_size });
+    }
+    let mut new_len = len;
+    for (index, patch) in patches.iter().enumerate() {
+        let range = patch_range(index, patch.offset, patch.data.len())?;
+        if range.end > max_page_size {
+            return Err(RedoErrorKind::PatchPastLimit {
+                patch: index,
+                offset: patch.offset,
+                len: patch.data.len(),
+                end: range.end,
+                max_page_size,
+            });
+        }
+        new_len = new_len.max(range.end);
+    }
+    Ok(new_len)
+}
+
+/// The bytes of the page that patch `index`, writing `len` bytes at
+/// `offset`, covers.
+fn patch_range(index: usize, offset: u32, len: usize) -> Result<Range<usize>, RedoErrorKind> {
+    let start = offset_to_usize(offset);
+    let end = start
+        .checked_add(len)
+        .ok_or(RedoErrorKind::PatchEndOverflow {
+            patch: index,
+            offset,
+            len,
+        })?;
+    Ok(start..end)
+}
+
+/// A patch offset as a page index. Every platform this builds for has a
+/// `usize` of at least 32 bits (see the assertion below).
+fn offset_to_usize(offset: u32) -> usize {
+    usize::try_from(offset).unwrap_or(usize::MAX)
+}
+
+// `offset_to_usize` never saturates on the platforms we build for.
+const _: () = assert!(usize::BITS >= u32::BITS);
+
+/// Reconstructs a page from the records a layer walk collected for it.
+///
+/// `records_newest_first` are `(lsn, value)` pairs with strictly decreasing
+/// LSNs, ending at (and including) the first image or `will_init` delta;
+/// anything after that base is ignored, not even read from the iterator.
+/// `L` is any ordered LSN type (`utils::Lsn`, or a plain `u64`).
+///
+/// Returns `Ok(None)` if the records hold no base (the page does not exist
+/// at that LSN), otherwise the page: the base with every newer delta
+/// applied oldest to newest, as described in the [module
+/// documentation](self). A lone image base is returned without copying.
+///
+/// Fails if the LSNs do not decrease or a page would be longer than
+/// `max_page_size`; [`RedoError::record`] says which record.
+pub fn reconstruct_page<'a, L, I>(
+    records_newest_first: I,
+    max_page_size: usize,
+) -> Result<Option<Bytes>, RedoError>
+where
+    L: Ord + 'a,
+    I: IntoIterator<Item = &'a (L, Value)>,
+{
+    // Deltas newer than the base, newest first, with their record index.
+    let mut deltas: Vec<(usize, &[Patch])> = Vec::new();
+    let mut previous_lsn: Option<&L> = None;
+
+    for (index, (lsn, value)) in records_newest_first.into_iter().enumerate() {
+        if previous_lsn.is_some_and(|previous| lsn >= previous) {
+            return Err(RedoError::in_record(index, RedoErrorKind::LsnNotDecreasing));
+        }
+        previous_lsn = Some(lsn);
+
+        match value {
+            Value::Image(image) => {
+                if image.len() > max_page_size {
+                    return Err(RedoError::in_record(
+                        index,
+                        RedoErrorKind::PagePastLimit {
+                            len: image.len(),
+                            max_page_size,
+                        },
+                    ));
+                }
+                if deltas.is_empty() {
+                    return Ok(Some(image.clone()));
+                }
+                return redo(image.to_vec(), &deltas, max_page_size).map(Some);
+            }
+            Value::Delta {
+                will_init: true,
+                patches,
+            } => {
+                if ZERO_PAGE_SIZE > max_page_size {
+                    return Err(RedoError::in_record(
+                        index,
+                        RedoErrorKind::PagePastLimit {
+                            len: ZERO_PAGE_SIZE,
+                            max_page_size,
+                        },
+                    ));
+                }
+                deltas.push((index, patches));
+                return redo(vec![0; ZERO_PAGE_SIZE], &deltas, max_page_size).map(Some);
+            }
+            Value::Delta {
+                will_init: false,
+                patches,
+            } => deltas.push((index, patches)),
+        }
+    }
+    Ok(None)
+}
+
+/// Applies `deltas_newest_first` to `page`, oldest first. The caller has
+/// checked that `page` is within `max_page_size`.
+fn redo(
+    mut page: Vec<u8>,
+    deltas_newest_first: &[(usize, &[Patch])],
+    max_page_size: usize,
+) -> Result<Bytes, RedoError> {
+    for (index, patches) in deltas_newest_first.iter().rev() {
+        apply_delta(&mut page, patches, max_page_size).map_err(|e| RedoError {
+            record: Some(*index),
+            kind: e.kind,
+        })?;
+    }
+    Ok(Bytes::from(page))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::value::DEFAULT_MAX_VALUE_SIZE;
+    use proptest::prelude::*;
+
+    const MAX: usize = DEFAULT_MAX_VALUE_SIZE;
+
+    fn patch(offset: u32, data: &[u8]) -> Patch {
+        Patch::new(offset, Bytes::copy_from_slice(data))
+    }
+
+    fn image(bytes: &[u8]) -> Value {
+        Value::Image(Bytes::copy_from_slice(bytes))
+    }
+
+    fn delta(will_init: bool, patches: Vec<Patch>) -> Value {
+        Value::Delta { will_init, patches }
+    }
+
+    #[test]
+    fn patches_overwrite_in_order() {
+        let mut page = vec![1u8; 8];
+        apply_delta(
+            &mut page,
+            &[patch(2, b"abcd"), patch(4, b"XY"), patch(0, b"")],
+            MAX,
+        )
+        .unwrap();
+        assert_eq!(page, [1, 1, b'a', b'b', b'X', b'Y', 1, 1]);
+    }
+
+    #[test]
+    fn patch_past_end_grows_with_zeroes() {
+        let mut page = vec![7u8; 4];
+        apply_delta(&mut page, &[patch(6, b"ab")], MAX).unwrap();
+        assert_eq!(page, [7, 7, 7, 7, 0, 0, b'a', b'b']);
+
+        // Straddling the end: the overlapping part is overwritten, the rest
+        // appended.
+        let mut page = vec![7u8; 4];
+        apply_delta(&mut page, &[patch(2, b"abcd")], MAX).unwrap();
+        assert_eq!(page, [7, 7, b'a', b'b', b'c', b'd']);
+
+        // An empty patch past the end still grows the page to its offset.
+        let mut page = vec![7u8; 2];
+        apply_delta(&mut page, &[patch(5, b"")], MAX).unwrap();
+        assert_eq!(page, [7, 7, 0, 0, 0]);
+
+        // A short patch after a long one does not shrink the page.
+        let mut page = Vec::new();
+        apply_delta(&mut page, &[patch(8190, b"zz"), patch(0, b"a")], MAX).unwrap();
+        assert_eq!(page.len(), ZERO_PAGE_SIZE);
+        assert_eq!(page[0], b'a');
+        assert!(page[1..8190].iter().all(|&b| b == 0));
+        assert_eq!(&page[8190..], b"zz");
+    }
+
+    #[test]
+    fn page_may_reach_the_limit_exactly() {
+        let mut page = Vec::new();
+        apply_delta(&mut page, &[patch(8, b"xy")], 10).unwrap();
+        assert_eq!(page.len(), 10);
+    }
+
+    #[test]
+    fn patch_past_limit_is_an_error_and_changes_nothing() {
+        let mut page = vec![3u8; 4];
+        let err = apply_delta(&mut page, &[patch(0, b"ok"), patch(9, b"xy")], 10).unwrap_err();
+        assert_eq!(
+            err,
+            RedoError {
+                record: None,
+                kind: RedoErrorKind::PatchPastLimit {
+                    patch: 1,
+                    offset: 9,
+                    len: 2,
+                    end: 11,
+                    max_page_size: 10
+                }
+            }
+        );
+        assert_eq!(page, [3, 3, 3, 3]);
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("cannot apply delta: patch 1 (offset 9, 2 bytes)")
+                && msg.contains("11 bytes"),
+            "{msg}"
+        );
+
+        // The largest offset with the default limit: refused, not a 4 GiB
+        // allocation.
+        let mut page = Vec::new();
+        let err = apply_delta(&mut page, &[patch(u32::MAX, b"x")], MAX).unwrap_err();
+        assert!(matches!(
+            err.kind,
+            RedoErrorKind::PatchPastLimit {
+                offset: u32::MAX,
+                ..
+            }
+        ));
+        assert!(page.is_empty());
+    }
+
+    #[test]
+    fn page_already_past_limit_is_an_error() {
+        let mut page = vec![0u8; 11];
+        let err = apply_delta(&mut page, &[], 10).unwrap_err();
+        assert_eq!(
+            err.kind,
+            RedoErrorKind::PagePastLimit {
+                len: 11,
+                max_page_size: 10
+            }
+        );
+        assert_eq!(page.len(), 11);
+    }
+
+    #[test]
+    fn patch_end_overflow_is_an_error() {
+        // Data of `usize::MAX` bytes cannot exist; check the rule that
+        // `apply_delta` applies to every patch instead.
+        assert_eq!(patch_range(0, 5, 3), Ok(5..8));
+        let err = patch_range(2, 1, usize::MAX).unwrap_err();
+        assert_eq!(
+            err,
+            RedoErrorKind::PatchEndOverflow {
+                patch: 2,
+                offset: 1,
+                len: usize::MAX
+            }
+        );
+        assert!(err.to_string().contains("patch 2 (offset 1"), "{err}");
+    }
+
+    #[test]
+    fn no_records_or_no_base_is_not_found() {
+        assert_eq!(reconstruct_page::<u64, _>(&[], MAX), Ok(None));
+        let records = [
+            (30u64, delta(false, vec![patch(0, b"a")])),
+            (20, delta(false, vec![patch(1, b"b")])),
+        ];
+        assert_eq!(reconstruct_page(&records, MAX), Ok(None));
+    }
+
+    #[test]
+    fn image_alone_is_returned_without_copying() {
+        let page = Bytes::from(vec![9u8; ZERO_PAGE_SIZE]);
+        let records = [(5u64, Value::Image(page.clone()))];
+        let result = reconstruct_page(&records, MAX).unwrap().unwrap();
+        assert_eq!(result, page);
+        assert_eq!(result.as_ptr(), page.as_ptr());
+    }
+
+    #[test]
+    fn deltas_apply_oldest_first_onto_image() {
+        let records = [
+            (40u64, delta(false, vec![patch(1, b"C")])),
+            (30, delta(false, vec![patch(0, b"BB")])),
+            (20, image(b"AAAA")),
+        ];
+        let page = reconstruct_page(&records, MAX).unwrap().unwrap();
+        assert_eq!(&page[..], b"BCAA");
+    }
+
+    #[test]
+    fn will_init_starts_from_zero_page_and_ignores_older_records() {
+        let base = delta(true, vec![patch(2, b"ab")]);
+        let newer = delta(false, vec![patch(0, b"Z")]);
+        let mut expected = vec![0u8; ZERO_PAGE_SIZE];
+        expected[0] = b'Z';
+        expected[2..4].copy_from_slice(b"ab");
+
+        let records = [(20u64, newer.clone()), (10, base.clone())];
+        let page = reconstruct_page(&records, MAX).unwrap().unwrap();
+        assert_eq!(&page[..], &expected[..]);
+
+        // Whatever follows the base is never looked at: an older image, a
+        // page too large for the limit, even LSNs out of order.
+        let records = [
+            (20u64, newer),
+            (10, base),
+            (5, image(b"ignored")),
+            (50, image(&vec![1u8; MAX + 1])),
+        ];
+        let page = reconstruct_page(&records, MAX).unwrap().unwrap();
+        assert_eq!(&page[..], &expected[..]);
+
+        // An image base also hides everything older.
+        let records = [(20u64, image(b"new")), (10, image(b"old"))];
+        assert_eq!(
+            reconstruct_page(&records, MAX).unwrap().as_deref(),
+            Some(&b"new"[..])
+        );
+    }
+
+    #[test]
+    fn will_init_alone_is_the_zero_page_with_its_patches() {
+        let records = [(1u64, delta(true, Vec::new()))];
+        let page = reconstruct_page(&records, MAX).unwrap().unwrap();
+        assert_eq!(&page[..], &[0u8; ZERO_PAGE_SIZE][..]);
+
+        // Its own patches may grow the zero page.
+        let records = [(1u64, delta(true, vec![patch(8192, b"+")]))];
+        let page = reconstruct_page(&records, MAX).unwrap().unwrap();
+        assert_eq!(page.len(), ZERO_PAGE_SIZE + 1);
+        assert_eq!(page[ZERO_PAGE_SIZE], b'+');
+    }
+
+    #[test]
+    fn works_with_utils_style_lsn_newtypes() {
+        // Any `Ord` LSN type will do; this mirrors `utils::Lsn(pub u64)`.
+        #[derive(PartialEq, Eq, PartialOrd, Ord)]
+        struct Lsn(u64);
+        let records = vec![
+            (Lsn(0x20), delta(false, vec![patch(0, b"y")])),
+            (Lsn(0x10), image(b"xx")),
+        ];
+        assert_eq!(
+            reconstruct_page(&records, MAX).unwrap().as_deref(),
+            Some(&b"yx"[..])
+        );
+    }
+
+    #[test]
+    fn lsns_must_decrease() {
+        for second in [30u64, 31] {
+            let records = [(30u64, delta(false, vec![])), (second, image(b"x"))];
+            let err = reconstruct_page(&records, MAX).unwrap_err();
+            assert_eq!(
+                err,
+                RedoError {
+                    record: Some(1),
+                    kind: RedoErrorKind::LsnNotDecreasing
+                }
+            );
+            assert!(err.to_string().contains("record 1"), "{err}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_record() {
+        // The delta at index 1 grows the page past the limit.
+        let records = [
+            (30u64, delta(false, vec![])),
+            (20, delta(false, vec![patch(0, b"ok"), patch(99, b"x")])),
+            (10, image(b"base")),
+        ];
+        let err = reconstruct_page(&records, 64).unwrap_err();
+        assert_eq!(
+            err,
+            RedoError {
+                record: Some(1),
+                kind: RedoErrorKind::PatchPastLimit {
+                    patch: 1,
+                    offset: 99,
+                    len: 1,
+                    end: 100,
+                    max_page_size: 64
+                }
+            }
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with("cannot reconstruct page: record 1"),
+            "{msg}"
+        );
+
+        // An image base past the limit.
+        let records = [(10u64, image(&[0u8; 65]))];
+        assert_eq!(
+            reconstruct_page(&records, 64),
+            Err(RedoError {
+                record: Some(0),
+                kind: RedoErrorKind::PagePastLimit {
+                    len: 65,
+                    max_page_size: 64
+                }
+            })
+        );
+
+        // A will_init base when the limit is below the zero page's size.
+        let records = [(20u64, delta(false, vec![])), (10, delta(true, vec![]))];
+        assert_eq!(
+            reconstruct_page(&records, ZERO_PAGE_SIZE - 1),
+            Err(RedoError {
+                record: Some(1),
+                kind: RedoErrorKind::PagePastLimit {
+                    len: ZERO_PAGE_SIZE,
+                    max_page_size: ZERO_PAGE_SIZE - 1
+                }
+            })
+        );
+    }
+
+    /// The reference model: the rules written as plainly as possible, one
+    /// patch at a time. Errors are reduced to the index of the failing
+    /// record.
+    fn reference(
+        records_newest_first: &[(u64, Value)],
+        max_page_size: usize,
+    ) -> Result<Option<Vec<u8>>, usize> {
+        let Some(base) = records_newest_first.iter().position(|(_, v)| v.will_init()) else {
+            return Ok(None);
+        };
+        let mut page = Vec::new();
+        for index in (0..=base).rev() {
+            match &records_newest_first[index].1 {
+                Value::Image(image) => page = image.to_vec(),
+                Value::Delta { will_init, patches } => {
+                    if *will_init {
+                        page = vec![0u8; ZERO_PAGE_SIZE];
+                    }
+                    if page.len() > max_page_size {
+                        return Err(index);
+                    }
+                    for p in patches {
+                        let start = usize::try_from(p.offset).unwrap();
+                        let end = start + p.data.len();
+                        if page.len() < end {
+                            page.resize(end, 0);
+                        }
+                        page[start..end].copy_from_slice(&p.data);
+                    }
+                }
+            }
+            if page.len() > max_page_size {
+                return Err(index);
+            }
+        }
+        Ok(Some(page))
+    }
+
+    fn any_patch() -> impl Strategy<Value = Patch> {
+        (
+            0u32..=16 * 1024,
+            proptest::collection::vec(any::<u8>(), 0..64),
+        )
+            .prop_map(|(offset, data)| Patch::new(offset, data))
+    }
+
+    fn any_value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            1 => proptest::collection::vec(any::<u8>(), 0..10_000)
+                .prop_map(|page| Value::Image(Bytes::from(page))),
+            1 => proptest::collection::vec(any_patch(), 0..6)
+                .prop_map(|patches| Value::Delta { will_init: true, patches }),
+            4 => proptest::collection::vec(any_patch(), 0..6)
+                .prop_map(|patches| Value::Delta { will_init: false, patches }),
+        ]
+    }
+
+    /// Records newest first with strictly decreasing LSNs.
+    fn any_records() -> impl Strategy<Value = Vec<(u64, Value)>> {
+        proptest::collection::vec((1u64..1000, any_value()), 0..12).prop_map(|steps| {
+            let mut lsn = 0u64;
+            let mut records: Vec<(u64, Value)> = steps
+                .into_iter()
+                .map(|(step, value)| {
+                    lsn += step;
+                    (lsn, value)
+                })
+                .collect();
+            records.reverse();
+            records
+        })
+    }
+
+    fn any_limit() -> impl Strategy<Value = usize> {
+        prop_oneof![
+            Just(MAX),
+            Just(ZERO_PAGE_SIZE - 1),
+            Just(ZERO_PAGE_SIZE),
+            Just(12_000),
+            Just(16 * 1024 + 64),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn matches_reference_model(records in any_records(), limit in any_limit()) {
+            let ours = reconstruct_page(&records, limit);
+            match reference(&records, limit) {
+                Ok(expected) => {
+                    prop_assert_eq!(ours.map(|page| page.map(|p| p.to_vec())), Ok(expected));
+                }
+                Err(record) => {
+                    let err = ours.unwrap_err();
+                    prop_assert_eq!(err.record, Some(record));
+                    let is_limit_error = matches!(
+                        err.kind,
+                        RedoErrorKind::PagePastLimit { .. } | RedoErrorKind::PatchPastLimit { .. }
+                    );
+                    prop_assert!(is_limit_error, "{}", err);
+                }
+            }
+        }
+
+        #[test]
+        fn history_older_than_a_base_is_irrelevant(
+            newer in any_records(),
+            older in any_records(),
+        ) {
+            // Only the part up to the first base counts; replace everything
+            // after it with different history (LSNs shifted below it).
+            let Some(base) = newer.iter().position(|(_, v)| v.will_init()) else {
+                return Ok(());
+            };
+            let floor = newer[base].0;
+            let mut changed: Vec<(u64, Value)> = newer[..=base].to_vec();
+            changed.extend(older.into_iter().filter(|(lsn, _)| *lsn < floor));
+            prop_assert_eq!(reconstruct_page(&newer, MAX), reconstruct_page(&changed, MAX));
+        }
+
+        #[test]
+        fn apply_delta_is_all_or_nothing(
+            page in proptest::collection::vec(any::<u8>(), 0..10_000),
+            patches in proptest::collection::vec(any_patch(), 0..6),
+            limit in any_limit(),
+        ) {
+            let mut after = page.clone();
+            match apply_delta(&mut after, &patches, limit) {
+                Ok(()) => {
+                    prop_assert!(after.len() <= limit);
+                    prop_assert!(after.len() >= page.len());
+                }
+                Err(_) => prop_assert_eq!(after, page),
+            }
+        }
+    }
+}
