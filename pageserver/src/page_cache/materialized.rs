@@ -144,8 +144,10 @@ impl Directory {
     }
 
     fn shard_index(key: &MaterializedPageKey) -> usize {
-        // The map uses the low bits of the same fingerprint; take the shard from the high ones.
-        (key.fingerprint() >> (64 - SHARD_BITS)) as usize
+        // The shard's hash map takes bucket positions from the low bits of the same fingerprint
+        // and its control tags from the top 7, so the shard comes from bits in between: keys of
+        // one shard must still differ in the bits the map uses.
+        ((key.fingerprint() >> 32) as usize) & (SHARDS - 1)
     }
 
     fn shard_of_key(&self, key: &MaterializedPageKey) -> &RwLock<Shard> {

@@ -99,11 +99,12 @@ impl fmt::Display for FileId {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arrival {
     /// A reader missed and read the page from disk. The first time, the page starts on
-    /// probation (see `policy.rs`); asked for again soon after an eviction, it starts warm.
+    /// probation (see `policy.rs`); asked for again soon after it was evicted from probation,
+    /// it starts warm.
     ReadThrough,
     /// Written into the cache as its file was written (an ephemeral file's tail going to disk),
-    /// before anyone asked for it. It starts warm enough to survive a full turn of the clock
-    /// hand, so it is still there when it is read back.
+    /// before anyone asked for it. It takes the slot right behind the clock hand, so it survives
+    /// a full turn of the hand and is still there when it is read back.
     PreWarm,
     /// Read as part of a bulk scan: starts on probation, cold, so a scan recycles its own slots.
     Scan,
@@ -156,6 +157,23 @@ pub enum PageCacheConfigError {
 pub enum InsertError {
     #[error("page cache has no evictable slot: {pinned_seen} pinned slots met before giving up")]
     AllPinned { pinned_seen: u32 },
+    #[error("page cache found no free slot within its bound on clock steps (slots are busy)")]
+    NoSlot,
+}
+
+/// A slot this thread claimed; returned to Empty on drop unless it was published, so a failing
+/// or panicking fill never loses the slot.
+struct OwnedSlot<'a> {
+    slot: &'a Slot,
+    published: bool,
+}
+
+impl Drop for OwnedSlot<'_> {
+    fn drop(&mut self) {
+        if !self.published {
+            self.slot.vacate();
+        }
+    }
 }
 
 /// Why [`PageCache::read_file_page`] returned no lease.
@@ -391,6 +409,10 @@ impl PageCache {
 
     /// Block `blkno` of `file`, from the cache or else read by `fill` straight into a cache
     /// frame. On [`ReadThroughError::NoFreeSlot`] `fill` was not called.
+    ///
+    /// The frame handed to `fill` still holds the bytes of the page it held before (another
+    /// file's, or another tenant's): `fill` must overwrite all of it or fail. Whatever is in
+    /// the frame when `fill` returns `Ok` is published as block `blkno`.
     pub fn read_file_page<E>(
         &self,
         file: FileId,
@@ -491,39 +513,46 @@ impl PageCache {
         with_lease: bool,
         fill: impl FnOnce(&mut [u8; PAGE_SZ]) -> Result<(), E>,
     ) -> Result<Option<PageLease<'_>>, ReadThroughError<E>> {
-        if !with_lease && self.lookup(key).is_some() {
-            self.inserts_duplicate.fetch_add(1, Ordering::Relaxed);
-            return Ok(None);
+        if !with_lease {
+            if let Some(mut existing) = self.lookup(key) {
+                // Seeing the page again through an insert is not a read: no hit.
+                existing.slot_and_flag |= LEASE_NOT_A_HIT;
+                self.inserts_duplicate.fetch_add(1, Ordering::Relaxed);
+                return Ok(None);
+            }
         }
-        let slot = self.claim_slot().map_err(|e| {
+        // A pre-warmed block must outlive a full turn of the clock hand, so it takes the
+        // hand's victim (the slot right behind the hand), never a probation victim that may
+        // sit just ahead of it.
+        let slot = self.claim_slot(arrival != Arrival::PreWarm).map_err(|e| {
             self.inserts_refused.fetch_add(1, Ordering::Relaxed);
             ReadThroughError::NoFreeSlot(e)
         })?;
-        let owned = &self.slots[slot as usize];
+        let mut owned = OwnedSlot {
+            slot: &self.slots[slot as usize],
+            published: false,
+        };
         // SAFETY: we own the slot (Construction), so nobody else reads or writes its frame.
         let frame = unsafe { &mut *self.frames[slot as usize].0.get() };
-        if let Err(e) = fill(frame) {
-            owned.vacate();
-            return Err(ReadThroughError::Fill(e));
-        }
+        // If `fill` fails or panics, `owned` returns the slot to Empty.
+        fill(frame).map_err(ReadThroughError::Fill)?;
         // SAFETY: we own the slot.
-        unsafe { owned.set_key(key) };
+        unsafe { owned.slot.set_key(key) };
         let hash = self.hash(key);
         if self.index.link(hash, slot).is_err() {
             // Cannot happen: the index has more entries than there are slots.
-            owned.vacate();
             self.inserts_refused.fetch_add(1, Ordering::Relaxed);
-            return Err(ReadThroughError::NoFreeSlot(InsertError::AllPinned {
-                pinned_seen: 0,
-            }));
+            return Err(ReadThroughError::NoFreeSlot(InsertError::NoSlot));
         }
+        // Counted before publishing: once Visible, the page may be evicted (and uncounted) at once.
+        counters.inserts.fetch_add(1, Ordering::Relaxed);
+        counters.resident_pages.fetch_add(1, Ordering::Relaxed);
         let placement = self.placement(arrival, hash);
-        let generation = owned.publish(placement.countdown, with_lease);
+        let generation = owned.slot.publish(placement.countdown, with_lease);
+        owned.published = true;
         if placement.probation {
             self.probation.push(slot, generation);
         }
-        counters.inserts.fetch_add(1, Ordering::Relaxed);
-        counters.resident_pages.fetch_add(1, Ordering::Relaxed);
         // Not `then_some`: building a lease we do not hand out would release a reference.
         Ok(with_lease.then(|| PageLease {
             cache: self,
@@ -531,9 +560,9 @@ impl PageCache {
         }))
     }
 
-    /// Finds a slot to fill: a never-used one while any are left, else a page on probation
-    /// that was not hit, else the CLOCK victim.
-    fn claim_slot(&self) -> Result<u32, InsertError> {
+    /// Finds a slot to fill: a never-used one while any are left, else (if `from_probation`) a
+    /// page on probation that was not hit, else the CLOCK victim.
+    fn claim_slot(&self, from_probation: bool) -> Result<u32, InsertError> {
         let capacity = self.slots.len();
         if self.never_used.load(Ordering::Relaxed) < capacity {
             let fresh = self.never_used.fetch_add(1, Ordering::Relaxed);
@@ -542,7 +571,7 @@ impl PageCache {
                 return Ok(fresh as u32);
             }
         }
-        if self.probation.is_full() {
+        if from_probation && self.probation.is_full() {
             if let Some(slot) = self.claim_from_probation() {
                 return Ok(slot);
             }
@@ -577,7 +606,7 @@ impl PageCache {
                 Sweep::Warm | Sweep::Busy => {}
             }
         }
-        Err(InsertError::AllPinned { pinned_seen })
+        Err(InsertError::NoSlot)
     }
 
     /// Evicts the oldest page on probation that was not hit since it arrived. Pages that were

@@ -10,8 +10,9 @@
 //!   arrived is evicted there, a page that was hit has earned its place and is simply dropped
 //!   from the FIFO. The clock hand over the whole cache moves only when probation has nothing
 //!   to give, so one-hit pages recycle among themselves and never age the hot set.
-//! * **Ghosts.** A fixed table of fingerprints of recently evicted keys. A page asked for again
-//!   soon after its eviction was evicted too early: it skips probation.
+//! * **Ghosts.** A fixed table of fingerprints of keys recently evicted from probation. A page
+//!   asked for again soon after such an eviction was evicted too early: it skips probation.
+//!   (Pages the clock hand evicts had their chance in the main cache and leave no ghost.)
 //!
 //! Both are hints. A FIFO entry names a slot and the generation it had when the entry was made;
 //! if the slot was reused since, the entry is skipped. Entries lost to races and fingerprint
@@ -104,7 +105,7 @@ impl Probation {
     }
 }
 
-/// Fingerprints of recently evicted keys, one per table entry, overwritten freely.
+/// Fingerprints of keys recently evicted from probation, one per table entry, overwritten freely.
 pub(super) struct Ghosts {
     table: Box<[AtomicU32]>,
     mask: u64,

@@ -226,7 +226,8 @@ impl Slot {
         Some(unsafe { *self.key.get() })
     }
 
-    /// Claims a slot known to be Empty (never used, so no other thread competes for it).
+    /// Claims a slot if it is Empty. Used for never-used slots, which only the clock hand could
+    /// also reach; the CAS settles that race.
     pub(super) fn claim_fresh(&self) -> bool {
         let m = self.meta.load(Ordering::Relaxed);
         state_of(m) == STATE_EMPTY && self.claim_from(m)

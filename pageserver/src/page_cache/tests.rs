@@ -207,7 +207,9 @@ fn full_of_pinned_pages_refuses_insert_with_bounded_effort() {
     let err = cache
         .insert_file_page(file, 99, &page_of(0, 0), Arrival::PreWarm)
         .unwrap_err();
-    let InsertError::AllPinned { pinned_seen } = err;
+    let InsertError::AllPinned { pinned_seen } = err else {
+        panic!("expected AllPinned, got {err:?}");
+    };
     assert!(
         pinned_seen <= PageCacheConfig::default().eviction_effort_cap,
         "gave up after {pinned_seen} pinned slots"
@@ -600,5 +602,120 @@ fn a_page_hit_on_probation_outlives_one_hit_pages() {
     assert!(
         cache.get_file_page(file, 1).is_none(),
         "the oldest one-hit page should be long gone"
+    );
+}
+
+#[test]
+fn a_panicking_fill_does_not_lose_its_slot() {
+    let cache = cache(4);
+    let file = FileId::next();
+    for blk in 0..8 {
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let _ = cache.read_file_page(file, blk, Arrival::ReadThrough, |_| -> Result<(), ()> {
+                panic!("fill failed hard")
+            });
+        }));
+        assert!(panicked.is_err());
+    }
+    // Every slot is still usable.
+    for blk in 0..4 {
+        cache
+            .insert_file_page(
+                file,
+                100 + blk,
+                &page_of(file.get(), 100 + u64::from(blk)),
+                Arrival::PreWarm,
+            )
+            .expect("a slot was lost to a panicking fill");
+    }
+}
+
+#[test]
+fn stats_stay_consistent_while_pages_are_evicted_as_they_arrive() {
+    // Pre-warm inserts racing with drops of everything: the resident count must never wrap.
+    let cache = Arc::new(cache(16));
+    let stop = Arc::new(AtomicBool::new(false));
+    let dropper = {
+        let (cache, stop) = (cache.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                cache.drop_unpinned();
+            }
+        })
+    };
+    let file = FileId::next();
+    let page = page_of(0, 0);
+    for blk in 0..20_000u32 {
+        let _ = cache.insert_file_page(file, blk, &page, Arrival::PreWarm);
+        if blk % 16 == 0 {
+            let stats = cache.stats();
+            assert!(
+                stats.file_pages.bytes_resident <= stats.capacity_bytes,
+                "{stats:?}"
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    dropper.join().unwrap();
+}
+
+#[test]
+fn a_prewarmed_block_is_not_the_next_victim() {
+    // Pages 1..8 were hit, page 0 was not, and the clock hand has not moved yet. Taking page
+    // 0's slot from probation would put the pre-warmed block right under the hand, to be
+    // evicted by the very next insert.
+    let pages = 40;
+    let cache = cache(pages);
+    let file = FileId::next();
+    for blk in 0..pages as u32 {
+        cache
+            .read_file_page(file, blk, Arrival::ReadThrough, |f| {
+                f.copy_from_slice(&page_of(file.get(), blk.into())[..]);
+                Ok::<_, ()>(())
+            })
+            .map(drop)
+            .unwrap();
+    }
+    for blk in 1..8 {
+        drop(cache.get_file_page(file, blk).unwrap());
+    }
+    let prewarmed = FileId::next();
+    for blk in 0..2 {
+        cache
+            .insert_file_page(
+                prewarmed,
+                blk,
+                &page_of(prewarmed.get(), blk.into()),
+                Arrival::PreWarm,
+            )
+            .unwrap();
+    }
+    assert!(
+        cache.get_file_page(prewarmed, 0).is_some(),
+        "pre-warmed block 0 was evicted by the next pre-warm"
+    );
+}
+
+#[test]
+fn a_repeated_blind_insert_is_not_a_hit() {
+    let cache = cache(8);
+    let file = FileId::next();
+    let page = page_of(1, 1);
+    cache
+        .insert_file_page(file, 0, &page, Arrival::Scan)
+        .unwrap();
+    for _ in 0..5 {
+        cache
+            .insert_file_page(file, 0, &page, Arrival::Scan)
+            .unwrap();
+    }
+    // The only page lives in the first fresh slot. Still at countdown 0, a check that never
+    // cools takes it (which leaves this cache unusable; the test ends here).
+    assert!(
+        matches!(
+            cache.slots[0].sweep(false),
+            Sweep::Claimed { previous: Some(_) }
+        ),
+        "re-inserting raised the page's countdown"
     );
 }

@@ -64,6 +64,8 @@ pub enum BlockReadError {
         blkno: u32,
         blocks: u64,
     },
+    #[error("block {blkno} of {} is past the end of the file", path.display())]
+    PastEnd { path: PathBuf, blkno: u32 },
 }
 
 /// Something that hands out leases on its blocks.
@@ -87,10 +89,9 @@ pub(crate) fn read_through_cache<'c>(
 ) -> Result<BlockLease<'c>, BlockReadError> {
     let io_error = |source: io::Error| {
         if source.kind() == io::ErrorKind::UnexpectedEof {
-            BlockReadError::OutOfBounds {
+            BlockReadError::PastEnd {
                 path: path.to_owned(),
                 blkno,
-                blocks: u64::from(blkno),
             }
         } else {
             BlockReadError::Io {
@@ -190,7 +191,7 @@ mod tests {
         assert_eq!((stats.misses, stats.hits), (3, 3));
 
         let err = reader.read_blk(3).unwrap_err();
-        assert!(matches!(err, BlockReadError::OutOfBounds { blkno: 3, .. }));
+        assert!(matches!(err, BlockReadError::PastEnd { blkno: 3, .. }));
         assert!(err.to_string().contains("three-blocks"), "{err}");
     }
 
