@@ -3,3 +3,4 @@
 pub mod blob_io;
 pub mod block_io;
 pub mod ephemeral_file;
+pub mod inmemory_layer;

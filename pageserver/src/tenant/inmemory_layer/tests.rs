@@ -1,0 +1,236 @@
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use pageserver_api::value::Patch;
+use pageserver_api::{reconstruct_page, DEFAULT_MAX_VALUE_SIZE};
+use proptest::prelude::*;
+
+use super::*;
+use crate::page_cache::PageCacheConfig;
+use crate::PAGE_SZ;
+
+fn cache() -> Arc<PageCache> {
+    Arc::new(
+        PageCache::new(PageCacheConfig {
+            capacity_bytes: 32 * PAGE_SZ as u64,
+            ..Default::default()
+        })
+        .unwrap(),
+    )
+}
+
+fn key(n: u32) -> Key {
+    Key::rel_block(1663, 5, 16384, 0, n)
+}
+
+fn image(fill: u8, len: usize) -> Value {
+    Value::Image(Bytes::from(vec![fill; len]))
+}
+
+fn delta(will_init: bool, offset: u32, data: &[u8]) -> Value {
+    Value::Delta {
+        will_init,
+        patches: vec![Patch::new(offset, data.to_vec())],
+    }
+}
+
+fn layer(dir: &Path) -> InMemoryLayer {
+    InMemoryLayer::create(dir, cache(), Lsn(10), DEFAULT_MAX_VALUE_SIZE).unwrap()
+}
+
+#[test]
+fn get_collects_down_to_the_base_newest_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut l = layer(dir.path());
+    l.put(key(1), Lsn(10), &image(1, PAGE_SZ)).unwrap();
+    l.put(key(1), Lsn(20), &delta(false, 0, b"a")).unwrap();
+    l.put(key(2), Lsn(25), &image(2, PAGE_SZ)).unwrap();
+    l.put(key(1), Lsn(30), &delta(false, 1, b"b")).unwrap();
+
+    let at_30 = l.get(key(1), Lsn(30)).unwrap();
+    let lsns: Vec<_> = at_30.records.iter().map(|(l, _)| l.0).collect();
+    assert_eq!(lsns, [30, 20, 10]);
+    assert!(at_30.complete);
+    let page = reconstruct_page(&at_30.records, DEFAULT_MAX_VALUE_SIZE)
+        .unwrap()
+        .unwrap();
+    assert_eq!(&page[..3], &[b'a', b'b', 1]);
+
+    // Between versions: the newer one is skipped.
+    let at_25 = l.get(key(1), Lsn(25)).unwrap();
+    assert_eq!(at_25.records.len(), 2);
+    // Before the first version: nothing, and older layers must be asked.
+    let at_5 = l.get(key(1), Lsn(5)).unwrap();
+    assert!(at_5.records.is_empty() && !at_5.complete);
+    assert!(l.get(key(3), Lsn(100)).unwrap().records.is_empty());
+}
+
+#[test]
+fn incomplete_history_asks_older_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut l = layer(dir.path());
+    l.put(key(1), Lsn(10), &delta(false, 0, b"x")).unwrap();
+    let got = l.get(key(1), Lsn(10)).unwrap();
+    assert_eq!(got.records.len(), 1);
+    assert!(!got.complete);
+    l.put(key(1), Lsn(11), &delta(true, 0, b"y")).unwrap();
+    let got = l.get(key(1), Lsn(11)).unwrap();
+    assert_eq!(got.records.len(), 1, "a will_init delta is a base");
+    assert!(got.complete);
+}
+
+#[test]
+fn refused_puts_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut l = layer(dir.path());
+    l.put(key(1), Lsn(20), &image(1, 100)).unwrap();
+    let before = (l.len(), l.bytes_written(), l.last_lsn());
+
+    let backwards = l.put(key(2), Lsn(19), &image(2, 100)).unwrap_err();
+    assert!(
+        matches!(backwards, PutError::LsnBackwards { .. }),
+        "{backwards}"
+    );
+    assert!(backwards.to_string().contains("0/13"), "{backwards}");
+    let dup = l.put(key(1), Lsn(20), &image(3, 100)).unwrap_err();
+    assert!(matches!(dup, PutError::Duplicate { .. }));
+    let early = l.put(key(1), Lsn(5), &image(3, 100)).unwrap_err();
+    assert!(matches!(early, PutError::OutOfRange { .. }));
+    let big = l
+        .put(key(1), Lsn(30), &image(3, DEFAULT_MAX_VALUE_SIZE + 100))
+        .unwrap_err();
+    assert!(matches!(big, PutError::TooLarge { .. }), "{big}");
+    assert_eq!((l.len(), l.bytes_written(), l.last_lsn()), before);
+
+    // The same LSN for another key is fine: LSNs never go backwards, they may repeat.
+    l.put(key(2), Lsn(20), &image(4, 100)).unwrap();
+}
+
+#[test]
+fn frozen_layer_refuses_puts_but_serves_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut l = layer(dir.path());
+    l.put(key(1), Lsn(20), &image(1, 100)).unwrap();
+    assert!(matches!(
+        l.freeze(Lsn(20)),
+        Err(FreezeError::EndTooLow { .. })
+    ));
+    l.freeze(Lsn(21)).unwrap();
+    assert_eq!(l.end_lsn(), Some(Lsn(21)));
+    assert!(matches!(
+        l.put(key(1), Lsn(22), &image(1, 100)),
+        Err(PutError::Frozen { .. })
+    ));
+    assert!(matches!(
+        l.freeze(Lsn(30)),
+        Err(FreezeError::AlreadyFrozen { .. })
+    ));
+    assert_eq!(l.get(key(1), Lsn(21)).unwrap().records.len(), 1);
+}
+
+#[test]
+fn index_stays_compact() {
+    // Bytes of index per value, as the issue asks to report: with several versions per key
+    // (the common case for hot pages) and with one version per key (a bulk load).
+    let dir = tempfile::tempdir().unwrap();
+    let small = |n: u32| delta(false, n % 64, &n.to_be_bytes());
+    let mut many_versions = layer(dir.path());
+    let mut lsn = 10;
+    for round in 0..16 {
+        for k in 0..10_000 {
+            many_versions.put(key(k), Lsn(lsn), &small(round)).unwrap();
+            lsn += 1;
+        }
+    }
+    let per_value_16 = many_versions.index_bytes() as f64 / many_versions.len() as f64;
+    let mut one_version = layer(dir.path());
+    for k in 0..160_000 {
+        one_version
+            .put(key(k), Lsn(10 + u64::from(k)), &small(k))
+            .unwrap();
+    }
+    let per_value_1 = one_version.index_bytes() as f64 / one_version.len() as f64;
+    eprintln!("index bytes per value: {per_value_16:.1} (16 versions/key), {per_value_1:.1} (1 version/key)");
+    // Measured: 35.0 and 68.6. The entries themselves are 20 bytes; the rest is Vec growth
+    // slack (capacity up to 2x) and the key map. These bounds catch a regression; getting
+    // under 24 bytes needs chunked entry storage.
+    assert!(per_value_16 <= 40.0, "{per_value_16:.1} bytes per value");
+    assert!(per_value_1 <= 80.0, "{per_value_1:.1} bytes per value");
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Image {
+        key: u32,
+        fill: u8,
+        len: usize,
+    },
+    Delta {
+        key: u32,
+        will_init: bool,
+        offset: u32,
+        data: Vec<u8>,
+    },
+    Get {
+        key: u32,
+        back: u64,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => (0u32..8, any::<u8>(), prop_oneof![Just(PAGE_SZ), 0usize..20_000])
+            .prop_map(|(key, fill, len)| Op::Image { key, fill, len }),
+        4 => (0u32..8, prop::bool::weighted(0.1), 0u32..9000, prop::collection::vec(any::<u8>(), 0..300))
+            .prop_map(|(key, will_init, offset, data)| Op::Delta { key, will_init, offset, data }),
+        3 => (0u32..8, 0u64..40).prop_map(|(key, back)| Op::Get { key, back }),
+    ]
+}
+
+proptest! {
+    /// Random puts (images, deltas, will_init deltas, values spanning blocks) and gets at
+    /// random LSNs, compared with a BTreeMap of everything put; then the sorted scan.
+    #[test]
+    fn matches_a_btreemap_model(ops in prop::collection::vec(op(), 1..150)) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = layer(dir.path());
+        let mut model: BTreeMap<(Key, Lsn), Value> = BTreeMap::new();
+        let mut lsn = 10u64;
+        for op in ops {
+            match op {
+                Op::Image { key: k, fill, len } => {
+                    let v = image(fill, len);
+                    l.put(key(k), Lsn(lsn), &v).unwrap();
+                    model.insert((key(k), Lsn(lsn)), v);
+                    lsn += 1 + u64::from(fill % 3);
+                }
+                Op::Delta { key: k, will_init, offset, data } => {
+                    let v = delta(will_init, offset, &data);
+                    l.put(key(k), Lsn(lsn), &v).unwrap();
+                    model.insert((key(k), Lsn(lsn)), v);
+                    lsn += 1;
+                }
+                Op::Get { key: k, back } => {
+                    let at = Lsn(lsn.saturating_sub(back));
+                    let got = l.get(key(k), at).unwrap();
+                    // Expected: the model's versions of k at or below `at`, newest first, down
+                    // to and including the first base.
+                    let mut expected = Vec::new();
+                    let mut complete = false;
+                    for ((_, v_lsn), v) in model.range((key(k), Lsn(0))..=(key(k), at)).rev() {
+                        expected.push((*v_lsn, v.clone()));
+                        if v.will_init() {
+                            complete = true;
+                            break;
+                        }
+                    }
+                    prop_assert_eq!(&got.records, &expected);
+                    prop_assert_eq!(got.complete, complete);
+                }
+            }
+        }
+        let scanned: Vec<_> = l.iter_sorted().map(|r| r.unwrap()).collect();
+        let expected: Vec<_> = model.into_iter().map(|((k, l), v)| (k, l, v)).collect();
+        prop_assert_eq!(scanned, expected);
+    }
+}
