@@ -38,7 +38,9 @@ use utils::Lsn;
 
 use crate::page_cache::PageCache;
 use crate::tenant::blob_io::{BlobReadError, BlockCursor};
+use crate::tenant::delta_layer::{DeltaLayerError, DeltaLayerWriter, Summary};
 use crate::tenant::ephemeral_file::{EphemeralFile, EphemeralWriteError};
+pub use crate::tenant::storage_layer::LayerRecords;
 
 const NONE: u32 = u32::MAX;
 const WILL_INIT_BIT: u64 = 1;
@@ -84,20 +86,21 @@ pub enum GetError {
 }
 
 #[derive(Debug, thiserror::Error)]
+pub enum WriteToDiskError {
+    #[error("only a frozen layer can be written to disk")]
+    NotFrozen,
+    #[error(transparent)]
+    Read(#[from] GetError),
+    #[error(transparent)]
+    Write(#[from] DeltaLayerError),
+}
+
+#[derive(Debug, thiserror::Error)]
 pub enum FreezeError {
     #[error("cannot freeze at {end}: the layer holds versions up to {last}")]
     EndTooLow { end: Lsn, last: Lsn },
     #[error("the layer is already frozen at {end}")]
     AlreadyFrozen { end: Lsn },
-}
-
-/// What one layer contributes to reconstructing a page.
-#[derive(Debug, Default)]
-pub struct LayerRecords {
-    /// The key's versions at or below the requested LSN, newest first.
-    pub records: Vec<(Lsn, Value)>,
-    /// The last record needs no older history: older layers need not be visited.
-    pub complete: bool,
 }
 
 /// See the module documentation.
@@ -303,6 +306,35 @@ impl InMemoryLayer {
                 Ok((key, lsn, value))
             })
         })
+    }
+
+    /// Writes the frozen layer as one L0 delta layer file covering all its keys and
+    /// `[start_lsn, end_lsn)`, reading the values back in (key, lsn) order through the
+    /// ephemeral file's block reader. Returns `None` for an empty layer.
+    pub fn write_to_disk(
+        &self,
+        timeline_dir: &Path,
+        tenant_id: utils::TenantId,
+        timeline_id: utils::TimelineId,
+    ) -> Result<Option<(std::path::PathBuf, Summary)>, WriteToDiskError> {
+        let Some(end_lsn) = self.end_lsn else {
+            return Err(WriteToDiskError::NotFrozen);
+        };
+        if self.is_empty() {
+            return Ok(None);
+        }
+        let mut writer = DeltaLayerWriter::new(
+            timeline_dir,
+            tenant_id,
+            timeline_id,
+            self.start_lsn,
+            end_lsn,
+        )?;
+        for entry in self.iter_sorted() {
+            let (key, lsn, value) = entry?;
+            writer.put_value(key, lsn, &value)?;
+        }
+        Ok(Some(writer.finish()?))
     }
 
     fn max_stored_len(&self) -> usize {

@@ -2,5 +2,8 @@
 
 pub mod blob_io;
 pub mod block_io;
+pub mod delta_layer;
+pub mod disk_btree;
 pub mod ephemeral_file;
 pub mod inmemory_layer;
+pub mod storage_layer;

@@ -1,0 +1,615 @@
+//! Delta layer files: an immutable, sorted run of page versions for a key range and an LSN range.
+//!
+//! # File layout
+//!
+//! ```text
+//! block 0                 summary (below)
+//! blocks 1 ..             values: blobs (blob_io format) back to back from byte 8192,
+//!                         each the serialized Value of one (key, lsn) followed by the
+//!                         CRC-32C of those bytes (4 bytes, big-endian)
+//! blocks index_start ..   B-tree index (disk_btree), block numbers relative to index_start:
+//!                         key ++ big-endian lsn (26 bytes) -> blob offset << 1 | will_init
+//! ```
+//!
+//! Summary (block 0, big-endian, the rest of the block zero):
+//!
+//! ```text
+//! offset size field
+//!      0    4 magic              0x44454C54 ("DELT")
+//!      4    2 format version     1
+//!      6    2 reserved           0
+//!      8   16 tenant id
+//!     24   16 timeline id
+//!     40   18 key start          first key in the file
+//!     58   18 key end            exclusive: the key after the last one in the file
+//!     76    8 lsn start          inclusive
+//!     84    8 lsn end            exclusive
+//!     92    4 index start block
+//!     96    4 index root block   relative to index start
+//!    100    4 reserved           0
+//!    104    8 entry count
+//!    112    8 values end         byte offset just past the last value blob
+//!    120    4 CRC-32C of bytes 0..120
+//! ```
+//!
+//! # Creation is atomic
+//!
+//! [`DeltaLayerWriter`] writes to a temporary name (`*.___temp`) in the timeline directory:
+//! values first, then the index (built in memory while the values stream out, since a leaf
+//! fills up long before the index's place in the file is known), then the summary; then it
+//! fsyncs the file, renames it to its final name, and fsyncs the directory. A crash at any
+//! point leaves either no layer or a whole one, plus perhaps a temporary file for startup to
+//! delete. A writer dropped before `finish` removes its temporary file.
+//!
+//! # Reading
+//!
+//! [`DeltaLayer::open`] validates the summary; every later read goes through the page cache for
+//! both index and value blocks and reads only the blocks it needs. Nothing read from the file is
+//! trusted: a bad magic, version, checksum, range or offset is a [`DeltaLayerError::Corrupt`]
+//! naming the file, never a panic or a wrong page.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pageserver_api::value::ValueDecodeError;
+use pageserver_api::{Key, Value};
+use utils::{Lsn, TenantId, TimelineId};
+
+use crate::page_cache::{FileId, PageCache};
+use crate::tenant::blob_io::{BlobHeader, BlobReadError, BlockCursor};
+use crate::tenant::block_io::{BlockLease, BlockReadError, BlockReader, FileBlockReader};
+use crate::tenant::disk_btree::{
+    BtreeBuildError, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
+};
+use crate::tenant::storage_layer::LayerRecords;
+use crate::PAGE_SZ;
+
+pub const DELTA_MAGIC: u32 = 0x4445_4C54;
+pub const DELTA_FORMAT_VERSION: u16 = 1;
+/// Suffix of a layer file being written; such a file is never a layer, and startup is to
+/// delete it.
+pub const TEMP_SUFFIX: &str = ".___temp";
+
+const INDEX_KEY_LEN: usize = 26;
+const KEY_LEN: usize = 18;
+const WILL_INIT_BIT: u64 = 1;
+/// Values are written in chunks of this size rather than one syscall per value.
+const WRITE_CHUNK: usize = 1 << 20;
+
+mod summary_off {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 4;
+    pub const TENANT: usize = 8;
+    pub const TIMELINE: usize = 24;
+    pub const KEY_START: usize = 40;
+    pub const KEY_END: usize = 58;
+    pub const LSN_START: usize = 76;
+    pub const LSN_END: usize = 84;
+    pub const INDEX_START: usize = 92;
+    pub const INDEX_ROOT: usize = 96;
+    pub const ENTRIES: usize = 104;
+    pub const VALUES_END: usize = 112;
+    pub const CHECKSUM: usize = 120;
+}
+
+/// What block 0 says about the layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Summary {
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
+    pub key_start: Key,
+    pub key_end: Key,
+    pub lsn_start: Lsn,
+    pub lsn_end: Lsn,
+    pub index_start_blk: u32,
+    pub index_root_blk: u32,
+    pub entries: u64,
+    pub values_end: u64,
+}
+
+impl Summary {
+    fn encode(&self) -> Box<[u8; PAGE_SZ]> {
+        use summary_off::*;
+        let mut b = Box::new([0u8; PAGE_SZ]);
+        b[MAGIC..MAGIC + 4].copy_from_slice(&DELTA_MAGIC.to_be_bytes());
+        b[VERSION..VERSION + 2].copy_from_slice(&DELTA_FORMAT_VERSION.to_be_bytes());
+        b[TENANT..TENANT + 16].copy_from_slice(self.tenant_id.as_bytes());
+        b[TIMELINE..TIMELINE + 16].copy_from_slice(self.timeline_id.as_bytes());
+        b[KEY_START..KEY_START + KEY_LEN].copy_from_slice(&self.key_start.to_bytes());
+        b[KEY_END..KEY_END + KEY_LEN].copy_from_slice(&self.key_end.to_bytes());
+        b[LSN_START..LSN_START + 8].copy_from_slice(&self.lsn_start.0.to_be_bytes());
+        b[LSN_END..LSN_END + 8].copy_from_slice(&self.lsn_end.0.to_be_bytes());
+        b[INDEX_START..INDEX_START + 4].copy_from_slice(&self.index_start_blk.to_be_bytes());
+        b[INDEX_ROOT..INDEX_ROOT + 4].copy_from_slice(&self.index_root_blk.to_be_bytes());
+        b[ENTRIES..ENTRIES + 8].copy_from_slice(&self.entries.to_be_bytes());
+        b[VALUES_END..VALUES_END + 8].copy_from_slice(&self.values_end.to_be_bytes());
+        let crc = crc32c::crc32c(&b[..CHECKSUM]);
+        b[CHECKSUM..CHECKSUM + 4].copy_from_slice(&crc.to_be_bytes());
+        b
+    }
+
+    /// Parses and checks block 0 of a file of `file_len` bytes.
+    fn decode(b: &[u8; PAGE_SZ], file_len: u64) -> Result<Summary, String> {
+        use summary_off::*;
+        let u16_at = |o: usize| u16::from_be_bytes([b[o], b[o + 1]]);
+        let u32_at = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+        let u64_at = |o: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[o..o + 8]);
+            u64::from_be_bytes(w)
+        };
+        let id = |o: usize| {
+            let mut w = [0u8; 16];
+            w.copy_from_slice(&b[o..o + 16]);
+            w
+        };
+        let key = |o: usize| {
+            let mut w = [0u8; KEY_LEN];
+            w.copy_from_slice(&b[o..o + KEY_LEN]);
+            Key::from_bytes(w)
+        };
+        let magic = u32_at(MAGIC);
+        if magic != DELTA_MAGIC {
+            return Err(format!(
+                "bad magic {magic:#010x}, expected {DELTA_MAGIC:#010x}"
+            ));
+        }
+        let version = u16_at(VERSION);
+        if version != DELTA_FORMAT_VERSION {
+            return Err(format!("unsupported format version {version}"));
+        }
+        let stored = u32_at(CHECKSUM);
+        let computed = crc32c::crc32c(&b[..CHECKSUM]);
+        if stored != computed {
+            return Err(format!(
+                "summary checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+            ));
+        }
+        let s = Summary {
+            tenant_id: TenantId::from_bytes(id(TENANT)),
+            timeline_id: TimelineId::from_bytes(id(TIMELINE)),
+            key_start: key(KEY_START),
+            key_end: key(KEY_END),
+            lsn_start: Lsn(u64_at(LSN_START)),
+            lsn_end: Lsn(u64_at(LSN_END)),
+            index_start_blk: u32_at(INDEX_START),
+            index_root_blk: u32_at(INDEX_ROOT),
+            entries: u64_at(ENTRIES),
+            values_end: u64_at(VALUES_END),
+        };
+        if s.key_start >= s.key_end {
+            return Err(format!("empty key range {}..{}", s.key_start, s.key_end));
+        }
+        if s.lsn_start >= s.lsn_end {
+            return Err(format!("empty LSN range {}..{}", s.lsn_start, s.lsn_end));
+        }
+        let index_start = u64::from(s.index_start_blk) * PAGE_SZ as u64;
+        if s.values_end < PAGE_SZ as u64 || s.values_end > index_start {
+            return Err(format!(
+                "values end at byte {} outside 8192..={index_start}",
+                s.values_end
+            ));
+        }
+        let blocks = file_len / PAGE_SZ as u64;
+        let root = u64::from(s.index_start_blk) + u64::from(s.index_root_blk);
+        if !file_len.is_multiple_of(PAGE_SZ as u64) || root >= blocks {
+            return Err(format!(
+                "file of {file_len} bytes cannot hold an index root at block {root}"
+            ));
+        }
+        Ok(s)
+    }
+
+    /// The file name that encodes the layer's key and LSN ranges.
+    pub fn file_name(&self) -> String {
+        format!(
+            "{}-{}__{:016X}-{:016X}",
+            self.key_start, self.key_end, self.lsn_start.0, self.lsn_end.0
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeltaLayerError {
+    #[error("delta layer {}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error("delta layer {} is corrupt: {reason}", path.display())]
+    Corrupt { path: PathBuf, reason: String },
+    #[error("delta layer {}: {message}", path.display())]
+    Usage { path: PathBuf, message: String },
+}
+
+/// Writes one delta layer file; see the module docs.
+pub struct DeltaLayerWriter {
+    dir: PathBuf,
+    temp_path: PathBuf,
+    file: File,
+    tenant_id: TenantId,
+    timeline_id: TimelineId,
+    lsn_start: Lsn,
+    lsn_end: Lsn,
+    first_key: Option<Key>,
+    last_key: Option<Key>,
+    /// Byte offset where the next blob goes.
+    next_offset: u64,
+    /// Blob bytes not yet written, starting at `pending_offset`.
+    pending: Vec<u8>,
+    pending_offset: u64,
+    scratch: Vec<u8>,
+    tree: DiskBtreeBuilder<INDEX_KEY_LEN, VecBlockSink>,
+    finished: bool,
+}
+
+impl DeltaLayerWriter {
+    pub fn new(
+        dir: &Path,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        lsn_start: Lsn,
+        lsn_end: Lsn,
+    ) -> Result<DeltaLayerWriter, DeltaLayerError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let serial = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let temp_path = dir.join(format!(
+            "delta-{}-{serial}{TEMP_SUFFIX}",
+            std::process::id()
+        ));
+        if lsn_start >= lsn_end {
+            return Err(DeltaLayerError::Usage {
+                path: temp_path,
+                message: format!("empty LSN range {lsn_start}..{lsn_end}"),
+            });
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&temp_path)
+            .map_err(|source| DeltaLayerError::Io {
+                path: temp_path.clone(),
+                source,
+            })?;
+        Ok(DeltaLayerWriter {
+            dir: dir.to_owned(),
+            temp_path,
+            file,
+            tenant_id,
+            timeline_id,
+            lsn_start,
+            lsn_end,
+            first_key: None,
+            last_key: None,
+            next_offset: PAGE_SZ as u64,
+            pending: Vec::with_capacity(WRITE_CHUNK),
+            pending_offset: PAGE_SZ as u64,
+            scratch: Vec::new(),
+            tree: DiskBtreeBuilder::new(VecBlockSink::new()),
+            finished: false,
+        })
+    }
+
+    fn io_error(&self, source: io::Error) -> DeltaLayerError {
+        DeltaLayerError::Io {
+            path: self.temp_path.clone(),
+            source,
+        }
+    }
+
+    fn usage(&self, message: String) -> DeltaLayerError {
+        DeltaLayerError::Usage {
+            path: self.temp_path.clone(),
+            message,
+        }
+    }
+
+    /// Appends version `lsn` of `key`. Calls must come in strictly increasing (key, lsn) order.
+    pub fn put_value(&mut self, key: Key, lsn: Lsn, value: &Value) -> Result<(), DeltaLayerError> {
+        if lsn < self.lsn_start || lsn >= self.lsn_end {
+            return Err(self.usage(format!(
+                "LSN {lsn} of key {key} is outside the layer's range {}..{}",
+                self.lsn_start, self.lsn_end
+            )));
+        }
+        let mut index_key = [0u8; INDEX_KEY_LEN];
+        index_key[..KEY_LEN].copy_from_slice(&key.to_bytes());
+        index_key[KEY_LEN..].copy_from_slice(&lsn.0.to_be_bytes());
+        let offset = self.next_offset;
+        let will_init = if value.will_init() { WILL_INIT_BIT } else { 0 };
+        // The index checks the order; nothing is written before it accepts the key.
+        self.tree
+            .append(&index_key, (offset << 1) | will_init)
+            .map_err(|e: BtreeBuildError| self.usage(format!("key {key} at {lsn}: {e}")))?;
+
+        self.scratch.clear();
+        value
+            .serialize_into(&mut self.scratch)
+            .map_err(|e| self.usage(format!("value of key {key} at {lsn}: {e}")))?;
+        let crc = crc32c::crc32c(&self.scratch);
+        self.scratch.extend_from_slice(&crc.to_be_bytes());
+        let header = BlobHeader::new(self.scratch.len())
+            .map_err(|e| self.usage(format!("value of key {key} at {lsn}: {e}")))?;
+        self.pending.extend_from_slice(header.as_bytes());
+        self.pending.extend_from_slice(&self.scratch);
+        self.next_offset += (header.encoded_len() + self.scratch.len()) as u64;
+        if self.pending.len() >= WRITE_CHUNK {
+            self.flush_pending()?;
+        }
+        self.first_key.get_or_insert(key);
+        self.last_key = Some(key);
+        Ok(())
+    }
+
+    fn flush_pending(&mut self) -> Result<(), DeltaLayerError> {
+        self.file
+            .write_all_at(&self.pending, self.pending_offset)
+            .map_err(|e| self.io_error(e))?;
+        self.pending_offset += self.pending.len() as u64;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Writes the index and summary, makes the file durable under its final name, and returns
+    /// that path and the summary.
+    pub fn finish(mut self) -> Result<(PathBuf, Summary), DeltaLayerError> {
+        let (Some(first), Some(last)) = (self.first_key, self.last_key) else {
+            return Err(self.usage("a delta layer needs at least one value".to_owned()));
+        };
+        self.flush_pending()?;
+        let values_end = self.next_offset;
+        let index_start = values_end.div_ceil(PAGE_SZ as u64);
+        let index_start_blk = u32::try_from(index_start)
+            .map_err(|_| self.usage(format!("values end at byte {values_end}: file too large")))?;
+        let tree = std::mem::replace(&mut self.tree, DiskBtreeBuilder::new(VecBlockSink::new()));
+        let (info, blocks) = tree
+            .finish()
+            .map_err(|e| self.usage(format!("index: {e}")))?;
+        for (i, block) in blocks.blocks().iter().enumerate() {
+            let offset = (index_start + i as u64) * PAGE_SZ as u64;
+            self.file
+                .write_all_at(block, offset)
+                .map_err(|e| self.io_error(e))?;
+        }
+        let summary = Summary {
+            tenant_id: self.tenant_id,
+            timeline_id: self.timeline_id,
+            key_start: first,
+            key_end: last.next(),
+            lsn_start: self.lsn_start,
+            lsn_end: self.lsn_end,
+            index_start_blk,
+            index_root_blk: info.root_blk,
+            entries: info.entries,
+            values_end,
+        };
+        self.file
+            .write_all_at(&summary.encode()[..], 0)
+            .map_err(|e| self.io_error(e))?;
+        // Durability: file contents, then the name, then the directory entry.
+        self.file.sync_all().map_err(|e| self.io_error(e))?;
+        let final_path = self.dir.join(summary.file_name());
+        std::fs::rename(&self.temp_path, &final_path).map_err(|e| self.io_error(e))?;
+        self.finished = true;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|source| DeltaLayerError::Io {
+                path: self.dir.clone(),
+                source,
+            })?;
+        Ok((final_path, summary))
+    }
+}
+
+impl Drop for DeltaLayerWriter {
+    fn drop(&mut self) {
+        if !self.finished {
+            if let Err(e) = std::fs::remove_file(&self.temp_path) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::error!(path = %self.temp_path.display(), "failed to remove unfinished delta layer: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// An open delta layer file.
+pub struct DeltaLayer {
+    path: PathBuf,
+    file: File,
+    file_id: FileId,
+    summary: Summary,
+    cache: Arc<PageCache>,
+    max_value_len: usize,
+}
+
+/// Reads the index's blocks, numbered from the index's first block.
+struct IndexBlocks<'a> {
+    inner: FileBlockReader<'a>,
+    start: u32,
+}
+
+impl BlockReader for IndexBlocks<'_> {
+    fn read_blk(&self, blkno: u32) -> Result<BlockLease<'_>, BlockReadError> {
+        let absolute = self
+            .start
+            .checked_add(blkno)
+            .ok_or(BlockReadError::OutOfBounds {
+                path: PathBuf::new(),
+                blkno,
+                blocks: u64::from(u32::MAX),
+            })?;
+        self.inner.read_blk(absolute)
+    }
+}
+
+impl DeltaLayer {
+    /// Opens and validates a delta layer file. `max_value_len` bounds a stored value, so a
+    /// corrupt length cannot make a read allocate gigabytes.
+    pub fn open(
+        path: &Path,
+        cache: Arc<PageCache>,
+        max_value_len: usize,
+    ) -> Result<DeltaLayer, DeltaLayerError> {
+        let io_err = |source| DeltaLayerError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::open(path).map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len();
+        if len < PAGE_SZ as u64 {
+            return Err(DeltaLayerError::Corrupt {
+                path: path.to_owned(),
+                reason: format!("file of {len} bytes has no summary block"),
+            });
+        }
+        let mut block = Box::new([0u8; PAGE_SZ]);
+        file.read_exact_at(&mut block[..], 0).map_err(io_err)?;
+        let summary = Summary::decode(&block, len).map_err(|reason| DeltaLayerError::Corrupt {
+            path: path.to_owned(),
+            reason,
+        })?;
+        Ok(DeltaLayer {
+            path: path.to_owned(),
+            file,
+            file_id: FileId::next(),
+            summary,
+            cache,
+            max_value_len,
+        })
+    }
+
+    pub fn summary(&self) -> &Summary {
+        &self.summary
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn corrupt(&self, reason: impl std::fmt::Display) -> DeltaLayerError {
+        DeltaLayerError::Corrupt {
+            path: self.path.clone(),
+            reason: reason.to_string(),
+        }
+    }
+
+    fn blocks(&self) -> FileBlockReader<'_> {
+        FileBlockReader::new(&self.file, self.file_id, &self.path, &self.cache)
+    }
+
+    fn read_value(
+        &self,
+        cursor: &BlockCursor<'_, FileBlockReader<'_>>,
+        key: Key,
+        lsn: Lsn,
+        entry: u64,
+        buf: &mut Vec<u8>,
+    ) -> Result<Value, DeltaLayerError> {
+        let offset = entry >> 1;
+        if offset < PAGE_SZ as u64 || offset >= self.summary.values_end {
+            return Err(self.corrupt(format!(
+                "index entry for key {key} at {lsn} points at byte {offset}, outside the values"
+            )));
+        }
+        cursor
+            .read_blob_into_buf(offset, buf)
+            .map_err(|e: BlobReadError| self.corrupt(e))?;
+        let Some(body_len) = buf.len().checked_sub(4) else {
+            return Err(self.corrupt(format!(
+                "value of key {key} at {lsn} is {} bytes, too short for its checksum",
+                buf.len()
+            )));
+        };
+        let (body, crc) = buf.split_at(body_len);
+        let stored = u32::from_be_bytes([crc[0], crc[1], crc[2], crc[3]]);
+        if crc32c::crc32c(body) != stored {
+            return Err(self.corrupt(format!("value of key {key} at {lsn}: checksum mismatch")));
+        }
+        let value = Value::deserialize(body).map_err(|e: ValueDecodeError| {
+            self.corrupt(format!("value of key {key} at {lsn}: {e}"))
+        })?;
+        if value.will_init() != (entry & WILL_INIT_BIT != 0) {
+            return Err(self.corrupt(format!(
+                "value of key {key} at {lsn} disagrees with its index entry about will_init"
+            )));
+        }
+        Ok(value)
+    }
+
+    /// The versions of `key` at or below `lsn`, newest first, down to the first that needs no
+    /// older history.
+    pub fn get(&self, key: Key, lsn: Lsn) -> Result<LayerRecords, DeltaLayerError> {
+        let mut result = LayerRecords::default();
+        if key < self.summary.key_start
+            || key >= self.summary.key_end
+            || lsn < self.summary.lsn_start
+        {
+            return Ok(result);
+        }
+        let blocks = self.blocks();
+        let index = IndexBlocks {
+            inner: self.blocks(),
+            start: self.summary.index_start_blk,
+        };
+        let tree = DiskBtreeReader::<INDEX_KEY_LEN, _>::new(self.summary.index_root_blk, &index);
+        let cursor = BlockCursor::new(&blocks).with_max_blob_len(self.max_value_len);
+        let mut search = [0u8; INDEX_KEY_LEN];
+        search[..KEY_LEN].copy_from_slice(&key.to_bytes());
+        search[KEY_LEN..].copy_from_slice(&lsn.0.to_be_bytes());
+        let mut buf = Vec::new();
+        for entry in tree.iter_backward_from(&search) {
+            let (found, value) = entry.map_err(|e: BtreeReadError| self.corrupt(e))?;
+            if found[..KEY_LEN] != search[..KEY_LEN] {
+                break;
+            }
+            let mut lsn_bytes = [0u8; 8];
+            lsn_bytes.copy_from_slice(&found[KEY_LEN..]);
+            let version = Lsn(u64::from_be_bytes(lsn_bytes));
+            let record = self.read_value(&cursor, key, version, value, &mut buf)?;
+            let base = record.will_init();
+            result.records.push((version, record));
+            if base {
+                result.complete = true;
+                break;
+            }
+        }
+        Ok(result)
+    }
+
+    /// Every (key, lsn, value) in the file in order: for verification and dumps.
+    pub fn iter(&self) -> Result<Vec<(Key, Lsn, Value)>, DeltaLayerError> {
+        let blocks = self.blocks();
+        let index = IndexBlocks {
+            inner: self.blocks(),
+            start: self.summary.index_start_blk,
+        };
+        let tree = DiskBtreeReader::<INDEX_KEY_LEN, _>::new(self.summary.index_root_blk, &index);
+        let cursor = BlockCursor::new(&blocks).with_max_blob_len(self.max_value_len);
+        let mut out = Vec::new();
+        let mut buf = Vec::new();
+        for entry in tree.iter_from(&[0u8; INDEX_KEY_LEN]) {
+            let (found, value) = entry.map_err(|e: BtreeReadError| self.corrupt(e))?;
+            let mut key_bytes = [0u8; KEY_LEN];
+            key_bytes.copy_from_slice(&found[..KEY_LEN]);
+            let key = Key::from_bytes(key_bytes);
+            let mut lsn_bytes = [0u8; 8];
+            lsn_bytes.copy_from_slice(&found[KEY_LEN..]);
+            let lsn = Lsn(u64::from_be_bytes(lsn_bytes));
+            let record = self.read_value(&cursor, key, lsn, value, &mut buf)?;
+            out.push((key, lsn, record));
+        }
+        if out.len() as u64 != self.summary.entries {
+            return Err(self.corrupt(format!(
+                "index holds {} entries, the summary says {}",
+                out.len(),
+                self.summary.entries
+            )));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests;
