@@ -34,6 +34,18 @@ fn page_of(a: u64, b: u64) -> Box<[u8; PAGE_SZ]> {
     page
 }
 
+/// Reads block `blk` of `file` through the cache, filling a miss with its stamped page.
+fn read_stamped(
+    cache: &PageCache,
+    file: FileId,
+    blk: u32,
+) -> Result<PageLease<'_>, ReadThroughError<()>> {
+    cache.read_file_page(file, blk, Arrival::ReadThrough, |f| {
+        f.copy_from_slice(&page_of(file.get(), blk.into())[..]);
+        Ok(())
+    })
+}
+
 fn assert_page(lease: &[u8; PAGE_SZ], a: u64, b: u64) {
     assert!(
         lease[..] == page_of(a, b)[..],
@@ -195,14 +207,7 @@ fn full_of_pinned_pages_refuses_insert_with_bounded_effort() {
     let cache = cache(32);
     let file = FileId::next();
     let leases: Vec<_> = (0..32)
-        .map(|blk| {
-            cache
-                .read_file_page(file, blk, Arrival::ReadThrough, |f| {
-                    f.copy_from_slice(&page_of(file.get(), blk.into())[..]);
-                    Ok::<_, ()>(())
-                })
-                .unwrap()
-        })
+        .map(|blk| read_stamped(&cache, file, blk).unwrap())
         .collect();
     let err = cache
         .insert_file_page(file, 99, &page_of(0, 0), Arrival::PreWarm)
@@ -310,12 +315,7 @@ fn a_scan_does_not_push_out_the_hot_set() {
     let hot = FileId::next();
     let scan = FileId::next();
     let read_hot = |blk: u32| {
-        cache
-            .read_file_page(hot, blk, Arrival::ReadThrough, |f| {
-                f.copy_from_slice(&page_of(hot.get(), blk.into())[..]);
-                Ok::<_, ()>(())
-            })
-            .unwrap();
+        read_stamped(&cache, hot, blk).unwrap();
     };
     for blk in 0..16 {
         read_hot(blk);
@@ -467,10 +467,7 @@ fn stress(pages: usize, degenerate_hash_bits: Option<u32>, threads: usize, ops: 
                     let blk = rng.below(keys) as u32;
                     match rng.below(10) {
                         0..=5 => {
-                            let read = cache.read_file_page(file, blk, Arrival::ReadThrough, |f| {
-                                f.copy_from_slice(&page_of(file.get(), blk.into())[..]);
-                                Ok::<_, ()>(())
-                            });
+                            let read = read_stamped(&cache, file, blk);
                             match read {
                                 Ok(lease) => {
                                     assert_page(&lease, file.get(), blk.into());
@@ -582,13 +579,7 @@ fn a_page_hit_on_probation_outlives_one_hit_pages() {
     let cache = cache(64);
     let file = FileId::next();
     let read = |blk: u32| {
-        cache
-            .read_file_page(file, blk, Arrival::ReadThrough, |f| {
-                f.copy_from_slice(&page_of(file.get(), blk.into())[..]);
-                Ok::<_, ()>(())
-            })
-            .map(drop)
-            .unwrap();
+        read_stamped(&cache, file, blk).map(drop).unwrap();
     };
     read(0);
     read(0); // the repeat read that earns the page its place
@@ -668,13 +659,7 @@ fn a_prewarmed_block_is_not_the_next_victim() {
     let cache = cache(pages);
     let file = FileId::next();
     for blk in 0..pages as u32 {
-        cache
-            .read_file_page(file, blk, Arrival::ReadThrough, |f| {
-                f.copy_from_slice(&page_of(file.get(), blk.into())[..]);
-                Ok::<_, ()>(())
-            })
-            .map(drop)
-            .unwrap();
+        read_stamped(&cache, file, blk).map(drop).unwrap();
     }
     for blk in 1..8 {
         drop(cache.get_file_page(file, blk).unwrap());
