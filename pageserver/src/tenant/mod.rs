@@ -6,4 +6,6 @@ pub mod delta_layer;
 pub mod disk_btree;
 pub mod ephemeral_file;
 pub mod inmemory_layer;
+pub mod metadata;
 pub mod storage_layer;
+pub mod timeline;
