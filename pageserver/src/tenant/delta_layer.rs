@@ -64,7 +64,7 @@ use crate::tenant::block_io::{BlockLease, BlockReadError, BlockReader, FileBlock
 use crate::tenant::disk_btree::{
     BtreeBuildError, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
-use crate::tenant::storage_layer::LayerRecords;
+use crate::tenant::storage_layer::{max_stored_value_len, LayerRecords};
 use crate::PAGE_SZ;
 
 pub const DELTA_MAGIC: u32 = 0x4445_4C54;
@@ -76,6 +76,8 @@ pub const TEMP_SUFFIX: &str = ".___temp";
 const INDEX_KEY_LEN: usize = 26;
 const KEY_LEN: usize = 18;
 const WILL_INIT_BIT: u64 = 1;
+/// The CRC-32C that follows each stored value.
+const VALUE_CRC_LEN: usize = 4;
 /// Values are written in chunks of this size rather than one syscall per value.
 const WRITE_CHUNK: usize = 1 << 20;
 
@@ -421,13 +423,15 @@ pub struct DeltaLayer {
     file_id: FileId,
     summary: Summary,
     cache: Arc<PageCache>,
-    max_value_len: usize,
+    /// The longest value blob (serialized value and its checksum) a read accepts.
+    max_blob_len: usize,
 }
 
 /// Reads the index's blocks, numbered from the index's first block.
 struct IndexBlocks<'a> {
     inner: FileBlockReader<'a>,
     start: u32,
+    path: &'a Path,
 }
 
 impl BlockReader for IndexBlocks<'_> {
@@ -435,22 +439,21 @@ impl BlockReader for IndexBlocks<'_> {
         let absolute = self
             .start
             .checked_add(blkno)
-            .ok_or(BlockReadError::OutOfBounds {
-                path: PathBuf::new(),
+            .ok_or_else(|| BlockReadError::PastEnd {
+                path: self.path.to_owned(),
                 blkno,
-                blocks: u64::from(u32::MAX),
             })?;
         self.inner.read_blk(absolute)
     }
 }
 
 impl DeltaLayer {
-    /// Opens and validates a delta layer file. `max_value_len` bounds a stored value, so a
-    /// corrupt length cannot make a read allocate gigabytes.
+    /// Opens and validates a delta layer file. `max_value_size` (the configured limit) bounds
+    /// every stored value, so a corrupt length cannot make a read allocate gigabytes.
     pub fn open(
         path: &Path,
         cache: Arc<PageCache>,
-        max_value_len: usize,
+        max_value_size: usize,
     ) -> Result<DeltaLayer, DeltaLayerError> {
         let io_err = |source| DeltaLayerError::Io {
             path: path.to_owned(),
@@ -476,7 +479,7 @@ impl DeltaLayer {
             file_id: FileId::next(),
             summary,
             cache,
-            max_value_len,
+            max_blob_len: max_stored_value_len(max_value_size).saturating_add(VALUE_CRC_LEN),
         })
     }
 
@@ -516,7 +519,7 @@ impl DeltaLayer {
         cursor
             .read_blob_into_buf(offset, buf)
             .map_err(|e: BlobReadError| self.corrupt(e))?;
-        let Some(body_len) = buf.len().checked_sub(4) else {
+        let Some(body_len) = buf.len().checked_sub(VALUE_CRC_LEN) else {
             return Err(self.corrupt(format!(
                 "value of key {key} at {lsn} is {} bytes, too short for its checksum",
                 buf.len()
@@ -552,9 +555,10 @@ impl DeltaLayer {
         let index = IndexBlocks {
             inner: self.blocks(),
             start: self.summary.index_start_blk,
+            path: &self.path,
         };
         let tree = DiskBtreeReader::<INDEX_KEY_LEN, _>::new(self.summary.index_root_blk, &index);
-        let cursor = BlockCursor::new(&blocks).with_max_blob_len(self.max_value_len);
+        let cursor = BlockCursor::new(&blocks).with_max_blob_len(self.max_blob_len);
         let mut search = [0u8; INDEX_KEY_LEN];
         search[..KEY_LEN].copy_from_slice(&key.to_bytes());
         search[KEY_LEN..].copy_from_slice(&lsn.0.to_be_bytes());
@@ -584,9 +588,10 @@ impl DeltaLayer {
         let index = IndexBlocks {
             inner: self.blocks(),
             start: self.summary.index_start_blk,
+            path: &self.path,
         };
         let tree = DiskBtreeReader::<INDEX_KEY_LEN, _>::new(self.summary.index_root_blk, &index);
-        let cursor = BlockCursor::new(&blocks).with_max_blob_len(self.max_value_len);
+        let cursor = BlockCursor::new(&blocks).with_max_blob_len(self.max_blob_len);
         let mut out = Vec::new();
         let mut buf = Vec::new();
         for entry in tree.iter_from(&[0u8; INDEX_KEY_LEN]) {

@@ -40,13 +40,11 @@ use crate::page_cache::PageCache;
 use crate::tenant::blob_io::{BlobReadError, BlockCursor};
 use crate::tenant::delta_layer::{DeltaLayerError, DeltaLayerWriter, Summary};
 use crate::tenant::ephemeral_file::{EphemeralFile, EphemeralWriteError};
+use crate::tenant::storage_layer::max_stored_value_len;
 pub use crate::tenant::storage_layer::LayerRecords;
 
 const NONE: u32 = u32::MAX;
 const WILL_INIT_BIT: u64 = 1;
-
-/// A stored value may exceed `max_value_size` by this much: its kind byte and delta headers.
-const STORED_VALUE_SLACK: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PutError {
@@ -338,7 +336,7 @@ impl InMemoryLayer {
     }
 
     fn max_stored_len(&self) -> usize {
-        self.max_value_size.saturating_add(STORED_VALUE_SLACK)
+        max_stored_value_len(self.max_value_size)
     }
 
     fn cursor(&self) -> BlockCursor<'_, EphemeralFile> {

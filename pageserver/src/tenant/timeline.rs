@@ -165,7 +165,7 @@ impl Timeline {
                 std::fs::remove_file(&path).map_err(io_err)?;
                 continue;
             }
-            let layer = DeltaLayer::open(&path, cache.clone(), conf.max_value_size + 4096)?;
+            let layer = DeltaLayer::open(&path, cache.clone(), conf.max_value_size)?;
             if layer.summary().lsn_end.0 > durable.0 + 1 {
                 // Written, but the metadata update that would acknowledge it was lost.
                 drop(layer);
@@ -326,13 +326,10 @@ impl Timeline {
         let _writer = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
         {
             let mut map = self.layers.write().unwrap_or_else(|e| e.into_inner());
-            if let Some(mut open) = map.open.take() {
-                if open.is_empty() {
-                    // Nothing ingested: no layer, nothing to flush.
-                } else {
-                    open.freeze(Lsn(self.last_record_lsn().0 + 1))?;
-                    map.frozen.push(Arc::new(open));
-                }
+            // An open layer with nothing in it is just dropped: there is nothing to flush.
+            if let Some(mut open) = map.open.take().filter(|l| !l.is_empty()) {
+                open.freeze(Lsn(self.last_record_lsn().0 + 1))?;
+                map.frozen.push(Arc::new(open));
             }
         }
         loop {
@@ -349,7 +346,7 @@ impl Timeline {
                 Some((path, _)) => Some(Arc::new(DeltaLayer::open(
                     &path,
                     self.cache.clone(),
-                    self.conf.max_value_size + 4096,
+                    self.conf.max_value_size,
                 )?)),
                 None => None,
             };

@@ -11,7 +11,6 @@ use crate::tenant::inmemory_layer::InMemoryLayer;
 
 const TENANT: TenantId = TenantId::from_bytes([7; 16]);
 const TIMELINE: TimelineId = TimelineId::from_bytes([9; 16]);
-const MAX_STORED: usize = DEFAULT_MAX_VALUE_SIZE + 128;
 
 fn cache() -> Arc<PageCache> {
     Arc::new(
@@ -88,7 +87,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let cache = cache();
         let (mem, path) = write(dir.path(), &cache, &model);
-        let disk = DeltaLayer::open(&path, cache.clone(), MAX_STORED).unwrap();
+        let disk = DeltaLayer::open(&path, cache.clone(), DEFAULT_MAX_VALUE_SIZE).unwrap();
         let all = disk.iter().unwrap();
         let expected: Vec<_> = model.iter().map(|((k, l), v)| (*k, *l, v.clone())).collect();
         prop_assert_eq!(all, expected);
@@ -118,7 +117,7 @@ proptest! {
         std::fs::write(&path, &bytes).unwrap();
 
         let check = || -> Result<(), DeltaLayerError> {
-            let disk = DeltaLayer::open(&path, cache.clone(), MAX_STORED)?;
+            let disk = DeltaLayer::open(&path, cache.clone(), DEFAULT_MAX_VALUE_SIZE)?;
             let all = disk.iter()?;
             let expected: Vec<_> = model.iter().map(|((k, l), v)| (*k, *l, v.clone())).collect();
             assert_eq!(all, expected, "flip at byte {at} changed an answer");
@@ -153,8 +152,8 @@ fn truncated_file_is_a_clear_error() {
     for cut in [0, 100, PAGE_SZ as u64, len / 2, len - 1] {
         let f = OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(cut).unwrap();
-        let result =
-            DeltaLayer::open(&path, cache.clone(), MAX_STORED).and_then(|l| l.iter().map(drop));
+        let result = DeltaLayer::open(&path, cache.clone(), DEFAULT_MAX_VALUE_SIZE)
+            .and_then(|l| l.iter().map(drop));
         let err = result.expect_err("a truncated layer must not read back");
         assert!(
             matches!(err, DeltaLayerError::Corrupt { .. }),
@@ -203,7 +202,7 @@ fn creation_is_atomic_and_names_encode_the_ranges() {
         format!("{}-{}__000000000000000A-0000000000000014", key(2), key(4))
     );
     assert_eq!((summary.key_start, summary.key_end), (key(2), key(4)));
-    let layer = DeltaLayer::open(&path, cache(), MAX_STORED).unwrap();
+    let layer = DeltaLayer::open(&path, cache(), DEFAULT_MAX_VALUE_SIZE).unwrap();
     assert_eq!(layer.summary(), &summary);
     // Outside the key range or below the LSN range: nothing, without reading the index.
     assert!(layer.get(key(1), Lsn(15)).unwrap().records.is_empty());
