@@ -8,4 +8,6 @@ pub mod ephemeral_file;
 pub mod inmemory_layer;
 pub mod metadata;
 pub mod storage_layer;
+#[cfg(test)]
+mod test_support;
 pub mod timeline;

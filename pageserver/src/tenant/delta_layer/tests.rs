@@ -6,25 +6,11 @@ use pageserver_api::DEFAULT_MAX_VALUE_SIZE;
 use proptest::prelude::*;
 
 use super::*;
-use crate::page_cache::PageCacheConfig;
 use crate::tenant::inmemory_layer::InMemoryLayer;
+use crate::tenant::test_support::*;
 
 const TENANT: TenantId = TenantId::from_bytes([7; 16]);
 const TIMELINE: TimelineId = TimelineId::from_bytes([9; 16]);
-
-fn cache() -> Arc<PageCache> {
-    Arc::new(
-        PageCache::new(PageCacheConfig {
-            capacity_bytes: 64 * PAGE_SZ as u64,
-            ..Default::default()
-        })
-        .unwrap(),
-    )
-}
-
-fn key(n: u32) -> Key {
-    Key::rel_block(1663, 5, 16384, 0, n)
-}
 
 type Model = BTreeMap<(Key, Lsn), Value>;
 
@@ -49,7 +35,7 @@ fn model_strategy() -> impl Strategy<Value = Model> {
     prop::collection::vec((0u32..12, value_strategy()), 1..80).prop_map(|puts| {
         puts.into_iter()
             .enumerate()
-            .map(|(i, (k, v))| ((key(k), Lsn(100 + 2 * i as u64)), v))
+            .map(|(i, (k, v))| ((rel_key(k), Lsn(100 + 2 * i as u64)), v))
             .collect()
     })
 }
@@ -85,15 +71,15 @@ proptest! {
         probes in prop::collection::vec((0u32..13, 90u64..300), 40),
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let cache = cache();
+        let cache = small_cache(64);
         let (mem, path) = write(dir.path(), &cache, &model);
         let disk = DeltaLayer::open(&path, cache.clone(), DEFAULT_MAX_VALUE_SIZE).unwrap();
         let all = disk.iter().unwrap();
         let expected: Vec<_> = model.iter().map(|((k, l), v)| (*k, *l, v.clone())).collect();
         prop_assert_eq!(all, expected);
         for (k, at) in probes {
-            let from_disk = disk.get(key(k), Lsn(at)).unwrap();
-            let from_mem = mem.get(key(k), Lsn(at)).unwrap();
+            let from_disk = disk.get(rel_key(k), Lsn(at)).unwrap();
+            let from_mem = mem.get(rel_key(k), Lsn(at)).unwrap();
             prop_assert_eq!(&from_disk.records, &from_mem.records);
             prop_assert_eq!(from_disk.complete, from_mem.complete);
         }
@@ -109,7 +95,7 @@ proptest! {
         bit in 0u8..8,
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let cache = cache();
+        let cache = small_cache(64);
         let (mem, path) = write(dir.path(), &cache, &model);
         let mut bytes = std::fs::read(&path).unwrap();
         let at = position.index(bytes.len());
@@ -138,11 +124,11 @@ proptest! {
 #[test]
 fn truncated_file_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = cache();
+    let cache = small_cache(64);
     let model: Model = (0..50)
         .map(|i| {
             (
-                (key(i % 5), Lsn(100 + u64::from(i))),
+                (rel_key(i % 5), Lsn(100 + u64::from(i))),
                 Value::Image(Bytes::from(vec![i as u8; PAGE_SZ])),
             )
         })
@@ -181,7 +167,7 @@ fn creation_is_atomic_and_names_encode_the_ranges() {
     // Dropped before finish: nothing is left.
     let mut writer = DeltaLayerWriter::new(dir.path(), TENANT, TIMELINE, Lsn(10), Lsn(20)).unwrap();
     writer
-        .put_value(key(1), Lsn(10), &Value::Image(Bytes::from_static(b"x")))
+        .put_value(rel_key(1), Lsn(10), &Value::Image(Bytes::from_static(b"x")))
         .unwrap();
     assert_eq!(temp_files(), 1);
     drop(writer);
@@ -191,21 +177,28 @@ fn creation_is_atomic_and_names_encode_the_ranges() {
     // Out-of-order and out-of-range puts are refused.
     let mut writer = DeltaLayerWriter::new(dir.path(), TENANT, TIMELINE, Lsn(10), Lsn(20)).unwrap();
     let v = Value::Image(Bytes::from_static(b"v"));
-    writer.put_value(key(2), Lsn(11), &v).unwrap();
-    assert!(writer.put_value(key(1), Lsn(12), &v).is_err());
-    assert!(writer.put_value(key(3), Lsn(20), &v).is_err());
-    writer.put_value(key(3), Lsn(19), &v).unwrap();
+    writer.put_value(rel_key(2), Lsn(11), &v).unwrap();
+    assert!(writer.put_value(rel_key(1), Lsn(12), &v).is_err());
+    assert!(writer.put_value(rel_key(3), Lsn(20), &v).is_err());
+    writer.put_value(rel_key(3), Lsn(19), &v).unwrap();
     let (path, summary) = writer.finish().unwrap();
     assert_eq!(temp_files(), 0);
     assert_eq!(
         path.file_name().unwrap().to_str().unwrap(),
-        format!("{}-{}__000000000000000A-0000000000000014", key(2), key(4))
+        format!(
+            "{}-{}__000000000000000A-0000000000000014",
+            rel_key(2),
+            rel_key(4)
+        )
     );
-    assert_eq!((summary.key_start, summary.key_end), (key(2), key(4)));
-    let layer = DeltaLayer::open(&path, cache(), DEFAULT_MAX_VALUE_SIZE).unwrap();
+    assert_eq!(
+        (summary.key_start, summary.key_end),
+        (rel_key(2), rel_key(4))
+    );
+    let layer = DeltaLayer::open(&path, small_cache(64), DEFAULT_MAX_VALUE_SIZE).unwrap();
     assert_eq!(layer.summary(), &summary);
     // Outside the key range or below the LSN range: nothing, without reading the index.
-    assert!(layer.get(key(1), Lsn(15)).unwrap().records.is_empty());
-    assert!(layer.get(key(2), Lsn(9)).unwrap().records.is_empty());
-    assert_eq!(layer.get(key(3), Lsn(19)).unwrap().records.len(), 1);
+    assert!(layer.get(rel_key(1), Lsn(15)).unwrap().records.is_empty());
+    assert!(layer.get(rel_key(2), Lsn(9)).unwrap().records.is_empty());
+    assert_eq!(layer.get(rel_key(3), Lsn(19)).unwrap().records.len(), 1);
 }

@@ -3,19 +3,9 @@ use std::sync::atomic::AtomicU64;
 use proptest::prelude::*;
 
 use super::*;
-use crate::page_cache::PageCacheConfig;
 use crate::tenant::blob_io::BlockCursor;
+use crate::tenant::test_support::*;
 use crate::virtual_file::testing::FailingWrites;
-
-fn cache(pages: usize) -> Arc<PageCache> {
-    Arc::new(
-        PageCache::new(PageCacheConfig {
-            capacity_bytes: (pages * PAGE_SZ) as u64,
-            ..Default::default()
-        })
-        .unwrap(),
-    )
-}
 
 fn blob(i: usize, len: usize) -> Vec<u8> {
     (0..len).map(|j| (i.wrapping_mul(131) ^ j) as u8).collect()
@@ -24,7 +14,7 @@ fn blob(i: usize, len: usize) -> Vec<u8> {
 #[test]
 fn write_read_back_and_prewarm() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = cache(64);
+    let cache = small_cache(64);
     let mut file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
     let mut offsets = Vec::new();
     for i in 0..100 {
@@ -51,7 +41,7 @@ fn write_read_back_and_prewarm() {
 #[test]
 fn tail_is_served_from_memory_and_zeroed_after_flush() {
     let dir = tempfile::tempdir().unwrap();
-    let mut file = EphemeralFile::create(dir.path(), cache(8)).unwrap();
+    let mut file = EphemeralFile::create(dir.path(), small_cache(8)).unwrap();
     file.write_blob(&[0xEE; PAGE_SZ - 4]).unwrap(); // 4-byte header: exactly one block
     assert!(matches!(file.read_blk(1).unwrap(), BlockLease::Tail(_)));
     assert!(file.read_blk(1).unwrap().iter().all(|&b| b == 0));
@@ -65,7 +55,7 @@ fn tail_is_served_from_memory_and_zeroed_after_flush() {
 #[test]
 fn blocks_are_read_from_disk_after_the_cache_forgets_them() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = cache(8);
+    let cache = small_cache(8);
     let mut file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
     let offsets: Vec<_> = (0..50)
         .map(|i| file.write_blob(&blob(i, 1000)).unwrap())
@@ -81,7 +71,7 @@ fn blocks_are_read_from_disk_after_the_cache_forgets_them() {
 #[test]
 fn failed_prewarm_is_not_fatal() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = cache(4);
+    let cache = small_cache(4);
     let other = FileId::next();
     // Pin every slot of the cache.
     let pinned: Vec<_> = (0..4)
@@ -118,8 +108,12 @@ fn write_error_names_file_and_block_and_breaks_the_file() {
         fail_from: 2,
         calls: Arc::new(AtomicU64::new(0)),
     };
-    let mut file =
-        EphemeralFile::from_parts(FileId::next(), path.clone(), Box::new(faulty), cache(16));
+    let mut file = EphemeralFile::from_parts(
+        FileId::next(),
+        path.clone(),
+        Box::new(faulty),
+        small_cache(16),
+    );
     let mut written = Vec::new();
     let err = loop {
         let i = written.len();
@@ -152,7 +146,7 @@ fn write_error_names_file_and_block_and_breaks_the_file() {
 #[test]
 fn too_large_blob_is_refused_without_breaking_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let mut file = EphemeralFile::create(dir.path(), cache(8)).unwrap();
+    let mut file = EphemeralFile::create(dir.path(), small_cache(8)).unwrap();
     // A slice longer than the format allows, without allocating it: a zero-sized element type
     // cannot be used here, so check the header path directly.
     assert!(BlobHeader::new(crate::tenant::blob_io::MAX_BLOB_LEN + 1).is_err());
@@ -166,7 +160,7 @@ fn too_large_blob_is_refused_without_breaking_the_file() {
 #[test]
 fn removed_on_drop_and_leftovers_cleaned() {
     let dir = tempfile::tempdir().unwrap();
-    let file = EphemeralFile::create(dir.path(), cache(8)).unwrap();
+    let file = EphemeralFile::create(dir.path(), small_cache(8)).unwrap();
     let path = file.path().to_owned();
     assert!(path.exists());
     drop(file);
@@ -207,7 +201,7 @@ proptest! {
     #[test]
     fn interleaved_writes_and_reads_match_a_model(ops in prop::collection::vec(op(), 1..120)) {
         let dir = tempfile::tempdir().unwrap();
-        let cache = cache(6);
+        let cache = small_cache(6);
         let mut file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
         let mut model: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut expected_len = 0u64;

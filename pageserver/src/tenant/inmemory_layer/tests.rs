@@ -6,22 +6,8 @@ use pageserver_api::{reconstruct_page, DEFAULT_MAX_VALUE_SIZE};
 use proptest::prelude::*;
 
 use super::*;
-use crate::page_cache::PageCacheConfig;
+use crate::tenant::test_support::*;
 use crate::PAGE_SZ;
-
-fn cache() -> Arc<PageCache> {
-    Arc::new(
-        PageCache::new(PageCacheConfig {
-            capacity_bytes: 32 * PAGE_SZ as u64,
-            ..Default::default()
-        })
-        .unwrap(),
-    )
-}
-
-fn key(n: u32) -> Key {
-    Key::rel_block(1663, 5, 16384, 0, n)
-}
 
 fn image(fill: u8, len: usize) -> Value {
     Value::Image(Bytes::from(vec![fill; len]))
@@ -35,19 +21,19 @@ fn delta(will_init: bool, offset: u32, data: &[u8]) -> Value {
 }
 
 fn layer(dir: &Path) -> InMemoryLayer {
-    InMemoryLayer::create(dir, cache(), Lsn(10), DEFAULT_MAX_VALUE_SIZE).unwrap()
+    InMemoryLayer::create(dir, small_cache(32), Lsn(10), DEFAULT_MAX_VALUE_SIZE).unwrap()
 }
 
 #[test]
 fn get_collects_down_to_the_base_newest_first() {
     let dir = tempfile::tempdir().unwrap();
     let mut l = layer(dir.path());
-    l.put(key(1), Lsn(10), &image(1, PAGE_SZ)).unwrap();
-    l.put(key(1), Lsn(20), &delta(false, 0, b"a")).unwrap();
-    l.put(key(2), Lsn(25), &image(2, PAGE_SZ)).unwrap();
-    l.put(key(1), Lsn(30), &delta(false, 1, b"b")).unwrap();
+    l.put(rel_key(1), Lsn(10), &image(1, PAGE_SZ)).unwrap();
+    l.put(rel_key(1), Lsn(20), &delta(false, 0, b"a")).unwrap();
+    l.put(rel_key(2), Lsn(25), &image(2, PAGE_SZ)).unwrap();
+    l.put(rel_key(1), Lsn(30), &delta(false, 1, b"b")).unwrap();
 
-    let at_30 = l.get(key(1), Lsn(30)).unwrap();
+    let at_30 = l.get(rel_key(1), Lsn(30)).unwrap();
     let lsns: Vec<_> = at_30.records.iter().map(|(l, _)| l.0).collect();
     assert_eq!(lsns, [30, 20, 10]);
     assert!(at_30.complete);
@@ -57,24 +43,24 @@ fn get_collects_down_to_the_base_newest_first() {
     assert_eq!(&page[..3], &[b'a', b'b', 1]);
 
     // Between versions: the newer one is skipped.
-    let at_25 = l.get(key(1), Lsn(25)).unwrap();
+    let at_25 = l.get(rel_key(1), Lsn(25)).unwrap();
     assert_eq!(at_25.records.len(), 2);
     // Before the first version: nothing, and older layers must be asked.
-    let at_5 = l.get(key(1), Lsn(5)).unwrap();
+    let at_5 = l.get(rel_key(1), Lsn(5)).unwrap();
     assert!(at_5.records.is_empty() && !at_5.complete);
-    assert!(l.get(key(3), Lsn(100)).unwrap().records.is_empty());
+    assert!(l.get(rel_key(3), Lsn(100)).unwrap().records.is_empty());
 }
 
 #[test]
 fn incomplete_history_asks_older_layers() {
     let dir = tempfile::tempdir().unwrap();
     let mut l = layer(dir.path());
-    l.put(key(1), Lsn(10), &delta(false, 0, b"x")).unwrap();
-    let got = l.get(key(1), Lsn(10)).unwrap();
+    l.put(rel_key(1), Lsn(10), &delta(false, 0, b"x")).unwrap();
+    let got = l.get(rel_key(1), Lsn(10)).unwrap();
     assert_eq!(got.records.len(), 1);
     assert!(!got.complete);
-    l.put(key(1), Lsn(11), &delta(true, 0, b"y")).unwrap();
-    let got = l.get(key(1), Lsn(11)).unwrap();
+    l.put(rel_key(1), Lsn(11), &delta(true, 0, b"y")).unwrap();
+    let got = l.get(rel_key(1), Lsn(11)).unwrap();
     assert_eq!(got.records.len(), 1, "a will_init delta is a base");
     assert!(got.complete);
 }
@@ -83,34 +69,34 @@ fn incomplete_history_asks_older_layers() {
 fn refused_puts_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let mut l = layer(dir.path());
-    l.put(key(1), Lsn(20), &image(1, 100)).unwrap();
+    l.put(rel_key(1), Lsn(20), &image(1, 100)).unwrap();
     let before = (l.len(), l.bytes_written(), l.last_lsn());
 
-    let backwards = l.put(key(2), Lsn(19), &image(2, 100)).unwrap_err();
+    let backwards = l.put(rel_key(2), Lsn(19), &image(2, 100)).unwrap_err();
     assert!(
         matches!(backwards, PutError::LsnBackwards { .. }),
         "{backwards}"
     );
     assert!(backwards.to_string().contains("0/13"), "{backwards}");
-    let dup = l.put(key(1), Lsn(20), &image(3, 100)).unwrap_err();
+    let dup = l.put(rel_key(1), Lsn(20), &image(3, 100)).unwrap_err();
     assert!(matches!(dup, PutError::Duplicate { .. }));
-    let early = l.put(key(1), Lsn(5), &image(3, 100)).unwrap_err();
+    let early = l.put(rel_key(1), Lsn(5), &image(3, 100)).unwrap_err();
     assert!(matches!(early, PutError::OutOfRange { .. }));
     let big = l
-        .put(key(1), Lsn(30), &image(3, DEFAULT_MAX_VALUE_SIZE + 100))
+        .put(rel_key(1), Lsn(30), &image(3, DEFAULT_MAX_VALUE_SIZE + 100))
         .unwrap_err();
     assert!(matches!(big, PutError::TooLarge { .. }), "{big}");
     assert_eq!((l.len(), l.bytes_written(), l.last_lsn()), before);
 
     // The same LSN for another key is fine: LSNs never go backwards, they may repeat.
-    l.put(key(2), Lsn(20), &image(4, 100)).unwrap();
+    l.put(rel_key(2), Lsn(20), &image(4, 100)).unwrap();
 }
 
 #[test]
 fn frozen_layer_refuses_puts_but_serves_reads() {
     let dir = tempfile::tempdir().unwrap();
     let mut l = layer(dir.path());
-    l.put(key(1), Lsn(20), &image(1, 100)).unwrap();
+    l.put(rel_key(1), Lsn(20), &image(1, 100)).unwrap();
     assert!(matches!(
         l.freeze(Lsn(20)),
         Err(FreezeError::EndTooLow { .. })
@@ -118,14 +104,14 @@ fn frozen_layer_refuses_puts_but_serves_reads() {
     l.freeze(Lsn(21)).unwrap();
     assert_eq!(l.end_lsn(), Some(Lsn(21)));
     assert!(matches!(
-        l.put(key(1), Lsn(22), &image(1, 100)),
+        l.put(rel_key(1), Lsn(22), &image(1, 100)),
         Err(PutError::Frozen { .. })
     ));
     assert!(matches!(
         l.freeze(Lsn(30)),
         Err(FreezeError::AlreadyFrozen { .. })
     ));
-    assert_eq!(l.get(key(1), Lsn(21)).unwrap().records.len(), 1);
+    assert_eq!(l.get(rel_key(1), Lsn(21)).unwrap().records.len(), 1);
 }
 
 #[test]
@@ -138,7 +124,9 @@ fn index_stays_compact() {
     let mut lsn = 10;
     for round in 0..16 {
         for k in 0..10_000 {
-            many_versions.put(key(k), Lsn(lsn), &small(round)).unwrap();
+            many_versions
+                .put(rel_key(k), Lsn(lsn), &small(round))
+                .unwrap();
             lsn += 1;
         }
     }
@@ -146,7 +134,7 @@ fn index_stays_compact() {
     let mut one_version = layer(dir.path());
     for k in 0..160_000 {
         one_version
-            .put(key(k), Lsn(10 + u64::from(k)), &small(k))
+            .put(rel_key(k), Lsn(10 + u64::from(k)), &small(k))
             .unwrap();
     }
     let per_value_1 = one_version.index_bytes() as f64 / one_version.len() as f64;
@@ -200,24 +188,24 @@ proptest! {
             match op {
                 Op::Image { key: k, fill, len } => {
                     let v = image(fill, len);
-                    l.put(key(k), Lsn(lsn), &v).unwrap();
-                    model.insert((key(k), Lsn(lsn)), v);
+                    l.put(rel_key(k), Lsn(lsn), &v).unwrap();
+                    model.insert((rel_key(k), Lsn(lsn)), v);
                     lsn += 1 + u64::from(fill % 3);
                 }
                 Op::Delta { key: k, will_init, offset, data } => {
                     let v = delta(will_init, offset, &data);
-                    l.put(key(k), Lsn(lsn), &v).unwrap();
-                    model.insert((key(k), Lsn(lsn)), v);
+                    l.put(rel_key(k), Lsn(lsn), &v).unwrap();
+                    model.insert((rel_key(k), Lsn(lsn)), v);
                     lsn += 1;
                 }
                 Op::Get { key: k, back } => {
                     let at = Lsn(lsn.saturating_sub(back));
-                    let got = l.get(key(k), at).unwrap();
+                    let got = l.get(rel_key(k), at).unwrap();
                     // Expected: the model's versions of k at or below `at`, newest first, down
                     // to and including the first base.
                     let mut expected = Vec::new();
                     let mut complete = false;
-                    for ((_, v_lsn), v) in model.range((key(k), Lsn(0))..=(key(k), at)).rev() {
+                    for ((_, v_lsn), v) in model.range((rel_key(k), Lsn(0))..=(rel_key(k), at)).rev() {
                         expected.push((*v_lsn, v.clone()));
                         if v.will_init() {
                             complete = true;

@@ -5,7 +5,7 @@ use pageserver_api::DEFAULT_MAX_VALUE_SIZE;
 use proptest::prelude::*;
 
 use super::*;
-use crate::page_cache::PageCacheConfig;
+use crate::tenant::test_support::*;
 
 const TENANT: TenantId = TenantId::from_bytes([1; 16]);
 const TIMELINE: TimelineId = TimelineId::from_bytes([2; 16]);
@@ -14,20 +14,6 @@ fn conf() -> TimelineConf {
     TimelineConf {
         max_value_size: DEFAULT_MAX_VALUE_SIZE,
     }
-}
-
-fn cache() -> Arc<PageCache> {
-    Arc::new(
-        PageCache::new(PageCacheConfig {
-            capacity_bytes: 64 * PAGE_SZ as u64,
-            ..Default::default()
-        })
-        .unwrap(),
-    )
-}
-
-fn key(n: u32) -> Key {
-    Key::rel_block(1663, 5, 16384, 0, n)
 }
 
 /// The reference answer: the model's versions at or below `lsn`, newest first, down to a base.
@@ -65,7 +51,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
-    let cache = cache();
+    let cache = small_cache(64);
     let mut tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
     let mut model: BTreeMap<(Key, Lsn), Value> = BTreeMap::new();
     let mut next_lsn = 100u64;
@@ -73,8 +59,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         match op {
             Op::Image(k, fill, len) => {
                 let v = Value::Image(Bytes::from(vec![fill; len]));
-                tl.put(key(k), Lsn(next_lsn), &v).unwrap();
-                model.insert((key(k), Lsn(next_lsn)), v);
+                tl.put(rel_key(k), Lsn(next_lsn), &v).unwrap();
+                model.insert((rel_key(k), Lsn(next_lsn)), v);
                 next_lsn += 2;
             }
             Op::Delta(k, will_init, offset, data) => {
@@ -82,18 +68,18 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     will_init,
                     patches: vec![Patch::new(offset, data)],
                 };
-                tl.put(key(k), Lsn(next_lsn), &v).unwrap();
-                model.insert((key(k), Lsn(next_lsn)), v);
+                tl.put(rel_key(k), Lsn(next_lsn), &v).unwrap();
+                model.insert((rel_key(k), Lsn(next_lsn)), v);
                 next_lsn += 2;
             }
             Op::Get(k, back) => {
                 let last = tl.last_record_lsn();
                 // LSNs on and between versions, and before the first one.
                 let at = Lsn(last.0.saturating_sub(back));
-                let got = tl.get_page(key(k), at).unwrap();
+                let got = tl.get_page(rel_key(k), at).unwrap();
                 prop_assert_eq!(
                     got,
-                    expected_page(&model, key(k), at),
+                    expected_page(&model, rel_key(k), at),
                     "key {} at {}",
                     k,
                     at
@@ -119,8 +105,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let last = tl.last_record_lsn();
     for k in 0..7 {
         prop_assert_eq!(
-            tl.get_page(key(k), last).unwrap(),
-            expected_page(&model, key(k), last)
+            tl.get_page(rel_key(k), last).unwrap(),
+            expected_page(&model, rel_key(k), last)
         );
     }
     Ok(())
@@ -149,29 +135,29 @@ proptest! {
 #[test]
 fn lsn_rules_are_enforced_and_refusals_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache(), conf()).unwrap();
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(64), conf()).unwrap();
     let v = Value::Image(Bytes::from(vec![1u8; PAGE_SZ]));
-    tl.put(key(1), Lsn(10), &v).unwrap();
+    tl.put(rel_key(1), Lsn(10), &v).unwrap();
     assert!(matches!(
-        tl.put(key(2), Lsn(9), &v),
+        tl.put(rel_key(2), Lsn(9), &v),
         Err(TimelineError::Put(PutError::LsnBackwards { .. }))
     ));
     assert_eq!(tl.last_record_lsn(), Lsn(10));
     assert!(matches!(
-        tl.get_page(key(1), Lsn(11)),
+        tl.get_page(rel_key(1), Lsn(11)),
         Err(TimelineError::LsnNotYetIngested { .. })
     ));
     tl.checkpoint().unwrap();
     assert_eq!(tl.disk_consistent_lsn(), Lsn(10));
     assert!(matches!(
-        tl.put(key(2), Lsn(10), &v),
+        tl.put(rel_key(2), Lsn(10), &v),
         Err(TimelineError::LsnDurable { .. })
     ));
     assert_eq!(
-        tl.get_page(key(1), Lsn(10)).unwrap().unwrap().len(),
+        tl.get_page(rel_key(1), Lsn(10)).unwrap().unwrap().len(),
         PAGE_SZ
     );
-    assert_eq!(tl.get_page(key(2), Lsn(10)).unwrap(), None);
+    assert_eq!(tl.get_page(rel_key(2), Lsn(10)).unwrap(), None);
 }
 
 #[test]
@@ -179,12 +165,12 @@ fn a_layer_written_without_its_metadata_update_is_dropped_on_load() {
     // The crash window between a layer's rename and the metadata update: on load the layer is
     // beyond disk_consistent_lsn and is removed, so re-sent versions do not exist twice.
     let dir = tempfile::tempdir().unwrap();
-    let cache = cache();
+    let cache = small_cache(64);
     let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
     let v = Value::Image(Bytes::from(vec![1u8; PAGE_SZ]));
-    tl.put(key(1), Lsn(10), &v).unwrap();
+    tl.put(rel_key(1), Lsn(10), &v).unwrap();
     tl.checkpoint().unwrap();
-    tl.put(key(1), Lsn(20), &v).unwrap();
+    tl.put(rel_key(1), Lsn(20), &v).unwrap();
     tl.checkpoint().unwrap();
     drop(tl);
     // Roll the metadata back to the first checkpoint.
@@ -208,16 +194,16 @@ fn a_layer_written_without_its_metadata_update_is_dropped_on_load() {
         "only metadata and one layer remain: {names:?}"
     );
     // The client re-sends from 11.
-    tl.put(key(1), Lsn(20), &v).unwrap();
+    tl.put(rel_key(1), Lsn(20), &v).unwrap();
 }
 
 #[test]
 fn a_corrupt_layer_fails_load_with_its_name() {
     let dir = tempfile::tempdir().unwrap();
-    let cache = cache();
+    let cache = small_cache(64);
     let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
     tl.put(
-        key(1),
+        rel_key(1),
         Lsn(10),
         &Value::Image(Bytes::from(vec![1u8; PAGE_SZ])),
     )
@@ -249,32 +235,32 @@ fn a_reloaded_timeline_never_builds_on_pages_of_discarded_history() {
     // at LSN 101 is reconstructed (image + delta) and memorized; the crash discards both
     // versions; the client then sends different versions at the same LSNs.
     let dir = tempfile::tempdir().unwrap();
-    let cache = cache();
+    let cache = small_cache(64);
     let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
     let delta = Value::Delta {
         will_init: false,
         patches: vec![Patch::new(0, vec![9u8])],
     };
     tl.put(
-        key(1),
+        rel_key(1),
         Lsn(100),
         &Value::Image(Bytes::from(vec![1u8; PAGE_SZ])),
     )
     .unwrap();
-    tl.put(key(1), Lsn(101), &delta).unwrap();
-    let before = tl.get_page(key(1), Lsn(101)).unwrap().unwrap();
+    tl.put(rel_key(1), Lsn(101), &delta).unwrap();
+    let before = tl.get_page(rel_key(1), Lsn(101)).unwrap().unwrap();
     assert_eq!(before[..2], [9, 1]);
     drop(tl);
 
     let tl = Timeline::load(dir.path(), TENANT, TIMELINE, cache, conf()).unwrap();
     tl.put(
-        key(1),
+        rel_key(1),
         Lsn(100),
         &Value::Image(Bytes::from(vec![2u8; PAGE_SZ])),
     )
     .unwrap();
-    tl.put(key(1), Lsn(101), &delta).unwrap();
-    let after = tl.get_page(key(1), Lsn(101)).unwrap().unwrap();
+    tl.put(rel_key(1), Lsn(101), &delta).unwrap();
+    let after = tl.get_page(rel_key(1), Lsn(101)).unwrap().unwrap();
     assert_eq!(
         after[..2],
         [9, 2],
