@@ -81,6 +81,22 @@ const VALUE_CRC_LEN: usize = 4;
 /// Values are written in chunks of this size rather than one syscall per value.
 const WRITE_CHUNK: usize = 1 << 20;
 
+/// The index key of version `lsn` of `key`: byte order is (key, lsn) order.
+fn index_key(key: Key, lsn: Lsn) -> [u8; INDEX_KEY_LEN] {
+    let mut out = [0u8; INDEX_KEY_LEN];
+    out[..KEY_LEN].copy_from_slice(&key.to_bytes());
+    out[KEY_LEN..].copy_from_slice(&lsn.0.to_be_bytes());
+    out
+}
+
+fn split_index_key(index_key: &[u8; INDEX_KEY_LEN]) -> (Key, Lsn) {
+    let mut key = [0u8; KEY_LEN];
+    key.copy_from_slice(&index_key[..KEY_LEN]);
+    let mut lsn = [0u8; 8];
+    lsn.copy_from_slice(&index_key[KEY_LEN..]);
+    (Key::from_bytes(key), Lsn(u64::from_be_bytes(lsn)))
+}
+
 mod summary_off {
     pub const MAGIC: usize = 0;
     pub const VERSION: usize = 4;
@@ -315,9 +331,7 @@ impl DeltaLayerWriter {
                 self.lsn_start, self.lsn_end
             )));
         }
-        let mut index_key = [0u8; INDEX_KEY_LEN];
-        index_key[..KEY_LEN].copy_from_slice(&key.to_bytes());
-        index_key[KEY_LEN..].copy_from_slice(&lsn.0.to_be_bytes());
+        let index_key = index_key(key, lsn);
         let offset = self.next_offset;
         let will_init = if value.will_init() { WILL_INIT_BIT } else { 0 };
         // The index checks the order; nothing is written before it accepts the key.
@@ -541,6 +555,25 @@ impl DeltaLayer {
         Ok(value)
     }
 
+    /// Runs `read` with the layer's index and a cursor over its value blocks.
+    fn with_index<T>(
+        &self,
+        read: impl FnOnce(
+            &DiskBtreeReader<'_, INDEX_KEY_LEN, IndexBlocks<'_>>,
+            &BlockCursor<'_, FileBlockReader<'_>>,
+        ) -> Result<T, DeltaLayerError>,
+    ) -> Result<T, DeltaLayerError> {
+        let blocks = self.blocks();
+        let index = IndexBlocks {
+            inner: self.blocks(),
+            start: self.summary.index_start_blk,
+            path: &self.path,
+        };
+        let tree = DiskBtreeReader::new(self.summary.index_root_blk, &index);
+        let cursor = BlockCursor::new(&blocks).with_max_blob_len(self.max_blob_len);
+        read(&tree, &cursor)
+    }
+
     /// The versions of `key` at or below `lsn`, newest first, down to the first that needs no
     /// older history.
     pub fn get(&self, key: Key, lsn: Lsn) -> Result<LayerRecords, DeltaLayerError> {
@@ -551,60 +584,42 @@ impl DeltaLayer {
         {
             return Ok(result);
         }
-        let blocks = self.blocks();
-        let index = IndexBlocks {
-            inner: self.blocks(),
-            start: self.summary.index_start_blk,
-            path: &self.path,
-        };
-        let tree = DiskBtreeReader::<INDEX_KEY_LEN, _>::new(self.summary.index_root_blk, &index);
-        let cursor = BlockCursor::new(&blocks).with_max_blob_len(self.max_blob_len);
-        let mut search = [0u8; INDEX_KEY_LEN];
-        search[..KEY_LEN].copy_from_slice(&key.to_bytes());
-        search[KEY_LEN..].copy_from_slice(&lsn.0.to_be_bytes());
-        let mut buf = Vec::new();
-        for entry in tree.iter_backward_from(&search) {
-            let (found, value) = entry.map_err(|e: BtreeReadError| self.corrupt(e))?;
-            if found[..KEY_LEN] != search[..KEY_LEN] {
-                break;
+        self.with_index(|tree, cursor| {
+            let mut buf = Vec::new();
+            for entry in tree.iter_backward_from(&index_key(key, lsn)) {
+                let (found, value) = entry.map_err(|e: BtreeReadError| self.corrupt(e))?;
+                let (found_key, version) = split_index_key(&found);
+                if found_key != key {
+                    break;
+                }
+                let record = self.read_value(cursor, key, version, value, &mut buf)?;
+                let base = record.will_init();
+                result.records.push((version, record));
+                if base {
+                    result.complete = true;
+                    break;
+                }
             }
-            let mut lsn_bytes = [0u8; 8];
-            lsn_bytes.copy_from_slice(&found[KEY_LEN..]);
-            let version = Lsn(u64::from_be_bytes(lsn_bytes));
-            let record = self.read_value(&cursor, key, version, value, &mut buf)?;
-            let base = record.will_init();
-            result.records.push((version, record));
-            if base {
-                result.complete = true;
-                break;
-            }
-        }
-        Ok(result)
+            Ok(result)
+        })
     }
 
     /// Every (key, lsn, value) in the file in order: for verification and dumps.
     pub fn iter(&self) -> Result<Vec<(Key, Lsn, Value)>, DeltaLayerError> {
-        let blocks = self.blocks();
-        let index = IndexBlocks {
-            inner: self.blocks(),
-            start: self.summary.index_start_blk,
-            path: &self.path,
-        };
-        let tree = DiskBtreeReader::<INDEX_KEY_LEN, _>::new(self.summary.index_root_blk, &index);
-        let cursor = BlockCursor::new(&blocks).with_max_blob_len(self.max_blob_len);
-        let mut out = Vec::new();
-        let mut buf = Vec::new();
-        for entry in tree.iter_from(&[0u8; INDEX_KEY_LEN]) {
-            let (found, value) = entry.map_err(|e: BtreeReadError| self.corrupt(e))?;
-            let mut key_bytes = [0u8; KEY_LEN];
-            key_bytes.copy_from_slice(&found[..KEY_LEN]);
-            let key = Key::from_bytes(key_bytes);
-            let mut lsn_bytes = [0u8; 8];
-            lsn_bytes.copy_from_slice(&found[KEY_LEN..]);
-            let lsn = Lsn(u64::from_be_bytes(lsn_bytes));
-            let record = self.read_value(&cursor, key, lsn, value, &mut buf)?;
-            out.push((key, lsn, record));
-        }
+        let out = self.with_index(|tree, cursor| {
+            let mut out = Vec::new();
+            let mut buf = Vec::new();
+            for entry in tree.iter_from(&[0u8; INDEX_KEY_LEN]) {
+                let (found, value) = entry.map_err(|e: BtreeReadError| self.corrupt(e))?;
+                let (key, lsn) = split_index_key(&found);
+                out.push((
+                    key,
+                    lsn,
+                    self.read_value(cursor, key, lsn, value, &mut buf)?,
+                ));
+            }
+            Ok(out)
+        })?;
         if out.len() as u64 != self.summary.entries {
             return Err(self.corrupt(format!(
                 "index holds {} entries, the summary says {}",
