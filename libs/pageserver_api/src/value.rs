@@ -299,6 +299,19 @@ impl Value {
         }
     }
 
+    /// Checks that [`Value::serialize_into`] would succeed, without
+    /// serializing: lets a caller validate a whole batch before storing any
+    /// of it.
+    pub fn check_encodable(&self) -> Result<(), ValueEncodeError> {
+        if let Value::Delta { patches, .. } = self {
+            encodable_count(patches.len())?;
+            for (index, patch) in patches.iter().enumerate() {
+                encodable_data_len(index, patch.data.len())?;
+            }
+        }
+        Ok(())
+    }
+
     /// Appends the byte format of this value (see the module doc) to `out`,
     /// after whatever `out` already holds.
     ///
@@ -610,12 +623,14 @@ mod tests {
         let fits = delta(false, vec![Patch::new(0, Bytes::new()); max]);
         let bytes = ser(&fits);
         assert_eq!(&bytes[2..4], &[0xFF, 0xFF]);
-        assert_eq!(Value::deserialize(&bytes), Ok(fits));
+        assert_eq!(Value::deserialize(&bytes).as_ref(), Ok(&fits));
 
         let too_many = delta(false, vec![Patch::new(0, Bytes::new()); max + 1]);
         let mut out = vec![1, 2, 3];
         let err = too_many.serialize_into(&mut out).unwrap_err();
         assert_eq!(err, ValueEncodeError::TooManyPatches { count: max + 1 });
+        assert_eq!(too_many.check_encodable(), Err(err.clone()));
+        assert_eq!(fits.check_encodable(), Ok(()));
         assert_eq!(out, [1, 2, 3]);
         let msg = err.to_string();
         assert!(msg.contains("65535") && msg.contains("65536"), "{msg}");

@@ -5,8 +5,10 @@ pub mod block_io;
 pub mod delta_layer;
 pub mod disk_btree;
 pub mod ephemeral_file;
+pub mod flush_loop;
 pub mod inmemory_layer;
 pub mod metadata;
+pub mod mgr;
 pub mod storage_layer;
 #[cfg(test)]
 mod test_support;

@@ -26,28 +26,63 @@
 //! `disk_consistent_lsn` and the versions must not exist twice. Nothing at or below
 //! `disk_consistent_lsn` is ever lost or changed.
 //!
-//! # Concurrency
+//! # Ingest in batches
 //!
-//! The layer map is behind one `RwLock`: readers share it, a put or a layer swap takes it
-//! briefly. Puts and checkpoints are serialized by `write_lock`, taken before the map lock.
-//! Flushing in the background, `wait_lsn` and flush triggers by size and age come next.
+//! Versions arrive in batches ([`Timeline::put_batch`]), like WAL records: LSNs within a batch
+//! never decrease, and a batch starts above `last_record_lsn`, which it advances to its last
+//! LSN. A batch is validated whole before any of it is stored, so a refused batch changes
+//! nothing. Because no later batch can reuse `last_record_lsn`, the open layer can be frozen at
+//! `last_record_lsn + 1` between any two batches.
+//!
+//! # Flushing while ingest continues
+//!
+//! ```text
+//!   put_batch ──> open layer ──freeze──> frozen layers ──flush──> delta layer + metadata
+//!                  (write_lock)            (queue)      (flush_lock, no write_lock)
+//! ```
+//!
+//! A freeze only moves the open layer to the frozen queue, under `write_lock`: it is cheap. The
+//! open layer is frozen when it reaches `checkpoint_distance` bytes (by the batch that crosses
+//! it), when it is older than `checkpoint_timeout` ([`Timeline::freeze_if_due`], called by the
+//! background flush loop), on [`Timeline::checkpoint`], and on shutdown. Writing frozen layers
+//! to disk ([`Timeline::flush_frozen`]) holds only `flush_lock`, so puts go on into a new open
+//! layer meanwhile; readers see a frozen layer until its delta layer replaces it in one swap
+//! under the map lock. When more than `max_frozen_layers` wait, the putting thread flushes them
+//! itself before returning: ingest slows to the disk's pace instead of filling memory and the
+//! ephemeral files without bound.
+//!
+//! # Failure
+//!
+//! An error while storing a validated batch (an ephemeral file write failed) leaves part of the
+//! batch in the open layer above `last_record_lsn`, where no read can see it. The timeline then
+//! refuses further puts ("broken") until it is loaded again, which restarts it at
+//! `disk_consistent_lsn`. A failed flush leaves its frozen layer queued; it is retried.
+//!
+//! # Locks
+//!
+//! `write_lock` (puts, freezes) before `flush_lock` (writing frozen layers) before the layer
+//! map's `RwLock` (held only briefly, never across I/O other than reads of layers already in
+//! it). `wait_lsn` sleeps on a condition variable that a put notifies only when someone waits.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use pageserver_api::{reconstruct_page, Key, RedoError, Value};
+use pageserver_api::{reconstruct_page, Key, RedoError, Value, ValueEncodeError};
 use utils::{Lsn, TenantId, TimelineId};
 
 use crate::page_cache::{MaterializedPageKey, PageCache};
 use crate::tenant::delta_layer::{DeltaLayer, DeltaLayerError, TEMP_SUFFIX};
 use crate::tenant::ephemeral_file::remove_leftovers;
+use crate::tenant::flush_loop::FlushWakeup;
 use crate::tenant::inmemory_layer::{
     FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError,
 };
 use crate::tenant::metadata::{MetadataError, TimelineMetadata, METADATA_FILE};
-use crate::tenant::storage_layer::LayerRecords;
+use crate::tenant::storage_layer::{max_stored_value_len, LayerRecords};
 use crate::PAGE_SZ;
 
 /// Settings a timeline needs.
@@ -55,14 +90,82 @@ use crate::PAGE_SZ;
 pub struct TimelineConf {
     /// The largest page image or reconstructed page.
     pub max_value_size: usize,
+    /// Freeze the open layer once its ephemeral file holds this many bytes.
+    pub checkpoint_distance: u64,
+    /// Freeze the open layer once its first version is this old.
+    pub checkpoint_timeout: Duration,
+    /// When more frozen layers than this wait for their flush, a put flushes them itself.
+    pub max_frozen_layers: usize,
+}
+
+impl Default for TimelineConf {
+    fn default() -> Self {
+        TimelineConf {
+            max_value_size: pageserver_api::DEFAULT_MAX_VALUE_SIZE,
+            checkpoint_distance: 256 * 1024 * 1024,
+            checkpoint_timeout: Duration::from_secs(600),
+            max_frozen_layers: 2,
+        }
+    }
+}
+
+/// One version of one page, as a batch carries it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PutRecord {
+    pub key: Key,
+    pub lsn: Lsn,
+    pub value: Value,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum TimelineError {
     #[error("LSN {lsn} is at or below the durable LSN {disk_consistent}: that history is fixed")]
     LsnDurable { lsn: Lsn, disk_consistent: Lsn },
+    #[error(
+        "LSN {lsn} does not advance past the last ingested LSN {last_record}: a batch must start above it"
+    )]
+    LsnNotAdvancing { lsn: Lsn, last_record: Lsn },
+    #[error("record {index} of the batch: LSN {lsn} goes backwards from {previous}")]
+    BatchLsnBackwards {
+        index: usize,
+        lsn: Lsn,
+        previous: Lsn,
+    },
+    #[error("record {index} of the batch: key {key} appears twice at LSN {lsn}")]
+    BatchDuplicate { index: usize, key: Key, lsn: Lsn },
+    #[error("record {index} of the batch: value of key {key} at {lsn} takes {len} bytes stored, over the limit of {max}")]
+    ValueTooLarge {
+        index: usize,
+        key: Key,
+        lsn: Lsn,
+        len: usize,
+        max: usize,
+    },
+    #[error(
+        "record {index} of the batch: value of key {key} at {lsn} cannot be encoded: {source}"
+    )]
+    ValueNotEncodable {
+        index: usize,
+        key: Key,
+        lsn: Lsn,
+        source: ValueEncodeError,
+    },
+    #[error("the batch spans LSNs {first} to {last}, more than one layer can hold")]
+    BatchSpanTooWide { first: Lsn, last: Lsn },
     #[error("LSN {lsn} is beyond the last ingested LSN {last_record}")]
     LsnNotYetIngested { lsn: Lsn, last_record: Lsn },
+    #[error(
+        "timed out after {timeout:?} waiting for LSN {lsn}; the last ingested LSN is {last_record}"
+    )]
+    WaitLsnTimeout {
+        lsn: Lsn,
+        last_record: Lsn,
+        timeout: Duration,
+    },
+    #[error("the timeline takes no more writes: {reason}")]
+    Broken { reason: String },
+    #[error("the timeline is shutting down")]
+    ShuttingDown,
     #[error(transparent)]
     Put(#[from] PutError),
     #[error(transparent)]
@@ -91,6 +194,8 @@ pub enum TimelineError {
 #[derive(Default)]
 struct LayerMap {
     open: Option<InMemoryLayer>,
+    /// When the open layer got its first version (what `checkpoint_timeout` measures).
+    open_since: Option<Instant>,
     /// Oldest first.
     frozen: Vec<Arc<InMemoryLayer>>,
     /// Oldest first (by LSN range).
@@ -105,6 +210,36 @@ pub struct LayerCounts {
     pub deltas: usize,
 }
 
+/// One layer of the map, for inspection (the HTTP API's layer listing, `pagectl`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerDescription {
+    pub kind: LayerKind,
+    pub lsn_start: Lsn,
+    /// Exclusive; `None` for the open layer.
+    pub lsn_end: Option<Lsn>,
+    /// Bytes on disk: the ephemeral file's length or the layer file's size.
+    pub size_bytes: u64,
+    /// Versions held, where cheaply known.
+    pub values: u64,
+    /// The layer file's name, for delta layers.
+    pub file_name: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    Open,
+    Frozen,
+    Delta,
+}
+
+/// What only the writer (the holder of `write_lock`) looks at.
+#[derive(Default)]
+struct WriterState {
+    /// Why the timeline refuses writes, once it does.
+    broken: Option<String>,
+    stopping: bool,
+}
+
 /// See the module documentation.
 pub struct Timeline {
     tenant_id: TenantId,
@@ -117,10 +252,19 @@ pub struct Timeline {
     cache: Arc<PageCache>,
     conf: TimelineConf,
     layers: RwLock<LayerMap>,
-    write_lock: Mutex<()>,
+    write_lock: Mutex<WriterState>,
+    flush_lock: Mutex<()>,
+    flush_wakeup: Option<Arc<FlushWakeup>>,
     last_record_lsn: AtomicU64,
     disk_consistent_lsn: AtomicU64,
+    /// `wait_lsn` callers currently asleep; a put takes `lsn_wait` to wake them only if any.
+    lsn_waiters: AtomicUsize,
+    lsn_wait: Mutex<()>,
+    lsn_advanced: Condvar,
 }
+
+/// LSNs one layer can span: the in-memory layer keeps LSNs as 32-bit offsets from its start.
+const MAX_LAYER_LSN_SPAN: u64 = 1 << 32;
 
 impl Timeline {
     /// Creates an empty timeline in `dir` (which must exist and be empty).
@@ -183,26 +327,57 @@ impl Timeline {
             cache,
             conf,
             layers: RwLock::new(LayerMap {
-                open: None,
-                frozen: Vec::new(),
                 deltas,
+                ..LayerMap::default()
             }),
-            write_lock: Mutex::new(()),
+            write_lock: Mutex::new(WriterState::default()),
+            flush_lock: Mutex::new(()),
+            flush_wakeup: None,
             last_record_lsn: AtomicU64::new(durable.0),
             disk_consistent_lsn: AtomicU64::new(durable.0),
+            lsn_waiters: AtomicUsize::new(0),
+            lsn_wait: Mutex::new(()),
+            lsn_advanced: Condvar::new(),
         })
     }
 
+    /// Wakes `wakeup` whenever a layer is frozen, so a background flush loop writes it out.
+    pub fn with_flush_wakeup(mut self, wakeup: Arc<FlushWakeup>) -> Timeline {
+        self.flush_wakeup = Some(wakeup);
+        self
+    }
+
+    pub fn tenant_id(&self) -> TenantId {
+        self.tenant_id
+    }
+
+    pub fn timeline_id(&self) -> TimelineId {
+        self.timeline_id
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn conf(&self) -> &TimelineConf {
+        &self.conf
+    }
+
     pub fn last_record_lsn(&self) -> Lsn {
-        Lsn(self.last_record_lsn.load(Ordering::Acquire))
+        Lsn(self.last_record_lsn.load(Ordering::SeqCst))
     }
 
     pub fn disk_consistent_lsn(&self) -> Lsn {
         Lsn(self.disk_consistent_lsn.load(Ordering::Acquire))
     }
 
+    /// Why the timeline refuses writes, if it does.
+    pub fn broken_reason(&self) -> Option<String> {
+        self.writer().broken.clone()
+    }
+
     pub fn layer_counts(&self) -> LayerCounts {
-        let map = self.layers.read().unwrap_or_else(|e| e.into_inner());
+        let map = self.map();
         LayerCounts {
             open_values: map.open.as_ref().map_or(0, |l| l.len()),
             frozen: map.frozen.len(),
@@ -210,42 +385,248 @@ impl Timeline {
         }
     }
 
-    /// Ingests version `lsn` of `key`. LSNs never go backwards and must be above
-    /// `disk_consistent_lsn`; a refused put changes nothing.
+    /// Every layer, newest first.
+    pub fn layers(&self) -> Vec<LayerDescription> {
+        let map = self.map();
+        let in_memory = |kind, l: &InMemoryLayer| LayerDescription {
+            kind,
+            lsn_start: l.start_lsn(),
+            lsn_end: l.end_lsn(),
+            size_bytes: l.bytes_written(),
+            values: l.len() as u64,
+            file_name: None,
+        };
+        let open = map.open.iter().map(|l| in_memory(LayerKind::Open, l));
+        let frozen = map
+            .frozen
+            .iter()
+            .rev()
+            .map(|l| in_memory(LayerKind::Frozen, l));
+        let deltas = map.deltas.iter().rev().map(|l| {
+            let summary = l.summary();
+            LayerDescription {
+                kind: LayerKind::Delta,
+                lsn_start: summary.lsn_start,
+                lsn_end: Some(summary.lsn_end),
+                size_bytes: std::fs::metadata(l.path()).map_or(0, |m| m.len()),
+                values: summary.entries,
+                file_name: Some(summary.file_name()),
+            }
+        });
+        open.chain(frozen).chain(deltas).collect()
+    }
+
+    /// Ingests one version: a batch of one record.
     pub fn put(&self, key: Key, lsn: Lsn, value: &Value) -> Result<(), TimelineError> {
-        let _writer = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let durable = self.disk_consistent_lsn();
-        if lsn <= durable {
-            return Err(TimelineError::LsnDurable {
-                lsn,
-                disk_consistent: durable,
+        self.put_batch(&[PutRecord {
+            key,
+            lsn,
+            value: value.clone(),
+        }])
+    }
+
+    /// Ingests a batch of versions (see the module documentation for the LSN rules). The whole
+    /// batch is validated first: a refused batch changes nothing. Returns once every version is
+    /// readable.
+    pub fn put_batch(&self, records: &[PutRecord]) -> Result<(), TimelineError> {
+        let mut writer = self.writer();
+        if writer.stopping {
+            return Err(TimelineError::ShuttingDown);
+        }
+        if let Some(reason) = &writer.broken {
+            return Err(TimelineError::Broken {
+                reason: reason.clone(),
             });
         }
-        let mut map = self.layers.write().unwrap_or_else(|e| e.into_inner());
+        let (Some(first), Some(last)) = (records.first(), records.last()) else {
+            return Ok(());
+        };
+        self.validate_batch(records)?;
+
+        let mut map = self.map_mut();
+        if map
+            .open
+            .as_ref()
+            .is_some_and(|open| last.lsn.0.saturating_sub(open.start_lsn().0) >= MAX_LAYER_LSN_SPAN)
+        {
+            self.freeze_open(&mut map, first.lsn)?;
+        }
         if map.open.is_none() {
-            // The open layer starts where the newest frozen or flushed one ended.
+            // The open layer starts where the newest frozen or flushed one ended, so the
+            // layers' ranges tile the LSN space.
             let start = map
                 .frozen
                 .last()
                 .and_then(|l| l.end_lsn())
-                .unwrap_or(Lsn(durable.0 + 1));
-            map.open = Some(
-                InMemoryLayer::create(
-                    &self.dir,
-                    self.cache.clone(),
-                    start,
-                    self.conf.max_value_size,
-                )
-                .map_err(|source| TimelineError::Io {
-                    path: self.dir.clone(),
-                    source,
-                })?,
-            );
+                .unwrap_or(Lsn(self.disk_consistent_lsn().0 + 1));
+            let layer = InMemoryLayer::create(
+                &self.dir,
+                self.cache.clone(),
+                start,
+                self.conf.max_value_size,
+            )
+            .map_err(|source| TimelineError::Io {
+                path: self.dir.clone(),
+                source,
+            })?;
+            map.open = Some(layer);
+            map.open_since = Some(Instant::now());
         }
         let open = map.open.as_mut().expect("created above");
-        open.put(key, lsn, value)?;
-        self.last_record_lsn.fetch_max(lsn.0, Ordering::AcqRel);
+        for record in records {
+            if let Err(e) = open.put(record.key, record.lsn, &record.value) {
+                let reason = format!(
+                    "storing version {} of key {} failed after the batch was validated: {e}; \
+                     reload the timeline to resume at {}",
+                    record.lsn,
+                    record.key,
+                    self.disk_consistent_lsn()
+                );
+                tracing::error!(tenant = %self.tenant_id, timeline = %self.timeline_id, "{reason}");
+                writer.broken = Some(reason);
+                return Err(e.into());
+            }
+        }
+        let full = open.bytes_written() >= self.conf.checkpoint_distance;
+        self.advance_last_record_lsn(last.lsn);
+        if full {
+            self.freeze_open(&mut map, Lsn(last.lsn.0 + 1))?;
+        }
+        let backlog = map.frozen.len() > self.conf.max_frozen_layers;
+        drop(map);
+        if backlog {
+            // Still holding write_lock: other writers wait too, which is the point.
+            self.flush_frozen()?;
+        }
+        drop(writer);
         Ok(())
+    }
+
+    /// Checks everything about a batch that can be checked before storing any of it.
+    fn validate_batch(&self, records: &[PutRecord]) -> Result<(), TimelineError> {
+        let first = records[0].lsn;
+        let last_record = self.last_record_lsn();
+        let durable = self.disk_consistent_lsn();
+        if first <= durable {
+            return Err(TimelineError::LsnDurable {
+                lsn: first,
+                disk_consistent: durable,
+            });
+        }
+        if first <= last_record {
+            return Err(TimelineError::LsnNotAdvancing {
+                lsn: first,
+                last_record,
+            });
+        }
+        let max = max_stored_value_len(self.conf.max_value_size);
+        let mut keys_at_lsn: HashSet<Key> = HashSet::new();
+        let mut previous = first;
+        for (index, PutRecord { key, lsn, value }) in records.iter().enumerate() {
+            let (key, lsn) = (*key, *lsn);
+            if lsn < previous {
+                return Err(TimelineError::BatchLsnBackwards {
+                    index,
+                    lsn,
+                    previous,
+                });
+            }
+            if lsn != previous {
+                keys_at_lsn.clear();
+            }
+            if !keys_at_lsn.insert(key) {
+                return Err(TimelineError::BatchDuplicate { index, key, lsn });
+            }
+            previous = lsn;
+            value
+                .check_encodable()
+                .map_err(|source| TimelineError::ValueNotEncodable {
+                    index,
+                    key,
+                    lsn,
+                    source,
+                })?;
+            let len = value.serialized_len();
+            if len > max {
+                return Err(TimelineError::ValueTooLarge {
+                    index,
+                    key,
+                    lsn,
+                    len,
+                    max,
+                });
+            }
+        }
+        if previous.0 - first.0 >= MAX_LAYER_LSN_SPAN {
+            return Err(TimelineError::BatchSpanTooWide {
+                first,
+                last: previous,
+            });
+        }
+        Ok(())
+    }
+
+    fn advance_last_record_lsn(&self, lsn: Lsn) {
+        // SeqCst pairs with `wait_lsn`: either the waiter sees the new LSN, or this sees the
+        // waiter and wakes it.
+        self.last_record_lsn.store(lsn.0, Ordering::SeqCst);
+        if self.lsn_waiters.load(Ordering::SeqCst) > 0 {
+            let _guard = self.lsn_wait.lock().unwrap_or_else(|e| e.into_inner());
+            self.lsn_advanced.notify_all();
+        }
+    }
+
+    /// Moves the open layer, if it holds anything, to the frozen queue with `end` as its
+    /// exclusive end. Callers hold `write_lock`.
+    fn freeze_open(&self, map: &mut LayerMap, end: Lsn) -> Result<(), FreezeError> {
+        let Some(open) = map.open.as_mut() else {
+            return Ok(());
+        };
+        if !open.is_empty() {
+            open.freeze(end)?;
+        }
+        map.open_since = None;
+        let open = map.open.take().expect("checked above");
+        // An empty layer is just dropped: its successor starts at the same LSN.
+        if !open.is_empty() {
+            map.frozen.push(Arc::new(open));
+            if let Some(wakeup) = &self.flush_wakeup {
+                wakeup.notify();
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until `lsn` has been ingested, for at most `timeout`.
+    pub fn wait_lsn(&self, lsn: Lsn, timeout: Duration) -> Result<(), TimelineError> {
+        if self.last_record_lsn() >= lsn {
+            return Ok(());
+        }
+        let deadline = Instant::now() + timeout;
+        self.lsn_waiters.fetch_add(1, Ordering::SeqCst);
+        let mut guard = self.lsn_wait.lock().unwrap_or_else(|e| e.into_inner());
+        let outcome = loop {
+            let last_record = self.last_record_lsn();
+            if last_record >= lsn {
+                break Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break Err(TimelineError::WaitLsnTimeout {
+                    lsn,
+                    last_record,
+                    timeout,
+                });
+            }
+            guard = self
+                .lsn_advanced
+                .wait_timeout(guard, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        };
+        drop(guard);
+        self.lsn_waiters.fetch_sub(1, Ordering::SeqCst);
+        outcome
     }
 
     /// Page `key` as of `lsn`; `None` if it has no version at or below `lsn`.
@@ -266,7 +647,7 @@ impl Timeline {
         let mut records: Vec<(Lsn, Value)> = Vec::new();
         let mut complete = false;
         {
-            let map = self.layers.read().unwrap_or_else(|e| e.into_inner());
+            let map = self.map();
             let mut take = |layer_records: LayerRecords| -> bool {
                 for (version, value) in layer_records.records {
                     if floor.is_some_and(|f| version <= f) {
@@ -320,26 +701,39 @@ impl Timeline {
         Ok(page)
     }
 
-    /// Freezes the open layer and writes every frozen layer to a delta layer file, advancing
-    /// `disk_consistent_lsn` after each. Returns when all of it is durable.
-    pub fn checkpoint(&self) -> Result<(), TimelineError> {
-        let _writer = self.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-        {
-            let mut map = self.layers.write().unwrap_or_else(|e| e.into_inner());
-            // An open layer with nothing in it is just dropped: there is nothing to flush.
-            if let Some(mut open) = map.open.take().filter(|l| !l.is_empty()) {
-                open.freeze(Lsn(self.last_record_lsn().0 + 1))?;
-                map.frozen.push(Arc::new(open));
-            }
+    /// Freezes the open layer if it has reached `checkpoint_timeout` by `now`. Returns whether
+    /// frozen layers wait for a flush.
+    pub fn freeze_if_due(&self, now: Instant) -> Result<bool, TimelineError> {
+        let writer = self.writer();
+        let mut map = self.map_mut();
+        let due = map.open_since.is_some_and(|since| {
+            now.saturating_duration_since(since) >= self.conf.checkpoint_timeout
+        });
+        // A broken timeline's open layer may hold part of a batch above last_record_lsn,
+        // which must never become durable.
+        if due && !writer.stopping && writer.broken.is_none() {
+            self.freeze_open(&mut map, Lsn(self.last_record_lsn().0 + 1))?;
         }
-        loop {
-            let oldest = {
-                let map = self.layers.read().unwrap_or_else(|e| e.into_inner());
-                map.frozen.first().cloned()
+        Ok(!map.frozen.is_empty())
+    }
+
+    /// Writes every frozen layer to a delta layer file, oldest first, advancing
+    /// `disk_consistent_lsn` after each. Puts continue meanwhile.
+    pub fn flush_frozen(&self) -> Result<(), TimelineError> {
+        self.flush_frozen_until(Lsn::MAX)
+    }
+
+    /// Like [`Timeline::flush_frozen`], but stops once `disk_consistent_lsn` reaches `target`,
+    /// leaving layers frozen later for the next flush.
+    fn flush_frozen_until(&self, target: Lsn) -> Result<(), TimelineError> {
+        let _flusher = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        while self.disk_consistent_lsn() < target {
+            // Only flushers remove frozen layers, and flush_lock admits one: the oldest stays
+            // the oldest while it is written.
+            let Some(frozen) = self.map().frozen.first().cloned() else {
+                break;
             };
-            let Some(frozen) = oldest else {
-                return Ok(());
-            };
+            let started = Instant::now();
             let end = frozen.end_lsn().expect("frozen layers have an end");
             let written = frozen.write_to_disk(&self.dir, self.tenant_id, self.timeline_id)?;
             let delta = match written {
@@ -355,13 +749,66 @@ impl Timeline {
                 disk_consistent_lsn: durable,
             }
             .store(&self.dir)?;
-            let mut map = self.layers.write().unwrap_or_else(|e| e.into_inner());
+            let mut map = self.map_mut();
             map.frozen.remove(0);
-            if let Some(delta) = delta {
-                map.deltas.push(delta);
+            if let Some(delta) = &delta {
+                map.deltas.push(delta.clone());
             }
+            drop(map);
             self.disk_consistent_lsn.store(durable.0, Ordering::Release);
+            tracing::debug!(
+                tenant = %self.tenant_id,
+                timeline = %self.timeline_id,
+                layer = delta.as_ref().map(|d| d.summary().file_name()).unwrap_or_default(),
+                values = frozen.len(),
+                bytes = frozen.bytes_written(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "flushed a frozen layer; disk_consistent_lsn is now {durable}"
+            );
         }
+        Ok(())
+    }
+
+    /// Freezes the open layer and writes every frozen layer to disk. Returns when everything
+    /// ingested before the call is durable (`disk_consistent_lsn` = `last_record_lsn` as of
+    /// the call); puts may continue meanwhile.
+    pub fn checkpoint(&self) -> Result<(), TimelineError> {
+        let target = {
+            let writer = self.writer();
+            if let Some(reason) = &writer.broken {
+                // Its open layer holds versions of a half-stored batch above
+                // last_record_lsn: freezing it would make them durable.
+                return Err(TimelineError::Broken {
+                    reason: reason.clone(),
+                });
+            }
+            let mut map = self.map_mut();
+            let last_record = self.last_record_lsn();
+            self.freeze_open(&mut map, Lsn(last_record.0 + 1))?;
+            last_record
+        };
+        self.flush_frozen_until(target)
+    }
+
+    /// Stops the timeline: refuses puts from now on and, with `flush`, makes everything
+    /// ingested durable first. Waits for a flush in progress either way.
+    pub fn shutdown(&self, flush: bool) -> Result<(), TimelineError> {
+        let result = if flush { self.checkpoint() } else { Ok(()) };
+        self.writer().stopping = true;
+        drop(self.flush_lock.lock().unwrap_or_else(|e| e.into_inner()));
+        result
+    }
+
+    fn writer(&self) -> MutexGuard<'_, WriterState> {
+        self.write_lock.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn map(&self) -> std::sync::RwLockReadGuard<'_, LayerMap> {
+        self.layers.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn map_mut(&self) -> std::sync::RwLockWriteGuard<'_, LayerMap> {
+        self.layers.write().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use pageserver_api::value::Patch;
 use pageserver_api::DEFAULT_MAX_VALUE_SIZE;
@@ -11,8 +12,28 @@ const TENANT: TenantId = TenantId::from_bytes([1; 16]);
 const TIMELINE: TimelineId = TimelineId::from_bytes([2; 16]);
 
 fn conf() -> TimelineConf {
+    TimelineConf::default()
+}
+
+/// Freezes after a few pages and flushes inline as soon as two layers wait: the model test
+/// crosses many layer boundaries without any explicit checkpoint.
+fn small_layers_conf() -> TimelineConf {
     TimelineConf {
-        max_value_size: DEFAULT_MAX_VALUE_SIZE,
+        checkpoint_distance: 48 * 1024,
+        max_frozen_layers: 1,
+        ..TimelineConf::default()
+    }
+}
+
+fn image(fill: u8) -> Value {
+    Value::Image(Bytes::from(vec![fill; PAGE_SZ]))
+}
+
+fn rec(k: u32, lsn: u64, value: &Value) -> PutRecord {
+    PutRecord {
+        key: rel_key(k),
+        lsn: Lsn(lsn),
+        value: value.clone(),
     }
 }
 
@@ -32,8 +53,12 @@ fn expected_page(model: &BTreeMap<(Key, Lsn), Value>, k: Key, lsn: Lsn) -> Optio
 enum Op {
     Image(u32, u8, usize),
     Delta(u32, bool, u32, Vec<u8>),
+    /// Images of several keys at one LSN, in one batch.
+    Batch(Vec<u32>, u8),
     Get(u32, u64),
     Checkpoint,
+    /// The background flush loop's work: freeze by age, then flush.
+    Background,
     Restart,
 }
 
@@ -43,8 +68,11 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(k, fill, len)| Op::Image(k, fill, len)),
         5 => (0u32..6, prop::bool::weighted(0.1), 0u32..9000, prop::collection::vec(any::<u8>(), 0..64))
             .prop_map(|(k, w, off, data)| Op::Delta(k, w, off, data)),
+        1 => (prop::collection::btree_set(0u32..6, 1..5), any::<u8>())
+            .prop_map(|(keys, fill)| Op::Batch(keys.into_iter().collect(), fill)),
         6 => (0u32..7, 0u64..60).prop_map(|(k, back)| Op::Get(k, back)),
         1 => Just(Op::Checkpoint),
+        1 => Just(Op::Background),
         1 => Just(Op::Restart),
     ]
 }
@@ -52,7 +80,14 @@ fn op() -> impl Strategy<Value = Op> {
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let cache = small_cache(64);
-    let mut tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    let mut tl = Timeline::create(
+        dir.path(),
+        TENANT,
+        TIMELINE,
+        cache.clone(),
+        small_layers_conf(),
+    )
+    .unwrap();
     let mut model: BTreeMap<(Key, Lsn), Value> = BTreeMap::new();
     let mut next_lsn = 100u64;
     for op in ops {
@@ -72,6 +107,15 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 model.insert((rel_key(k), Lsn(next_lsn)), v);
                 next_lsn += 2;
             }
+            Op::Batch(keys, fill) => {
+                let v = image(fill);
+                let batch: Vec<PutRecord> = keys.iter().map(|k| rec(*k, next_lsn, &v)).collect();
+                tl.put_batch(&batch).unwrap();
+                for r in batch {
+                    model.insert((r.key, r.lsn), r.value);
+                }
+                next_lsn += 2;
+            }
             Op::Get(k, back) => {
                 let last = tl.last_record_lsn();
                 // LSNs on and between versions, and before the first one.
@@ -89,11 +133,26 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 tl.checkpoint().unwrap();
                 prop_assert_eq!(tl.disk_consistent_lsn(), tl.last_record_lsn());
             }
+            Op::Background => {
+                let later = Instant::now() + Duration::from_secs(3600);
+                if tl.freeze_if_due(later).unwrap() {
+                    tl.flush_frozen().unwrap();
+                }
+                prop_assert_eq!(tl.layer_counts().frozen, 0);
+                prop_assert_eq!(tl.layer_counts().open_values, 0);
+            }
             Op::Restart => {
                 // A crash: nothing is flushed. The timeline comes back at disk_consistent_lsn.
                 let durable = tl.disk_consistent_lsn();
                 drop(tl);
-                tl = Timeline::load(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+                tl = Timeline::load(
+                    dir.path(),
+                    TENANT,
+                    TIMELINE,
+                    cache.clone(),
+                    small_layers_conf(),
+                )
+                .unwrap();
                 prop_assert_eq!(tl.disk_consistent_lsn(), durable);
                 prop_assert_eq!(tl.last_record_lsn(), durable);
                 model.retain(|(_, lsn), _| *lsn <= durable);
@@ -140,7 +199,11 @@ fn lsn_rules_are_enforced_and_refusals_change_nothing() {
     tl.put(rel_key(1), Lsn(10), &v).unwrap();
     assert!(matches!(
         tl.put(rel_key(2), Lsn(9), &v),
-        Err(TimelineError::Put(PutError::LsnBackwards { .. }))
+        Err(TimelineError::LsnNotAdvancing { .. })
+    ));
+    assert!(matches!(
+        tl.put(rel_key(2), Lsn(10), &v),
+        Err(TimelineError::LsnNotAdvancing { .. })
     ));
     assert_eq!(tl.last_record_lsn(), Lsn(10));
     assert!(matches!(
@@ -266,4 +329,261 @@ fn a_reloaded_timeline_never_builds_on_pages_of_discarded_history() {
         [9, 2],
         "served a page built on discarded versions"
     );
+}
+
+/// Everything observable about a timeline's contents and positions, to show that a refused
+/// batch changed nothing.
+fn snapshot(tl: &Timeline, keys: u32) -> (Lsn, Lsn, LayerCounts, Vec<Option<Bytes>>) {
+    let last = tl.last_record_lsn();
+    let pages = (0..keys)
+        .map(|k| tl.get_page(rel_key(k), last).unwrap())
+        .collect();
+    (last, tl.disk_consistent_lsn(), tl.layer_counts(), pages)
+}
+
+#[test]
+fn a_refused_batch_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(64), conf()).unwrap();
+    tl.put_batch(&[rec(0, 10, &image(1)), rec(1, 10, &image(2))])
+        .unwrap();
+    let before = snapshot(&tl, 3);
+    let too_big = Value::Image(Bytes::from(vec![0u8; DEFAULT_MAX_VALUE_SIZE + 100]));
+    let too_many_patches = Value::Delta {
+        will_init: false,
+        patches: vec![Patch::new(0, Vec::new()); usize::from(u16::MAX) + 1],
+    };
+    let cases: Vec<(Vec<PutRecord>, &str)> = vec![
+        (
+            vec![rec(2, 20, &image(3)), rec(2, 19, &image(3))],
+            "goes backwards",
+        ),
+        (
+            vec![rec(2, 20, &image(3)), rec(2, 20, &image(4))],
+            "appears twice",
+        ),
+        (
+            vec![rec(2, 20, &image(3)), rec(1, 21, &too_big)],
+            "over the limit",
+        ),
+        (
+            vec![rec(2, 20, &image(3)), rec(1, 21, &too_many_patches)],
+            "cannot be encoded",
+        ),
+        (vec![rec(2, 10, &image(3))], "does not advance"),
+        (
+            vec![rec(2, 20, &image(3)), rec(2, 20 + (1 << 32), &image(3))],
+            "more than one layer",
+        ),
+    ];
+    for (batch, message) in cases {
+        let err = tl.put_batch(&batch).unwrap_err();
+        assert!(err.to_string().contains(message), "{err}");
+        assert_eq!(snapshot(&tl, 3), before, "after: {err}");
+    }
+    // The first record of each refused batch is accepted on its own.
+    tl.put_batch(&[rec(2, 20, &image(3))]).unwrap();
+    assert_eq!(tl.get_page(rel_key(2), Lsn(20)).unwrap().unwrap()[0], 3);
+}
+
+#[test]
+fn puts_continue_while_a_flush_is_in_progress() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = TimelineConf {
+        checkpoint_distance: 3 * PAGE_SZ as u64,
+        max_frozen_layers: 2,
+        ..TimelineConf::default()
+    };
+    let tl =
+        Arc::new(Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(64), conf).unwrap());
+    // A flush in progress holds flush_lock for as long as it writes; hold it here instead.
+    let flushing = tl.flush_lock.lock().unwrap();
+    let writer = std::thread::spawn({
+        let tl = tl.clone();
+        move || {
+            // Each layer freezes at its third page; two frozen layers are within the backlog.
+            for lsn in 1..=6u64 {
+                tl.put(rel_key(lsn as u32), Lsn(lsn * 10), &image(lsn as u8))
+                    .unwrap();
+            }
+        }
+    });
+    writer.join().unwrap();
+    // Six pages in layers of three: two frozen layers, all readable, nothing flushed yet.
+    assert_eq!(tl.layer_counts().frozen, 2);
+    assert_eq!(tl.disk_consistent_lsn(), Lsn::INVALID);
+    for lsn in 1..=6u64 {
+        let page = tl.get_page(rel_key(lsn as u32), Lsn(60)).unwrap().unwrap();
+        assert_eq!(page[0], lsn as u8);
+    }
+    // A third frozen layer is over the backlog: that put flushes, so it waits for the lock.
+    let blocked = std::thread::spawn({
+        let tl = tl.clone();
+        move || {
+            for lsn in 7..=9u64 {
+                tl.put(rel_key(lsn as u32), Lsn(lsn * 10), &image(lsn as u8))
+                    .unwrap();
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tl.last_record_lsn() < Lsn(90) {
+        assert!(Instant::now() < deadline, "the third layer never filled");
+        std::thread::yield_now();
+    }
+    assert!(!blocked.is_finished(), "a put over the backlog must flush");
+    drop(flushing);
+    blocked.join().unwrap();
+    assert_eq!(tl.layer_counts().frozen, 0);
+    assert_eq!(tl.disk_consistent_lsn(), Lsn(90));
+    assert_eq!(tl.layer_counts().deltas, 3);
+}
+
+#[test]
+fn checkpoint_timeout_freezes_the_open_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = TimelineConf {
+        checkpoint_timeout: Duration::from_secs(60),
+        ..TimelineConf::default()
+    };
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(64), conf).unwrap();
+    assert!(!tl
+        .freeze_if_due(Instant::now() + Duration::from_secs(3600))
+        .unwrap());
+    tl.put(rel_key(1), Lsn(10), &image(1)).unwrap();
+    assert!(!tl.freeze_if_due(Instant::now()).unwrap(), "not due yet");
+    assert_eq!(tl.layer_counts().open_values, 1);
+    assert!(tl
+        .freeze_if_due(Instant::now() + Duration::from_secs(61))
+        .unwrap());
+    assert_eq!(tl.layer_counts().frozen, 1);
+    tl.flush_frozen().unwrap();
+    assert_eq!(tl.disk_consistent_lsn(), Lsn(10));
+    // The next batch starts a new open layer right after the frozen one.
+    tl.put(rel_key(1), Lsn(11), &image(2)).unwrap();
+    assert_eq!(tl.get_page(rel_key(1), Lsn(10)).unwrap().unwrap()[0], 1);
+    assert_eq!(tl.get_page(rel_key(1), Lsn(11)).unwrap().unwrap()[0], 2);
+    let kinds: Vec<LayerKind> = tl.layers().iter().map(|l| l.kind).collect();
+    assert_eq!(kinds, [LayerKind::Open, LayerKind::Delta]);
+}
+
+#[test]
+fn wait_lsn_wakes_on_ingest_and_times_out_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let tl =
+        Arc::new(Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(64), conf()).unwrap());
+    let waiter = std::thread::spawn({
+        let tl = tl.clone();
+        move || tl.wait_lsn(Lsn(50), Duration::from_secs(30))
+    });
+    // Poll until the waiter sleeps, so the put below is what wakes it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tl.lsn_waiters.load(Ordering::SeqCst) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never started waiting"
+        );
+        std::thread::yield_now();
+    }
+    tl.put(rel_key(1), Lsn(40), &image(1)).unwrap();
+    // Woken (perhaps), but 40 is not 50: it can only still be waiting.
+    assert!(!waiter.is_finished());
+    tl.put(rel_key(1), Lsn(55), &image(2)).unwrap();
+    waiter.join().unwrap().unwrap();
+    assert_eq!(tl.lsn_waiters.load(Ordering::SeqCst), 0);
+    tl.wait_lsn(Lsn(55), Duration::ZERO).unwrap();
+    let err = tl.wait_lsn(Lsn(60), Duration::from_millis(20)).unwrap_err();
+    assert!(matches!(
+        err,
+        TimelineError::WaitLsnTimeout {
+            lsn: Lsn(60),
+            last_record: Lsn(55),
+            ..
+        }
+    ));
+    assert_eq!(tl.lsn_waiters.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn concurrent_ingest_reads_and_checkpoints_agree_with_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = TimelineConf {
+        checkpoint_distance: 8 * PAGE_SZ as u64,
+        max_frozen_layers: 2,
+        ..TimelineConf::default()
+    };
+    let tl =
+        Arc::new(Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(256), conf).unwrap());
+    const KEYS: u32 = 16;
+    const BATCHES: u64 = 300;
+    // Version at LSN l of key k is an image filled with (l + k) as u8, so any reader can tell
+    // what a page must be at any LSN without sharing the model.
+    let fill = |k: u32, lsn: u64| (lsn + u64::from(k)) as u8;
+    let writer = std::thread::spawn({
+        let tl = tl.clone();
+        move || {
+            for b in 1..=BATCHES {
+                let lsn = b * 10;
+                let batch: Vec<PutRecord> = (0..KEYS)
+                    .filter(|k| (u64::from(*k) + b) % 3 != 0)
+                    .map(|k| rec(k, lsn, &image(fill(k, lsn))))
+                    .collect();
+                tl.put_batch(&batch).unwrap();
+            }
+        }
+    });
+    let checkpointer = std::thread::spawn({
+        let tl = tl.clone();
+        move || {
+            while tl.last_record_lsn() < Lsn(BATCHES * 10) {
+                tl.checkpoint().unwrap();
+                assert!(tl.disk_consistent_lsn() <= tl.last_record_lsn());
+            }
+        }
+    });
+    // Read while both run: the page at LSN l is the newest version at or below l.
+    let expected = |k: u32, at: u64| -> Option<u8> {
+        (1..=at / 10)
+            .rev()
+            .find(|b| (u64::from(k) + b) % 3 != 0)
+            .map(|b| fill(k, b * 10))
+    };
+    let mut reads = 0;
+    while !writer.is_finished() || reads < 1000 {
+        let last = tl.last_record_lsn().0;
+        let k = reads % KEYS;
+        let at = last.saturating_sub(u64::from(reads) % 50);
+        let page = tl.get_page(rel_key(k), Lsn(at)).unwrap();
+        assert_eq!(
+            page.map(|p| p[PAGE_SZ - 1]),
+            expected(k, at),
+            "key {k} at {at}"
+        );
+        reads += 1;
+    }
+    writer.join().unwrap();
+    checkpointer.join().unwrap();
+    tl.checkpoint().unwrap();
+    assert_eq!(tl.disk_consistent_lsn(), Lsn(BATCHES * 10));
+    for k in 0..KEYS {
+        let page = tl.get_page(rel_key(k), Lsn(BATCHES * 10)).unwrap();
+        assert_eq!(page.map(|p| p[0]), expected(k, BATCHES * 10));
+    }
+}
+
+#[test]
+fn shutdown_flushes_and_refuses_later_puts() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = small_cache(64);
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    tl.put(rel_key(1), Lsn(10), &image(1)).unwrap();
+    tl.shutdown(true).unwrap();
+    assert_eq!(tl.disk_consistent_lsn(), Lsn(10));
+    assert!(matches!(
+        tl.put(rel_key(1), Lsn(11), &image(2)),
+        Err(TimelineError::ShuttingDown)
+    ));
+    drop(tl);
+    let tl = Timeline::load(dir.path(), TENANT, TIMELINE, cache, conf()).unwrap();
+    assert_eq!(tl.get_page(rel_key(1), Lsn(10)).unwrap().unwrap()[0], 1);
 }

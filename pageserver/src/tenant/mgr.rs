@@ -1,0 +1,485 @@
+//! Tenants and their timelines on disk: the directory layout, creation and deletion that
+//! survive crashes, loading everything at startup, and the background flush loop that serves
+//! all timelines.
+//!
+//! # Layout
+//!
+//! ```text
+//!   <workdir>/tenants/<tenant id>/timelines/<timeline id>/   metadata, delta layer files
+//! ```
+//!
+//! Ids are 32 lowercase hex digits. Anything else found there is left alone and logged.
+//!
+//! # Crash safety
+//!
+//! A tenant or timeline directory is built under a temporary name (`<id>.___temp`), fsynced,
+//! renamed to `<id>` and the parent directory fsynced: after a crash it either exists whole or
+//! not at all. Deletion renames `<id>` to `<id>.___deleted` (durably) before removing the
+//! tree, so a crash halfway through never leaves a half-deleted timeline that looks alive.
+//! Startup removes both kinds of leftovers.
+//!
+//! # Failure
+//!
+//! A timeline that fails to load (a corrupt layer file, unreadable metadata) makes its tenant
+//! **broken**: the tenant is listed with the reason, its data is refused, nothing is deleted,
+//! and the other tenants load and serve normally.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use utils::{TenantId, TimelineId};
+
+use crate::page_cache::PageCache;
+use crate::tenant::flush_loop::{tick_for, FlushLoop, FlushWakeup};
+use crate::tenant::metadata::TimelineMetadata;
+use crate::tenant::timeline::{Timeline, TimelineConf, TimelineError};
+
+pub const TENANTS_DIR: &str = "tenants";
+pub const TIMELINES_DIR: &str = "timelines";
+/// Suffix of a tenant or timeline directory still being created.
+const CREATING_SUFFIX: &str = ".___temp";
+/// Suffix of a tenant or timeline directory being deleted.
+const DELETING_SUFFIX: &str = ".___deleted";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    #[error("tenant {0} not found")]
+    TenantNotFound(TenantId),
+    #[error("tenant {0} already exists")]
+    TenantExists(TenantId),
+    #[error("timeline {timeline} of tenant {tenant} not found")]
+    TimelineNotFound {
+        tenant: TenantId,
+        timeline: TimelineId,
+    },
+    #[error("timeline {timeline} of tenant {tenant} already exists")]
+    TimelineExists {
+        tenant: TenantId,
+        timeline: TimelineId,
+    },
+    #[error("tenant {tenant} is broken: {reason}")]
+    TenantBroken { tenant: TenantId, reason: String },
+    #[error("the page server is shutting down")]
+    ShuttingDown,
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error(transparent)]
+    Timeline(#[from] TimelineError),
+}
+
+fn io_error(path: &Path) -> impl FnOnce(io::Error) -> TenantError + '_ {
+    move |source| TenantError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Everything a tenant's timelines share.
+struct Shared {
+    cache: Arc<PageCache>,
+    conf: TimelineConf,
+    wakeup: Arc<FlushWakeup>,
+}
+
+/// Whether a tenant serves its data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TenantState {
+    Active,
+    Broken { reason: String },
+}
+
+/// One tenant: its timelines, or why it is broken.
+pub struct Tenant {
+    id: TenantId,
+    dir: PathBuf,
+    state: TenantState,
+    shared: Arc<Shared>,
+    timelines: RwLock<BTreeMap<TimelineId, Arc<Timeline>>>,
+}
+
+/// What startup found, for its log line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    pub tenants: usize,
+    pub broken_tenants: usize,
+    pub timelines: usize,
+    pub delta_layers: usize,
+}
+
+/// Every tenant of one work directory, and the flush loop serving their timelines.
+pub struct TenantManager {
+    tenants_dir: PathBuf,
+    shared: Arc<Shared>,
+    tenants: Arc<RwLock<BTreeMap<TenantId, Arc<Tenant>>>>,
+    flush_loop: std::sync::Mutex<Option<FlushLoop>>,
+}
+
+impl TenantManager {
+    /// Loads every tenant under `<workdir>/tenants` (creating the directory if needed), removes
+    /// leftovers of interrupted creations and deletions, and starts the flush loop.
+    pub fn load(
+        workdir: &Path,
+        cache: Arc<PageCache>,
+        conf: TimelineConf,
+    ) -> Result<(TenantManager, LoadReport), TenantError> {
+        let tenants_dir = workdir.join(TENANTS_DIR);
+        std::fs::create_dir_all(&tenants_dir).map_err(io_error(&tenants_dir))?;
+        let tick = tick_for(conf.checkpoint_timeout);
+        let shared = Arc::new(Shared {
+            cache,
+            conf,
+            wakeup: Arc::new(FlushWakeup::new()),
+        });
+        let mut report = LoadReport::default();
+        let mut tenants = BTreeMap::new();
+        for (id, dir) in scan_ids::<TenantId>(&tenants_dir)? {
+            let tenant = Tenant::load(id, dir, shared.clone())?;
+            report.tenants += 1;
+            if let TenantState::Broken { reason } = &tenant.state {
+                tracing::error!(tenant = %id, "tenant is broken: {reason}");
+                report.broken_tenants += 1;
+            }
+            for timeline in tenant.list_timelines() {
+                report.timelines += 1;
+                report.delta_layers += timeline.layer_counts().deltas;
+            }
+            tenants.insert(id, Arc::new(tenant));
+        }
+        let tenants = Arc::new(RwLock::new(tenants));
+        let flush_loop = FlushLoop::spawn(shared.wakeup.clone(), tick, {
+            let tenants = tenants.clone();
+            move || all_timelines(&tenants)
+        })
+        .map_err(io_error(&tenants_dir))?;
+        Ok((
+            TenantManager {
+                tenants_dir,
+                shared,
+                tenants,
+                flush_loop: std::sync::Mutex::new(Some(flush_loop)),
+            },
+            report,
+        ))
+    }
+
+    pub fn page_cache(&self) -> &Arc<PageCache> {
+        &self.shared.cache
+    }
+
+    pub fn timeline_conf(&self) -> &TimelineConf {
+        &self.shared.conf
+    }
+
+    /// Creates a tenant with `id`, or a fresh id.
+    pub fn create_tenant(&self, id: Option<TenantId>) -> Result<Arc<Tenant>, TenantError> {
+        self.check_running()?;
+        let id = id.unwrap_or_else(TenantId::generate);
+        let mut tenants = self.tenants.write().unwrap_or_else(|e| e.into_inner());
+        if tenants.contains_key(&id) {
+            return Err(TenantError::TenantExists(id));
+        }
+        let dir = create_dir_atomically(&self.tenants_dir, &id.to_string(), |staging| {
+            let timelines = staging.join(TIMELINES_DIR);
+            std::fs::create_dir(&timelines).map_err(io_error(&timelines))
+        })?;
+        let tenant = Arc::new(Tenant {
+            id,
+            dir,
+            state: TenantState::Active,
+            shared: self.shared.clone(),
+            timelines: RwLock::new(BTreeMap::new()),
+        });
+        tenants.insert(id, tenant.clone());
+        tracing::info!(tenant = %id, "created tenant");
+        Ok(tenant)
+    }
+
+    pub fn get_tenant(&self, id: TenantId) -> Result<Arc<Tenant>, TenantError> {
+        self.tenants
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+            .ok_or(TenantError::TenantNotFound(id))
+    }
+
+    /// Every tenant, by id.
+    pub fn list_tenants(&self) -> Vec<Arc<Tenant>> {
+        let tenants = self.tenants.read().unwrap_or_else(|e| e.into_inner());
+        tenants.values().cloned().collect()
+    }
+
+    /// Shorthand for a tenant's active timeline.
+    pub fn get_timeline(
+        &self,
+        tenant: TenantId,
+        timeline: TimelineId,
+    ) -> Result<Arc<Timeline>, TenantError> {
+        self.get_tenant(tenant)?.get_timeline(timeline)
+    }
+
+    /// Stops every timeline of the tenant (without flushing: the data goes) and removes the
+    /// tenant's directory.
+    pub fn delete_tenant(&self, id: TenantId) -> Result<(), TenantError> {
+        let mut tenants = self.tenants.write().unwrap_or_else(|e| e.into_inner());
+        let tenant = tenants.get(&id).ok_or(TenantError::TenantNotFound(id))?;
+        for timeline in tenant.list_timelines() {
+            // Only waits for a flush in progress; errors do not matter for data being deleted.
+            let _ = timeline.shutdown(false);
+        }
+        delete_dir_atomically(&tenant.dir)?;
+        tenants.remove(&id);
+        tracing::info!(tenant = %id, "deleted tenant");
+        Ok(())
+    }
+
+    /// Graceful shutdown: stops the flush loop, then makes everything ingested durable and
+    /// refuses further puts. Returns the first flush error after trying every timeline.
+    pub fn shutdown(&self) -> Result<(), TenantError> {
+        if let Some(flush_loop) = self
+            .flush_loop
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
+            flush_loop.stop();
+        }
+        let mut first_error = None;
+        for timeline in all_timelines(&self.tenants) {
+            if let Err(e) = timeline.shutdown(true) {
+                tracing::error!(
+                    tenant = %timeline.tenant_id(),
+                    timeline = %timeline.timeline_id(),
+                    "flush at shutdown failed: {e}"
+                );
+                first_error.get_or_insert(TenantError::Timeline(e));
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    fn check_running(&self) -> Result<(), TenantError> {
+        let running = self
+            .flush_loop
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if running {
+            Ok(())
+        } else {
+            Err(TenantError::ShuttingDown)
+        }
+    }
+}
+
+impl Tenant {
+    fn load(id: TenantId, dir: PathBuf, shared: Arc<Shared>) -> Result<Tenant, TenantError> {
+        let timelines_dir = dir.join(TIMELINES_DIR);
+        let mut timelines = BTreeMap::new();
+        let mut state = TenantState::Active;
+        for (timeline_id, timeline_dir) in scan_ids::<TimelineId>(&timelines_dir)? {
+            let started = Instant::now();
+            match Timeline::load(
+                &timeline_dir,
+                id,
+                timeline_id,
+                shared.cache.clone(),
+                shared.conf.clone(),
+            ) {
+                Ok(timeline) => {
+                    tracing::info!(
+                        tenant = %id,
+                        timeline = %timeline_id,
+                        disk_consistent_lsn = %timeline.disk_consistent_lsn(),
+                        delta_layers = timeline.layer_counts().deltas,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "loaded timeline"
+                    );
+                    let timeline = timeline.with_flush_wakeup(shared.wakeup.clone());
+                    timelines.insert(timeline_id, Arc::new(timeline));
+                }
+                Err(e) => {
+                    state = TenantState::Broken {
+                        reason: format!("timeline {timeline_id} failed to load: {e}"),
+                    };
+                    timelines.clear();
+                    break;
+                }
+            }
+        }
+        Ok(Tenant {
+            id,
+            dir,
+            state,
+            shared,
+            timelines: RwLock::new(timelines),
+        })
+    }
+
+    pub fn id(&self) -> TenantId {
+        self.id
+    }
+
+    pub fn state(&self) -> &TenantState {
+        &self.state
+    }
+
+    fn check_active(&self) -> Result<(), TenantError> {
+        match &self.state {
+            TenantState::Active => Ok(()),
+            TenantState::Broken { reason } => Err(TenantError::TenantBroken {
+                tenant: self.id,
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    /// Creates an empty timeline with `id`, or a fresh id.
+    pub fn create_timeline(&self, id: Option<TimelineId>) -> Result<Arc<Timeline>, TenantError> {
+        self.check_active()?;
+        let id = id.unwrap_or_else(TimelineId::generate);
+        let mut timelines = self.timelines.write().unwrap_or_else(|e| e.into_inner());
+        if timelines.contains_key(&id) {
+            return Err(TenantError::TimelineExists {
+                tenant: self.id,
+                timeline: id,
+            });
+        }
+        let dir =
+            create_dir_atomically(&self.dir.join(TIMELINES_DIR), &id.to_string(), |staging| {
+                TimelineMetadata {
+                    disk_consistent_lsn: utils::Lsn::INVALID,
+                }
+                .store(staging)
+                .map_err(|e| TenantError::Timeline(e.into()))
+            })?;
+        let timeline = Timeline::load(
+            &dir,
+            self.id,
+            id,
+            self.shared.cache.clone(),
+            self.shared.conf.clone(),
+        )?
+        .with_flush_wakeup(self.shared.wakeup.clone());
+        let timeline = Arc::new(timeline);
+        timelines.insert(id, timeline.clone());
+        tracing::info!(tenant = %self.id, timeline = %id, "created timeline");
+        Ok(timeline)
+    }
+
+    pub fn get_timeline(&self, id: TimelineId) -> Result<Arc<Timeline>, TenantError> {
+        self.check_active()?;
+        self.timelines
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+            .ok_or(TenantError::TimelineNotFound {
+                tenant: self.id,
+                timeline: id,
+            })
+    }
+
+    /// Every timeline, by id (none for a broken tenant).
+    pub fn list_timelines(&self) -> Vec<Arc<Timeline>> {
+        let timelines = self.timelines.read().unwrap_or_else(|e| e.into_inner());
+        timelines.values().cloned().collect()
+    }
+
+    /// Stops the timeline (without flushing: the data goes) and removes its directory.
+    pub fn delete_timeline(&self, id: TimelineId) -> Result<(), TenantError> {
+        self.check_active()?;
+        let mut timelines = self.timelines.write().unwrap_or_else(|e| e.into_inner());
+        let timeline = timelines.get(&id).ok_or(TenantError::TimelineNotFound {
+            tenant: self.id,
+            timeline: id,
+        })?;
+        // Only waits for a flush in progress; errors do not matter for data being deleted.
+        let _ = timeline.shutdown(false);
+        delete_dir_atomically(timeline.dir())?;
+        timelines.remove(&id);
+        tracing::info!(tenant = %self.id, timeline = %id, "deleted timeline");
+        Ok(())
+    }
+}
+
+fn all_timelines(tenants: &RwLock<BTreeMap<TenantId, Arc<Tenant>>>) -> Vec<Arc<Timeline>> {
+    let tenants = tenants.read().unwrap_or_else(|e| e.into_inner());
+    tenants.values().flat_map(|t| t.list_timelines()).collect()
+}
+
+/// The entries of `dir` named by a valid id, after removing leftovers of interrupted creations
+/// and deletions. Other entries are logged and left alone.
+fn scan_ids<Id: std::str::FromStr>(dir: &Path) -> Result<Vec<(Id, PathBuf)>, TenantError> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+        let path = entry.map_err(io_error(dir))?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.ends_with(CREATING_SUFFIX) || name.ends_with(DELETING_SUFFIX) {
+            tracing::info!(path = %path.display(), "removing leftover of an interrupted create or delete");
+            std::fs::remove_dir_all(&path).map_err(io_error(&path))?;
+            continue;
+        }
+        match name.parse::<Id>() {
+            Ok(id) if path.is_dir() => found.push((id, path)),
+            _ => tracing::warn!(path = %path.display(), "ignoring an entry that is not an id"),
+        }
+    }
+    Ok(found)
+}
+
+/// Creates `<parent>/<name>` whole or not at all: `fill` populates a staging directory, which
+/// is then fsynced, renamed into place, and the rename made durable.
+fn create_dir_atomically(
+    parent: &Path,
+    name: &str,
+    fill: impl FnOnce(&Path) -> Result<(), TenantError>,
+) -> Result<PathBuf, TenantError> {
+    let staging = parent.join(format!("{name}{CREATING_SUFFIX}"));
+    let target = parent.join(name);
+    if target.exists() {
+        // Not in the map, yet on disk: refuse rather than overwrite.
+        return Err(TenantError::Io {
+            path: target,
+            source: io::Error::new(io::ErrorKind::AlreadyExists, "directory already exists"),
+        });
+    }
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).map_err(io_error(&staging))?;
+    }
+    std::fs::create_dir(&staging).map_err(io_error(&staging))?;
+    let result = fill(&staging)
+        .and_then(|()| fsync_dir(&staging))
+        .and_then(|()| std::fs::rename(&staging, &target).map_err(io_error(&target)))
+        .and_then(|()| fsync_dir(parent));
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(e);
+    }
+    Ok(target)
+}
+
+/// Removes `dir` so that a crash midway leaves a leftover for startup, never a live half.
+fn delete_dir_atomically(dir: &Path) -> Result<(), TenantError> {
+    let mut doomed = dir.as_os_str().to_owned();
+    doomed.push(DELETING_SUFFIX);
+    let doomed = PathBuf::from(doomed);
+    std::fs::rename(dir, &doomed).map_err(io_error(dir))?;
+    if let Some(parent) = dir.parent() {
+        fsync_dir(parent)?;
+    }
+    std::fs::remove_dir_all(&doomed).map_err(io_error(&doomed))
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), TenantError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_error(dir))
+}
+
+#[cfg(test)]
+mod tests;

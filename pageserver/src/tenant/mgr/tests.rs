@@ -1,0 +1,273 @@
+use std::time::Duration;
+
+use bytes::Bytes;
+use pageserver_api::Value;
+use utils::Lsn;
+
+use super::*;
+use crate::tenant::test_support::*;
+use crate::tenant::timeline::TimelineError;
+use crate::PAGE_SZ;
+
+fn image(fill: u8) -> Value {
+    Value::Image(Bytes::from(vec![fill; PAGE_SZ]))
+}
+
+fn load(workdir: &Path, conf: TimelineConf) -> TenantManager {
+    let (mgr, _) = TenantManager::load(workdir, small_cache(128), conf).unwrap();
+    mgr
+}
+
+/// Polls `done` until it holds, failing after ten seconds.
+fn eventually(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn tenants_and_timelines_live_in_the_documented_layout_and_survive_restart() {
+    let workdir = tempfile::tempdir().unwrap();
+    let mgr = load(workdir.path(), TimelineConf::default());
+    let tenant = mgr.create_tenant(None).unwrap();
+    let timeline = tenant.create_timeline(None).unwrap();
+    let (tenant_id, timeline_id) = (tenant.id(), timeline.timeline_id());
+    let dir = workdir
+        .path()
+        .join(format!("tenants/{tenant_id}/timelines/{timeline_id}"));
+    assert_eq!(timeline.dir(), dir);
+    assert!(dir.join("metadata").is_file());
+
+    timeline.put(rel_key(1), Lsn(10), &image(7)).unwrap();
+    mgr.shutdown().unwrap();
+    assert_eq!(timeline.disk_consistent_lsn(), Lsn(10));
+    assert!(matches!(
+        mgr.create_tenant(None),
+        Err(TenantError::ShuttingDown)
+    ));
+    drop((timeline, tenant, mgr));
+
+    let (mgr, report) =
+        TenantManager::load(workdir.path(), small_cache(128), TimelineConf::default()).unwrap();
+    assert_eq!(
+        report,
+        LoadReport {
+            tenants: 1,
+            broken_tenants: 0,
+            timelines: 1,
+            delta_layers: 1,
+        }
+    );
+    let timeline = mgr.get_timeline(tenant_id, timeline_id).unwrap();
+    assert_eq!(timeline.last_record_lsn(), Lsn(10));
+    let page = timeline.get_page(rel_key(1), Lsn(10)).unwrap().unwrap();
+    assert_eq!(page[0], 7);
+}
+
+#[test]
+fn ids_can_be_chosen_and_are_not_reused_while_they_exist() {
+    let workdir = tempfile::tempdir().unwrap();
+    let mgr = load(workdir.path(), TimelineConf::default());
+    let tenant_id: TenantId = "0123456789abcdef0123456789abcdef".parse().unwrap();
+    let timeline_id: TimelineId = "fedcba9876543210fedcba9876543210".parse().unwrap();
+    let tenant = mgr.create_tenant(Some(tenant_id)).unwrap();
+    assert!(matches!(
+        mgr.create_tenant(Some(tenant_id)),
+        Err(TenantError::TenantExists(id)) if id == tenant_id
+    ));
+    tenant.create_timeline(Some(timeline_id)).unwrap();
+    assert!(matches!(
+        tenant.create_timeline(Some(timeline_id)),
+        Err(TenantError::TimelineExists { .. })
+    ));
+    let other: TenantId = "00000000000000000000000000000001".parse().unwrap();
+    assert!(matches!(
+        mgr.get_tenant(other),
+        Err(TenantError::TenantNotFound(id)) if id == other
+    ));
+    assert!(matches!(
+        mgr.get_timeline(tenant_id, TimelineId::from_bytes([9; 16])),
+        Err(TenantError::TimelineNotFound { .. })
+    ));
+    assert_eq!(mgr.list_tenants().len(), 1);
+    assert_eq!(tenant.list_timelines().len(), 1);
+}
+
+#[test]
+fn deletion_removes_the_data_and_the_id_can_be_created_again() {
+    let workdir = tempfile::tempdir().unwrap();
+    let mgr = load(workdir.path(), TimelineConf::default());
+    let tenant = mgr.create_tenant(None).unwrap();
+    let timeline = tenant.create_timeline(None).unwrap();
+    timeline.put(rel_key(1), Lsn(10), &image(1)).unwrap();
+    timeline.checkpoint().unwrap();
+    let timeline_id = timeline.timeline_id();
+    let dir = timeline.dir().to_owned();
+
+    tenant.delete_timeline(timeline_id).unwrap();
+    assert!(!dir.exists());
+    assert!(matches!(
+        timeline.put(rel_key(1), Lsn(11), &image(1)),
+        Err(TimelineError::ShuttingDown)
+    ));
+    assert!(matches!(
+        tenant.get_timeline(timeline_id),
+        Err(TenantError::TimelineNotFound { .. })
+    ));
+    let again = tenant.create_timeline(Some(timeline_id)).unwrap();
+    assert_eq!(again.disk_consistent_lsn(), Lsn::INVALID);
+    assert_eq!(again.get_page(rel_key(1), Lsn::INVALID).unwrap(), None);
+
+    let tenant_dir = workdir
+        .path()
+        .join(TENANTS_DIR)
+        .join(tenant.id().to_string());
+    mgr.delete_tenant(tenant.id()).unwrap();
+    assert!(!tenant_dir.exists());
+    assert!(mgr.list_tenants().is_empty());
+    assert!(matches!(
+        mgr.delete_tenant(tenant.id()),
+        Err(TenantError::TenantNotFound(_))
+    ));
+}
+
+#[test]
+fn startup_removes_leftovers_of_interrupted_creates_and_deletes_and_keeps_strangers() {
+    let workdir = tempfile::tempdir().unwrap();
+    let (tenant_id, timeline_id) = {
+        let mgr = load(workdir.path(), TimelineConf::default());
+        let tenant = mgr.create_tenant(None).unwrap();
+        let timeline = tenant.create_timeline(None).unwrap();
+        (tenant.id(), timeline.timeline_id())
+    };
+    let tenants = workdir.path().join(TENANTS_DIR);
+    let timelines = tenants.join(tenant_id.to_string()).join(TIMELINES_DIR);
+    let leftovers = [
+        tenants.join("0123456789abcdef0123456789abcdef.___temp"),
+        tenants.join("1123456789abcdef0123456789abcdef.___deleted"),
+        timelines.join("2123456789abcdef0123456789abcdef.___temp"),
+        timelines.join("3123456789abcdef0123456789abcdef.___deleted"),
+    ];
+    for dir in &leftovers {
+        std::fs::create_dir_all(dir.join(TIMELINES_DIR)).unwrap();
+        std::fs::write(dir.join("metadata"), b"half written").unwrap();
+    }
+    std::fs::write(tenants.join("README"), b"an operator's note").unwrap();
+
+    let (mgr, report) =
+        TenantManager::load(workdir.path(), small_cache(128), TimelineConf::default()).unwrap();
+    assert_eq!((report.tenants, report.timelines), (1, 1));
+    for dir in &leftovers {
+        assert!(!dir.exists(), "{} survived startup", dir.display());
+    }
+    assert!(tenants.join("README").exists(), "not ours to delete");
+    mgr.get_timeline(tenant_id, timeline_id).unwrap();
+}
+
+#[test]
+fn a_timeline_that_fails_to_load_breaks_only_its_tenant() {
+    let workdir = tempfile::tempdir().unwrap();
+    let (bad, good, layer) = {
+        let mgr = load(workdir.path(), TimelineConf::default());
+        let mut ids = Vec::new();
+        for _ in 0..2 {
+            let tenant = mgr.create_tenant(None).unwrap();
+            let timeline = tenant.create_timeline(None).unwrap();
+            timeline.put(rel_key(1), Lsn(10), &image(1)).unwrap();
+            timeline.checkpoint().unwrap();
+            ids.push((tenant.id(), timeline.dir().to_owned()));
+        }
+        let layer = std::fs::read_dir(&ids[0].1)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.file_name().unwrap() != "metadata")
+            .unwrap();
+        (ids[0].0, ids[1].0, layer)
+    };
+    let mut bytes = std::fs::read(&layer).unwrap();
+    bytes.truncate(100);
+    std::fs::write(&layer, bytes).unwrap();
+
+    let (mgr, report) =
+        TenantManager::load(workdir.path(), small_cache(128), TimelineConf::default()).unwrap();
+    assert_eq!((report.tenants, report.broken_tenants), (2, 1));
+    let broken = mgr.get_tenant(bad).unwrap();
+    let TenantState::Broken { reason } = broken.state() else {
+        panic!("tenant {bad} should be broken");
+    };
+    let layer_name = layer.file_name().unwrap().to_str().unwrap();
+    assert!(reason.contains(layer_name), "{reason}");
+    let Err(err) = broken.create_timeline(None) else {
+        panic!("a broken tenant must refuse new timelines");
+    };
+    assert!(matches!(err, TenantError::TenantBroken { .. }), "{err}");
+    assert!(
+        layer.exists(),
+        "a broken tenant's files are evidence, not garbage"
+    );
+
+    let healthy = mgr.get_tenant(good).unwrap();
+    assert_eq!(healthy.state(), &TenantState::Active);
+    let timeline = &healthy.list_timelines()[0];
+    assert_eq!(
+        timeline.get_page(rel_key(1), Lsn(10)).unwrap().unwrap()[0],
+        1
+    );
+}
+
+#[test]
+fn the_flush_loop_flushes_by_checkpoint_timeout() {
+    let workdir = tempfile::tempdir().unwrap();
+    let conf = TimelineConf {
+        checkpoint_timeout: Duration::from_millis(50),
+        ..TimelineConf::default()
+    };
+    let mgr = load(workdir.path(), conf);
+    let timeline = mgr
+        .create_tenant(None)
+        .unwrap()
+        .create_timeline(None)
+        .unwrap();
+    timeline.put(rel_key(1), Lsn(10), &image(1)).unwrap();
+    eventually("the open layer is flushed by age", || {
+        timeline.disk_consistent_lsn() == Lsn(10)
+    });
+    assert_eq!(timeline.layer_counts().deltas, 1);
+    assert_eq!(timeline.layer_counts().open_values, 0);
+}
+
+#[test]
+fn the_flush_loop_flushes_by_checkpoint_distance_while_ingest_continues() {
+    let workdir = tempfile::tempdir().unwrap();
+    let conf = TimelineConf {
+        checkpoint_distance: 4 * PAGE_SZ as u64,
+        // Never by age in this test, and no inline flushes: only the loop writes layers.
+        checkpoint_timeout: Duration::from_secs(3600),
+        max_frozen_layers: usize::MAX,
+        ..TimelineConf::default()
+    };
+    let mgr = load(workdir.path(), conf);
+    let timeline = mgr
+        .create_tenant(None)
+        .unwrap()
+        .create_timeline(None)
+        .unwrap();
+    for lsn in 1..=40u64 {
+        timeline
+            .put(rel_key(lsn as u32 % 7), Lsn(lsn), &image(lsn as u8))
+            .unwrap();
+    }
+    eventually("the loop flushed the frozen layers", || {
+        timeline.layer_counts().frozen == 0
+    });
+    // Layers freeze at their fourth page: forty pages make ten layers, all flushed.
+    assert_eq!(timeline.disk_consistent_lsn(), Lsn(40));
+    assert_eq!(timeline.layer_counts().deltas, 10);
+    for k in 0..7u32 {
+        let newest = (1..=40u64).rev().find(|l| *l as u32 % 7 == k).unwrap();
+        let page = timeline.get_page(rel_key(k), Lsn(40)).unwrap().unwrap();
+        assert_eq!(page[0], newest as u8);
+    }
+}
