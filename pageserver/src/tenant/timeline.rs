@@ -645,35 +645,39 @@ impl Timeline {
         let floor = cached.as_ref().map(|(l, _)| *l);
 
         let mut records: Vec<(Lsn, Value)> = Vec::new();
-        let mut complete = false;
         {
             let map = self.map();
+            // A layer whose newest version is at or below the cached page's LSN has nothing
+            // to add, and neither has any older layer.
+            let below_floor = |newest: Lsn| floor.is_some_and(|f| newest <= f);
             let mut take = |layer_records: LayerRecords| -> bool {
                 for (version, value) in layer_records.records {
-                    if floor.is_some_and(|f| version <= f) {
+                    if below_floor(version) {
                         return true;
                     }
                     records.push((version, value));
                 }
                 layer_records.complete
             };
-            if let Some(open) = &map.open {
-                complete = take(open.get(key, lsn)?);
+            let mut complete = false;
+            if let Some(open) = map.open.as_ref().filter(|l| !l.is_empty()) {
+                complete = below_floor(open.last_lsn()) || take(open.get(key, lsn)?);
             }
             for frozen in map.frozen.iter().rev() {
                 if complete {
                     break;
                 }
-                complete = take(frozen.get(key, lsn)?);
+                complete = below_floor(frozen.last_lsn()) || take(frozen.get(key, lsn)?);
             }
             for delta in map.deltas.iter().rev() {
                 if complete {
                     break;
                 }
-                if delta.summary().lsn_start > lsn {
+                let summary = delta.summary();
+                if summary.lsn_start > lsn {
                     continue;
                 }
-                complete = take(delta.get(key, lsn)?);
+                complete = below_floor(Lsn(summary.lsn_end.0 - 1)) || take(delta.get(key, lsn)?);
             }
         }
         if let Some((cached_lsn, lease)) = &cached {
