@@ -7,6 +7,10 @@
 //! blocks) → [`tenant::ephemeral_file`] (the append-only file behind the in-memory layer), with
 //! [`page_cache`] shared by every reader of immutable blocks.
 
+pub mod config;
+pub mod failpoints;
+pub mod http;
+pub mod metrics;
 pub mod page_cache;
 pub mod tenant;
 pub mod virtual_file;

@@ -8,10 +8,13 @@
 //! - [`value`]: [`Value`], one version of a page (a full image or a delta of
 //!   [`Patch`]es), and its stable byte format, used inside ephemeral and
 //!   delta layer files.
+//! - [`ingest`]: the body of an ingest request, a batch of [`ingest::PutRecord`]s, with its
+//!   encoder and a decoder that trusts nothing.
 //! - [`reconstruct`]: redo, which builds a page from its newest image or
 //!   `will_init` delta and the deltas after it ([`reconstruct_page`],
 //!   [`apply_delta`]).
 
+pub mod ingest;
 pub mod key;
 pub mod reconstruct;
 pub mod value;

@@ -171,6 +171,13 @@ impl EphemeralFile {
         Ok(())
     }
 
+    fn write_tail(&self, blkno: u32) -> std::io::Result<()> {
+        fail::fail_point!("ephemeral-write", |_| Err(std::io::Error::other(
+            "failpoint ephemeral-write"
+        )));
+        self.file.write_all_at(&self.tail[..], block_offset(blkno))
+    }
+
     /// Writes the full tail to its block, pre-warms the cache with it, and starts a new tail.
     #[cold]
     fn flush_tail(&mut self) -> Result<(), EphemeralWriteError> {
@@ -187,7 +194,9 @@ impl EphemeralFile {
                 path: self.path.clone(),
             });
         }
-        if let Err(source) = self.file.write_all_at(&self.tail[..], block_offset(blkno)) {
+        let written = self.write_tail(blkno);
+        crate::metrics::EPHEMERAL_WRITES.inc();
+        if let Err(source) = written {
             self.broken = true;
             return Err(EphemeralWriteError::Io {
                 path: self.path.clone(),
@@ -195,6 +204,7 @@ impl EphemeralFile {
                 source,
             });
         }
+        crate::metrics::EPHEMERAL_BYTES_WRITTEN.inc_by(PAGE_SZ as u64);
         if let Err(e) =
             self.cache
                 .insert_file_page(self.file_id, blkno, &self.tail, Arrival::PreWarm)

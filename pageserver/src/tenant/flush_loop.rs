@@ -117,6 +117,7 @@ pub fn tick_for(checkpoint_timeout: Duration) -> Duration {
 fn run_pass(timelines: &[Arc<Timeline>]) {
     let now = Instant::now();
     for timeline in timelines {
+        fail::fail_point!("flush-loop");
         let outcome = timeline.freeze_if_due(now).and_then(|frozen_waiting| {
             if frozen_waiting {
                 timeline.flush_frozen()

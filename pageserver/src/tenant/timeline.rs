@@ -71,6 +71,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+pub use pageserver_api::ingest::PutRecord;
 use pageserver_api::{reconstruct_page, Key, RedoError, Value, ValueEncodeError};
 use utils::{Lsn, TenantId, TimelineId};
 
@@ -107,14 +108,6 @@ impl Default for TimelineConf {
             max_frozen_layers: 2,
         }
     }
-}
-
-/// One version of one page, as a batch carries it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PutRecord {
-    pub key: Key,
-    pub lsn: Lsn,
-    pub value: Value,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -749,6 +742,10 @@ impl Timeline {
                 None => None,
             };
             let durable = Lsn(end.0 - 1);
+            fail::fail_point!("flush-before-metadata", |_| Err(TimelineError::Io {
+                path: self.dir.clone(),
+                source: std::io::Error::other("failpoint flush-before-metadata"),
+            }));
             TimelineMetadata {
                 disk_consistent_lsn: durable,
             }
@@ -760,6 +757,12 @@ impl Timeline {
             }
             drop(map);
             self.disk_consistent_lsn.store(durable.0, Ordering::Release);
+            crate::metrics::LAYER_FLUSHES.inc();
+            crate::metrics::LAYER_FLUSH_SECONDS.observe(started.elapsed().as_secs_f64());
+            if let Some(delta) = &delta {
+                let bytes = std::fs::metadata(delta.path()).map_or(0, |m| m.len());
+                crate::metrics::LAYER_FLUSH_BYTES.inc_by(bytes);
+            }
             tracing::debug!(
                 tenant = %self.tenant_id,
                 timeline = %self.timeline_id,

@@ -1,0 +1,269 @@
+//! `pageserver -D <workdir> [-c key=value ...]`: the page server.
+//!
+//! Startup, one log line per phase with its duration: settings (a fresh work directory gets a
+//! `pageserver.toml` of defaults), the work directory lock (`pageserver.pid`, held with an
+//! exclusive file lock for the life of the process, so two servers never share a directory),
+//! failpoints from `FAILPOINTS`, the page cache, loading every tenant, then the HTTP listener.
+//!
+//! SIGTERM or SIGINT: stop accepting requests, let those in flight finish, flush every open
+//! layer, exit 0 (1 if a flush failed). A `kill -9` loses only what was above each timeline's
+//! `disk_consistent_lsn`, which clients re-send.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use anyhow::Context;
+use clap::Parser;
+use pageserver::config::{AuthType, LogFormat, PageServerConf, CONFIG_FILE, DEFAULT_CONFIG_TOML};
+use pageserver::http::auth::JwtAuth;
+use pageserver::http::{router, AppState};
+use pageserver::page_cache::{PageCache, PageCacheConfig};
+use pageserver::tenant::mgr::TenantManager;
+
+const LOCK_FILE: &str = "pageserver.pid";
+
+const VERSION: &str = if pageserver::failpoints::ENABLED {
+    concat!(env!("CARGO_PKG_VERSION"), " (features: testing)")
+} else {
+    env!("CARGO_PKG_VERSION")
+};
+
+/// The page server: ingests page versions, serves GetPage@LSN over HTTP.
+#[derive(Parser)]
+#[command(name = "pageserver", version = VERSION)]
+struct Cli {
+    /// The work directory: settings, tenants and their layer files. Created if missing.
+    #[arg(short = 'D', long = "workdir", default_value = ".pageserver")]
+    workdir: PathBuf,
+    /// Override a setting of pageserver.toml for this run, e.g. `-c listen_http_addr=0.0.0.0:9898`.
+    #[arg(short = 'c', long = "config-override", value_name = "KEY=VALUE")]
+    overrides: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            // Before logging is up, or a failure worth seeing whatever RUST_LOG says.
+            eprintln!("pageserver: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Times one startup phase and logs it.
+struct Phases {
+    started: Instant,
+    phase_started: Instant,
+}
+
+impl Phases {
+    fn done(&mut self, phase: &str, detail: std::fmt::Arguments) {
+        let took = self.phase_started.elapsed();
+        pageserver::metrics::STARTUP_SECONDS
+            .with_label_values(&[phase])
+            .set(took.as_secs_f64());
+        tracing::info!(
+            phase,
+            elapsed_ms = took.as_millis() as u64,
+            "startup phase {phase} done in {:.1} ms: {detail}",
+            took.as_secs_f64() * 1e3
+        );
+        self.phase_started = Instant::now();
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let mut phases = Phases {
+        started: Instant::now(),
+        phase_started: Instant::now(),
+    };
+    let workdir = &cli.workdir;
+    let initialized = init_workdir(workdir)?;
+    let conf = PageServerConf::load(workdir, &cli.overrides)?;
+    init_logging(conf.log_format);
+    if initialized {
+        tracing::info!(
+            "initialized a fresh work directory {} with default settings",
+            workdir.display()
+        );
+    }
+    phases.done(
+        "config",
+        format_args!("work directory {}", workdir.display()),
+    );
+
+    let _lock = lock_workdir(workdir)?;
+    phases.done("lock", format_args!("holding {LOCK_FILE}"));
+
+    if pageserver::failpoints::ENABLED {
+        let armed = pageserver::failpoints::configure_from_env().map_err(anyhow::Error::msg)?;
+        if !armed.is_empty() {
+            tracing::info!("started with failpoints: {}", armed.join("; "));
+        }
+    }
+
+    let cache = Arc::new(
+        PageCache::new(PageCacheConfig {
+            capacity_bytes: conf.page_cache_size,
+            ..PageCacheConfig::default()
+        })
+        .context("page_cache_size")?,
+    );
+    phases.done(
+        "page_cache",
+        format_args!("{} pages of 8 KiB", cache.capacity_pages()),
+    );
+
+    let (tenants, report) = TenantManager::load(workdir, cache.clone(), conf.timeline_conf())
+        .context("loading tenants")?;
+    let tenants = Arc::new(tenants);
+    phases.done(
+        "load_tenants",
+        format_args!(
+            "{} tenants ({} broken), {} timelines, {} delta layers",
+            report.tenants, report.broken_tenants, report.timelines, report.delta_layers
+        ),
+    );
+
+    let auth = match conf.http_auth_type {
+        AuthType::Trust => None,
+        AuthType::NeonJWT => {
+            let path = conf
+                .auth_validation_public_key_path
+                .as_ref()
+                .expect("validated with the settings");
+            let path = if path.is_relative() {
+                workdir.join(path)
+            } else {
+                path.clone()
+            };
+            Some(JwtAuth::from_key_path(&path)?)
+        }
+    };
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("pageserver-http")
+        .build()
+        .context("starting the async runtime")?;
+    let listen = conf.listen_http_addr;
+    let auth_enabled = auth.is_some();
+    let state = Arc::new(AppState {
+        conf,
+        tenants: tenants.clone(),
+        cache,
+        auth,
+        started_at: SystemTime::now(),
+    });
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("listening on {listen}"))?;
+        let bound = listener.local_addr()?;
+        phases.done(
+            "http",
+            format_args!(
+                "listening on http://{bound} (auth {})",
+                if auth_enabled { "on" } else { "off" }
+            ),
+        );
+        tracing::info!(
+            "pageserver started in {:.1} ms",
+            phases.started.elapsed().as_secs_f64() * 1e3
+        );
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("serving HTTP")
+    })?;
+
+    // No request is in flight any more: make everything ingested durable.
+    let flushing = Instant::now();
+    let flushed = tenants.shutdown();
+    drop(runtime);
+    match flushed {
+        Ok(()) => {
+            tracing::info!(
+                "flushed every timeline in {:.1} ms; shut down cleanly",
+                flushing.elapsed().as_secs_f64() * 1e3
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            tracing::error!("shutdown flush failed: {e}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// Creates the work directory and its settings file if missing; returns whether it did.
+fn init_workdir(workdir: &Path) -> anyhow::Result<bool> {
+    std::fs::create_dir_all(workdir)
+        .with_context(|| format!("creating work directory {}", workdir.display()))?;
+    let config = workdir.join(CONFIG_FILE);
+    if config.exists() {
+        return Ok(false);
+    }
+    std::fs::write(&config, DEFAULT_CONFIG_TOML)
+        .with_context(|| format!("writing {}", config.display()))?;
+    Ok(true)
+}
+
+/// Takes the work directory's lock for the life of the process.
+fn lock_workdir(workdir: &Path) -> anyhow::Result<File> {
+    let path = workdir.join(LOCK_FILE);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    if let Err(e) = file.try_lock() {
+        let holder = std::fs::read_to_string(&path).unwrap_or_default();
+        anyhow::bail!(
+            "another pageserver (pid {}) is using work directory {}: {} is locked ({e})",
+            holder.trim(),
+            workdir.display(),
+            path.display()
+        );
+    }
+    file.set_len(0)?;
+    writeln!(file, "{}", std::process::id())?;
+    file.sync_all()?;
+    Ok(file)
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Plain => builder.with_ansi(false).init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop the server with kill -9");
+        return std::future::pending().await;
+    };
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::info!("received {name}: stopping the HTTP server, then flushing");
+}

@@ -1,0 +1,340 @@
+//! The page server's settings: `<workdir>/pageserver.toml`, then `-c key=value` overrides.
+//!
+//! Every setting has a default, so an empty file (or none: a fresh work directory gets
+//! [`DEFAULT_CONFIG_TOML`] written into it) is a working configuration. Unknown keys are an
+//! error that names them, because a misspelt setting silently ignored is worse than a refusal
+//! to start. Sizes are bytes, written as integers or with a unit (`"256MiB"`); durations are
+//! written with a unit (`"10m"`, `"500ms"`).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::tenant::timeline::TimelineConf;
+
+pub const CONFIG_FILE: &str = "pageserver.toml";
+
+/// What a fresh work directory's `pageserver.toml` says: every setting at its default, with
+/// what it means. Parsing it must give [`PageServerConf::default`] (a test checks).
+pub const DEFAULT_CONFIG_TOML: &str = r#"# Page server settings. Every key is optional; these are the defaults.
+# Override any of them for one run with `pageserver -D <workdir> -c key=value`.
+
+# This server's id, reported by GET /v1/status.
+id = 1
+
+# Where the HTTP API listens.
+listen_http_addr = "127.0.0.1:9898"
+
+# Memory for the shared page cache (file blocks and materialized pages).
+page_cache_size = "64MiB"
+
+# Freeze the open in-memory layer once it holds this many bytes of values...
+checkpoint_distance = "256MiB"
+# ...or once its first value is this old.
+checkpoint_timeout = "10m"
+# When more frozen layers than this wait for the disk, ingest flushes them itself.
+max_frozen_layers = 2
+
+# A read at an LSN not yet ingested waits this long for it, then fails.
+wait_lsn_timeout = "60s"
+
+# The largest page image or reconstructed page.
+max_value_size = "1MiB"
+
+# The largest HTTP request body (an ingest batch).
+max_request_body_size = "64MiB"
+
+# Log lines as "plain" text or "json" (RUST_LOG filters them).
+log_format = "plain"
+
+# "Trust" (no auth) or "NeonJWT": every endpoint but /v1/status then needs an EdDSA-signed
+# `Authorization: Bearer` token, verified with the public key (PEM) at this path.
+http_auth_type = "Trust"
+# auth_validation_public_key_path = "auth_public_key.pem"
+"#;
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub enum AuthType {
+    Trust,
+    NeonJWT,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Plain,
+    Json,
+}
+
+/// See the module documentation.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PageServerConf {
+    pub id: u64,
+    pub listen_http_addr: SocketAddr,
+    #[serde(deserialize_with = "size")]
+    pub page_cache_size: u64,
+    #[serde(deserialize_with = "size")]
+    pub checkpoint_distance: u64,
+    #[serde(deserialize_with = "duration")]
+    pub checkpoint_timeout: Duration,
+    pub max_frozen_layers: usize,
+    #[serde(deserialize_with = "duration")]
+    pub wait_lsn_timeout: Duration,
+    #[serde(deserialize_with = "size_usize")]
+    pub max_value_size: usize,
+    #[serde(deserialize_with = "size_usize")]
+    pub max_request_body_size: usize,
+    pub log_format: LogFormat,
+    pub http_auth_type: AuthType,
+    pub auth_validation_public_key_path: Option<PathBuf>,
+}
+
+impl Default for PageServerConf {
+    fn default() -> Self {
+        let timeline = TimelineConf::default();
+        PageServerConf {
+            id: 1,
+            listen_http_addr: SocketAddr::from(([127, 0, 0, 1], 9898)),
+            page_cache_size: 64 << 20,
+            checkpoint_distance: timeline.checkpoint_distance,
+            checkpoint_timeout: timeline.checkpoint_timeout,
+            max_frozen_layers: timeline.max_frozen_layers,
+            wait_lsn_timeout: Duration::from_secs(60),
+            max_value_size: timeline.max_value_size,
+            max_request_body_size: 64 << 20,
+            log_format: LogFormat::Plain,
+            http_auth_type: AuthType::Trust,
+            auth_validation_public_key_path: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {message}", path.display())]
+    File { path: PathBuf, message: String },
+    #[error("override `{text}`: {message}")]
+    Override { text: String, message: String },
+    #[error("settings: {0}")]
+    Invalid(String),
+}
+
+impl PageServerConf {
+    /// The settings for `workdir`: its `pageserver.toml` (if any), then `overrides`, each
+    /// `key=value` with a TOML value (a bare word is taken as a string).
+    pub fn load(workdir: &Path, overrides: &[String]) -> Result<PageServerConf, ConfigError> {
+        let path = workdir.join(CONFIG_FILE);
+        let mut table = match std::fs::read_to_string(&path) {
+            Ok(text) => text.parse::<toml::Table>().map_err(|e| ConfigError::File {
+                path: path.clone(),
+                message: e.to_string(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => toml::Table::new(),
+            Err(source) => return Err(ConfigError::Read { path, source }),
+        };
+        for text in overrides {
+            let (key, value) = parse_override(text)?;
+            table.insert(key, value);
+        }
+        let conf = PageServerConf::deserialize(toml::Value::Table(table))
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        conf.validate()?;
+        Ok(conf)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self.http_auth_type == AuthType::NeonJWT
+            && self.auth_validation_public_key_path.is_none()
+        {
+            return invalid(
+                "http_auth_type = \"NeonJWT\" needs auth_validation_public_key_path".into(),
+            );
+        }
+        if self.max_value_size < crate::PAGE_SZ {
+            return invalid(format!(
+                "max_value_size {} is smaller than a page ({} bytes)",
+                self.max_value_size,
+                crate::PAGE_SZ
+            ));
+        }
+        if self.checkpoint_timeout.is_zero() {
+            return invalid("checkpoint_timeout must be above zero".into());
+        }
+        Ok(())
+    }
+
+    pub fn timeline_conf(&self) -> TimelineConf {
+        TimelineConf {
+            max_value_size: self.max_value_size,
+            checkpoint_distance: self.checkpoint_distance,
+            checkpoint_timeout: self.checkpoint_timeout,
+            max_frozen_layers: self.max_frozen_layers,
+        }
+    }
+}
+
+/// `key=value` as a TOML key and value; a value that is not valid TOML is a string, so
+/// `-c listen_http_addr=127.0.0.1:0` works without shell quoting gymnastics.
+fn parse_override(text: &str) -> Result<(String, toml::Value), ConfigError> {
+    let error = |message: &str| ConfigError::Override {
+        text: text.to_owned(),
+        message: message.to_owned(),
+    };
+    let (key, raw) = text
+        .split_once('=')
+        .ok_or_else(|| error("expected key=value"))?;
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(error("the key is empty"));
+    }
+    let raw = raw.trim();
+    let value = format!("v = {raw}")
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_owned()));
+    Ok((key.to_owned(), value))
+}
+
+/// A size in bytes: an integer, or a string with a unit (B, KiB, MiB, GiB, kB, MB, GB).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (try 8192, \"64MiB\" or \"1GiB\")"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        other => return Err(format!("unknown size unit `{other}` in `{text}`")),
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("`{text}` is too large"))
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeRepr {
+    Bytes(u64),
+    Text(String),
+}
+
+fn size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    match SizeRepr::deserialize(d)? {
+        SizeRepr::Bytes(n) => Ok(n),
+        SizeRepr::Text(s) => parse_size(&s).map_err(serde::de::Error::custom),
+    }
+}
+
+fn size_usize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let bytes = size(d)?;
+    usize::try_from(bytes).map_err(|_| serde::de::Error::custom(format!("{bytes} is too large")))
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(d)?;
+    humantime::parse_duration(&text).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "`{text}` is not a duration ({e}; try \"10m\" or \"500ms\")"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_file_says_what_the_defaults_are() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(CONFIG_FILE), DEFAULT_CONFIG_TOML).unwrap();
+        assert_eq!(
+            PageServerConf::load(dir.path(), &[]).unwrap(),
+            PageServerConf::default()
+        );
+        // No file at all: the same.
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(
+            PageServerConf::load(empty.path(), &[]).unwrap(),
+            PageServerConf::default()
+        );
+    }
+
+    #[test]
+    fn overrides_win_and_take_bare_words_as_strings() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join(CONFIG_FILE),
+            "checkpoint_timeout = \"1s\"\nid = 5\n",
+        )
+        .unwrap();
+        let conf = PageServerConf::load(
+            dir.path(),
+            &[
+                "listen_http_addr=127.0.0.1:0".into(),
+                "checkpoint_distance=1048576".into(),
+                "page_cache_size=\"8MiB\"".into(),
+                "wait_lsn_timeout=250ms".into(),
+                "log_format=json".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(conf.id, 5);
+        assert_eq!(conf.checkpoint_timeout, Duration::from_secs(1));
+        assert_eq!(conf.listen_http_addr.port(), 0);
+        assert_eq!(conf.checkpoint_distance, 1 << 20);
+        assert_eq!(conf.page_cache_size, 8 << 20);
+        assert_eq!(conf.wait_lsn_timeout, Duration::from_millis(250));
+        assert_eq!(conf.log_format, LogFormat::Json);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = |overrides: &[&str]| {
+            let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+            PageServerConf::load(dir.path(), &overrides)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(err(&["chekpoint_distance=1"]).contains("unknown field `chekpoint_distance`"));
+        assert!(err(&["checkpoint_distance"]).contains("expected key=value"));
+        assert!(err(&["checkpoint_distance=12parsecs"]).contains("unknown size unit"));
+        assert!(err(&["checkpoint_timeout=soon"]).contains("not a duration"));
+        assert!(err(&["listen_http_addr=nowhere"]).contains("invalid socket address"));
+        assert!(err(&["http_auth_type=NeonJWT"]).contains("auth_validation_public_key_path"));
+        assert!(err(&["max_value_size=100"]).contains("smaller than a page"));
+        std::fs::write(dir.path().join(CONFIG_FILE), "id = [").unwrap();
+        assert!(err(&[]).contains(CONFIG_FILE));
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8192"), Ok(8192));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1 GiB"), Ok(1 << 30));
+        assert_eq!(parse_size("2kB"), Ok(2000));
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("99999999999999GiB")
+            .unwrap_err()
+            .contains("too large"));
+    }
+}

@@ -1,0 +1,168 @@
+//! The HTTP API (docs/http-api.md, docs/openapi.yaml).
+//!
+//! Handlers parse every id, key, LSN and body themselves, so that each mistake gets a
+//! `{"msg": ...}` that says what is wrong (see [`error`]). Storage work (ingest, reads,
+//! checkpoints) runs on the blocking pool via [`blocking`]: a spawned task runs to completion
+//! even if the client hangs up, so no flush or batch is ever abandoned halfway.
+//!
+//! Middleware, outermost first: request accounting (a counter per method and status, a log
+//! line per failed request), then auth ([`auth`]) when enabled.
+
+pub mod auth;
+pub mod error;
+pub mod routes;
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::Router;
+
+use crate::config::PageServerConf;
+use crate::page_cache::PageCache;
+use crate::tenant::mgr::TenantManager;
+use auth::JwtAuth;
+use error::ApiError;
+
+/// What every handler can reach.
+pub struct AppState {
+    pub conf: PageServerConf,
+    pub tenants: Arc<TenantManager>,
+    pub cache: Arc<PageCache>,
+    pub auth: Option<JwtAuth>,
+    pub started_at: SystemTime,
+}
+
+pub type SharedState = Arc<AppState>;
+
+/// Every route of the API. `tests::every_route_is_documented` keeps docs/openapi.yaml in step.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/v1/status"),
+    ("PUT", "/v1/failpoints"),
+    ("GET", "/v1/tenant"),
+    ("POST", "/v1/tenant"),
+    ("GET", "/v1/tenant/{tenant_id}"),
+    ("DELETE", "/v1/tenant/{tenant_id}"),
+    ("GET", "/v1/tenant/{tenant_id}/timeline"),
+    ("POST", "/v1/tenant/{tenant_id}/timeline"),
+    ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}"),
+    ("DELETE", "/v1/tenant/{tenant_id}/timeline/{timeline_id}"),
+    (
+        "POST",
+        "/v1/tenant/{tenant_id}/timeline/{timeline_id}/ingest",
+    ),
+    ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/page"),
+    (
+        "PUT",
+        "/v1/tenant/{tenant_id}/timeline/{timeline_id}/checkpoint",
+    ),
+    ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/layer"),
+    ("GET", "/v1/page_cache"),
+    ("POST", "/v1/page_cache/drop"),
+    ("GET", "/metrics"),
+];
+
+pub fn router(state: SharedState) -> Router {
+    use routes::*;
+    Router::new()
+        .route("/v1/status", get(status))
+        .route("/v1/failpoints", put(failpoints))
+        .route("/v1/tenant", get(tenant_list).post(tenant_create))
+        .route(
+            "/v1/tenant/{tenant_id}",
+            get(tenant_info).delete(tenant_delete),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline",
+            get(timeline_list).post(timeline_create),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}",
+            get(timeline_info).delete(timeline_delete),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}/ingest",
+            post(ingest),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}/page",
+            get(get_page),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}/checkpoint",
+            put(checkpoint),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}/layer",
+            get(layer_list),
+        )
+        .route("/v1/page_cache", get(page_cache_stats))
+        .route("/v1/page_cache/drop", post(page_cache_drop))
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            check_auth,
+        ))
+        .layer(axum::middleware::from_fn(account))
+        .with_state(state)
+}
+
+async fn not_found(request: Request) -> ApiError {
+    ApiError::not_found(format!("no such endpoint: {}", request.uri().path()))
+}
+
+async fn method_not_allowed(request: Request) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        format!(
+            "{} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+}
+
+async fn check_auth(State(state): State<SharedState>, request: Request, next: Next) -> Response {
+    if let Some(auth) = &state.auth {
+        if !auth::is_public(request.uri().path()) {
+            let header = request
+                .headers()
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            if let Err(e) = auth.check(header, request.method(), request.uri().path()) {
+                return e.into_response();
+            }
+        }
+    }
+    next.run(request).await
+}
+
+async fn account(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    let status = response.status();
+    crate::metrics::HTTP_REQUESTS
+        .with_label_values(&[method.as_str(), status.as_str()])
+        .inc();
+    if status.is_client_error() {
+        tracing::info!(%method, path, status = status.as_u16(), "request refused");
+    }
+    response
+}
+
+/// Runs storage work on the blocking pool, to completion even if the request is dropped.
+pub async fn blocking<T, F>(work: F) -> Result<T, ApiError>
+where
+    F: FnOnce() -> Result<T, ApiError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("request task failed: {e}")))?
+}

@@ -1,0 +1,432 @@
+//! The handlers, one per route, and the JSON they exchange.
+
+use std::time::{Instant, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use pageserver_api::ingest::decode_batch;
+use pageserver_api::Key;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value as JsonValue};
+use utils::{Lsn, TenantId, TimelineId};
+
+use super::error::ApiError;
+use super::{blocking, SharedState};
+use crate::page_cache::KindStats;
+use crate::tenant::mgr::{Tenant, TenantState};
+use crate::tenant::storage_layer::max_stored_value_len;
+use crate::tenant::timeline::{LayerDescription, LayerKind, Timeline};
+
+type ApiResult<T> = Result<T, ApiError>;
+
+fn parse_tenant(text: &str) -> ApiResult<TenantId> {
+    text.parse()
+        .map_err(|e| ApiError::bad_request(format!("invalid tenant id `{text}`: {e}")))
+}
+
+fn parse_timeline(text: &str) -> ApiResult<TimelineId> {
+    text.parse()
+        .map_err(|e| ApiError::bad_request(format!("invalid timeline id `{text}`: {e}")))
+}
+
+/// A JSON body of type `T`; an empty body is `T::default()`.
+fn json_body<T: DeserializeOwned + Default>(body: &[u8]) -> ApiResult<T> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+}
+
+fn tenant_json(tenant: &Tenant) -> JsonValue {
+    let (state, reason) = match tenant.state() {
+        TenantState::Active => ("Active", None),
+        TenantState::Broken { reason } => ("Broken", Some(reason.as_str())),
+    };
+    json!({
+        "id": tenant.id().to_string(),
+        "state": state,
+        "broken_reason": reason,
+        "timelines": tenant.list_timelines().len(),
+    })
+}
+
+fn layer_json(layer: &LayerDescription) -> JsonValue {
+    json!({
+        "kind": match layer.kind {
+            LayerKind::Open => "open",
+            LayerKind::Frozen => "frozen",
+            LayerKind::Delta => "delta",
+        },
+        "lsn_start": layer.lsn_start.to_string(),
+        "lsn_end": layer.lsn_end.map(|l| l.to_string()),
+        "size_bytes": layer.size_bytes,
+        "values": layer.values,
+        "file_name": layer.file_name,
+    })
+}
+
+fn timeline_json(timeline: &Timeline) -> JsonValue {
+    let layers = timeline.layers();
+    let count = |kind| layers.iter().filter(|l| l.kind == kind).count();
+    let bytes = |kinds: &[LayerKind]| -> u64 {
+        layers
+            .iter()
+            .filter(|l| kinds.contains(&l.kind))
+            .map(|l| l.size_bytes)
+            .sum()
+    };
+    let broken = timeline.broken_reason();
+    json!({
+        "tenant_id": timeline.tenant_id().to_string(),
+        "timeline_id": timeline.timeline_id().to_string(),
+        "last_record_lsn": timeline.last_record_lsn().to_string(),
+        "disk_consistent_lsn": timeline.disk_consistent_lsn().to_string(),
+        "state": if broken.is_some() { "Broken" } else { "Active" },
+        "broken_reason": broken,
+        "layers": {
+            "open": count(LayerKind::Open),
+            "frozen": count(LayerKind::Frozen),
+            "delta": count(LayerKind::Delta),
+        },
+        "in_memory_bytes": bytes(&[LayerKind::Open, LayerKind::Frozen]),
+        "delta_layer_bytes": bytes(&[LayerKind::Delta]),
+    })
+}
+
+pub async fn status(State(state): State<SharedState>) -> Json<JsonValue> {
+    let started = state
+        .started_at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Json(json!({
+        "id": state.conf.id,
+        "version": env!("CARGO_PKG_VERSION"),
+        "testing": crate::failpoints::ENABLED,
+        "started_at": started,
+    }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailpointConfig {
+    name: String,
+    actions: String,
+}
+
+pub async fn failpoints(body: Bytes) -> ApiResult<Json<JsonValue>> {
+    let configs: Vec<FailpointConfig> = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "invalid request body: {e} (expected [{{\"name\": ..., \"actions\": ...}}])"
+        ))
+    })?;
+    for config in &configs {
+        crate::failpoints::configure(&config.name, &config.actions)
+            .map_err(ApiError::bad_request)?;
+        tracing::info!("failpoint {} set to `{}`", config.name, config.actions);
+    }
+    Ok(Json(json!({})))
+}
+
+pub async fn tenant_list(State(state): State<SharedState>) -> Json<JsonValue> {
+    let tenants = state.tenants.list_tenants();
+    Json(JsonValue::Array(
+        tenants.iter().map(|t| tenant_json(t)).collect(),
+    ))
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantCreateRequest {
+    new_tenant_id: Option<String>,
+}
+
+pub async fn tenant_create(
+    State(state): State<SharedState>,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<JsonValue>)> {
+    let request: TenantCreateRequest = json_body(&body)?;
+    let id = request
+        .new_tenant_id
+        .as_deref()
+        .map(parse_tenant)
+        .transpose()?;
+    let tenants = state.tenants.clone();
+    let tenant = blocking(move || Ok(tenants.create_tenant(id)?)).await?;
+    Ok((StatusCode::CREATED, Json(tenant_json(&tenant))))
+}
+
+pub async fn tenant_info(
+    State(state): State<SharedState>,
+    Path(tenant_id): Path<String>,
+) -> ApiResult<Json<JsonValue>> {
+    let tenant = state.tenants.get_tenant(parse_tenant(&tenant_id)?)?;
+    Ok(Json(tenant_json(&tenant)))
+}
+
+pub async fn tenant_delete(
+    State(state): State<SharedState>,
+    Path(tenant_id): Path<String>,
+) -> ApiResult<Json<JsonValue>> {
+    let id = parse_tenant(&tenant_id)?;
+    let tenants = state.tenants.clone();
+    blocking(move || Ok(tenants.delete_tenant(id)?)).await?;
+    Ok(Json(json!({})))
+}
+
+pub async fn timeline_list(
+    State(state): State<SharedState>,
+    Path(tenant_id): Path<String>,
+) -> ApiResult<Json<JsonValue>> {
+    let tenant = state.tenants.get_tenant(parse_tenant(&tenant_id)?)?;
+    if let TenantState::Broken { reason } = tenant.state() {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("tenant {} is broken: {reason}", tenant.id()),
+        ));
+    }
+    let timelines = tenant.list_timelines();
+    Ok(Json(JsonValue::Array(
+        timelines.iter().map(|t| timeline_json(t)).collect(),
+    )))
+}
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimelineCreateRequest {
+    new_timeline_id: Option<String>,
+}
+
+pub async fn timeline_create(
+    State(state): State<SharedState>,
+    Path(tenant_id): Path<String>,
+    body: Bytes,
+) -> ApiResult<(StatusCode, Json<JsonValue>)> {
+    let tenant = state.tenants.get_tenant(parse_tenant(&tenant_id)?)?;
+    let request: TimelineCreateRequest = json_body(&body)?;
+    let id = request
+        .new_timeline_id
+        .as_deref()
+        .map(parse_timeline)
+        .transpose()?;
+    let timeline = blocking(move || Ok(tenant.create_timeline(id)?)).await?;
+    Ok((StatusCode::CREATED, Json(timeline_json(&timeline))))
+}
+
+/// The timeline a data path names.
+fn timeline_of(
+    state: &SharedState,
+    (tenant_id, timeline_id): &(String, String),
+) -> ApiResult<std::sync::Arc<Timeline>> {
+    let tenant = parse_tenant(tenant_id)?;
+    let timeline = parse_timeline(timeline_id)?;
+    Ok(state.tenants.get_timeline(tenant, timeline)?)
+}
+
+pub async fn timeline_info(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+) -> ApiResult<Json<JsonValue>> {
+    let timeline = timeline_of(&state, &ids)?;
+    Ok(Json(timeline_json(&timeline)))
+}
+
+pub async fn timeline_delete(
+    State(state): State<SharedState>,
+    Path((tenant_id, timeline_id)): Path<(String, String)>,
+) -> ApiResult<Json<JsonValue>> {
+    let tenant = state.tenants.get_tenant(parse_tenant(&tenant_id)?)?;
+    let id = parse_timeline(&timeline_id)?;
+    blocking(move || Ok(tenant.delete_timeline(id)?)).await?;
+    Ok(Json(json!({})))
+}
+
+pub async fn ingest(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+    body: Body,
+) -> ApiResult<Json<JsonValue>> {
+    let started = Instant::now();
+    let result = ingest_inner(&state, &ids, body).await;
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    crate::metrics::INGEST_SECONDS
+        .with_label_values(&[outcome])
+        .observe(started.elapsed().as_secs_f64());
+    result
+}
+
+async fn ingest_inner(
+    state: &SharedState,
+    ids: &(String, String),
+    body: Body,
+) -> ApiResult<Json<JsonValue>> {
+    let timeline = timeline_of(state, ids)?;
+    let limit = state.conf.max_request_body_size;
+    let body = axum::body::to_bytes(body, limit).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body unreadable or over the limit of {limit} bytes: {e}"),
+        )
+    })?;
+    let body_len = body.len() as u64;
+    let max_payload = max_stored_value_len(state.conf.max_value_size);
+    let records =
+        decode_batch(body, max_payload).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let count = records.len();
+    let timeline = blocking(move || {
+        timeline.put_batch(&records)?;
+        Ok(timeline)
+    })
+    .await?;
+    crate::metrics::INGEST_RECORDS.inc_by(count as u64);
+    crate::metrics::INGEST_BYTES.inc_by(body_len);
+    Ok(Json(json!({
+        "records": count,
+        "last_record_lsn": timeline.last_record_lsn().to_string(),
+        "disk_consistent_lsn": timeline.disk_consistent_lsn().to_string(),
+    })))
+}
+
+/// `key=<36 hex>&lsn=<X/X | decimal | latest>`, in any order; nothing else.
+fn page_query(query: Option<&str>) -> ApiResult<(Key, Option<Lsn>)> {
+    let mut key = None;
+    let mut lsn = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "key" => {
+                key = Some(
+                    value
+                        .parse::<Key>()
+                        .map_err(|e| ApiError::bad_request(format!("query parameter key: {e}")))?,
+                )
+            }
+            "lsn" if value == "latest" => lsn = Some(None),
+            "lsn" => {
+                let value = value.replace("%2F", "/").replace("%2f", "/");
+                lsn = Some(Some(value.parse::<Lsn>().map_err(|e| {
+                    ApiError::bad_request(format!("query parameter lsn: {e}"))
+                })?))
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter `{other}` (expected key and lsn)"
+                )))
+            }
+        }
+    }
+    let key = key.ok_or_else(|| ApiError::bad_request("missing query parameter `key`"))?;
+    let lsn = lsn.ok_or_else(|| {
+        ApiError::bad_request(
+            "missing query parameter `lsn` (an LSN such as 0/16B5A50, or `latest`)",
+        )
+    })?;
+    Ok((key, lsn))
+}
+
+pub async fn get_page(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Response> {
+    let started = Instant::now();
+    let result = get_page_inner(&state, &ids, query.as_deref()).await;
+    let outcome = match &result {
+        Ok(_) => "ok",
+        Err(e) if e.status == StatusCode::NOT_FOUND => "not_found",
+        Err(_) => "error",
+    };
+    crate::metrics::GETPAGE_SECONDS
+        .with_label_values(&[outcome])
+        .observe(started.elapsed().as_secs_f64());
+    result
+}
+
+async fn get_page_inner(
+    state: &SharedState,
+    ids: &(String, String),
+    query: Option<&str>,
+) -> ApiResult<Response> {
+    let (key, lsn) = page_query(query)?;
+    let timeline = timeline_of(state, ids)?;
+    let wait = state.conf.wait_lsn_timeout;
+    let (page, lsn) = blocking(move || {
+        let lsn = lsn.unwrap_or_else(|| timeline.last_record_lsn());
+        timeline.wait_lsn(lsn, wait)?;
+        Ok((timeline.get_page(key, lsn)?, lsn))
+    })
+    .await?;
+    let page = page.ok_or_else(|| {
+        ApiError::not_found(format!("page {key} has no version at or below {lsn}"))
+    })?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::HeaderName::from_static("x-lsn"), lsn.to_string()),
+        ],
+        page,
+    )
+        .into_response())
+}
+
+pub async fn checkpoint(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+) -> ApiResult<Json<JsonValue>> {
+    let timeline = timeline_of(&state, &ids)?;
+    let timeline = blocking(move || {
+        timeline.checkpoint()?;
+        Ok(timeline)
+    })
+    .await?;
+    Ok(Json(timeline_json(&timeline)))
+}
+
+pub async fn layer_list(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+) -> ApiResult<Json<JsonValue>> {
+    let timeline = timeline_of(&state, &ids)?;
+    let layers: Vec<JsonValue> = timeline.layers().iter().map(layer_json).collect();
+    Ok(Json(json!({ "layers": layers })))
+}
+
+fn kind_json(k: &KindStats) -> JsonValue {
+    json!({
+        "accesses": k.accesses,
+        "hits": k.hits,
+        "misses": k.misses,
+        "inserts": k.inserts,
+        "evictions": k.evictions,
+        "bytes_resident": k.bytes_resident,
+    })
+}
+
+pub async fn page_cache_stats(State(state): State<SharedState>) -> Json<JsonValue> {
+    let stats = state.cache.stats();
+    Json(json!({
+        "capacity_bytes": stats.capacity_bytes,
+        "file_pages": kind_json(&stats.file_pages),
+        "materialized_pages": kind_json(&stats.materialized_pages),
+        "inserts_refused": stats.inserts_refused,
+        "inserts_duplicate": stats.inserts_duplicate,
+        "pinned_pages": stats.pinned_pages,
+    }))
+}
+
+pub async fn page_cache_drop(State(state): State<SharedState>) -> Json<JsonValue> {
+    let dropped = state.cache.drop_unpinned();
+    Json(json!({
+        "file_pages": dropped.file_pages,
+        "materialized_pages": dropped.materialized_pages,
+    }))
+}
+
+pub async fn metrics(State(state): State<SharedState>) -> Response {
+    let text = crate::metrics::render(&state.cache, &state.tenants);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}

@@ -1,0 +1,274 @@
+//! Metrics, in the Prometheus text format at `GET /metrics`.
+//!
+//! Two sources. Events counted where they happen (ephemeral writes, layer flushes, requests and
+//! their latencies) live in the `prometheus` crate's default registry as the statics below; each
+//! costs an atomic add or a histogram bucket increment. State that already exists elsewhere (the
+//! page cache's counters, each timeline's LSNs and layers) is read at scrape time by
+//! [`render`] rather than mirrored, so it can never drift from the truth.
+
+use std::fmt::Write as _;
+use std::sync::LazyLock;
+
+use prometheus::{
+    register_histogram, register_histogram_vec, register_int_counter, register_int_counter_vec,
+    Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, TextEncoder,
+};
+
+use crate::page_cache::{KindStats, PageCache};
+use crate::tenant::mgr::TenantManager;
+use crate::tenant::timeline::LayerKind;
+
+/// Latency buckets from 10 µs to 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+fn counter(name: &str, help: &str) -> IntCounter {
+    register_int_counter!(name, help).expect("metric names are unique")
+}
+
+pub static EPHEMERAL_BYTES_WRITTEN: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_ephemeral_bytes_written_total",
+        "Bytes written to ephemeral files (whole blocks)",
+    )
+});
+pub static EPHEMERAL_WRITES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_ephemeral_writes_total",
+        "Positional write calls to ephemeral files",
+    )
+});
+pub static LAYER_FLUSHES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_layer_flushes_total",
+        "Frozen in-memory layers written to delta layer files",
+    )
+});
+pub static LAYER_FLUSH_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_layer_flush_bytes_total",
+        "Bytes of delta layer files written by flushes",
+    )
+});
+pub static LAYER_FLUSH_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    register_histogram!(
+        "pageserver_layer_flush_seconds",
+        "Time to write one frozen layer to disk and update the metadata",
+        LATENCY_BUCKETS.to_vec()
+    )
+    .expect("metric names are unique")
+});
+pub static GETPAGE_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "pageserver_getpage_seconds",
+        "GetPage@LSN request latency, including any wait for the LSN",
+        &["outcome"],
+        LATENCY_BUCKETS.to_vec()
+    )
+    .expect("metric names are unique")
+});
+pub static INGEST_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "pageserver_ingest_seconds",
+        "Ingest request latency (decode, validate, store)",
+        &["outcome"],
+        LATENCY_BUCKETS.to_vec()
+    )
+    .expect("metric names are unique")
+});
+pub static INGEST_RECORDS: LazyLock<IntCounter> =
+    LazyLock::new(|| counter("pageserver_ingest_records_total", "Page versions ingested"));
+pub static INGEST_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_ingest_bytes_total",
+        "Bytes of ingest request bodies accepted",
+    )
+});
+pub static HTTP_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "pageserver_http_requests_total",
+        "HTTP requests by method and status",
+        &["method", "status"]
+    )
+    .expect("metric names are unique")
+});
+pub static STARTUP_SECONDS: LazyLock<prometheus::GaugeVec> = LazyLock::new(|| {
+    prometheus::register_gauge_vec!(
+        "pageserver_startup_duration_seconds",
+        "Seconds each startup phase took",
+        &["phase"]
+    )
+    .expect("metric names are unique")
+});
+
+/// The whole `/metrics` page.
+pub fn render(cache: &PageCache, tenants: &TenantManager) -> String {
+    let mut out = Vec::new();
+    TextEncoder::new()
+        .encode(&prometheus::gather(), &mut out)
+        .expect("the text encoder writes to a Vec");
+    let mut out = String::from_utf8(out).expect("the text format is UTF-8");
+    render_page_cache(&mut out, cache);
+    render_timelines(&mut out, tenants);
+    out
+}
+
+/// A metric family read off a struct: name, type, help, and how to get the value.
+type FamilyOf<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn render_page_cache(out: &mut String, cache: &PageCache) {
+    let stats = cache.stats();
+    let kinds: [(&str, &KindStats); 2] = [
+        ("file", &stats.file_pages),
+        ("materialized", &stats.materialized_pages),
+    ];
+    let per_kind: [FamilyOf<KindStats>; 5] = [
+        (
+            "pageserver_page_cache_hits_total",
+            "counter",
+            "Lookups that found their page",
+            |k| k.hits,
+        ),
+        (
+            "pageserver_page_cache_misses_total",
+            "counter",
+            "Lookups that did not find their page",
+            |k| k.misses,
+        ),
+        (
+            "pageserver_page_cache_inserts_total",
+            "counter",
+            "Pages inserted",
+            |k| k.inserts,
+        ),
+        (
+            "pageserver_page_cache_evictions_total",
+            "counter",
+            "Pages evicted",
+            |k| k.evictions,
+        ),
+        (
+            "pageserver_page_cache_resident_bytes",
+            "gauge",
+            "Bytes of pages resident",
+            |k| k.bytes_resident,
+        ),
+    ];
+    for (name, kind, help, get) in per_kind {
+        family(out, name, kind, help);
+        for (label, k) in kinds {
+            let _ = writeln!(out, "{name}{{kind=\"{label}\"}} {}", get(k));
+        }
+    }
+    let totals: [(&str, &str, &str, u64); 4] = [
+        (
+            "pageserver_page_cache_capacity_bytes",
+            "gauge",
+            "Bytes of page memory",
+            stats.capacity_bytes,
+        ),
+        (
+            "pageserver_page_cache_pinned_pages",
+            "gauge",
+            "Pages pinned by a lease right now",
+            stats.pinned_pages,
+        ),
+        (
+            "pageserver_page_cache_inserts_refused_total",
+            "counter",
+            "Inserts refused for lack of an evictable slot",
+            stats.inserts_refused,
+        ),
+        (
+            "pageserver_page_cache_inserts_duplicate_total",
+            "counter",
+            "Inserts of a page already cached",
+            stats.inserts_duplicate,
+        ),
+    ];
+    for (name, kind, help, value) in totals {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+}
+
+fn render_timelines(out: &mut String, tenants: &TenantManager) {
+    let timelines: Vec<_> = tenants
+        .list_tenants()
+        .iter()
+        .flat_map(|t| t.list_timelines())
+        .collect();
+    let labels = |t: &crate::tenant::timeline::Timeline| {
+        format!(
+            "tenant_id=\"{}\",timeline_id=\"{}\"",
+            t.tenant_id(),
+            t.timeline_id()
+        )
+    };
+    family(
+        out,
+        "pageserver_last_record_lsn",
+        "gauge",
+        "Newest LSN ingested",
+    );
+    for t in &timelines {
+        let _ = writeln!(
+            out,
+            "pageserver_last_record_lsn{{{}}} {}",
+            labels(t),
+            t.last_record_lsn().0
+        );
+    }
+    family(
+        out,
+        "pageserver_disk_consistent_lsn",
+        "gauge",
+        "Newest LSN whose versions are all in fsynced layer files",
+    );
+    for t in &timelines {
+        let _ = writeln!(
+            out,
+            "pageserver_disk_consistent_lsn{{{}}} {}",
+            labels(t),
+            t.disk_consistent_lsn().0
+        );
+    }
+    let mut counts = String::new();
+    let mut sizes = String::new();
+    for t in &timelines {
+        let layers = t.layers();
+        for (kind, name) in [
+            (LayerKind::Open, "open"),
+            (LayerKind::Frozen, "frozen"),
+            (LayerKind::Delta, "delta"),
+        ] {
+            let (count, bytes) = layers
+                .iter()
+                .filter(|l| l.kind == kind)
+                .fold((0u64, 0u64), |(c, b), l| (c + 1, b + l.size_bytes));
+            let labels = format!("{},kind=\"{name}\"", labels(t));
+            let _ = writeln!(counts, "pageserver_layers{{{labels}}} {count}");
+            let _ = writeln!(sizes, "pageserver_layer_bytes{{{labels}}} {bytes}");
+        }
+    }
+    family(
+        out,
+        "pageserver_layers",
+        "gauge",
+        "Layers per timeline by kind",
+    );
+    out.push_str(&counts);
+    family(
+        out,
+        "pageserver_layer_bytes",
+        "gauge",
+        "Bytes of layers per timeline by kind",
+    );
+    out.push_str(&sizes);
+}
