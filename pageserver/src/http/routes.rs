@@ -33,12 +33,26 @@ fn parse_timeline(text: &str) -> ApiResult<TimelineId> {
         .map_err(|e| ApiError::bad_request(format!("invalid timeline id `{text}`: {e}")))
 }
 
+/// The most a JSON request body may hold; they are all a few ids.
+const MAX_JSON_BODY: usize = 64 * 1024;
+
+/// The whole body, refused with 413 past `limit` bytes.
+async fn read_body(body: Body, limit: usize) -> ApiResult<Bytes> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body unreadable or over the limit of {limit} bytes: {e}"),
+        )
+    })
+}
+
 /// A JSON body of type `T`; an empty body is `T::default()`.
-fn json_body<T: DeserializeOwned + Default>(body: &[u8]) -> ApiResult<T> {
+async fn json_body<T: DeserializeOwned + Default>(body: Body) -> ApiResult<T> {
+    let body = read_body(body, MAX_JSON_BODY).await?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body)
+    serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
@@ -118,7 +132,8 @@ pub struct FailpointConfig {
     actions: String,
 }
 
-pub async fn failpoints(body: Bytes) -> ApiResult<Json<JsonValue>> {
+pub async fn failpoints(body: Body) -> ApiResult<Json<JsonValue>> {
+    let body = read_body(body, MAX_JSON_BODY).await?;
     let configs: Vec<FailpointConfig> = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
             "invalid request body: {e} (expected [{{\"name\": ..., \"actions\": ...}}])"
@@ -147,9 +162,9 @@ pub struct TenantCreateRequest {
 
 pub async fn tenant_create(
     State(state): State<SharedState>,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult<(StatusCode, Json<JsonValue>)> {
-    let request: TenantCreateRequest = json_body(&body)?;
+    let request: TenantCreateRequest = json_body(body).await?;
     let id = request
         .new_tenant_id
         .as_deref()
@@ -204,10 +219,10 @@ pub struct TimelineCreateRequest {
 pub async fn timeline_create(
     State(state): State<SharedState>,
     Path(tenant_id): Path<String>,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult<(StatusCode, Json<JsonValue>)> {
     let tenant = state.tenants.get_tenant(parse_tenant(&tenant_id)?)?;
-    let request: TimelineCreateRequest = json_body(&body)?;
+    let request: TimelineCreateRequest = json_body(body).await?;
     let id = request
         .new_timeline_id
         .as_deref()
@@ -265,13 +280,7 @@ async fn ingest_inner(
     body: Body,
 ) -> ApiResult<Json<JsonValue>> {
     let timeline = timeline_of(state, ids)?;
-    let limit = state.conf.max_request_body_size;
-    let body = axum::body::to_bytes(body, limit).await.map_err(|e| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body unreadable or over the limit of {limit} bytes: {e}"),
-        )
-    })?;
+    let body = read_body(body, state.conf.max_request_body_size).await?;
     let body_len = body.len() as u64;
     let max_payload = max_stored_value_len(state.conf.max_value_size);
     let records =
