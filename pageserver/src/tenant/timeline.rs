@@ -66,7 +66,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
@@ -248,6 +248,8 @@ pub struct Timeline {
     write_lock: Mutex<WriterState>,
     flush_lock: Mutex<()>,
     flush_wakeup: Option<Arc<FlushWakeup>>,
+    /// Set by `shutdown`: flushes that start later do nothing (the directory may be going).
+    stopped: AtomicBool,
     last_record_lsn: AtomicU64,
     disk_consistent_lsn: AtomicU64,
     /// `wait_lsn` callers currently asleep; a put takes `lsn_wait` to wake them only if any.
@@ -326,6 +328,7 @@ impl Timeline {
             write_lock: Mutex::new(WriterState::default()),
             flush_lock: Mutex::new(()),
             flush_wakeup: None,
+            stopped: AtomicBool::new(false),
             last_record_lsn: AtomicU64::new(durable.0),
             disk_consistent_lsn: AtomicU64::new(durable.0),
             lsn_waiters: AtomicUsize::new(0),
@@ -724,7 +727,7 @@ impl Timeline {
     /// leaving layers frozen later for the next flush.
     fn flush_frozen_until(&self, target: Lsn) -> Result<(), TimelineError> {
         let _flusher = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
-        while self.disk_consistent_lsn() < target {
+        while self.disk_consistent_lsn() < target && !self.stopped.load(Ordering::Acquire) {
             // Only flushers remove frozen layers, and flush_lock admits one: the oldest stays
             // the oldest while it is written.
             let Some(frozen) = self.map().frozen.first().cloned() else {
@@ -798,10 +801,12 @@ impl Timeline {
     }
 
     /// Stops the timeline: refuses puts from now on and, with `flush`, makes everything
-    /// ingested durable first. Waits for a flush in progress either way.
+    /// ingested before the call durable. Waits for a flush in progress either way; flushes
+    /// after it do nothing.
     pub fn shutdown(&self, flush: bool) -> Result<(), TimelineError> {
-        let result = if flush { self.checkpoint() } else { Ok(()) };
         self.writer().stopping = true;
+        let result = if flush { self.checkpoint() } else { Ok(()) };
+        self.stopped.store(true, Ordering::Release);
         drop(self.flush_lock.lock().unwrap_or_else(|e| e.into_inner()));
         result
     }
