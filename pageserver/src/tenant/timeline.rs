@@ -143,6 +143,15 @@ pub enum TimelineError {
         lsn: Lsn,
         source: ValueEncodeError,
     },
+    #[error("record {index} of the batch: {what} of key {key} at {lsn} would make a page of {len} bytes, over the limit of {max}")]
+    PageTooLarge {
+        index: usize,
+        what: &'static str,
+        key: Key,
+        lsn: Lsn,
+        len: usize,
+        max: usize,
+    },
     #[error("the batch spans LSNs {first} to {last}, more than one layer can hold")]
     BatchSpanTooWide { first: Lsn, last: Lsn },
     #[error("LSN {lsn} is beyond the last ingested LSN {last_record}")]
@@ -491,8 +500,16 @@ impl Timeline {
         let backlog = map.frozen.len() > self.conf.max_frozen_layers;
         drop(map);
         if backlog {
-            // Still holding write_lock: other writers wait too, which is the point.
-            self.flush_frozen()?;
+            // Still holding write_lock: other writers wait too, which is the point. The batch
+            // is stored and readable whatever happens here, so a failed flush is not this
+            // batch's failure: the layers stay frozen and the flush loop retries them.
+            if let Err(e) = self.flush_frozen() {
+                tracing::error!(
+                    tenant = %self.tenant_id,
+                    timeline = %self.timeline_id,
+                    "flush for ingest backpressure failed, will retry: {e}"
+                );
+            }
         }
         drop(writer);
         Ok(())
@@ -542,6 +559,25 @@ impl Timeline {
                     lsn,
                     source,
                 })?;
+            // What redo would refuse later must be refused now, while nothing is stored.
+            let page_len = match value {
+                Value::Image(page) => Some(("an image", page.len())),
+                Value::Delta { patches, .. } => patches
+                    .iter()
+                    .map(|p| p.offset as usize + p.data.len())
+                    .max()
+                    .map(|end| ("a delta", end)),
+            };
+            if let Some((what, len)) = page_len.filter(|(_, len)| *len > self.conf.max_value_size) {
+                return Err(TimelineError::PageTooLarge {
+                    index,
+                    what,
+                    key,
+                    lsn,
+                    len,
+                    max: self.conf.max_value_size,
+                });
+            }
             let len = value.serialized_len();
             if len > max {
                 return Err(TimelineError::ValueTooLarge {
@@ -783,6 +819,9 @@ impl Timeline {
     /// ingested before the call is durable (`disk_consistent_lsn` = `last_record_lsn` as of
     /// the call); puts may continue meanwhile.
     pub fn checkpoint(&self) -> Result<(), TimelineError> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(TimelineError::ShuttingDown);
+        }
         let target = {
             let writer = self.writer();
             if let Some(reason) = &writer.broken {

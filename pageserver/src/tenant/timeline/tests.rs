@@ -353,7 +353,21 @@ fn a_refused_batch_changes_nothing() {
         will_init: false,
         patches: vec![Patch::new(0, Vec::new()); usize::from(u16::MAX) + 1],
     };
+    // Within the stored-size slack, but a page redo would refuse.
+    let image_over_page = Value::Image(Bytes::from(vec![0u8; DEFAULT_MAX_VALUE_SIZE + 1]));
+    let delta_past_page = Value::Delta {
+        will_init: false,
+        patches: vec![Patch::new(DEFAULT_MAX_VALUE_SIZE as u32, vec![1u8])],
+    };
     let cases: Vec<(Vec<PutRecord>, &str)> = vec![
+        (
+            vec![rec(2, 20, &image(3)), rec(1, 21, &image_over_page)],
+            "would make a page",
+        ),
+        (
+            vec![rec(2, 20, &image(3)), rec(1, 21, &delta_past_page)],
+            "would make a page",
+        ),
         (
             vec![rec(2, 20, &image(3)), rec(2, 19, &image(3))],
             "goes backwards",
