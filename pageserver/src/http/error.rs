@@ -58,6 +58,7 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         | BatchDuplicate { .. }
         | ValueTooLarge { .. }
         | ValueNotEncodable { .. }
+        | PageTooLarge { .. }
         | BatchSpanTooWide { .. } => StatusCode::BAD_REQUEST,
         // Retrying later may succeed.
         LsnNotYetIngested { .. } | WaitLsnTimeout { .. } | Broken { .. } | ShuttingDown => {

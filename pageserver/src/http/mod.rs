@@ -38,7 +38,8 @@ pub struct AppState {
 
 pub type SharedState = Arc<AppState>;
 
-/// Every route of the API. `tests::every_route_is_documented` keeps docs/openapi.yaml in step.
+/// Every route of the API. `pageserver/tests/openapi_routes.rs` keeps docs/openapi.yaml in
+/// step with it.
 pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/status"),
     ("PUT", "/v1/failpoints"),
