@@ -25,12 +25,12 @@ type ApiResult<T> = Result<T, ApiError>;
 
 fn parse_tenant(text: &str) -> ApiResult<TenantId> {
     text.parse()
-        .map_err(|e| ApiError::bad_request(format!("invalid tenant id `{text}`: {e}")))
+        .map_err(|e: utils::id::IdParseError| ApiError::bad_request(e.to_string()))
 }
 
 fn parse_timeline(text: &str) -> ApiResult<TimelineId> {
     text.parse()
-        .map_err(|e| ApiError::bad_request(format!("invalid timeline id `{text}`: {e}")))
+        .map_err(|e: utils::id::IdParseError| ApiError::bad_request(e.to_string()))
 }
 
 /// The most a JSON request body may hold; they are all a few ids.
@@ -39,10 +39,18 @@ const MAX_JSON_BODY: usize = 64 * 1024;
 /// The whole body, refused with 413 past `limit` bytes.
 async fn read_body(body: Body, limit: usize) -> ApiResult<Bytes> {
     axum::body::to_bytes(body, limit).await.map_err(|e| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body unreadable or over the limit of {limit} bytes: {e}"),
-        )
+        let over_limit = e
+            .into_inner()
+            .downcast_ref::<http_body_util::LengthLimitError>()
+            .is_some();
+        if over_limit {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body is over the limit of {limit} bytes"),
+            )
+        } else {
+            ApiError::bad_request("the request body could not be read to its end")
+        }
     })
 }
 
@@ -133,6 +141,11 @@ pub struct FailpointConfig {
 }
 
 pub async fn failpoints(body: Body) -> ApiResult<Json<JsonValue>> {
+    if !crate::failpoints::ENABLED {
+        return Err(ApiError::bad_request(
+            "failpoints need a build with the `testing` feature",
+        ));
+    }
     let body = read_body(body, MAX_JSON_BODY).await?;
     let configs: Vec<FailpointConfig> = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!(
