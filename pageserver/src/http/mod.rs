@@ -3,7 +3,9 @@
 //! Handlers parse every id, key, LSN and body themselves, so that each mistake gets a
 //! `{"msg": ...}` that says what is wrong (see [`error`]). Storage work (ingest, reads,
 //! checkpoints) runs on the blocking pool via [`blocking`]: a spawned task runs to completion
-//! even if the client hangs up, so no flush or batch is ever abandoned halfway.
+//! even if the client hangs up, so no flush or batch is ever abandoned halfway. (Reading hot
+//! pages in place with `block_in_place` instead was measured: no gain at p50, so the one path
+//! stays.)
 //!
 //! Middleware, outermost first: request accounting (a counter per method and status, a log
 //! line per failed request), then auth ([`auth`]) when enabled.
@@ -152,7 +154,8 @@ async fn account(request: Request, next: Next) -> Response {
         .with_label_values(&[method.as_str(), status.as_str()])
         .inc();
     if status.is_client_error() {
-        tracing::info!(%method, path, status = status.as_u16(), "request refused");
+        // Debug, not info: a client probing for pages that do not exist is normal traffic.
+        tracing::debug!(%method, path, status = status.as_u16(), "request refused");
     }
     response
 }
