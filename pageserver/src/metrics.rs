@@ -52,6 +52,12 @@ pub static LAYER_FLUSH_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
         "Bytes of delta layer files written by flushes",
     )
 });
+pub static BACKPRESSURE_FLUSHES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_ingest_backpressure_flushes_total",
+        "Times an ingest flushed frozen layers itself because more than max_frozen_layers waited",
+    )
+});
 pub static LAYER_FLUSH_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     register_histogram!(
         "pageserver_layer_flush_seconds",

@@ -503,6 +503,7 @@ impl Timeline {
             // Still holding write_lock: other writers wait too, which is the point. The batch
             // is stored and readable whatever happens here, so a failed flush is not this
             // batch's failure: the layers stay frozen and the flush loop retries them.
+            crate::metrics::BACKPRESSURE_FLUSHES.inc();
             if let Err(e) = self.flush_frozen() {
                 tracing::error!(
                     tenant = %self.tenant_id,
