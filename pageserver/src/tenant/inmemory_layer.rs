@@ -5,17 +5,51 @@
 //! [`EphemeralFile`]; only a compact index stays in memory:
 //!
 //! ```text
-//!   heads: Key -> newest entry of that key          (one per distinct key)
+//!   heads: HashMap<Key, u32>    key -> its newest entry            (one per distinct key)
 //!
-//!   entry i:  lsns[i]        u64   the version's LSN
-//!             positions[i]   u64   offset of its blob in the ephemeral file << 1 | will_init
-//!             older[i]       u32   the previous (older) entry of the same key, or NONE
+//!   chunks: [chunk 0][chunk 1]...[chunk n]   each a fixed block of CHUNK_ENTRIES entries,
+//!                                            allocated when the one before it is full
+//!
+//!   entry (14 bytes, packed, 2-byte aligned):
+//!     lsn_delta      u32   the version's LSN minus the layer's start_lsn
+//!     older          u32   the previous (older) entry of the same key, or NONE
+//!     position_low   u32   \ position, 48 bits: offset of the value's blob in the
+//!     position_high  u16   / ephemeral file << 1 | will_init
 //! ```
 //!
-//! Each indexed value costs 20 bytes (three parallel vectors, no padding) plus its key's share
-//! of one hash map entry. A key's versions form a chain from newest to oldest, because puts
-//! arrive in LSN order: a lookup at LSN L skips the versions above L and collects the rest until
-//! a version that needs no older history (an image or a `will_init` delta).
+//! Entry `i` lives in chunk `i / CHUNK_ENTRIES` at slot `i % CHUNK_ENTRIES`. A chunk is
+//! allocated at its full size once and never grows, so the index has no growth slack beyond
+//! the unused part of the last chunk and the ingest path never copies entries to a bigger
+//! allocation (only the key map rehashes as it grows, and the small vector of chunk pointers
+//! doubles).
+//!
+//! What an indexed value costs, as [`InMemoryLayer::index_bytes`] counts it (every heap byte
+//! by capacity, the key map with its control bytes), measured by `index_stays_compact` with
+//! 160,000 small values:
+//!
+//! | versions per key | bytes per value | of which the key map |
+//! |---:|---:|---:|
+//! | 16 (10,000 keys) | 16.9 | 2.6 |
+//! | 1 (160,000 keys) | 55.3 | 41.0 |
+//!
+//! The entry itself is 14 bytes; the key map costs 25 bytes per bucket (the 24-byte
+//! `(Key, u32)` pair and one control byte) at a load factor between 7/16 and 7/8, so a layer
+//! of mostly one-version keys is dominated by the map.
+//!
+//! Why these widths:
+//!
+//! - **`lsn_delta`, 32 bits**: a layer spans fewer than 2^32 LSNs (4 GiB of WAL) from its
+//!   `start_lsn`. [`InMemoryLayer::can_hold_lsn`] tells the caller when to start a new layer;
+//!   `put` refuses an LSN beyond the span ([`PutError::SpanTooWide`]) and changes nothing.
+//! - **`older`, 32 bits**: a layer holds at most `u32::MAX` values ([`PutError::Full`]).
+//! - **position, 48 bits**: offsets up to 2^47 bytes. The ephemeral file numbers its 8 KiB
+//!   blocks with a `u32`, so it ends before 2^45 bytes: every offset it can hand out fits, and
+//!   no layer limit beyond the file's own comes from this field. (A 40-bit position would save
+//!   one byte per value but add a limit, 512 GiB, below the file's.)
+//!
+//! A key's versions form a chain from newest to oldest, because puts arrive in LSN order: a
+//! lookup at LSN L skips the versions above L and collects the rest until a version that needs
+//! no older history (an image or a `will_init` delta). A chain step reads one 14-byte entry.
 //!
 //! # Lifecycle
 //!
@@ -24,11 +58,12 @@
 //!    put, get                  get, iter_sorted
 //! ```
 //!
-//! A layer covers `[start_lsn, end_lsn)`. Puts must come in non-decreasing LSN order and within
-//! that range; the same key at the same LSN twice is refused, since reconstruction would be
-//! ambiguous. A refused put changes nothing.
+//! A layer covers `[start_lsn, end_lsn)`. Puts must come in non-decreasing LSN order, within
+//! that range and within `2^32` LSNs of `start_lsn`; the same key at the same LSN twice is
+//! refused, since reconstruction would be ambiguous. A refused put changes nothing.
 
-use std::collections::HashMap;
+use std::collections::{hash_map, HashMap};
+use std::mem::size_of;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -43,8 +78,125 @@ use crate::tenant::ephemeral_file::{EphemeralFile, EphemeralWriteError};
 use crate::tenant::storage_layer::max_stored_value_len;
 pub use crate::tenant::storage_layer::LayerRecords;
 
+/// A layer holds LSNs in `[start_lsn, start_lsn + MAX_LSN_SPAN)`: entries store the LSN as a
+/// 32-bit offset from `start_lsn`.
+pub const MAX_LSN_SPAN: u64 = 1 << 32;
+
+/// "No entry": the end of a key's chain. Never a valid entry number.
 const NONE: u32 = u32::MAX;
+
+/// Entries per chunk: 4096 × 14 bytes, 56 KiB per chunk.
+const CHUNK_ENTRIES: usize = 1 << CHUNK_SHIFT;
+const CHUNK_SHIFT: u32 = 12;
+
+/// Bits of an entry's position: the blob offset shifted left by one, and the `will_init` bit.
+const POSITION_BITS: u32 = 48;
 const WILL_INIT_BIT: u64 = 1;
+/// Blob offsets an entry can hold: `[0, MAX_OFFSET)`.
+const MAX_OFFSET: u64 = 1 << (POSITION_BITS - 1);
+
+// The ephemeral file numbers its blocks with a u32, so its offsets stay below 2^45: every one
+// of them fits an entry.
+const _: () = assert!((u32::MAX as u64 + 1) * crate::PAGE_SZ as u64 <= MAX_OFFSET);
+const _: () = assert!(size_of::<Entry>() == 14);
+
+/// One indexed value. Packed to 14 bytes; fields are only ever copied out, never borrowed.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, packed(2))]
+struct Entry {
+    lsn_delta: u32,
+    older: u32,
+    position_low: u32,
+    position_high: u16,
+}
+
+impl Entry {
+    /// `None` if `offset` is past what a position can hold.
+    fn new(lsn_delta: u32, older: u32, offset: u64, will_init: bool) -> Option<Entry> {
+        if offset >= MAX_OFFSET {
+            return None;
+        }
+        let position = (offset << 1) | if will_init { WILL_INIT_BIT } else { 0 };
+        Some(Entry {
+            lsn_delta,
+            older,
+            // The low 32 bits, then the next 16: `position` has at most 48 significant bits.
+            position_low: (position & 0xFFFF_FFFF) as u32,
+            position_high: (position >> 32) as u16,
+        })
+    }
+
+    fn position(self) -> u64 {
+        (u64::from(self.position_high) << 32) | u64::from(self.position_low)
+    }
+
+    /// Offset of the value's blob in the ephemeral file.
+    fn offset(self) -> u64 {
+        self.position() >> 1
+    }
+
+    fn will_init(self) -> bool {
+        self.position() & WILL_INIT_BIT != 0
+    }
+}
+
+/// Heap bytes of a `std::collections::HashMap` with `capacity` (as it reports it) and
+/// `entry_size`-byte (key, value) pairs. The std map (hashbrown) allocates a power-of-two
+/// number of buckets and reports 7/8 of them as its capacity (all but one below 8 buckets);
+/// one allocation holds the buckets and a control byte per bucket plus one SIMD group of
+/// trailing control bytes (16 on x86-64, 8 or 16 elsewhere: counted as 16). Checked against a
+/// counting allocator for capacities from 3 to 229,376.
+fn hash_map_heap_bytes(capacity: usize, entry_size: usize) -> usize {
+    const GROUP_WIDTH: usize = 16;
+    if capacity == 0 {
+        return 0;
+    }
+    let buckets = if capacity < 8 {
+        (capacity + 1).next_power_of_two()
+    } else {
+        (capacity / 7 * 8).next_power_of_two()
+    };
+    buckets * (entry_size + 1) + GROUP_WIDTH
+}
+
+/// The entries, in fixed-size chunks: entry `i` is at slot `i % CHUNK_ENTRIES` of chunk
+/// `i / CHUNK_ENTRIES`. Every chunk is allocated with room for exactly `CHUNK_ENTRIES` and
+/// never grows; every chunk but the last is full.
+#[derive(Default)]
+struct Entries {
+    chunks: Vec<Vec<Entry>>,
+    len: usize,
+}
+
+impl Entries {
+    /// Entry number `index`, which must be below `len` (heads and chains hold only such).
+    fn get(&self, index: u32) -> Entry {
+        let index = index as usize;
+        self.chunks[index >> CHUNK_SHIFT][index & (CHUNK_ENTRIES - 1)]
+    }
+
+    fn push(&mut self, entry: Entry) {
+        match self.chunks.last_mut() {
+            Some(chunk) if chunk.len() < CHUNK_ENTRIES => chunk.push(entry),
+            _ => {
+                let mut chunk = Vec::with_capacity(CHUNK_ENTRIES);
+                chunk.push(entry);
+                self.chunks.push(chunk);
+            }
+        }
+        self.len += 1;
+    }
+
+    /// Heap bytes by capacity: the chunks and the vector of chunk pointers.
+    fn heap_bytes(&self) -> usize {
+        self.chunks.capacity() * size_of::<Vec<Entry>>()
+            + self
+                .chunks
+                .iter()
+                .map(|chunk| chunk.capacity() * size_of::<Entry>())
+                .sum::<usize>()
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PutError {
@@ -52,6 +204,11 @@ pub enum PutError {
     LsnBackwards { key: Key, lsn: Lsn, last: Lsn },
     #[error("LSN {lsn} is outside the layer's range starting at {start}")]
     OutOfRange { lsn: Lsn, start: Lsn },
+    #[error(
+        "LSN {lsn} is 2^32 or more past the layer's start {start}, more than one layer can span: \
+         start a new layer"
+    )]
+    SpanTooWide { lsn: Lsn, start: Lsn },
     #[error("key {key} already has a version at LSN {lsn}")]
     Duplicate { key: Key, lsn: Lsn },
     #[error("the layer is frozen at {end}; it takes no more puts")]
@@ -67,6 +224,10 @@ pub enum PutError {
     },
     #[error("the layer is full: it holds {max} values")]
     Full { max: usize },
+    #[error(
+        "the layer's ephemeral file is {len} bytes long, past the {max} its index can address"
+    )]
+    FileTooLong { len: u64, max: u64 },
     #[error(transparent)]
     Write(#[from] EphemeralWriteError),
 }
@@ -109,9 +270,7 @@ pub struct InMemoryLayer {
     /// The highest LSN put so far (`start_lsn` while empty).
     last_lsn: Lsn,
     heads: HashMap<Key, u32>,
-    lsns: Vec<Lsn>,
-    positions: Vec<u64>,
-    older: Vec<u32>,
+    entries: Entries,
     /// Reused for serializing values.
     scratch: Vec<u8>,
     max_value_size: usize,
@@ -132,9 +291,7 @@ impl InMemoryLayer {
             end_lsn: None,
             last_lsn: start_lsn,
             heads: HashMap::new(),
-            lsns: Vec::new(),
-            positions: Vec::new(),
-            older: Vec::new(),
+            entries: Entries::default(),
             scratch: Vec::new(),
             max_value_size,
         })
@@ -154,13 +311,22 @@ impl InMemoryLayer {
         self.last_lsn
     }
 
+    /// Whether `lsn` lies within the span this layer can index: at or above `start_lsn` and
+    /// less than [`MAX_LSN_SPAN`] past it. A caller rolls to a new layer before putting an LSN
+    /// for which this is false; `put` refuses it.
+    pub fn can_hold_lsn(&self, lsn: Lsn) -> bool {
+        lsn.0
+            .checked_sub(self.start_lsn.0)
+            .is_some_and(|delta| delta < MAX_LSN_SPAN)
+    }
+
     /// Number of values indexed.
     pub fn len(&self) -> usize {
-        self.lsns.len()
+        self.entries.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.lsns.is_empty()
+        self.entries.len == 0
     }
 
     /// Bytes of values written to the ephemeral file (what `checkpoint_distance` compares with).
@@ -172,15 +338,11 @@ impl InMemoryLayer {
         self.heads.len()
     }
 
-    /// Heap bytes held by the index: the three entry vectors and the key map, by capacity.
+    /// Heap bytes held by the index, by capacity: the entry chunks, the vector of chunk
+    /// pointers, and the key map with its control bytes.
     pub fn index_bytes(&self) -> usize {
-        use std::mem::size_of;
-        let entries = self.lsns.capacity() * size_of::<Lsn>()
-            + self.positions.capacity() * size_of::<u64>()
-            + self.older.capacity() * size_of::<u32>();
-        // A hash map bucket holds the (key, head) pair plus one control byte.
-        let map = self.heads.capacity() * (size_of::<(Key, u32)>() + 1);
-        entries + map
+        self.entries.heap_bytes()
+            + hash_map_heap_bytes(self.heads.capacity(), size_of::<(Key, u32)>())
     }
 
     /// Adds version `lsn` of `key`.
@@ -201,11 +363,14 @@ impl InMemoryLayer {
                 last: self.last_lsn,
             });
         }
-        let head = self.heads.get(&key).copied().unwrap_or(NONE);
-        if head != NONE && self.lsns[head as usize] == lsn {
-            return Err(PutError::Duplicate { key, lsn });
-        }
-        let index = u32::try_from(self.lsns.len())
+        // At or above start_lsn, checked above.
+        let Ok(lsn_delta) = u32::try_from(lsn.0 - self.start_lsn.0) else {
+            return Err(PutError::SpanTooWide {
+                lsn,
+                start: self.start_lsn,
+            });
+        };
+        let index = u32::try_from(self.entries.len)
             .ok()
             .filter(|i| *i != NONE)
             .ok_or(PutError::Full { max: NONE as usize })?;
@@ -225,12 +390,31 @@ impl InMemoryLayer {
                 max: self.max_stored_len(),
             });
         }
-        let offset = self.file.write_blob(&self.scratch)?;
-        self.lsns.push(lsn);
-        self.positions
-            .push((offset << 1) | if value.will_init() { WILL_INIT_BIT } else { 0 });
-        self.older.push(head);
-        self.heads.insert(key, index);
+        // The blob goes at the end of the file: build its entry (all but the link to the key's
+        // previous version) before writing, so a position it cannot hold changes nothing.
+        let offset = self.file.len();
+        let mut entry = Entry::new(lsn_delta, NONE, offset, value.will_init()).ok_or(
+            PutError::FileTooLong {
+                len: offset,
+                max: MAX_OFFSET,
+            },
+        )?;
+        // One hash of the key for both the lookup and the insert. Looking up a new key may
+        // grow the map's capacity, never its contents; after that only a failed file write
+        // can refuse the put.
+        let head_slot = self.heads.entry(key);
+        let head = match &head_slot {
+            hash_map::Entry::Occupied(slot) => *slot.get(),
+            hash_map::Entry::Vacant(_) => NONE,
+        };
+        if head != NONE && self.entries.get(head).lsn_delta == lsn_delta {
+            return Err(PutError::Duplicate { key, lsn });
+        }
+        entry.older = head;
+        let written_at = self.file.write_blob(&self.scratch)?;
+        debug_assert_eq!(written_at, offset, "blobs are appended at the file's end");
+        self.entries.push(entry);
+        head_slot.insert_entry(index);
         self.last_lsn = lsn;
         Ok(())
     }
@@ -241,23 +425,22 @@ impl InMemoryLayer {
         let mut result = LayerRecords::default();
         let cursor = self.cursor();
         let mut buf = Vec::new();
-        let mut entry = self.heads.get(&key).copied().unwrap_or(NONE);
-        while entry != NONE {
-            let i = entry as usize;
-            entry = self.older[i];
-            let version_lsn = self.lsns[i];
+        let mut next = self.heads.get(&key).copied().unwrap_or(NONE);
+        while next != NONE {
+            let entry = self.entries.get(next);
+            next = entry.older;
+            let version_lsn = self.entry_lsn(entry);
             if version_lsn > lsn {
                 continue;
             }
-            let position = self.positions[i];
-            cursor.read_blob_into_buf(position >> 1, &mut buf)?;
+            cursor.read_blob_into_buf(entry.offset(), &mut buf)?;
             let value = Value::deserialize(&buf).map_err(|source| GetError::Corrupt {
                 key,
                 lsn: version_lsn,
                 source,
             })?;
             result.records.push((version_lsn, value));
-            if position & WILL_INIT_BIT != 0 {
+            if entry.will_init() {
                 result.complete = true;
                 break;
             }
@@ -288,19 +471,18 @@ impl InMemoryLayer {
         keys.into_iter().flat_map(move |(key, head)| {
             // The chain runs newest to oldest; emit oldest first.
             let mut chain = Vec::new();
-            let mut entry = head;
-            while entry != NONE {
-                chain.push(entry as usize);
-                entry = self.older[entry as usize];
+            let mut next = head;
+            while next != NONE {
+                let entry = self.entries.get(next);
+                chain.push(entry);
+                next = entry.older;
             }
-            chain.into_iter().rev().map(move |i| {
-                let lsn = self.lsns[i];
-                let blob = self.cursor().read_blob(self.positions[i] >> 1)?;
-                let value = Value::deserialize(&blob).map_err(|source| GetError::Corrupt {
-                    key,
-                    lsn,
-                    source,
-                })?;
+            chain.into_iter().rev().map(move |entry| {
+                let lsn = self.entry_lsn(entry);
+                let blob = self.cursor().read_blob(entry.offset())?;
+                // The value's payloads become slices of the blob's buffer: no second copy.
+                let value = Value::deserialize_bytes(blob.into())
+                    .map_err(|source| GetError::Corrupt { key, lsn, source })?;
                 Ok((key, lsn, value))
             })
         })
@@ -333,6 +515,11 @@ impl InMemoryLayer {
             writer.put_value(key, lsn, &value)?;
         }
         Ok(Some(writer.finish()?))
+    }
+
+    /// The full LSN of an entry. Cannot overflow: `put` accepted it as an LSN.
+    fn entry_lsn(&self, entry: Entry) -> Lsn {
+        Lsn(self.start_lsn.0 + u64::from(entry.lsn_delta))
     }
 
     fn max_stored_len(&self) -> usize {
