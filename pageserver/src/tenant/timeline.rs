@@ -80,7 +80,7 @@ use crate::tenant::delta_layer::{DeltaLayer, DeltaLayerError, TEMP_SUFFIX};
 use crate::tenant::ephemeral_file::remove_leftovers;
 use crate::tenant::flush_loop::FlushWakeup;
 use crate::tenant::inmemory_layer::{
-    FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError,
+    FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError, MAX_LSN_SPAN,
 };
 use crate::tenant::metadata::{MetadataError, TimelineMetadata, METADATA_FILE};
 use crate::tenant::storage_layer::{max_stored_value_len, LayerRecords};
@@ -267,9 +267,6 @@ pub struct Timeline {
     lsn_advanced: Condvar,
 }
 
-/// LSNs one layer can span: the in-memory layer keeps LSNs as 32-bit offsets from its start.
-const MAX_LAYER_LSN_SPAN: u64 = 1 << 32;
-
 impl Timeline {
     /// Creates an empty timeline in `dir` (which must exist and be empty).
     pub fn create(
@@ -452,7 +449,7 @@ impl Timeline {
         if map
             .open
             .as_ref()
-            .is_some_and(|open| last.lsn.0.saturating_sub(open.start_lsn().0) >= MAX_LAYER_LSN_SPAN)
+            .is_some_and(|open| !open.can_hold_lsn(last.lsn))
         {
             self.freeze_open(&mut map, first.lsn)?;
         }
@@ -590,7 +587,8 @@ impl Timeline {
                 });
             }
         }
-        if previous.0 - first.0 >= MAX_LAYER_LSN_SPAN {
+        // A new layer starting at the batch's first LSN must hold all of it.
+        if previous.0 - first.0 >= MAX_LSN_SPAN {
             return Err(TimelineError::BatchSpanTooWide {
                 first,
                 last: previous,
