@@ -109,6 +109,31 @@ pub static STARTUP_SECONDS: LazyLock<prometheus::GaugeVec> = LazyLock::new(|| {
     .expect("metric names are unique")
 });
 
+/// Registers every metric and its label values now, so a fresh server's `/metrics` lists each
+/// family (at zero) before its first event.
+pub fn register_all() {
+    for counter in [
+        &EPHEMERAL_BYTES_WRITTEN,
+        &EPHEMERAL_WRITES,
+        &LAYER_FLUSHES,
+        &LAYER_FLUSH_BYTES,
+        &BACKPRESSURE_FLUSHES,
+        &INGEST_RECORDS,
+        &INGEST_BYTES,
+    ] {
+        LazyLock::force(counter);
+    }
+    LazyLock::force(&LAYER_FLUSH_SECONDS);
+    for outcome in ["ok", "not_found", "error"] {
+        GETPAGE_SECONDS.with_label_values(&[outcome]);
+    }
+    for outcome in ["ok", "error"] {
+        INGEST_SECONDS.with_label_values(&[outcome]);
+    }
+    LazyLock::force(&HTTP_REQUESTS);
+    LazyLock::force(&STARTUP_SECONDS);
+}
+
 /// The whole `/metrics` page.
 pub fn render(cache: &PageCache, tenants: &TenantManager) -> String {
     let mut out = Vec::new();

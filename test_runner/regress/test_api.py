@@ -314,12 +314,6 @@ def test_failpoints_endpoint(pageserver: Pageserver):
         assert contains in api_error(r).msg, (body, r.text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an ingest refused before its body is read (unknown timeline, malformed id, auth) is "
-    "answered without `Connection: close`, then the server closes the connection: a keep-alive "
-    "client's next request on it fails (broken pipe / remote disconnected)",
-)
 def test_connection_survives_a_refused_ingest(pageserver: Pageserver):
     tenant = pageserver.http.tenant_create()["id"]
     body = encode_batch([Image(key(0), 5, page_of(i)) for i in range(4)])

@@ -180,14 +180,6 @@ def test_delete_timeline_and_tenant_under_traffic(pageserver_factory: Pageserver
 
 
 @pytest.mark.needs_testing
-@pytest.mark.xfail(
-    strict=True,
-    reason="TenantManager::delete_tenant holds the tenant map's write lock while it waits for the "
-    "tenant's flush in progress (timeline.shutdown waits on flush_lock), and handlers take that "
-    "lock on the async runtime's worker threads: requests for any other tenant stall until the "
-    "flush ends, and two of them (on 2 cores) stall the whole HTTP server, /v1/status and "
-    "SIGTERM included",
-)
 def test_deleting_a_flushing_tenant_does_not_stall_others(pageserver_factory: PageserverFactory):
     ps = pageserver_factory.start()
     busy = TimelineHandle.create(ps)

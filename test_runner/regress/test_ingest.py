@@ -257,13 +257,6 @@ def test_body_over_max_request_body_size_is_413(pageserver_factory: PageserverFa
     timeline.verify()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the ingest handler reads the body up to max_request_body_size before refusing it, "
-    "even when its Content-Length already says it is over (routes.rs ingest_inner, "
-    "axum::body::to_bytes); it then closes the connection with the rest unread, so a client "
-    "that sent the whole body may get a connection reset instead of the 413",
-)
 def test_body_over_limit_refused_from_its_length(pageserver_factory: PageserverFactory):
     ps = pageserver_factory.start({"max_request_body_size": "64KiB"})
     timeline = TimelineHandle.create(ps)
@@ -277,12 +270,6 @@ def test_body_over_limit_refused_from_its_length(pageserver_factory: PageserverF
     assert answer.startswith(b"HTTP/1.1 413"), answer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a batch at LSN FFFFFFFF/FFFFFFFF is accepted, then freezing the open layer at "
-    "last_record_lsn + 1 overflows (timeline.rs checkpoint): the checkpoint panics (500) and a "
-    "graceful shutdown panics the main thread (exit 101) without flushing",
-)
 def test_largest_lsn(timeline: TimelineHandle):
     timeline.ps.allowed_errors.extend(["panicked", "request task failed"])
     seeded(timeline)

@@ -107,12 +107,6 @@ def test_metrics_families_and_values(pageserver_factory: PageserverFactory):
     assert m.value("pageserver_layers", kind="delta", tenant_id=other.tenant_id, timeline_id=other.timeline_id) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the event counters and histograms are registered on first use (LazyLock statics in "
-    "pageserver/src/metrics.rs), so a fresh server's /metrics lacks them until the first "
-    "ingest, flush or read",
-)
 def test_every_family_is_exported_from_startup(pageserver: Pageserver):
     m = metrics(pageserver)
     missing = [name for name in PROMISED if not m.samples(name) and name not in PER_TIMELINE and "_bucket" not in name]

@@ -243,13 +243,6 @@ def test_corrupt_value_is_an_error_not_a_wrong_page(pageserver_factory: Pageserv
     assert timeline.get(key(2), "latest") == page_of(2)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tenant directory without its timelines/ subdirectory stops the whole server from "
-    "starting (mgr.rs Tenant::load propagates scan_ids' read_dir error with `?`, so "
-    "TenantManager::load fails: 'loading tenants: .../timelines: No such file or directory'), "
-    "instead of making only that tenant Broken",
-)
 def test_tenant_without_timelines_dir_breaks_only_itself(pageserver_factory: PageserverFactory):
     ps = pageserver_factory.start()
     healthy = TimelineHandle.create(ps)

@@ -50,10 +50,27 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             // Before logging is up, or a failure worth seeing whatever RUST_LOG says.
-            eprintln!("pageserver: error: {e:#}");
+            eprintln!("pageserver: error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each said once: our errors already include their source in
+/// their own message.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if message.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
 }
 
 /// Times one startup phase and logs it.
@@ -84,9 +101,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         phase_started: Instant::now(),
     };
     let workdir = &cli.workdir;
-    let initialized = init_workdir(workdir)?;
+    std::fs::create_dir_all(workdir)
+        .with_context(|| format!("creating work directory {}", workdir.display()))?;
     let conf = PageServerConf::load(workdir, &cli.overrides)?;
+    // Only settings that work are written down.
+    let initialized = init_config_file(workdir)?;
     init_logging(conf.log_format);
+    pageserver::metrics::register_all();
     if initialized {
         tracing::info!(
             "initialized a fresh work directory {} with default settings",
@@ -177,8 +198,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             "pageserver started in {:.1} ms",
             phases.started.elapsed().as_secs_f64() * 1e3
         );
+        let waiting_reads = tenants.clone();
         axum::serve(listener, router(state))
-            .with_graceful_shutdown(shutdown_signal())
+            .with_graceful_shutdown(async move {
+                shutdown_signal().await;
+                // Reads waiting for an LSN would hold the shutdown up to wait_lsn_timeout.
+                waiting_reads.cancel_lsn_waits();
+            })
             .await
             .context("serving HTTP")
     })?;
@@ -202,10 +228,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// Creates the work directory and its settings file if missing; returns whether it did.
-fn init_workdir(workdir: &Path) -> anyhow::Result<bool> {
-    std::fs::create_dir_all(workdir)
-        .with_context(|| format!("creating work directory {}", workdir.display()))?;
+/// Writes a settings file of defaults if there is none; returns whether it did.
+fn init_config_file(workdir: &Path) -> anyhow::Result<bool> {
     let config = workdir.join(CONFIG_FILE);
     if config.exists() {
         return Ok(false);

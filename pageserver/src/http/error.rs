@@ -36,10 +36,19 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() {
+        // A 500 is a failure of ours; a 503 (a broken tenant, a wait for an LSN that timed
+        // out, a shutdown) is expected under its circumstances and already logged where it
+        // began.
+        if self.status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!(
                 status = self.status.as_u16(),
                 "request failed: {}",
+                self.msg
+            );
+        } else if self.status.is_server_error() {
+            tracing::info!(
+                status = self.status.as_u16(),
+                "request refused: {}",
                 self.msg
             );
         }
@@ -59,6 +68,7 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         | ValueTooLarge { .. }
         | ValueNotEncodable { .. }
         | PageTooLarge { .. }
+        | Reserved { .. }
         | BatchSpanTooWide { .. } => StatusCode::BAD_REQUEST,
         // Retrying later may succeed.
         LsnNotYetIngested { .. } | WaitLsnTimeout { .. } | Broken { .. } | ShuttingDown => {

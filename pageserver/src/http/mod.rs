@@ -138,11 +138,27 @@ async fn check_auth(State(state): State<SharedState>, request: Request, next: Ne
                 .get(axum::http::header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok());
             if let Err(e) = auth.check(header, request.method(), request.uri().path()) {
-                return e.into_response();
+                let mut response = e.into_response();
+                if has_body(&request) {
+                    // The body stays unread, so the connection cannot carry another request.
+                    response.headers_mut().insert(
+                        axum::http::header::CONNECTION,
+                        axum::http::HeaderValue::from_static("close"),
+                    );
+                }
+                return response;
             }
         }
     }
     next.run(request).await
+}
+
+fn has_body(request: &Request) -> bool {
+    let headers = request.headers();
+    headers.contains_key(axum::http::header::TRANSFER_ENCODING)
+        || headers
+            .get(axum::http::header::CONTENT_LENGTH)
+            .is_some_and(|len| len != "0")
 }
 
 async fn account(request: Request, next: Next) -> Response {

@@ -276,10 +276,11 @@ pub async fn timeline_delete(
 pub async fn ingest(
     State(state): State<SharedState>,
     Path(ids): Path<(String, String)>,
+    headers: axum::http::HeaderMap,
     body: Body,
-) -> ApiResult<Json<JsonValue>> {
+) -> Result<Json<JsonValue>, Response> {
     let started = Instant::now();
-    let result = ingest_inner(&state, &ids, body).await;
+    let result = ingest_inner(&state, &ids, &headers, body).await;
     let outcome = if result.is_ok() { "ok" } else { "error" };
     crate::metrics::INGEST_SECONDS
         .with_label_values(&[outcome])
@@ -290,10 +291,46 @@ pub async fn ingest(
 async fn ingest_inner(
     state: &SharedState,
     ids: &(String, String),
+    headers: &axum::http::HeaderMap,
     body: Body,
+) -> Result<Json<JsonValue>, Response> {
+    let limit = state.conf.max_request_body_size;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(len) = declared.filter(|len| *len > limit as u64) {
+        // Refused from its length, before a byte of it is read; the unread body means the
+        // connection cannot carry another request, and the client is told so.
+        return Err(closing(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body of {len} bytes is over the limit of {limit} bytes"),
+        )));
+    }
+    // Read the body before anything can refuse the request, so that a refusal leaves the
+    // connection usable.
+    let body = read_body(body, limit).await.map_err(closing)?;
+    ingest_body(state, ids, body)
+        .await
+        .map_err(IntoResponse::into_response)
+}
+
+/// `error` with `Connection: close`, for a refusal that leaves a request body unread.
+fn closing(error: ApiError) -> Response {
+    let mut response = error.into_response();
+    response.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    response
+}
+
+async fn ingest_body(
+    state: &SharedState,
+    ids: &(String, String),
+    body: Bytes,
 ) -> ApiResult<Json<JsonValue>> {
     let timeline = timeline_of(state, ids)?;
-    let body = read_body(body, state.conf.max_request_body_size).await?;
     let body_len = body.len() as u64;
     let max_payload = max_stored_value_len(state.conf.max_value_size);
     let records =

@@ -242,6 +242,20 @@ impl Summary {
     }
 }
 
+/// The LSN range a layer file's name claims, if the name has the layer form: lets startup set
+/// aside layers it will delete without reading them. The summary inside stays the authority
+/// for every layer that is kept.
+pub fn lsn_range_of_file_name(name: &str) -> Option<std::ops::Range<Lsn>> {
+    let (_keys, lsns) = name.split_once("__")?;
+    let (start, end) = lsns.split_once('-')?;
+    let parse = |s: &str| {
+        (s.len() == 16)
+            .then(|| u64::from_str_radix(s, 16).ok())
+            .flatten()
+    };
+    Some(Lsn(parse(start)?)..Lsn(parse(end)?))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DeltaLayerError {
     #[error("delta layer {}: {source}", path.display())]

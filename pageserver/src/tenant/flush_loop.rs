@@ -76,7 +76,14 @@ impl FlushLoop {
                         if stop.load(Ordering::Acquire) {
                             break;
                         }
-                        run_pass(&timelines());
+                        // A panic in one pass (a bug, or a failpoint) must not end background
+                        // flushing for good: log it and go on with the next pass.
+                        let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            run_pass(&timelines())
+                        }));
+                        if pass.is_err() {
+                            tracing::error!("a flush loop pass panicked; the loop goes on");
+                        }
                     }
                 }
             })?;

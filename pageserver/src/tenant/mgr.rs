@@ -179,7 +179,8 @@ impl TenantManager {
         self.check_running()?;
         let id = id.unwrap_or_else(TenantId::generate);
         let mut tenants = self.tenants.write().unwrap_or_else(|e| e.into_inner());
-        if tenants.contains_key(&id) {
+        // On disk but not in the map: a deletion of the same id is finishing.
+        if tenants.contains_key(&id) || self.tenants_dir.join(id.to_string()).exists() {
             return Err(TenantError::TenantExists(id));
         }
         let dir = create_dir_atomically(&self.tenants_dir, &id.to_string(), |staging| {
@@ -224,17 +225,31 @@ impl TenantManager {
 
     /// Stops every timeline of the tenant (without flushing: the data goes) and removes the
     /// tenant's directory.
+    ///
+    /// The tenant leaves the map first, so waiting for its flush in progress holds up no
+    /// request for another tenant; until its directory is gone, creating it again is refused.
     pub fn delete_tenant(&self, id: TenantId) -> Result<(), TenantError> {
-        let mut tenants = self.tenants.write().unwrap_or_else(|e| e.into_inner());
-        let tenant = tenants.get(&id).ok_or(TenantError::TenantNotFound(id))?;
+        let tenant = self
+            .tenants
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id)
+            .ok_or(TenantError::TenantNotFound(id))?;
         for timeline in tenant.list_timelines() {
             // Only waits for a flush in progress; errors do not matter for data being deleted.
             let _ = timeline.shutdown(false);
         }
         delete_dir_atomically(&tenant.dir)?;
-        tenants.remove(&id);
         tracing::info!(tenant = %id, "deleted tenant");
         Ok(())
+    }
+
+    /// Wakes every read waiting for an LSN with a "shutting down" error, so a graceful
+    /// shutdown does not wait `wait_lsn_timeout` for them.
+    pub fn cancel_lsn_waits(&self) {
+        for timeline in all_timelines(&self.tenants) {
+            timeline.cancel_lsn_waits();
+        }
     }
 
     /// Graceful shutdown: stops the flush loop, then makes everything ingested durable and
@@ -281,7 +296,21 @@ impl Tenant {
         let timelines_dir = dir.join(TIMELINES_DIR);
         let mut timelines = BTreeMap::new();
         let mut state = TenantState::Active;
-        for (timeline_id, timeline_dir) in scan_ids::<TimelineId>(&timelines_dir)? {
+        let found = match scan_ids::<TimelineId>(&timelines_dir) {
+            Ok(found) => found,
+            Err(e) => {
+                return Ok(Tenant {
+                    id,
+                    dir,
+                    state: TenantState::Broken {
+                        reason: format!("its timelines cannot be listed: {e}"),
+                    },
+                    shared,
+                    timelines: RwLock::new(BTreeMap::new()),
+                });
+            }
+        };
+        for (timeline_id, timeline_dir) in found {
             let started = Instant::now();
             match Timeline::load(
                 &timeline_dir,
@@ -343,7 +372,8 @@ impl Tenant {
         self.check_active()?;
         let id = id.unwrap_or_else(TimelineId::generate);
         let mut timelines = self.timelines.write().unwrap_or_else(|e| e.into_inner());
-        if timelines.contains_key(&id) {
+        let on_disk = self.dir.join(TIMELINES_DIR).join(id.to_string()).exists();
+        if timelines.contains_key(&id) || on_disk {
             return Err(TenantError::TimelineExists {
                 tenant: self.id,
                 timeline: id,
@@ -390,18 +420,22 @@ impl Tenant {
         timelines.values().cloned().collect()
     }
 
-    /// Stops the timeline (without flushing: the data goes) and removes its directory.
+    /// Stops the timeline (without flushing: the data goes) and removes its directory. It
+    /// leaves the map first, as in [`TenantManager::delete_tenant`].
     pub fn delete_timeline(&self, id: TimelineId) -> Result<(), TenantError> {
         self.check_active()?;
-        let mut timelines = self.timelines.write().unwrap_or_else(|e| e.into_inner());
-        let timeline = timelines.get(&id).ok_or(TenantError::TimelineNotFound {
-            tenant: self.id,
-            timeline: id,
-        })?;
+        let timeline = self
+            .timelines
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id)
+            .ok_or(TenantError::TimelineNotFound {
+                tenant: self.id,
+                timeline: id,
+            })?;
         // Only waits for a flush in progress; errors do not matter for data being deleted.
         let _ = timeline.shutdown(false);
         delete_dir_atomically(timeline.dir())?;
-        timelines.remove(&id);
         tracing::info!(tenant = %self.id, timeline = %id, "deleted timeline");
         Ok(())
     }

@@ -76,7 +76,9 @@ use pageserver_api::{reconstruct_page, Key, RedoError, Value, ValueEncodeError};
 use utils::{Lsn, TenantId, TimelineId};
 
 use crate::page_cache::{MaterializedPageKey, PageCache};
-use crate::tenant::delta_layer::{DeltaLayer, DeltaLayerError, TEMP_SUFFIX};
+use crate::tenant::delta_layer::{
+    lsn_range_of_file_name, DeltaLayer, DeltaLayerError, TEMP_SUFFIX,
+};
 use crate::tenant::ephemeral_file::remove_leftovers;
 use crate::tenant::flush_loop::FlushWakeup;
 use crate::tenant::inmemory_layer::{
@@ -154,6 +156,8 @@ pub enum TimelineError {
     },
     #[error("the batch spans LSNs {first} to {last}, more than one layer can hold")]
     BatchSpanTooWide { first: Lsn, last: Lsn },
+    #[error("record {index} of the batch: {what} is reserved and cannot hold a page version")]
+    Reserved { index: usize, what: String },
     #[error("LSN {lsn} is beyond the last ingested LSN {last_record}")]
     LsnNotYetIngested { lsn: Lsn, last_record: Lsn },
     #[error(
@@ -259,6 +263,8 @@ pub struct Timeline {
     flush_wakeup: Option<Arc<FlushWakeup>>,
     /// Set by `shutdown`: flushes that start later do nothing (the directory may be going).
     stopped: AtomicBool,
+    /// Set by `cancel_lsn_waits`: `wait_lsn` returns at once.
+    waits_cancelled: AtomicBool,
     last_record_lsn: AtomicU64,
     disk_consistent_lsn: AtomicU64,
     /// `wait_lsn` callers currently asleep; a put takes `lsn_wait` to wake them only if any.
@@ -310,9 +316,16 @@ impl Timeline {
                 std::fs::remove_file(&path).map_err(io_err)?;
                 continue;
             }
+            // Written, but the metadata update that would acknowledge it was lost: removed
+            // without being read, so a layer torn by the crash cannot fail the load.
+            let unacknowledged = |end: Lsn| end.0 > durable.0 + 1;
+            if lsn_range_of_file_name(name).is_some_and(|lsns| unacknowledged(lsns.end)) {
+                std::fs::remove_file(&path).map_err(io_err)?;
+                continue;
+            }
             let layer = DeltaLayer::open(&path, cache.clone(), conf.max_value_size)?;
-            if layer.summary().lsn_end.0 > durable.0 + 1 {
-                // Written, but the metadata update that would acknowledge it was lost.
+            if unacknowledged(layer.summary().lsn_end) {
+                // Its name did not say so (renamed by hand?); the summary does.
                 drop(layer);
                 std::fs::remove_file(&path).map_err(io_err)?;
                 continue;
@@ -335,6 +348,7 @@ impl Timeline {
             flush_lock: Mutex::new(()),
             flush_wakeup: None,
             stopped: AtomicBool::new(false),
+            waits_cancelled: AtomicBool::new(false),
             last_record_lsn: AtomicU64::new(durable.0),
             disk_consistent_lsn: AtomicU64::new(durable.0),
             lsn_waiters: AtomicUsize::new(0),
@@ -535,6 +549,20 @@ impl Timeline {
         let mut previous = first;
         for (index, PutRecord { key, lsn, value }) in records.iter().enumerate() {
             let (key, lsn) = (*key, *lsn);
+            // Key::MAX is the exclusive end of key ranges, and a layer's LSN range ends one
+            // past its last LSN: neither limit can hold a version.
+            if key == Key::MAX {
+                return Err(TimelineError::Reserved {
+                    index,
+                    what: format!("key {key}"),
+                });
+            }
+            if lsn == Lsn::MAX {
+                return Err(TimelineError::Reserved {
+                    index,
+                    what: format!("LSN {lsn}"),
+                });
+            }
             if lsn < previous {
                 return Err(TimelineError::BatchLsnBackwards {
                     index,
@@ -628,6 +656,13 @@ impl Timeline {
         Ok(())
     }
 
+    /// Makes every `wait_lsn`, now and later, that would have to wait return "shutting down".
+    pub fn cancel_lsn_waits(&self) {
+        self.waits_cancelled.store(true, Ordering::Release);
+        let _guard = self.lsn_wait.lock().unwrap_or_else(|e| e.into_inner());
+        self.lsn_advanced.notify_all();
+    }
+
     /// Waits until `lsn` has been ingested, for at most `timeout`.
     pub fn wait_lsn(&self, lsn: Lsn, timeout: Duration) -> Result<(), TimelineError> {
         if self.last_record_lsn() >= lsn {
@@ -640,6 +675,9 @@ impl Timeline {
             let last_record = self.last_record_lsn();
             if last_record >= lsn {
                 break Ok(());
+            }
+            if self.waits_cancelled.load(Ordering::Acquire) {
+                break Err(TimelineError::ShuttingDown);
             }
             let now = Instant::now();
             if now >= deadline {

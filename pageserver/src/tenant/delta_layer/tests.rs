@@ -202,3 +202,17 @@ fn creation_is_atomic_and_names_encode_the_ranges() {
     assert!(layer.get(rel_key(2), Lsn(9)).unwrap().records.is_empty());
     assert_eq!(layer.get(rel_key(3), Lsn(19)).unwrap().records.len(), 1);
 }
+
+#[test]
+fn file_names_say_their_lsn_range() {
+    let name = "000000067f00000005000040000000000001-000000067f00000005000040000000000002__0000000000000001-0000000000000011";
+    assert_eq!(lsn_range_of_file_name(name), Some(Lsn(1)..Lsn(0x11)));
+    for not_a_layer in [
+        "metadata",
+        "x__1-2",
+        "a__00000000000000zz-0000000000000011",
+        "a__0000000000000001",
+    ] {
+        assert_eq!(lsn_range_of_file_name(not_a_layer), None, "{not_a_layer}");
+    }
+}

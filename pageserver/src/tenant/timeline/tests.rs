@@ -386,6 +386,21 @@ fn a_refused_batch_changes_nothing() {
         ),
         (vec![rec(2, 10, &image(3))], "does not advance"),
         (
+            vec![
+                rec(2, 20, &image(3)),
+                PutRecord {
+                    key: Key::MAX,
+                    lsn: Lsn(20),
+                    value: image(3),
+                },
+            ],
+            "is reserved",
+        ),
+        (
+            vec![rec(2, 20, &image(3)), rec(2, u64::MAX, &image(3))],
+            "is reserved",
+        ),
+        (
             vec![rec(2, 20, &image(3)), rec(2, 20 + (1 << 32), &image(3))],
             "more than one layer",
         ),
