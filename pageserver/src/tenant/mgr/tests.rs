@@ -6,6 +6,7 @@ use utils::Lsn;
 
 use super::*;
 use crate::tenant::test_support::*;
+use crate::tenant::timeline::Timeline;
 use crate::tenant::timeline::TimelineError;
 use crate::PAGE_SZ;
 
@@ -16,6 +17,14 @@ fn image(fill: u8) -> Value {
 fn load(workdir: &Path, conf: TimelineConf) -> TenantManager {
     let (mgr, _) = TenantManager::load(workdir, small_cache(128), conf).unwrap();
     mgr
+}
+
+/// A timeline in a new tenant.
+fn new_timeline(mgr: &TenantManager) -> Arc<Timeline> {
+    mgr.create_tenant(None)
+        .unwrap()
+        .create_timeline(None)
+        .unwrap()
 }
 
 /// Polls `done` until it holds, failing after ten seconds.
@@ -225,11 +234,7 @@ fn the_flush_loop_flushes_by_checkpoint_timeout() {
         ..TimelineConf::default()
     };
     let mgr = load(workdir.path(), conf);
-    let timeline = mgr
-        .create_tenant(None)
-        .unwrap()
-        .create_timeline(None)
-        .unwrap();
+    let timeline = new_timeline(&mgr);
     timeline.put(rel_key(1), Lsn(10), &image(1)).unwrap();
     eventually("the open layer is flushed by age", || {
         timeline.disk_consistent_lsn() == Lsn(10)
@@ -249,11 +254,7 @@ fn the_flush_loop_flushes_by_checkpoint_distance_while_ingest_continues() {
         ..TimelineConf::default()
     };
     let mgr = load(workdir.path(), conf);
-    let timeline = mgr
-        .create_tenant(None)
-        .unwrap()
-        .create_timeline(None)
-        .unwrap();
+    let timeline = new_timeline(&mgr);
     for lsn in 1..=40u64 {
         timeline
             .put(rel_key(lsn as u32 % 7), Lsn(lsn), &image(lsn as u8))

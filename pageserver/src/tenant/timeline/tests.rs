@@ -25,6 +25,21 @@ fn small_layers_conf() -> TimelineConf {
     }
 }
 
+/// A timeline for threads to share, freezing every `pages_per_layer` pages, with a backlog of
+/// two frozen layers before puts flush them.
+fn shared_timeline(
+    dir: &std::path::Path,
+    pages_per_layer: u64,
+    cache_pages: usize,
+) -> Arc<Timeline> {
+    let conf = TimelineConf {
+        checkpoint_distance: pages_per_layer * PAGE_SZ as u64,
+        max_frozen_layers: 2,
+        ..TimelineConf::default()
+    };
+    Arc::new(Timeline::create(dir, TENANT, TIMELINE, small_cache(cache_pages), conf).unwrap())
+}
+
 fn image(fill: u8) -> Value {
     Value::Image(Bytes::from(vec![fill; PAGE_SZ]))
 }
@@ -418,13 +433,7 @@ fn a_refused_batch_changes_nothing() {
 #[test]
 fn puts_continue_while_a_flush_is_in_progress() {
     let dir = tempfile::tempdir().unwrap();
-    let conf = TimelineConf {
-        checkpoint_distance: 3 * PAGE_SZ as u64,
-        max_frozen_layers: 2,
-        ..TimelineConf::default()
-    };
-    let tl =
-        Arc::new(Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(64), conf).unwrap());
+    let tl = shared_timeline(dir.path(), 3, 64);
     // A flush in progress holds flush_lock for as long as it writes; hold it here instead.
     let flushing = tl.flush_lock.lock().unwrap();
     let writer = std::thread::spawn({
@@ -536,13 +545,7 @@ fn wait_lsn_wakes_on_ingest_and_times_out_otherwise() {
 #[test]
 fn concurrent_ingest_reads_and_checkpoints_agree_with_the_model() {
     let dir = tempfile::tempdir().unwrap();
-    let conf = TimelineConf {
-        checkpoint_distance: 8 * PAGE_SZ as u64,
-        max_frozen_layers: 2,
-        ..TimelineConf::default()
-    };
-    let tl =
-        Arc::new(Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(256), conf).unwrap());
+    let tl = shared_timeline(dir.path(), 8, 256);
     const KEYS: u32 = 16;
     const BATCHES: u64 = 300;
     // Version at LSN l of key k is an image filled with (l + k) as u8, so any reader can tell
