@@ -109,6 +109,51 @@ pub static STARTUP_SECONDS: LazyLock<prometheus::GaugeVec> = LazyLock::new(|| {
     .expect("metric names are unique")
 });
 
+pub static READ_BLOCKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "pageserver_getpage_blocks_total",
+        "Blocks GetPage requests needed, by part of the layer and whether the page cache had them",
+        &["kind", "result"]
+    )
+    .expect("metric names are unique")
+});
+pub static READ_IOS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_getpage_ios_total",
+        "File read calls GetPage requests issued",
+    )
+});
+pub static READ_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_getpage_read_bytes_total",
+        "Bytes GetPage requests read from files",
+    )
+});
+pub static READ_LAYERS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_getpage_layers_visited_total",
+        "Layers GetPage requests asked for a key's versions",
+    )
+});
+
+/// Adds one GetPage's cost to the totals.
+pub fn record_read_cost(cost: &crate::tenant::read_cost::ReadCost) {
+    let blocks = [
+        ("index", "hit", cost.idx_hit),
+        ("index", "miss", cost.idx_miss),
+        ("value", "hit", cost.val_hit),
+        ("value", "miss", cost.val_miss),
+    ];
+    for (kind, result, n) in blocks {
+        READ_BLOCKS
+            .with_label_values(&[kind, result])
+            .inc_by(u64::from(n));
+    }
+    READ_IOS.inc_by(u64::from(cost.ios));
+    READ_BYTES.inc_by(cost.bytes);
+    READ_LAYERS.inc_by(u64::from(cost.layers));
+}
+
 /// Registers every metric and its label values now, so a fresh server's `/metrics` lists each
 /// family (at zero) before its first event.
 pub fn register_all() {
@@ -120,6 +165,9 @@ pub fn register_all() {
         &BACKPRESSURE_FLUSHES,
         &INGEST_RECORDS,
         &INGEST_BYTES,
+        &READ_IOS,
+        &READ_BYTES,
+        &READ_LAYERS,
     ] {
         LazyLock::force(counter);
     }
@@ -129,6 +177,11 @@ pub fn register_all() {
     }
     for outcome in ["ok", "error"] {
         INGEST_SECONDS.with_label_values(&[outcome]);
+    }
+    for kind in ["index", "value"] {
+        for result in ["hit", "miss"] {
+            READ_BLOCKS.with_label_values(&[kind, result]);
+        }
     }
     LazyLock::force(&HTTP_REQUESTS);
     LazyLock::force(&STARTUP_SECONDS);

@@ -18,6 +18,7 @@ use super::error::ApiError;
 use super::{blocking, SharedState};
 use crate::page_cache::KindStats;
 use crate::tenant::mgr::{Tenant, TenantState};
+use crate::tenant::read_cost;
 use crate::tenant::storage_layer::max_stored_value_len;
 use crate::tenant::timeline::{LayerDescription, LayerKind, Timeline};
 
@@ -413,10 +414,12 @@ async fn get_page_inner(
     let (key, lsn) = page_query(query)?;
     let timeline = timeline_of(state, ids)?;
     let wait = state.conf.wait_lsn_timeout;
-    let (page, lsn) = blocking(move || {
+    let (page, lsn, cost) = blocking(move || {
         let lsn = lsn.unwrap_or_else(|| timeline.last_record_lsn());
         timeline.wait_lsn(lsn, wait)?;
-        Ok((timeline.get_page(key, lsn)?, lsn))
+        let (page, cost) = read_cost::measure(|| timeline.get_page(key, lsn));
+        crate::metrics::record_read_cost(&cost);
+        Ok((page?, lsn, cost))
     })
     .await?;
     let page = page.ok_or_else(|| {
@@ -426,6 +429,10 @@ async fn get_page_inner(
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
             (header::HeaderName::from_static("x-lsn"), lsn.to_string()),
+            (
+                header::HeaderName::from_static("x-read-cost"),
+                cost.to_string(),
+            ),
         ],
         page,
     )

@@ -123,12 +123,28 @@ impl<'a, R: BlockReader + ?Sized> BlockCursor<'a, R> {
     pub fn read_blob_into_buf(&self, offset: u64, buf: &mut Vec<u8>) -> Result<(), BlobReadError> {
         buf.clear();
         let mut pos = Position::new(offset)?;
-
-        let first = self.read_bytes::<1>(&mut pos)?[0];
+        // Each block is asked for once, however many of the header's bytes and the blob's
+        // pieces it holds: a lookup per block, and a read cost that counts blocks, not bytes.
+        let mut blkno = pos.blkno;
+        let mut block = self.reader.read_blk(blkno)?;
+        let mut next_byte = |pos: &mut Position| -> Result<u8, BlobReadError> {
+            if pos.blkno != blkno {
+                blkno = pos.blkno;
+                block = self.reader.read_blk(blkno)?;
+            }
+            let byte = block[pos.in_block];
+            pos.advance(1, offset)?;
+            Ok(byte)
+        };
+        let first = next_byte(&mut pos)?;
         let len = if first & LONG_HEADER_FLAG == 0 {
             usize::from(first)
         } else {
-            let rest = self.read_bytes::<3>(&mut pos)?;
+            let rest = [
+                next_byte(&mut pos)?,
+                next_byte(&mut pos)?,
+                next_byte(&mut pos)?,
+            ];
             let len = u32::from_be_bytes([first & !LONG_HEADER_FLAG, rest[0], rest[1], rest[2]]);
             usize::try_from(len).unwrap_or(usize::MAX)
         };
@@ -144,7 +160,10 @@ impl<'a, R: BlockReader + ?Sized> BlockCursor<'a, R> {
         buf.reserve(len.min(PAGE_SZ));
         let mut remaining = len;
         while remaining > 0 {
-            let block = self.reader.read_blk(pos.blkno)?;
+            if pos.blkno != blkno {
+                blkno = pos.blkno;
+                block = self.reader.read_blk(blkno)?;
+            }
             let n = remaining.min(PAGE_SZ - pos.in_block);
             buf.extend_from_slice(&block[pos.in_block..pos.in_block + n]);
             remaining -= n;
@@ -152,24 +171,12 @@ impl<'a, R: BlockReader + ?Sized> BlockCursor<'a, R> {
         }
         Ok(())
     }
-
-    fn read_bytes<const N: usize>(&self, pos: &mut Position) -> Result<[u8; N], BlobReadError> {
-        let mut out = [0u8; N];
-        let origin = pos.origin;
-        for byte in out.iter_mut() {
-            let block = self.reader.read_blk(pos.blkno)?;
-            *byte = block[pos.in_block];
-            pos.advance(1, origin)?;
-        }
-        Ok(out)
-    }
 }
 
 /// A byte position as (block, offset in block).
 struct Position {
     blkno: u32,
     in_block: usize,
-    origin: u64,
 }
 
 impl Position {
@@ -180,7 +187,6 @@ impl Position {
             blkno,
             // Less than PAGE_SZ.
             in_block: (offset % PAGE_SZ as u64) as usize,
-            origin: offset,
         })
     }
 

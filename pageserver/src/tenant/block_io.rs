@@ -13,6 +13,7 @@ use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
 use crate::page_cache::{Arrival, FileId, PageCache, PageLease, ReadThroughError};
+use crate::tenant::read_cost::{self, BlockKind};
 use crate::virtual_file::FileIo;
 use crate::PAGE_SZ;
 
@@ -78,7 +79,8 @@ pub fn block_offset(blkno: u32) -> u64 {
     u64::from(blkno) * PAGE_SZ as u64
 }
 
-/// Reads block `blkno` of an immutable file through the page cache.
+/// Reads block `blkno` of an immutable file through the page cache, adding the block (as
+/// `kind`) and any file read to the current [`read_cost`].
 pub(crate) fn read_through_cache<'c>(
     cache: &'c PageCache,
     file: &dyn FileIo,
@@ -86,6 +88,7 @@ pub(crate) fn read_through_cache<'c>(
     path: &Path,
     blkno: u32,
     arrival: Arrival,
+    kind: BlockKind,
 ) -> Result<BlockLease<'c>, BlockReadError> {
     let io_error = |source: io::Error| {
         if source.kind() == io::ErrorKind::UnexpectedEof {
@@ -101,13 +104,21 @@ pub(crate) fn read_through_cache<'c>(
             }
         }
     };
+    let mut filled = false;
     let read = cache.read_file_page(file_id, blkno, arrival, |frame| {
+        filled = true;
+        read_cost::io(PAGE_SZ as u64);
         file.read_exact_at(frame, block_offset(blkno))
     });
+    if !matches!(read, Err(ReadThroughError::NoFreeSlot(_))) {
+        read_cost::block(kind, !filled);
+    }
     match read {
         Ok(lease) => Ok(BlockLease::Cached(lease)),
         Err(ReadThroughError::Fill(e)) => Err(io_error(e)),
         Err(ReadThroughError::NoFreeSlot(_)) => {
+            read_cost::block(kind, false);
+            read_cost::io(PAGE_SZ as u64);
             let mut page = Box::new([0u8; PAGE_SZ]);
             file.read_exact_at(&mut page[..], block_offset(blkno))
                 .map_err(io_error)?;
@@ -122,6 +133,7 @@ pub struct FileBlockReader<'a> {
     file_id: FileId,
     path: &'a Path,
     cache: &'a PageCache,
+    kind: BlockKind,
 }
 
 impl<'a> FileBlockReader<'a> {
@@ -138,7 +150,14 @@ impl<'a> FileBlockReader<'a> {
             file_id,
             path,
             cache,
+            kind: BlockKind::Value,
         }
+    }
+
+    /// Counts the blocks read as `kind` in read costs (value blocks unless told otherwise).
+    pub fn counted_as(mut self, kind: BlockKind) -> Self {
+        self.kind = kind;
+        self
     }
 }
 
@@ -151,6 +170,7 @@ impl BlockReader for FileBlockReader<'_> {
             self.path,
             blkno,
             Arrival::ReadThrough,
+            self.kind,
         )
     }
 }

@@ -71,6 +71,7 @@ use crate::tenant::block_io::{BlockLease, BlockReadError, BlockReader, FileBlock
 use crate::tenant::disk_btree::{
     BtreeBuildError, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
+use crate::tenant::read_cost::BlockKind;
 use crate::tenant::storage_layer::{max_stored_value_len, LayerRecords};
 use crate::PAGE_SZ;
 
@@ -655,7 +656,7 @@ impl DeltaLayer {
     ) -> Result<T, DeltaLayerError> {
         let blocks = self.blocks();
         let index = IndexBlocks {
-            inner: self.blocks(),
+            inner: self.blocks().counted_as(BlockKind::Index),
             start: self.summary.index_start_blk,
             path: &self.path,
         };

@@ -58,6 +58,7 @@ use crate::tenant::blob_io::{BlobHeader, BlobTooLarge};
 use crate::tenant::block_io::{
     block_offset, read_through_cache, BlockLease, BlockReadError, BlockReader,
 };
+use crate::tenant::read_cost::{self, BlockKind};
 use crate::virtual_file::FileIo;
 use crate::PAGE_SZ;
 
@@ -224,7 +225,10 @@ impl BlockReader for EphemeralFile {
     fn read_blk(&self, blkno: u32) -> Result<BlockLease<'_>, BlockReadError> {
         let tail_blkno = self.len / PAGE_SZ as u64;
         match u64::from(blkno).cmp(&tail_blkno) {
-            std::cmp::Ordering::Equal => Ok(BlockLease::Tail(&self.tail)),
+            std::cmp::Ordering::Equal => {
+                read_cost::block(BlockKind::Value, true);
+                Ok(BlockLease::Tail(&self.tail))
+            }
             std::cmp::Ordering::Less => read_through_cache(
                 &self.cache,
                 self.file.as_ref(),
@@ -232,6 +236,7 @@ impl BlockReader for EphemeralFile {
                 &self.path,
                 blkno,
                 Arrival::ReadThrough,
+                BlockKind::Value,
             ),
             std::cmp::Ordering::Greater => Err(BlockReadError::OutOfBounds {
                 path: self.path.clone(),

@@ -9,6 +9,7 @@ pub mod flush_loop;
 pub mod inmemory_layer;
 pub mod metadata;
 pub mod mgr;
+pub mod read_cost;
 pub mod storage_layer;
 #[cfg(test)]
 mod test_support;

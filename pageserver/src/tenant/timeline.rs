@@ -719,7 +719,9 @@ impl Timeline {
             // A layer whose newest version is at or below the cached page's LSN has nothing
             // to add, and neither has any older layer.
             let below_floor = |newest: Lsn| floor.is_some_and(|f| newest <= f);
+            // Called once per layer asked for the key's versions.
             let mut take = |layer_records: LayerRecords| -> bool {
+                crate::tenant::read_cost::layer_visited();
                 for (version, value) in layer_records.records {
                     if below_floor(version) {
                         return true;

@@ -619,3 +619,55 @@ fn shutdown_flushes_and_refuses_later_puts() {
     let tl = Timeline::load(dir.path(), TENANT, TIMELINE, cache, conf()).unwrap();
     assert_eq!(tl.get_page(rel_key(1), Lsn(10)).unwrap().unwrap()[0], 1);
 }
+
+#[test]
+fn read_cost_counts_layers_blocks_and_file_reads() {
+    use crate::tenant::read_cost::{measure, ReadCost};
+    let dir = tempfile::tempdir().unwrap();
+    let cache = small_cache(64);
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    tl.put(rel_key(1), Lsn(10), &image(1)).unwrap();
+    tl.checkpoint().unwrap();
+    let delta = Value::Delta {
+        will_init: false,
+        patches: vec![Patch::new(0, vec![9u8])],
+    };
+    tl.put(rel_key(1), Lsn(20), &delta).unwrap();
+    cache.drop_unpinned();
+
+    // The open layer's delta is in its ephemeral file's tail (memory); the delta layer's index
+    // is one leaf, and the image (8 KiB, a length header, a checksum) spans two blocks.
+    let (page, cold) = measure(|| tl.get_page(rel_key(1), Lsn(20)));
+    assert_eq!(page.unwrap().unwrap()[..2], [9, 1]);
+    let expected = ReadCost {
+        layers: 2,
+        idx_hit: 0,
+        idx_miss: 1,
+        val_hit: 1,
+        val_miss: 2,
+        ios: 3,
+        bytes: 3 * PAGE_SZ as u64,
+    };
+    assert_eq!(cold, expected);
+
+    // Memorized by that read: no layer has a newer version, so none is asked.
+    let (_, materialized) = measure(|| tl.get_page(rel_key(1), Lsn(20)));
+    assert_eq!(materialized, ReadCost::default());
+
+    // Below the memorized page: both layers again, everything cached now.
+    let (page, hot) = measure(|| tl.get_page(rel_key(1), Lsn(10)));
+    assert_eq!(page.unwrap().unwrap()[..2], [1, 1]);
+    assert_eq!(
+        hot,
+        ReadCost {
+            layers: 2,
+            idx_hit: 1,
+            val_hit: 2,
+            ..ReadCost::default()
+        }
+    );
+    assert_eq!(
+        hot.to_string(),
+        "layers=2 idx_hit=1 idx_miss=0 val_hit=2 val_miss=0 ios=0 bytes=0"
+    );
+}
