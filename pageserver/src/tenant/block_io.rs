@@ -90,20 +90,7 @@ pub(crate) fn read_through_cache<'c>(
     arrival: Arrival,
     kind: BlockKind,
 ) -> Result<BlockLease<'c>, BlockReadError> {
-    let io_error = |source: io::Error| {
-        if source.kind() == io::ErrorKind::UnexpectedEof {
-            BlockReadError::PastEnd {
-                path: path.to_owned(),
-                blkno,
-            }
-        } else {
-            BlockReadError::Io {
-                path: path.to_owned(),
-                blkno,
-                source,
-            }
-        }
-    };
+    let io_error = |source: io::Error| block_read_error(path, blkno, source);
     let mut filled = false;
     let read = cache.read_file_page(file_id, blkno, arrival, |frame| {
         filled = true;
@@ -127,6 +114,45 @@ pub(crate) fn read_through_cache<'c>(
     }
 }
 
+/// Reads block `blkno` of an immutable file from the page cache if it is there, and otherwise
+/// from the file into a private buffer, inserting nothing: for bulk reads (a flush, a
+/// full-layer scan) that must not push out what other readers use. Costs are counted as in
+/// [`read_through_cache`].
+pub(crate) fn read_bypassing_cache<'c>(
+    cache: &'c PageCache,
+    file: &dyn FileIo,
+    file_id: FileId,
+    path: &Path,
+    blkno: u32,
+    kind: BlockKind,
+) -> Result<BlockLease<'c>, BlockReadError> {
+    if let Some(lease) = cache.get_file_page(file_id, blkno) {
+        read_cost::block(kind, true);
+        return Ok(BlockLease::Cached(lease));
+    }
+    read_cost::block(kind, false);
+    read_cost::io(PAGE_SZ as u64);
+    let mut page = Box::new([0u8; PAGE_SZ]);
+    file.read_exact_at(&mut page[..], block_offset(blkno))
+        .map_err(|source| block_read_error(path, blkno, source))?;
+    Ok(BlockLease::Owned(page))
+}
+
+fn block_read_error(path: &Path, blkno: u32, source: io::Error) -> BlockReadError {
+    if source.kind() == io::ErrorKind::UnexpectedEof {
+        BlockReadError::PastEnd {
+            path: path.to_owned(),
+            blkno,
+        }
+    } else {
+        BlockReadError::Io {
+            path: path.to_owned(),
+            blkno,
+            source,
+        }
+    }
+}
+
 /// Reads an immutable file's blocks through the page cache.
 pub struct FileBlockReader<'a> {
     file: &'a dyn FileIo,
@@ -134,6 +160,7 @@ pub struct FileBlockReader<'a> {
     path: &'a Path,
     cache: &'a PageCache,
     kind: BlockKind,
+    bypass: bool,
 }
 
 impl<'a> FileBlockReader<'a> {
@@ -151,7 +178,15 @@ impl<'a> FileBlockReader<'a> {
             path,
             cache,
             kind: BlockKind::Value,
+            bypass: false,
         }
+    }
+
+    /// Reads blocks the cache does not hold without inserting them
+    /// ([`read_bypassing_cache`]).
+    pub fn bypassing_cache(mut self) -> Self {
+        self.bypass = true;
+        self
     }
 
     /// Counts the blocks read as `kind` in read costs (value blocks unless told otherwise).
@@ -163,6 +198,16 @@ impl<'a> FileBlockReader<'a> {
 
 impl BlockReader for FileBlockReader<'_> {
     fn read_blk(&self, blkno: u32) -> Result<BlockLease<'_>, BlockReadError> {
+        if self.bypass {
+            return read_bypassing_cache(
+                self.cache,
+                self.file,
+                self.file_id,
+                self.path,
+                blkno,
+                self.kind,
+            );
+        }
         read_through_cache(
             self.cache,
             self.file,

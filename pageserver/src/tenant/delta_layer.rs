@@ -532,6 +532,13 @@ pub struct DeltaLayer {
     max_blob_len: usize,
 }
 
+/// How a read uses the page cache; see `DeltaLayer::with_index`.
+#[derive(Clone, Copy)]
+enum Access {
+    Point,
+    Scan,
+}
+
 /// Reads the index's blocks, numbered from the index's first block.
 struct IndexBlocks<'a> {
     inner: FileBlockReader<'a>,
@@ -646,17 +653,24 @@ impl DeltaLayer {
         Ok(value)
     }
 
-    /// Runs `read` with the layer's index and a cursor over its value blocks.
+    /// Runs `read` with the layer's index and a cursor over its value blocks. A `Scan` reads
+    /// blocks the page cache lacks without inserting them: a pass over the whole layer must
+    /// not push out what point reads use.
     fn with_index<T>(
         &self,
+        access: Access,
         read: impl FnOnce(
             &DiskBtreeReader<'_, INDEX_KEY_LEN, IndexBlocks<'_>>,
             &BlockCursor<'_, FileBlockReader<'_>>,
         ) -> Result<T, DeltaLayerError>,
     ) -> Result<T, DeltaLayerError> {
-        let blocks = self.blocks();
+        let reader = || match access {
+            Access::Point => self.blocks(),
+            Access::Scan => self.blocks().bypassing_cache(),
+        };
+        let blocks = reader();
         let index = IndexBlocks {
-            inner: self.blocks().counted_as(BlockKind::Index),
+            inner: reader().counted_as(BlockKind::Index),
             start: self.summary.index_start_blk,
             path: &self.path,
         };
@@ -675,7 +689,7 @@ impl DeltaLayer {
         {
             return Ok(result);
         }
-        self.with_index(|tree, cursor| {
+        self.with_index(Access::Point, |tree, cursor| {
             let mut buf = Vec::new();
             for entry in tree.iter_backward_from(&index_key(key, lsn)) {
                 let (found, value) = entry.map_err(|e: BtreeReadError| self.corrupt(e))?;
@@ -697,7 +711,7 @@ impl DeltaLayer {
 
     /// Every (key, lsn, value) in the file in order: for verification and dumps.
     pub fn iter(&self) -> Result<Vec<(Key, Lsn, Value)>, DeltaLayerError> {
-        let out = self.with_index(|tree, cursor| {
+        let out = self.with_index(Access::Scan, |tree, cursor| {
             let mut out = Vec::new();
             let mut buf = Vec::new();
             for entry in tree.iter_from(&[0u8; INDEX_KEY_LEN]) {
@@ -730,7 +744,7 @@ impl DeltaLayer {
         start: Key,
         mut visitor: impl FnMut(IndexEntry) -> bool,
     ) -> Result<bool, DeltaLayerError> {
-        self.with_index(|tree, _| {
+        self.with_index(Access::Scan, |tree, _| {
             tree.visit_from(&index_key(start, Lsn(0)), |found, value| {
                 visitor(IndexEntry::from_stored(found, value))
             })
@@ -749,7 +763,7 @@ impl DeltaLayer {
                 message: format!("no index entry can hold offset {}", entry.offset),
             });
         }
-        self.with_index(|_, cursor| {
+        self.with_index(Access::Point, |_, cursor| {
             self.read_value(
                 cursor,
                 entry.key,
@@ -779,7 +793,7 @@ impl DeltaLayer {
             index_blocks: u64::from(s.index_root_blk) + 1,
             ..VerifyReport::default()
         };
-        let last_key = self.with_index(|tree, cursor| {
+        let last_key = self.with_index(Access::Scan, |tree, cursor| {
             let mut buf = Vec::new();
             let mut expected_offset = PAGE_SZ as u64;
             let mut last_key = None;

@@ -56,7 +56,7 @@ use std::sync::Arc;
 use crate::page_cache::{Arrival, FileId, PageCache};
 use crate::tenant::blob_io::{BlobHeader, BlobTooLarge};
 use crate::tenant::block_io::{
-    block_offset, read_through_cache, BlockLease, BlockReadError, BlockReader,
+    block_offset, read_bypassing_cache, read_through_cache, BlockLease, BlockReadError, BlockReader,
 };
 use crate::tenant::read_cost::{self, BlockKind};
 use crate::virtual_file::FileIo;
@@ -221,14 +221,29 @@ impl EphemeralFile {
     }
 }
 
-impl BlockReader for EphemeralFile {
-    fn read_blk(&self, blkno: u32) -> Result<BlockLease<'_>, BlockReadError> {
+impl EphemeralFile {
+    /// A reader of this file that inserts nothing into the page cache (blocks it holds are
+    /// still used): for the flush, which reads every block once and must not push out what
+    /// readers are using.
+    pub fn bypassing_cache(&self) -> BypassingReader<'_> {
+        BypassingReader(self)
+    }
+
+    fn read_blk_inner(&self, blkno: u32, bypass: bool) -> Result<BlockLease<'_>, BlockReadError> {
         let tail_blkno = self.len / PAGE_SZ as u64;
         match u64::from(blkno).cmp(&tail_blkno) {
             std::cmp::Ordering::Equal => {
                 read_cost::block(BlockKind::Value, true);
                 Ok(BlockLease::Tail(&self.tail))
             }
+            std::cmp::Ordering::Less if bypass => read_bypassing_cache(
+                &self.cache,
+                self.file.as_ref(),
+                self.file_id,
+                &self.path,
+                blkno,
+                BlockKind::Value,
+            ),
             std::cmp::Ordering::Less => read_through_cache(
                 &self.cache,
                 self.file.as_ref(),
@@ -244,6 +259,21 @@ impl BlockReader for EphemeralFile {
                 blocks: tail_blkno + 1,
             }),
         }
+    }
+}
+
+impl BlockReader for EphemeralFile {
+    fn read_blk(&self, blkno: u32) -> Result<BlockLease<'_>, BlockReadError> {
+        self.read_blk_inner(blkno, false)
+    }
+}
+
+/// See [`EphemeralFile::bypassing_cache`].
+pub struct BypassingReader<'a>(&'a EphemeralFile);
+
+impl BlockReader for BypassingReader<'_> {
+    fn read_blk(&self, blkno: u32) -> Result<BlockLease<'_>, BlockReadError> {
+        self.0.read_blk_inner(blkno, true)
     }
 }
 

@@ -464,7 +464,8 @@ impl InMemoryLayer {
     }
 
     /// Every indexed value in (key, lsn) order, read back through the ephemeral file's block
-    /// reader: the input of a delta layer writer.
+    /// reader: the input of a delta layer writer. Blocks the page cache does not hold are read
+    /// without being inserted: a flush must not push out what readers use.
     pub fn iter_sorted(&self) -> impl Iterator<Item = Result<(Key, Lsn, Value), GetError>> + '_ {
         let mut keys: Vec<(Key, u32)> = self.heads.iter().map(|(k, h)| (*k, *h)).collect();
         keys.sort_unstable_by_key(|(k, _)| *k);
@@ -479,7 +480,9 @@ impl InMemoryLayer {
             }
             chain.into_iter().rev().map(move |entry| {
                 let lsn = self.entry_lsn(entry);
-                let blob = self.cursor().read_blob(entry.offset())?;
+                let reader = self.file.bypassing_cache();
+                let cursor = BlockCursor::new(&reader).with_max_blob_len(self.max_stored_len());
+                let blob = cursor.read_blob(entry.offset())?;
                 // The value's payloads become slices of the blob's buffer: no second copy.
                 let value = Value::deserialize_bytes(blob.into())
                     .map_err(|source| GetError::Corrupt { key, lsn, source })?;

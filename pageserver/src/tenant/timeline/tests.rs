@@ -671,3 +671,49 @@ fn read_cost_counts_layers_blocks_and_file_reads() {
         "layers=2 idx_hit=1 idx_miss=0 val_hit=2 val_miss=0 ios=0 bytes=0"
     );
 }
+
+#[test]
+fn a_flush_inserts_nothing_into_the_page_cache_and_hot_pages_stay() {
+    use crate::tenant::read_cost::measure;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = small_cache(32);
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    // The hot set: four pages in a delta layer (an index leaf and two blocks per page).
+    let hot: Vec<PutRecord> = (0..4).map(|k| rec(k, 10, &image(k as u8))).collect();
+    tl.put_batch(&hot).unwrap();
+    tl.checkpoint().unwrap();
+    // An open layer twice the cache's size, to be flushed.
+    for i in 0..64u32 {
+        tl.put(rel_key(100 + i), Lsn(20 + u64::from(i)), &image(i as u8))
+            .unwrap();
+    }
+    let read_hot = || {
+        (0..4u32)
+            .map(|k| {
+                let (page, cost) = measure(|| tl.get_page(rel_key(k), Lsn(10)));
+                assert_eq!(page.unwrap().unwrap()[0], k as u8);
+                cost
+            })
+            .collect::<Vec<_>>()
+    };
+    // Until the hot pages have been read a few times, a newcomer's probation may recycle them.
+    let mut rounds = 0;
+    while read_hot().iter().any(|cost| cost.ios > 0) {
+        rounds += 1;
+        assert!(rounds < 10, "the hot set never settled in the cache");
+    }
+    let inserts = cache.stats().file_pages.inserts;
+    tl.checkpoint().unwrap();
+    assert_eq!(
+        cache.stats().file_pages.inserts,
+        inserts,
+        "the flush read its ephemeral blocks without inserting them"
+    );
+    for cost in read_hot() {
+        assert_eq!(
+            (cost.idx_miss, cost.val_miss, cost.ios),
+            (0, 0, 0),
+            "{cost}"
+        );
+    }
+}
