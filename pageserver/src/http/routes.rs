@@ -295,6 +295,8 @@ async fn ingest_inner(
     headers: &axum::http::HeaderMap,
     body: Body,
 ) -> Result<Json<JsonValue>, Response> {
+    // Which timeline first (404 and 400 as for any route), then the body's size (413).
+    let timeline = timeline_of(state, ids).map_err(closing)?;
     let limit = state.conf.max_request_body_size;
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -308,10 +310,9 @@ async fn ingest_inner(
             format!("request body of {len} bytes is over the limit of {limit} bytes"),
         )));
     }
-    // Read the body before anything can refuse the request, so that a refusal leaves the
-    // connection usable.
+    // Once the body is read, a refusal leaves the connection usable.
     let body = read_body(body, limit).await.map_err(closing)?;
-    ingest_body(state, ids, body)
+    ingest_body(state, timeline, body)
         .await
         .map_err(IntoResponse::into_response)
 }
@@ -328,10 +329,9 @@ fn closing(error: ApiError) -> Response {
 
 async fn ingest_body(
     state: &SharedState,
-    ids: &(String, String),
+    timeline: std::sync::Arc<Timeline>,
     body: Bytes,
 ) -> ApiResult<Json<JsonValue>> {
-    let timeline = timeline_of(state, ids)?;
     let body_len = body.len() as u64;
     let max_payload = max_stored_value_len(state.conf.max_value_size);
     let records =
@@ -339,11 +339,12 @@ async fn ingest_body(
     let count = records.len();
     let timeline = blocking(move || {
         timeline.put_batch(&records)?;
+        // Counted here: a batch is stored even if its client hangs up before the answer.
+        crate::metrics::INGEST_RECORDS.inc_by(count as u64);
+        crate::metrics::INGEST_BYTES.inc_by(body_len);
         Ok(timeline)
     })
     .await?;
-    crate::metrics::INGEST_RECORDS.inc_by(count as u64);
-    crate::metrics::INGEST_BYTES.inc_by(body_len);
     Ok(Json(json!({
         "records": count,
         "last_record_lsn": timeline.last_record_lsn().to_string(),

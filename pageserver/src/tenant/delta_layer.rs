@@ -530,6 +530,8 @@ pub struct DeltaLayer {
     cache: Arc<PageCache>,
     /// The longest value blob (serialized value and its checksum) a read accepts.
     max_blob_len: usize,
+    /// The file's size when opened (layer files never change).
+    file_size: u64,
 }
 
 /// How a read uses the page cache; see `DeltaLayer::with_index`.
@@ -592,6 +594,7 @@ impl DeltaLayer {
             summary,
             cache,
             max_blob_len: max_stored_value_len(max_value_size).saturating_add(VALUE_CRC_LEN),
+            file_size: len,
         })
     }
 
@@ -601,6 +604,11 @@ impl DeltaLayer {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The file's size in bytes.
+    pub fn file_size(&self) -> u64 {
+        self.file_size
     }
 
     fn corrupt(&self, reason: impl std::fmt::Display) -> DeltaLayerError {

@@ -115,8 +115,8 @@ impl Drop for FlushLoop {
     }
 }
 
-/// The tick for a `checkpoint_timeout`: often enough that a layer is frozen within a quarter
-/// of the timeout after it is due, and at most once a second.
+/// The tick for a `checkpoint_timeout`: a quarter of it (a layer is frozen within a quarter of
+/// the timeout after it is due), but never longer than a second nor shorter than 10 ms.
 pub fn tick_for(checkpoint_timeout: Duration) -> Duration {
     (checkpoint_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }

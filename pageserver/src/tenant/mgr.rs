@@ -83,6 +83,9 @@ struct Shared {
     cache: Arc<PageCache>,
     conf: TimelineConf,
     wakeup: Arc<FlushWakeup>,
+    /// Serializes creations, which write and fsync directories, so that the maps' locks are
+    /// held only for lookups and inserts and a creation never holds up readers.
+    creating: std::sync::Mutex<()>,
 }
 
 /// Whether a tenant serves its data.
@@ -133,6 +136,7 @@ impl TenantManager {
             cache,
             conf,
             wakeup: Arc::new(FlushWakeup::new()),
+            creating: std::sync::Mutex::new(()),
         });
         let mut report = LoadReport::default();
         let mut tenants = BTreeMap::new();
@@ -178,9 +182,13 @@ impl TenantManager {
     pub fn create_tenant(&self, id: Option<TenantId>) -> Result<Arc<Tenant>, TenantError> {
         self.check_running()?;
         let id = id.unwrap_or_else(TenantId::generate);
-        let mut tenants = self.tenants.write().unwrap_or_else(|e| e.into_inner());
+        let _creating = self
+            .shared
+            .creating
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         // On disk but not in the map: a deletion of the same id is finishing.
-        if tenants.contains_key(&id) || self.tenants_dir.join(id.to_string()).exists() {
+        if self.get_tenant(id).is_ok() || self.tenants_dir.join(id.to_string()).exists() {
             return Err(TenantError::TenantExists(id));
         }
         let dir = create_dir_atomically(&self.tenants_dir, &id.to_string(), |staging| {
@@ -194,7 +202,10 @@ impl TenantManager {
             shared: self.shared.clone(),
             timelines: RwLock::new(BTreeMap::new()),
         });
-        tenants.insert(id, tenant.clone());
+        self.tenants
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, tenant.clone());
         tracing::info!(tenant = %id, "created tenant");
         Ok(tenant)
     }
@@ -224,7 +235,9 @@ impl TenantManager {
     }
 
     /// Stops every timeline of the tenant (without flushing: the data goes) and removes the
-    /// tenant's directory.
+    /// tenant's directory. If removing the directory fails, the tenant stays out of the map,
+    /// stopped, until the next start loads it again (or finishes the deletion, if the rename
+    /// to `<id>.___deleted` happened).
     ///
     /// The tenant leaves the map first, so waiting for its flush in progress holds up no
     /// request for another tenant; until its directory is gone, creating it again is refused.
@@ -371,9 +384,13 @@ impl Tenant {
     pub fn create_timeline(&self, id: Option<TimelineId>) -> Result<Arc<Timeline>, TenantError> {
         self.check_active()?;
         let id = id.unwrap_or_else(TimelineId::generate);
-        let mut timelines = self.timelines.write().unwrap_or_else(|e| e.into_inner());
+        let _creating = self
+            .shared
+            .creating
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let on_disk = self.dir.join(TIMELINES_DIR).join(id.to_string()).exists();
-        if timelines.contains_key(&id) || on_disk {
+        if self.get_timeline(id).is_ok() || on_disk {
             return Err(TenantError::TimelineExists {
                 tenant: self.id,
                 timeline: id,
@@ -396,7 +413,10 @@ impl Tenant {
         )?
         .with_flush_wakeup(self.shared.wakeup.clone());
         let timeline = Arc::new(timeline);
-        timelines.insert(id, timeline.clone());
+        self.timelines
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, timeline.clone());
         tracing::info!(tenant = %self.id, timeline = %id, "created timeline");
         Ok(timeline)
     }

@@ -61,13 +61,14 @@
 //! # Locks
 //!
 //! `write_lock` (puts, freezes) before `flush_lock` (writing frozen layers) before the layer
-//! map's `RwLock` (held only briefly, never across I/O other than reads of layers already in
-//! it). `wait_lsn` sleeps on a condition variable that a put notifies only when someone waits.
+//! map's `RwLock`. The map's write lock is held briefly for a freeze or a layer swap, and for
+//! as long as a batch is stored into the open layer (its ephemeral file writes included), so
+//! a read waits for the batch in progress; a flush holds it only for the swap. `wait_lsn` sleeps on a condition variable that a put notifies only when someone waits.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -241,8 +242,6 @@ pub enum LayerKind {
 /// What only the writer (the holder of `write_lock`) looks at.
 #[derive(Default)]
 struct WriterState {
-    /// Why the timeline refuses writes, once it does.
-    broken: Option<String>,
     stopping: bool,
 }
 
@@ -259,6 +258,9 @@ pub struct Timeline {
     conf: TimelineConf,
     layers: RwLock<LayerMap>,
     write_lock: Mutex<WriterState>,
+    /// Why the timeline refuses writes, once it does (never cleared: only a load recovers).
+    /// Apart from `write_lock` so that describing the timeline never waits for a put.
+    broken: OnceLock<String>,
     flush_lock: Mutex<()>,
     flush_wakeup: Option<Arc<FlushWakeup>>,
     /// Set by `shutdown`: flushes that start later do nothing (the directory may be going).
@@ -345,6 +347,7 @@ impl Timeline {
                 ..LayerMap::default()
             }),
             write_lock: Mutex::new(WriterState::default()),
+            broken: OnceLock::new(),
             flush_lock: Mutex::new(()),
             flush_wakeup: None,
             stopped: AtomicBool::new(false),
@@ -389,7 +392,7 @@ impl Timeline {
 
     /// Why the timeline refuses writes, if it does.
     pub fn broken_reason(&self) -> Option<String> {
-        self.writer().broken.clone()
+        self.broken.get().cloned()
     }
 
     pub fn layer_counts(&self) -> LayerCounts {
@@ -424,7 +427,7 @@ impl Timeline {
                 kind: LayerKind::Delta,
                 lsn_start: summary.lsn_start,
                 lsn_end: Some(summary.lsn_end),
-                size_bytes: std::fs::metadata(l.path()).map_or(0, |m| m.len()),
+                size_bytes: l.file_size(),
                 values: summary.entries,
                 file_name: Some(summary.file_name()),
             }
@@ -445,11 +448,11 @@ impl Timeline {
     /// batch is validated first: a refused batch changes nothing. Returns once every version is
     /// readable.
     pub fn put_batch(&self, records: &[PutRecord]) -> Result<(), TimelineError> {
-        let mut writer = self.writer();
+        let writer = self.writer();
         if writer.stopping {
             return Err(TimelineError::ShuttingDown);
         }
-        if let Some(reason) = &writer.broken {
+        if let Some(reason) = self.broken.get() {
             return Err(TimelineError::Broken {
                 reason: reason.clone(),
             });
@@ -469,12 +472,19 @@ impl Timeline {
         }
         if map.open.is_none() {
             // The open layer starts where the newest frozen or flushed one ended, so the
-            // layers' ranges tile the LSN space.
-            let start = map
+            // layers' ranges tile the LSN space; unless the batch jumps too far ahead for a
+            // layer from there to hold it, and then it starts at the batch (no version lies
+            // in the gap).
+            let previous_end = map
                 .frozen
                 .last()
                 .and_then(|l| l.end_lsn())
                 .unwrap_or(Lsn(self.disk_consistent_lsn().0 + 1));
+            let start = if last.lsn.0 - previous_end.0 < MAX_LSN_SPAN {
+                previous_end
+            } else {
+                first.lsn
+            };
             let layer = InMemoryLayer::create(
                 &self.dir,
                 self.cache.clone(),
@@ -499,7 +509,8 @@ impl Timeline {
                     self.disk_consistent_lsn()
                 );
                 tracing::error!(tenant = %self.tenant_id, timeline = %self.timeline_id, "{reason}");
-                writer.broken = Some(reason);
+                // Set under write_lock, and only ever once.
+                let _ = self.broken.set(reason);
                 return Err(e.into());
             }
         }
@@ -668,7 +679,10 @@ impl Timeline {
         if self.last_record_lsn() >= lsn {
             return Ok(());
         }
-        let deadline = Instant::now() + timeout;
+        // A timeout too long to add to now is as good as forever.
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600));
         self.lsn_waiters.fetch_add(1, Ordering::SeqCst);
         let mut guard = self.lsn_wait.lock().unwrap_or_else(|e| e.into_inner());
         let outcome = loop {
@@ -786,7 +800,7 @@ impl Timeline {
         });
         // A broken timeline's open layer may hold part of a batch above last_record_lsn,
         // which must never become durable.
-        if due && !writer.stopping && writer.broken.is_none() {
+        if due && !writer.stopping && self.broken.get().is_none() {
             self.freeze_open(&mut map, Lsn(self.last_record_lsn().0 + 1))?;
         }
         Ok(!map.frozen.is_empty())
@@ -833,8 +847,10 @@ impl Timeline {
             if let Some(delta) = &delta {
                 map.deltas.push(delta.clone());
             }
-            drop(map);
+            // Before the map is released: a put that finds no layer left starts the next one
+            // at disk_consistent_lsn + 1, which must not reach back into this one.
             self.disk_consistent_lsn.store(durable.0, Ordering::Release);
+            drop(map);
             crate::metrics::LAYER_FLUSHES.inc();
             crate::metrics::LAYER_FLUSH_SECONDS.observe(started.elapsed().as_secs_f64());
             if let Some(delta) = &delta {
@@ -862,8 +878,8 @@ impl Timeline {
             return Err(TimelineError::ShuttingDown);
         }
         let target = {
-            let writer = self.writer();
-            if let Some(reason) = &writer.broken {
+            let _writer = self.writer();
+            if let Some(reason) = self.broken.get() {
                 // Its open layer holds versions of a half-stored batch above
                 // last_record_lsn: freezing it would make them durable.
                 return Err(TimelineError::Broken {

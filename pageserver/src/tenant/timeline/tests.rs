@@ -717,3 +717,25 @@ fn a_flush_inserts_nothing_into_the_page_cache_and_hot_pages_stay() {
         );
     }
 }
+
+#[test]
+fn lsns_may_jump_by_more_than_a_layer_can_span() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = small_cache(64);
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    // The first version of a new timeline far above 0/1, as real WAL positions are.
+    let far = 1u64 << 33;
+    tl.put(rel_key(1), Lsn(far), &image(1)).unwrap();
+    tl.checkpoint().unwrap();
+    // Another jump past a layer's span, from no open layer and from an open one.
+    tl.put(rel_key(1), Lsn(2 * far), &image(2)).unwrap();
+    tl.put(rel_key(1), Lsn(3 * far), &image(3)).unwrap();
+    assert_eq!(tl.layer_counts().frozen, 1, "the open layer rolled over");
+    tl.checkpoint().unwrap();
+    drop(tl);
+    let tl = Timeline::load(dir.path(), TENANT, TIMELINE, cache, conf()).unwrap();
+    for (n, at) in [(1u8, far), (2, 2 * far), (3, 3 * far)] {
+        assert_eq!(tl.get_page(rel_key(1), Lsn(at)).unwrap().unwrap()[0], n);
+    }
+    assert_eq!(tl.get_page(rel_key(1), Lsn(far - 1)).unwrap(), None);
+}
