@@ -33,6 +33,18 @@ pub struct BlobHeader {
 }
 
 impl BlobHeader {
+    /// Reads the header at the start of `bytes`: (header length, blob length), or `None` if
+    /// `bytes` ends inside it.
+    pub fn parse(bytes: &[u8]) -> Option<(usize, usize)> {
+        let first = *bytes.first()?;
+        if first & LONG_HEADER_FLAG == 0 {
+            return Some((1, usize::from(first)));
+        }
+        let rest = bytes.get(1..4)?;
+        let len = u32::from_be_bytes([first & !LONG_HEADER_FLAG, rest[0], rest[1], rest[2]]);
+        Some((4, usize::try_from(len).unwrap_or(usize::MAX)))
+    }
+
     #[inline]
     pub fn new(blob_len: usize) -> Result<BlobHeader, BlobTooLarge> {
         if blob_len < SHORT_BLOB_LIMIT {

@@ -153,6 +153,74 @@ fn block_read_error(path: &Path, blkno: u32, source: io::Error) -> BlockReadErro
     }
 }
 
+/// Bytes `range` (not empty) of an immutable file, assembled from its blocks: blocks in the page
+/// cache are copied from it, and each run of adjacent missing blocks is read with one call and
+/// its blocks inserted into the cache. Costs are counted per block (as `kind`) and per call.
+pub(crate) fn read_range_through_cache(
+    cache: &PageCache,
+    file: &dyn FileIo,
+    file_id: FileId,
+    path: &Path,
+    range: std::ops::Range<u64>,
+    kind: BlockKind,
+) -> Result<Vec<u8>, BlockReadError> {
+    let page = PAGE_SZ as u64;
+    let block_no = |offset: u64| {
+        u32::try_from(offset / page).map_err(|_| BlockReadError::PastEnd {
+            path: path.to_owned(),
+            blkno: u32::MAX,
+        })
+    };
+    let first = block_no(range.start)?;
+    let last = block_no(range.end - 1)?;
+    let mut out = Vec::with_capacity((range.end - range.start) as usize);
+    // The part of block `blkno` (its bytes in `block`) that lies in `range`.
+    let mut take = |blkno: u32, block: &[u8]| {
+        let block_start = u64::from(blkno) * page;
+        let from = range.start.saturating_sub(block_start) as usize;
+        let to = (range.end - block_start).min(page) as usize;
+        out.extend_from_slice(&block[from..to]);
+    };
+    let mut missing_from: Option<u32> = None;
+    for blkno in first..=last + 1 {
+        let cached = if blkno <= last {
+            cache.get_file_page(file_id, blkno)
+        } else {
+            None
+        };
+        let run_ends = blkno > last || cached.is_some();
+        if let (Some(run_start), true) = (missing_from, run_ends) {
+            let blocks = (blkno - run_start) as usize;
+            let mut buf = vec![0u8; blocks * PAGE_SZ];
+            read_cost::io(buf.len() as u64);
+            file.read_exact_at(&mut buf, block_offset(run_start))
+                .map_err(|source| block_read_error(path, run_start, source))?;
+            for (i, block) in buf.chunks_exact(PAGE_SZ).enumerate() {
+                let blkno = run_start + i as u32;
+                read_cost::block(kind, false);
+                let block: &[u8; PAGE_SZ] = block.try_into().expect("chunks of PAGE_SZ");
+                // Best effort: a full cache only means the next read misses too.
+                let _ = cache.insert_file_page(file_id, blkno, block, Arrival::ReadThrough);
+                take(blkno, block);
+            }
+            missing_from = None;
+        }
+        if blkno > last {
+            break;
+        }
+        match cached {
+            Some(lease) => {
+                read_cost::block(kind, true);
+                take(blkno, &lease[..]);
+            }
+            None => {
+                missing_from.get_or_insert(blkno);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Reads an immutable file's blocks through the page cache.
 pub struct FileBlockReader<'a> {
     file: &'a dyn FileIo,

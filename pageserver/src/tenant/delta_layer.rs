@@ -67,7 +67,9 @@ use utils::{Lsn, TenantId, TimelineId};
 
 use crate::page_cache::{FileId, PageCache};
 use crate::tenant::blob_io::{BlobHeader, BlobReadError, BlockCursor};
-use crate::tenant::block_io::{BlockLease, BlockReadError, BlockReader, FileBlockReader};
+use crate::tenant::block_io::{
+    read_range_through_cache, BlockLease, BlockReadError, BlockReader, FileBlockReader,
+};
 use crate::tenant::disk_btree::{
     BtreeBuildError, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
@@ -622,6 +624,15 @@ impl DeltaLayer {
         FileBlockReader::new(&self.file, self.file_id, &self.path, &self.cache)
     }
 
+    fn check_offset(&self, key: Key, lsn: Lsn, offset: u64) -> Result<(), DeltaLayerError> {
+        if offset < PAGE_SZ as u64 || offset >= self.summary.values_end {
+            return Err(self.corrupt(format!(
+                "index entry for key {key} at {lsn} points at byte {offset}, outside the values"
+            )));
+        }
+        Ok(())
+    }
+
     fn read_value(
         &self,
         cursor: &BlockCursor<'_, FileBlockReader<'_>>,
@@ -631,14 +642,83 @@ impl DeltaLayer {
         buf: &mut Vec<u8>,
     ) -> Result<Value, DeltaLayerError> {
         let offset = entry >> 1;
-        if offset < PAGE_SZ as u64 || offset >= self.summary.values_end {
-            return Err(self.corrupt(format!(
-                "index entry for key {key} at {lsn} points at byte {offset}, outside the values"
-            )));
-        }
+        self.check_offset(key, lsn, offset)?;
         cursor
             .read_blob_into_buf(offset, buf)
             .map_err(|e: BlobReadError| self.corrupt(e))?;
+        self.decode_value(key, lsn, entry, buf)
+    }
+
+    /// The value stored at `entry`'s offset, which ends at byte `end` (where the next value
+    /// starts, or the end of the values): exactly the blocks it spans are needed, and each run
+    /// of them that the page cache lacks is read with one call.
+    fn read_value_range(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        entry: u64,
+        end: u64,
+    ) -> Result<Value, DeltaLayerError> {
+        let offset = entry >> 1;
+        self.check_offset(key, lsn, offset)?;
+        // The longest a stored value can be: its blob header, the blob, nothing else.
+        let longest = 4 + self.max_blob_len as u64;
+        if end <= offset || end > self.summary.values_end || end - offset > longest {
+            return Err(self.corrupt(format!(
+                "value of key {key} at {lsn} would span bytes {offset}..{end}"
+            )));
+        }
+        let bytes = read_range_through_cache(
+            &self.cache,
+            &self.file,
+            self.file_id,
+            &self.path,
+            offset..end,
+            BlockKind::Value,
+        )
+        .map_err(|e| self.corrupt(e))?;
+        let Some((header_len, blob_len)) = BlobHeader::parse(&bytes) else {
+            return Err(self.corrupt(format!(
+                "value of key {key} at {lsn}: {} bytes cannot hold its length header",
+                bytes.len()
+            )));
+        };
+        if header_len.checked_add(blob_len) != Some(bytes.len()) {
+            return Err(self.corrupt(format!(
+                "value of key {key} at {lsn}: its header says {blob_len} bytes, but the next value starts {} bytes on",
+                bytes.len() - header_len
+            )));
+        }
+        self.decode_value(key, lsn, entry, &bytes[header_len..])
+    }
+
+    /// Where the value of the newest entry at or below (key, lsn) ends: where the first entry
+    /// above (key, lsn) begins, or at the end of the values.
+    fn entry_above(
+        &self,
+        tree: &DiskBtreeReader<'_, INDEX_KEY_LEN, IndexBlocks<'_>>,
+        key: Key,
+        lsn: Lsn,
+    ) -> Result<u64, DeltaLayerError> {
+        let above = match lsn.0.checked_add(1) {
+            Some(next) => index_key(key, Lsn(next)),
+            None => index_key(key.next(), Lsn(0)),
+        };
+        match tree.iter_from(&above).next() {
+            Some(entry) => Ok(entry.map_err(|e: BtreeReadError| self.corrupt(e))?.1 >> 1),
+            None => Ok(self.summary.values_end),
+        }
+    }
+
+    /// Checks a stored value (serialized value, then its CRC-32C) against its checksum and its
+    /// index entry, and decodes it.
+    fn decode_value(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        entry: u64,
+        buf: &[u8],
+    ) -> Result<Value, DeltaLayerError> {
         let Some(body_len) = buf.len().checked_sub(VALUE_CRC_LEN) else {
             return Err(self.corrupt(format!(
                 "value of key {key} at {lsn} is {} bytes, too short for its checksum",
@@ -697,15 +777,23 @@ impl DeltaLayer {
         {
             return Ok(result);
         }
-        self.with_index(Access::Point, |tree, cursor| {
-            let mut buf = Vec::new();
+        self.with_index(Access::Point, |tree, _| {
+            // Values lie in index order, so a value ends where the next entry's begins: for
+            // the newest version read, the first entry above (key, lsn) says where (usually in
+            // the same, cached, leaf); for each older one, the version read before it.
+            let mut end = None;
             for entry in tree.iter_backward_from(&index_key(key, lsn)) {
                 let (found, value) = entry.map_err(|e: BtreeReadError| self.corrupt(e))?;
                 let (found_key, version) = split_index_key(&found);
                 if found_key != key {
                     break;
                 }
-                let record = self.read_value(cursor, key, version, value, &mut buf)?;
+                let value_end = match end {
+                    Some(end) => end,
+                    None => self.entry_above(tree, key, lsn)?,
+                };
+                let record = self.read_value_range(key, version, value, value_end)?;
+                end = Some(value >> 1);
                 let base = record.will_init();
                 result.records.push((version, record));
                 if base {
