@@ -384,6 +384,13 @@ impl PageCache {
         })
     }
 
+    /// Block `blkno` of `file`, if cached, without counting a hit or a miss: for a reader that
+    /// looks before it reads (the read that follows is counted).
+    #[inline]
+    pub fn peek_file_page(&self, file: FileId, blkno: u32) -> Option<PageLease<'_>> {
+        self.lookup(file_key(file, blkno))
+    }
+
     /// Block `blkno` of `file`, if cached.
     #[inline]
     pub fn get_file_page(&self, file: FileId, blkno: u32) -> Option<PageLease<'_>> {

@@ -692,6 +692,17 @@ impl DeltaLayer {
         self.decode_value(key, lsn, entry, &bytes[header_len..])
     }
 
+    /// Where the value at `offset` ends, if its length header lies in a cached block: then no
+    /// index lookup is needed to read exactly its bytes. (An end past the values is caught by
+    /// the read's own checks.)
+    fn cached_value_end(&self, offset: u64) -> Option<u64> {
+        let blkno = u32::try_from(offset / PAGE_SZ as u64).ok()?;
+        let in_block = (offset % PAGE_SZ as u64) as usize;
+        let block = self.cache.peek_file_page(self.file_id, blkno)?;
+        let (header_len, blob_len) = BlobHeader::parse(&block[in_block..])?;
+        offset.checked_add((header_len + blob_len) as u64)
+    }
+
     /// Where the value of the newest entry at or below (key, lsn) ends: where the first entry
     /// above (key, lsn) begins, or at the end of the values.
     fn entry_above(
@@ -790,7 +801,10 @@ impl DeltaLayer {
                 }
                 let value_end = match end {
                     Some(end) => end,
-                    None => self.entry_above(tree, key, lsn)?,
+                    None => match self.cached_value_end(value >> 1) {
+                        Some(end) => end,
+                        None => self.entry_above(tree, key, lsn)?,
+                    },
                 };
                 let record = self.read_value_range(key, version, value, value_end)?;
                 end = Some(value >> 1);
