@@ -182,7 +182,12 @@ pub(crate) fn read_range_through_cache(
         out.extend_from_slice(&block[from..to]);
     };
     let mut missing_from: Option<u32> = None;
-    for blkno in first..=last + 1 {
+    // One step past the last block closes a run that reaches it.
+    let past_last = last.checked_add(1).ok_or_else(|| BlockReadError::PastEnd {
+        path: path.to_owned(),
+        blkno: last,
+    })?;
+    for blkno in first..=past_last {
         let cached = if blkno <= last {
             cache.get_file_page(file_id, blkno)
         } else {
@@ -326,6 +331,50 @@ mod tests {
         let err = reader.read_blk(3).unwrap_err();
         assert!(matches!(err, BlockReadError::PastEnd { blkno: 3, .. }));
         assert!(err.to_string().contains("three-blocks"), "{err}");
+    }
+
+    #[test]
+    fn a_range_reads_each_run_of_missing_blocks_once() {
+        use crate::tenant::read_cost::measure;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("six-blocks");
+        let bytes: Vec<u8> = (0..6 * PAGE_SZ).map(|i| (i / 7) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let cache = cache(16);
+        let id = FileId::next();
+        // Block 2 cached: the range splits into two runs of missing blocks around it.
+        drop(
+            FileBlockReader::new(&file, id, &path, &cache)
+                .read_blk(2)
+                .unwrap(),
+        );
+        let range = 100..(5 * PAGE_SZ as u64 + 10);
+        let (read, cost) = measure(|| {
+            read_range_through_cache(&cache, &file, id, &path, range.clone(), BlockKind::Value)
+        });
+        assert_eq!(read.unwrap(), &bytes[100..5 * PAGE_SZ + 10]);
+        assert_eq!(
+            cost.to_string(),
+            "layers=0 idx_hit=0 idx_miss=0 val_hit=1 val_miss=5 ios=2 bytes=40960"
+        );
+        // Everything it read is cached now.
+        let (again, cost) = measure(|| {
+            read_range_through_cache(&cache, &file, id, &path, range.clone(), BlockKind::Value)
+        });
+        assert_eq!(again.unwrap(), &bytes[100..5 * PAGE_SZ + 10]);
+        assert_eq!((cost.val_hit, cost.ios), (6, 0));
+        // Past the end of the file: an error naming it, not a panic.
+        let err = read_range_through_cache(
+            &cache,
+            &file,
+            id,
+            &path,
+            0..7 * PAGE_SZ as u64,
+            BlockKind::Value,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("six-blocks"), "{err}");
     }
 
     #[test]
