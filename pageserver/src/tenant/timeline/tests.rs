@@ -25,6 +25,15 @@ fn small_layers_conf() -> TimelineConf {
     }
 }
 
+/// A new timeline with default settings in a temporary directory, over a cache of
+/// `cache_pages` pages: the directory and cache come back too, for reloads and cache checks.
+fn fresh_timeline(cache_pages: usize) -> (tempfile::TempDir, Arc<PageCache>, Timeline) {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = small_cache(cache_pages);
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    (dir, cache, tl)
+}
+
 /// A timeline for threads to share, freezing every `pages_per_layer` pages, with a backlog of
 /// two frozen layers before puts flush them.
 fn shared_timeline(
@@ -242,9 +251,7 @@ fn lsn_rules_are_enforced_and_refusals_change_nothing() {
 fn a_layer_written_without_its_metadata_update_is_dropped_on_load() {
     // The crash window between a layer's rename and the metadata update: on load the layer is
     // beyond disk_consistent_lsn and is removed, so re-sent versions do not exist twice.
-    let dir = tempfile::tempdir().unwrap();
-    let cache = small_cache(64);
-    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    let (dir, cache, tl) = fresh_timeline(64);
     let v = Value::Image(Bytes::from(vec![1u8; PAGE_SZ]));
     tl.put(rel_key(1), Lsn(10), &v).unwrap();
     tl.checkpoint().unwrap();
@@ -277,9 +284,7 @@ fn a_layer_written_without_its_metadata_update_is_dropped_on_load() {
 
 #[test]
 fn a_corrupt_layer_fails_load_with_its_name() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = small_cache(64);
-    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    let (dir, cache, tl) = fresh_timeline(64);
     tl.put(
         rel_key(1),
         Lsn(10),
@@ -312,9 +317,7 @@ fn a_reloaded_timeline_never_builds_on_pages_of_discarded_history() {
     // Found by the model test: the page cache outlives the timeline. Before the crash, page 1
     // at LSN 101 is reconstructed (image + delta) and memorized; the crash discards both
     // versions; the client then sends different versions at the same LSNs.
-    let dir = tempfile::tempdir().unwrap();
-    let cache = small_cache(64);
-    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    let (dir, cache, tl) = fresh_timeline(64);
     let delta = Value::Delta {
         will_init: false,
         patches: vec![Patch::new(0, vec![9u8])],
@@ -605,9 +608,7 @@ fn concurrent_ingest_reads_and_checkpoints_agree_with_the_model() {
 
 #[test]
 fn shutdown_flushes_and_refuses_later_puts() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = small_cache(64);
-    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    let (dir, cache, tl) = fresh_timeline(64);
     tl.put(rel_key(1), Lsn(10), &image(1)).unwrap();
     tl.shutdown(true).unwrap();
     assert_eq!(tl.disk_consistent_lsn(), Lsn(10));
@@ -623,9 +624,7 @@ fn shutdown_flushes_and_refuses_later_puts() {
 #[test]
 fn read_cost_counts_layers_blocks_and_file_reads() {
     use crate::tenant::read_cost::{measure, ReadCost};
-    let dir = tempfile::tempdir().unwrap();
-    let cache = small_cache(64);
-    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    let (_dir, cache, tl) = fresh_timeline(64);
     tl.put_batch(&[rec(1, 10, &image(1)), rec(2, 10, &image(2))])
         .unwrap();
     tl.checkpoint().unwrap();
@@ -692,9 +691,7 @@ fn read_cost_counts_layers_blocks_and_file_reads() {
 #[test]
 fn a_flush_inserts_nothing_into_the_page_cache_and_hot_pages_stay() {
     use crate::tenant::read_cost::measure;
-    let dir = tempfile::tempdir().unwrap();
-    let cache = small_cache(32);
-    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    let (_dir, cache, tl) = fresh_timeline(32);
     // The hot set: four pages in a delta layer (an index leaf and two blocks per page).
     let hot: Vec<PutRecord> = (0..4).map(|k| rec(k, 10, &image(k as u8))).collect();
     tl.put_batch(&hot).unwrap();
@@ -737,9 +734,7 @@ fn a_flush_inserts_nothing_into_the_page_cache_and_hot_pages_stay() {
 
 #[test]
 fn lsns_may_jump_by_more_than_a_layer_can_span() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = small_cache(64);
-    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    let (dir, cache, tl) = fresh_timeline(64);
     // The first version of a new timeline far above 0/1, as real WAL positions are.
     let far = 1u64 << 33;
     tl.put(rel_key(1), Lsn(far), &image(1)).unwrap();
