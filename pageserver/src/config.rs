@@ -29,6 +29,9 @@ listen_http_addr = "127.0.0.1:9898"
 
 # Memory for the shared page cache (file blocks and materialized pages).
 page_cache_size = "64MiB"
+# The percentage of the page cache that layer index blocks may hold with priority over value
+# blocks (they skip probation while below it); 0 gives them no priority.
+page_cache_index_percent = 25
 
 # Freeze the open in-memory layer once it holds this many bytes of values...
 checkpoint_distance = "256MiB"
@@ -76,6 +79,7 @@ pub struct PageServerConf {
     pub listen_http_addr: SocketAddr,
     #[serde(deserialize_with = "size")]
     pub page_cache_size: u64,
+    pub page_cache_index_percent: u8,
     #[serde(deserialize_with = "size")]
     pub checkpoint_distance: u64,
     #[serde(deserialize_with = "duration")]
@@ -99,6 +103,7 @@ impl Default for PageServerConf {
             id: 1,
             listen_http_addr: SocketAddr::from(([127, 0, 0, 1], 9898)),
             page_cache_size: 64 << 20,
+            page_cache_index_percent: (crate::page_cache::DEFAULT_INDEX_SHARE * 100.0) as u8,
             checkpoint_distance: timeline.checkpoint_distance,
             checkpoint_timeout: timeline.checkpoint_timeout,
             max_frozen_layers: timeline.max_frozen_layers,
@@ -168,6 +173,12 @@ impl PageServerConf {
         }
         if self.checkpoint_timeout.is_zero() {
             return invalid("checkpoint_timeout must be above zero".into());
+        }
+        if self.page_cache_index_percent > 100 {
+            return invalid(format!(
+                "page_cache_index_percent {} is above 100",
+                self.page_cache_index_percent
+            ));
         }
         Ok(())
     }
@@ -322,6 +333,7 @@ mod tests {
         assert!(err(&["listen_http_addr=nowhere"]).contains("invalid socket address"));
         assert!(err(&["http_auth_type=NeonJWT"]).contains("auth_validation_public_key_path"));
         assert!(err(&["max_value_size=100"]).contains("smaller than a page"));
+        assert!(err(&["page_cache_index_percent=101"]).contains("above 100"));
         std::fs::write(dir.path().join(CONFIG_FILE), "id = [").unwrap();
         assert!(err(&[]).contains(CONFIG_FILE));
     }

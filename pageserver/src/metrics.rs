@@ -136,6 +136,13 @@ pub static READ_LAYERS: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
+pub static READ_WAITS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_getpage_miss_waits_total",
+        "Blocks GetPage requests missed and waited for another reader's read of",
+    )
+});
+
 /// Adds one GetPage's cost to the totals.
 pub fn record_read_cost(cost: &crate::tenant::read_cost::ReadCost) {
     let blocks = [
@@ -152,6 +159,7 @@ pub fn record_read_cost(cost: &crate::tenant::read_cost::ReadCost) {
     READ_IOS.inc_by(u64::from(cost.ios));
     READ_BYTES.inc_by(cost.bytes);
     READ_LAYERS.inc_by(u64::from(cost.layers));
+    READ_WAITS.inc_by(u64::from(cost.waits));
 }
 
 /// Registers every metric and its label values now, so a fresh server's `/metrics` lists each
@@ -168,6 +176,7 @@ pub fn register_all() {
         &READ_IOS,
         &READ_BYTES,
         &READ_LAYERS,
+        &READ_WAITS,
     ] {
         LazyLock::force(counter);
     }
@@ -208,8 +217,9 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
 
 fn render_page_cache(out: &mut String, cache: &PageCache) {
     let stats = cache.stats();
-    let kinds: [(&str, &KindStats); 2] = [
+    let kinds: [(&str, &KindStats); 3] = [
         ("file", &stats.file_pages),
+        ("index", &stats.index_pages),
         ("materialized", &stats.materialized_pages),
     ];
     let per_kind: [FamilyOf<KindStats>; 5] = [
@@ -250,7 +260,7 @@ fn render_page_cache(out: &mut String, cache: &PageCache) {
             let _ = writeln!(out, "{name}{{kind=\"{label}\"}} {}", get(k));
         }
     }
-    let totals: [(&str, &str, &str, u64); 4] = [
+    let totals: [(&str, &str, &str, u64); 5] = [
         (
             "pageserver_page_cache_capacity_bytes",
             "gauge",
@@ -274,6 +284,12 @@ fn render_page_cache(out: &mut String, cache: &PageCache) {
             "counter",
             "Inserts of a page already cached",
             stats.inserts_duplicate,
+        ),
+        (
+            "pageserver_page_cache_miss_waits_total",
+            "counter",
+            "File block misses that waited for another reader's read of the block",
+            stats.miss_waits,
         ),
     ];
     for (name, kind, help, value) in totals {

@@ -237,8 +237,9 @@ def test_page_cache_endpoints(timeline: TimelineHandle):
     http = timeline.http
     stats = http.page_cache()
     assert stats["capacity_bytes"] == 16 << 20
-    for kind in ("file_pages", "materialized_pages"):
+    for kind in ("file_pages", "index_pages", "materialized_pages"):
         assert set(stats[kind]) >= {"hits", "misses", "inserts", "evictions", "bytes_resident"}
+    assert stats["miss_waits"] == 0
     # Values big enough to fill ephemeral blocks, which are pre-warmed into the cache.
     batch = [Image(key(i), 0x10 + i, page_of(i)) for i in range(16)]
     timeline.ingest(batch)
@@ -249,15 +250,18 @@ def test_page_cache_endpoints(timeline: TimelineHandle):
     assert stats["file_pages"]["inserts"] > 0
     assert stats["file_pages"]["bytes_resident"] > 0
     dropped = http.page_cache_drop()
-    assert set(dropped) == {"file_pages", "materialized_pages"}
+    assert set(dropped) == {"file_pages", "index_pages", "materialized_pages"}
     assert dropped["file_pages"] > 0
+    assert dropped["index_pages"] > 0, "the reads walked the delta layer's index"
     after = http.page_cache()
-    assert after["file_pages"]["bytes_resident"] == 0
-    assert after["materialized_pages"]["bytes_resident"] == 0
+    for kind in ("file_pages", "index_pages", "materialized_pages"):
+        assert after[kind]["bytes_resident"] == 0
     # Reads still work after a drop, from the layer files.
     for r in batch:
         timeline.check_read(r.key, r.lsn)
-    assert http.page_cache()["file_pages"]["misses"] > after["file_pages"]["misses"]
+    again = http.page_cache()
+    assert again["file_pages"]["misses"] > after["file_pages"]["misses"]
+    assert again["index_pages"]["misses"] > after["index_pages"]["misses"]
 
 
 def test_layer_listing(timeline: TimelineHandle):

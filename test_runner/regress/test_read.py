@@ -242,10 +242,10 @@ def test_read_cost_header(timeline: TimelineHandle):
     # One delta layer: its index is one leaf (read once, then hit again to find where the value
     # ends); the 8 KiB image with its length header and checksum spans two value blocks, read
     # with one call.
-    assert cold == {"layers": 1, "idx_hit": 1, "idx_miss": 1, "val_hit": 0, "val_miss": 2, "ios": 2, "bytes": 3 * PAGE_SIZE}
+    assert cold == {"layers": 1, "idx_hit": 1, "idx_miss": 1, "val_hit": 0, "val_miss": 2, "ios": 2, "bytes": 3 * PAGE_SIZE, "waits": 0}
     hot = read_cost(http.get_page_response(timeline.tenant_id, timeline.timeline_id, key(1), 0x10))
     # Hot: the value's length header is in a cached block, so the index is asked only once.
-    assert hot == {"layers": 1, "idx_hit": 1, "idx_miss": 0, "val_hit": 2, "val_miss": 0, "ios": 0, "bytes": 0}
+    assert hot == {"layers": 1, "idx_hit": 1, "idx_miss": 0, "val_hit": 2, "val_miss": 0, "ios": 0, "bytes": 0, "waits": 0}
     # A key the layer does not hold: the index answers, no value block is touched.
     assert http.get_page_or_none(timeline.tenant_id, timeline.timeline_id, key(2), 0x10) is None
     text = http.request("GET", "/metrics").text

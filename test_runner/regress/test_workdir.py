@@ -26,6 +26,7 @@ def test_fresh_workdir_gets_default_settings(pageserver_factory: PageserverFacto
         "id": 1,
         "listen_http_addr": "127.0.0.1:9898",
         "page_cache_size": "64MiB",
+        "page_cache_index_percent": 25,
         "checkpoint_distance": "256MiB",
         "checkpoint_timeout": "10m",
         "max_frozen_layers": 2,

@@ -132,6 +132,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let cache = Arc::new(
         PageCache::new(PageCacheConfig {
             capacity_bytes: conf.page_cache_size,
+            index_share: f64::from(conf.page_cache_index_percent) / 100.0,
             ..PageCacheConfig::default()
         })
         .context("page_cache_size")?,

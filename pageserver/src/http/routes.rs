@@ -478,9 +478,11 @@ pub async fn page_cache_stats(State(state): State<SharedState>) -> Json<JsonValu
     Json(json!({
         "capacity_bytes": stats.capacity_bytes,
         "file_pages": kind_json(&stats.file_pages),
+        "index_pages": kind_json(&stats.index_pages),
         "materialized_pages": kind_json(&stats.materialized_pages),
         "inserts_refused": stats.inserts_refused,
         "inserts_duplicate": stats.inserts_duplicate,
+        "miss_waits": stats.miss_waits,
         "pinned_pages": stats.pinned_pages,
     }))
 }
@@ -489,6 +491,7 @@ pub async fn page_cache_drop(State(state): State<SharedState>) -> Json<JsonValue
     let dropped = state.cache.drop_unpinned();
     Json(json!({
         "file_pages": dropped.file_pages,
+        "index_pages": dropped.index_pages,
         "materialized_pages": dropped.materialized_pages,
     }))
 }

@@ -4,7 +4,9 @@
 //!
 //! * **Immutable file pages**, keyed by `(FileId, block number)`: blocks of ephemeral files
 //!   (pre-warmed as their mutable tail is written out) and of layer files (read through on a
-//!   miss). Files are append-only or immutable, so a cached block can never go stale.
+//!   miss). Files are append-only or immutable, so a cached block can never go stale. A layer's
+//!   index blocks are cached under a sibling id ([`FileId::index_blocks`]) and counted as their
+//!   own kind: every point read walks them, so they get priority (below).
 //! * **Materialized pages**, keyed by `(tenant, timeline, key, lsn)` and looked up as "the newest
 //!   cached version at or below L" (see [`materialized`]). A hit is a base image: records newer
 //!   than it must still be applied.
@@ -29,9 +31,15 @@
 //!   one-hit pages recycle among themselves and do not age the hot set. Where a page starts
 //!   depends on how it arrived ([`Arrival`]); a pre-warmed ephemeral block survives a full turn
 //!   of the hand, much longer than it takes to be read back.
+//! * **Index priority, up to a share.** An index block read through starts warm and off
+//!   probation while index blocks hold less than [`PageCacheConfig::index_share`] of the
+//!   cache; beyond that share they arrive like value blocks. A hot index thus survives floods
+//!   of one-hit value reads, but cannot crowd values out of the cache by priority alone.
 //! * **Bounded eviction effort.** A referenced (pinned) slot is never evicted. When the clock hand
 //!   keeps meeting pinned slots without making progress, the insert gives up with
 //!   [`InsertError::AllPinned`] instead of spinning; the caller serves the page uncached.
+//! * **Shared misses.** Readers that miss the same file block at the same time wait for one
+//!   read of it instead of each issuing their own (`inflight.rs`); the waits are counted.
 //!
 //! # Invariants
 //!
@@ -45,10 +53,13 @@
 //!
 //! # Lock order
 //!
-//! The only locks are the materialized directory's shard locks. No slot is acquired or claimed
-//! while one is held; an evicting thread that owns a slot may take one to forget a version.
+//! The only locks are the materialized directory's shard locks and the in-flight table's shard
+//! locks (held for a probe of a short list, never while reading or waiting). No slot is acquired
+//! or claimed while one is held; an evicting thread that owns a slot may take a directory lock
+//! to forget a version.
 
 mod index;
+mod inflight;
 pub mod materialized;
 mod policy;
 mod slot;
@@ -65,6 +76,7 @@ use utils::Lsn;
 
 use crate::PAGE_SZ;
 use index::Index;
+use inflight::{Boarding, Flights, Ticket};
 pub use materialized::MaterializedPageKey;
 use materialized::{Directory, MATERIALIZED_BIT};
 use policy::{Ghosts, Probation};
@@ -77,11 +89,27 @@ pub use stats::{KindStats, PageCacheStats};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FileId(u64);
 
+/// Marks the id under which a file's index blocks are cached (see [`FileId::index_blocks`]).
+const INDEX_BIT: u64 = 1 << 62;
+
 impl FileId {
     /// A new, process-unique id.
     pub fn next() -> FileId {
         static NEXT: AtomicU64 = AtomicU64::new(1);
+        // Ids count up from 1 and never reach the tag bits.
         FileId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The id under which this file's index blocks (B-tree nodes) are cached. They are counted
+    /// apart from other file blocks and get the index pages' priority (see
+    /// [`PageCacheConfig::index_share`]). A block is read either as an index block or as another
+    /// block, never both.
+    pub fn index_blocks(self) -> FileId {
+        FileId(self.0 | INDEX_BIT)
+    }
+
+    fn is_index(self) -> bool {
+        self.0 & INDEX_BIT != 0
     }
 
     pub fn get(self) -> u64 {
@@ -91,7 +119,11 @@ impl FileId {
 
 impl fmt::Display for FileId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
+        if self.is_index() {
+            write!(f, "{}/index", self.0 & !INDEX_BIT)
+        } else {
+            write!(f, "{}", self.0)
+        }
     }
 }
 
@@ -127,6 +159,11 @@ pub struct PageCacheConfig {
     /// Cached versions remembered per materialized page key (at most 8); 0 turns materialized
     /// caching off.
     pub materialized_versions_per_key: usize,
+    /// The share of the cache (0.0 to 1.0) that index blocks may hold at their priority: while
+    /// fewer are cached, a newly read index block skips probation and starts warm, so one
+    /// pass of one-hit value blocks cannot push the index out. Beyond the share, index blocks
+    /// arrive like value blocks and compete with them on equal terms.
+    pub index_share: f64,
     /// Test mode: keep only this many bits of every hash, forcing collisions.
     pub degenerate_hash_bits: Option<u32>,
 }
@@ -137,10 +174,20 @@ impl Default for PageCacheConfig {
             capacity_bytes: 64 * 1024 * 1024,
             eviction_effort_cap: 30,
             materialized_versions_per_key: 4,
+            index_share: DEFAULT_INDEX_SHARE,
             degenerate_hash_bits: None,
         }
     }
 }
+
+/// The default [`PageCacheConfig::index_share`]. A delta layer's index is well under 1 % of its
+/// size, so a quarter of the cache holds the index of a hundred times more layer data than the
+/// cache itself, with room left for values.
+pub const DEFAULT_INDEX_SHARE: f64 = 0.25;
+
+/// Where an index block starts while index blocks are within their share: warm, off probation.
+/// Three sweeps of the clock hand without a hit, where a value block read once gets none.
+const INDEX_COUNTDOWN: u64 = 3;
 
 /// The cache needs at least this many pages to be useful.
 pub const MIN_PAGES: usize = 4;
@@ -151,6 +198,8 @@ pub enum PageCacheConfigError {
     TooSmall { bytes: u64 },
     #[error("page cache size {bytes} bytes is too large: at most {max_pages} pages of {PAGE_SZ} bytes are supported")]
     TooLarge { bytes: u64, max_pages: usize },
+    #[error("page cache index share {share} is not a fraction between 0.0 and 1.0")]
+    IndexShare { share: f64 },
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -190,7 +239,79 @@ pub enum ReadThroughError<E> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DroppedPages {
     pub file_pages: u64,
+    pub index_pages: u64,
     pub materialized_pages: u64,
+}
+
+/// How [`PageCache::read_file_page_traced`] found a page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fetched {
+    /// It was cached.
+    Hit,
+    /// This reader's `fill` read it.
+    Filled,
+    /// Another reader was reading it; this one waited for that read and did no I/O.
+    Waited,
+}
+
+/// See [`PageCache::begin_file_read`].
+pub enum BlockRead<'c> {
+    Cached(PageLease<'c>),
+    /// Nobody is reading the block: the caller reads it and lands it with
+    /// [`ReadClaim::land`]. Other readers of the block wait until the claim is landed or
+    /// dropped.
+    Claimed(ReadClaim<'c>),
+    /// Another reader is reading the block.
+    InFlight(InFlightRead<'c>),
+}
+
+/// Ends a flight this thread leads when dropped: after its page was published, or when the
+/// read failed or panicked.
+struct Landing<'c> {
+    cache: &'c PageCache,
+    key: SlotKey,
+    hash: u64,
+    ticket: Ticket,
+}
+
+impl Drop for Landing<'_> {
+    fn drop(&mut self) {
+        self.cache.flights.land(self.key, self.hash, self.ticket);
+    }
+}
+
+/// The right and duty to read one block into the cache; see [`BlockRead::Claimed`].
+pub struct ReadClaim<'c> {
+    cache: &'c PageCache,
+    key: SlotKey,
+    counters: &'c KindCounters,
+    /// `None` when the in-flight table was full: nobody waits for this read.
+    _landing: Option<Landing<'c>>,
+}
+
+impl ReadClaim<'_> {
+    /// Caches `page` (the block's bytes, read by the caller) and wakes the readers waiting for
+    /// it. A full cache only means they read the block themselves.
+    pub fn land(self, page: &[u8; PAGE_SZ], arrival: Arrival) -> Result<(), InsertError> {
+        self.cache
+            .insert_copy(self.key, self.counters, arrival, page)
+    }
+}
+
+/// Another reader's read of a block; see [`BlockRead::InFlight`].
+pub struct InFlightRead<'c> {
+    cache: &'c PageCache,
+    key: SlotKey,
+    hash: u64,
+    ticket: Ticket,
+}
+
+impl<'c> InFlightRead<'c> {
+    /// Waits for the read to land; `None` if the block did not make it into the cache (the
+    /// caller reads it itself).
+    pub fn wait(self) -> Option<PageLease<'c>> {
+        self.cache.wait_for(self.key, self.hash, self.ticket)
+    }
 }
 
 #[repr(C, align(4096))]
@@ -211,9 +332,15 @@ pub struct PageCache {
     probation: Probation,
     ghosts: Ghosts,
     file_counters: KindCounters,
+    index_counters: KindCounters,
+    /// Index blocks may take the index priority while fewer than this many are resident.
+    index_priority_pages: u64,
     materialized_counters: KindCounters,
     inserts_refused: AtomicU64,
     inserts_duplicate: AtomicU64,
+    /// File blocks being read into the cache right now (`inflight.rs`).
+    flights: Flights,
+    miss_waits: AtomicU64,
 }
 
 // SAFETY: a frame is written only by the thread that owns its slot in Construction and read only
@@ -310,6 +437,10 @@ impl PageCache {
                 max_pages: index::MAX_SLOTS,
             });
         }
+        let share = config.index_share;
+        if !(0.0..=1.0).contains(&share) {
+            return Err(PageCacheConfigError::IndexShare { share });
+        }
         // SAFETY: a frame is a byte array in an UnsafeCell, for which all zeroes is valid.
         let frames = unsafe { Box::<[Frame]>::new_zeroed_slice(pages).assume_init() };
         let hash_mask = match config.degenerate_hash_bits {
@@ -328,9 +459,13 @@ impl PageCache {
             probation: Probation::new(pages),
             ghosts: Ghosts::new(pages),
             file_counters: KindCounters::new(),
+            index_counters: KindCounters::new(),
+            index_priority_pages: (pages as f64 * share) as u64,
             materialized_counters: KindCounters::new(),
             inserts_refused: AtomicU64::new(0),
             inserts_duplicate: AtomicU64::new(0),
+            flights: Flights::new(),
+            miss_waits: AtomicU64::new(0),
         })
     }
 
@@ -346,7 +481,18 @@ impl PageCache {
             + self.ghosts.len() * std::mem::size_of::<u32>()
     }
 
-    fn placement(&self, arrival: Arrival, hash: u64) -> Placement {
+    fn placement(&self, key: SlotKey, arrival: Arrival, hash: u64) -> Placement {
+        let index_block = key.hi & (MATERIALIZED_BIT | INDEX_BIT) == INDEX_BIT;
+        if index_block
+            && arrival == Arrival::ReadThrough
+            && self.index_counters.resident_pages.load(Ordering::Relaxed)
+                < self.index_priority_pages
+        {
+            return Placement {
+                countdown: INDEX_COUNTDOWN,
+                probation: false,
+            };
+        }
         match arrival {
             Arrival::ReadThrough if self.ghosts.contains(hash) => Placement {
                 countdown: 1,
@@ -395,9 +541,10 @@ impl PageCache {
     #[inline]
     pub fn get_file_page(&self, file: FileId, blkno: u32) -> Option<PageLease<'_>> {
         let lease = self.lookup(file_key(file, blkno));
+        let counters = self.file_kind_counters(file);
         match lease {
-            Some(_) => self.file_counters.hits.inc(),
-            None => self.file_counters.misses.inc(),
+            Some(_) => counters.hits.inc(),
+            None => counters.misses.inc(),
         }
         lease
     }
@@ -411,7 +558,16 @@ impl PageCache {
         page: &[u8; PAGE_SZ],
         arrival: Arrival,
     ) -> Result<(), InsertError> {
-        self.insert_copy(file_key(file, blkno), &self.file_counters, arrival, page)
+        let counters = self.file_kind_counters(file);
+        self.insert_copy(file_key(file, blkno), counters, arrival, page)
+    }
+
+    fn file_kind_counters(&self, file: FileId) -> &KindCounters {
+        if file.is_index() {
+            &self.index_counters
+        } else {
+            &self.file_counters
+        }
     }
 
     /// Block `blkno` of `file`, from the cache or else read by `fill` straight into a cache
@@ -420,6 +576,8 @@ impl PageCache {
     /// The frame handed to `fill` still holds the bytes of the page it held before (another
     /// file's, or another tenant's): `fill` must overwrite all of it or fail. Whatever is in
     /// the frame when `fill` returns `Ok` is published as block `blkno`.
+    ///
+    /// Concurrent misses of one block share one `fill` (see `inflight.rs`).
     pub fn read_file_page<E>(
         &self,
         file: FileId,
@@ -427,17 +585,96 @@ impl PageCache {
         arrival: Arrival,
         fill: impl FnOnce(&mut [u8; PAGE_SZ]) -> Result<(), E>,
     ) -> Result<PageLease<'_>, ReadThroughError<E>> {
+        self.read_file_page_traced(file, blkno, arrival, fill)
+            .map(|(lease, _)| lease)
+    }
+
+    /// [`Self::read_file_page`], also telling how the page was found.
+    pub fn read_file_page_traced<E>(
+        &self,
+        file: FileId,
+        blkno: u32,
+        arrival: Arrival,
+        fill: impl FnOnce(&mut [u8; PAGE_SZ]) -> Result<(), E>,
+    ) -> Result<(PageLease<'_>, Fetched), ReadThroughError<E>> {
         if let Some(lease) = self.get_file_page(file, blkno) {
-            return Ok(lease);
+            return Ok((lease, Fetched::Hit));
         }
-        let lease = self.insert_with(
-            file_key(file, blkno),
-            &self.file_counters,
-            arrival,
-            true,
-            fill,
-        )?;
-        Ok(lease.expect("insert_with hands out a lease when asked"))
+        let key = file_key(file, blkno);
+        let hash = self.hash(key);
+        let _landing = match self.flights.board(key, hash) {
+            Boarding::Follow(ticket) => {
+                if let Some(lease) = self.wait_for(key, hash, ticket) {
+                    return Ok((lease, Fetched::Waited));
+                }
+                // The leader's read failed or its page is already gone: read it unshared.
+                None
+            }
+            Boarding::Lead(ticket) => {
+                let landing = Landing {
+                    cache: self,
+                    key,
+                    hash,
+                    ticket,
+                };
+                // It may have landed between the miss and boarding.
+                if let Some(lease) = self.lookup(key) {
+                    return Ok((lease, Fetched::Hit));
+                }
+                Some(landing)
+            }
+            Boarding::Unshared => None,
+        };
+        let counters = self.file_kind_counters(file);
+        let lease = self.insert_with(key, counters, arrival, true, fill)?;
+        let lease = lease.expect("insert_with hands out a lease when asked");
+        Ok((lease, Fetched::Filled))
+    }
+
+    /// Starts reading block `blkno` of `file` for a reader that fetches several blocks with one
+    /// I/O: the cached page, or the claim to read it, or another reader's read to wait for.
+    /// A claim must be landed (or dropped) before the caller waits for any flight.
+    pub fn begin_file_read(&self, file: FileId, blkno: u32) -> BlockRead<'_> {
+        if let Some(lease) = self.get_file_page(file, blkno) {
+            return BlockRead::Cached(lease);
+        }
+        let key = file_key(file, blkno);
+        let hash = self.hash(key);
+        let ticket = match self.flights.board(key, hash) {
+            Boarding::Follow(ticket) => {
+                return BlockRead::InFlight(InFlightRead {
+                    cache: self,
+                    key,
+                    hash,
+                    ticket,
+                })
+            }
+            Boarding::Lead(ticket) => Some(ticket),
+            Boarding::Unshared => None,
+        };
+        let landing = ticket.map(|ticket| Landing {
+            cache: self,
+            key,
+            hash,
+            ticket,
+        });
+        match self.lookup(key) {
+            Some(lease) => BlockRead::Cached(lease),
+            None => BlockRead::Claimed(ReadClaim {
+                cache: self,
+                key,
+                counters: self.file_kind_counters(file),
+                _landing: landing,
+            }),
+        }
+    }
+
+    /// Waits for flight `ticket` of `key` to land and takes its page, if it is cached.
+    fn wait_for(&self, key: SlotKey, hash: u64, ticket: Ticket) -> Option<PageLease<'_>> {
+        // Counted before waiting, so the wait can be seen while it lasts.
+        self.miss_waits.fetch_add(1, Ordering::Relaxed);
+        self.flights.wait(key, hash, ticket);
+        self.lookup(key)
     }
 
     /// The newest cached version of `key` at or below `lsn`, with its LSN. Records between that
@@ -551,10 +788,11 @@ impl PageCache {
             self.inserts_refused.fetch_add(1, Ordering::Relaxed);
             return Err(ReadThroughError::NoFreeSlot(InsertError::NoSlot));
         }
+        // Placed by the residents before it: an index block's priority depends on their count.
+        let placement = self.placement(key, arrival, hash);
         // Counted before publishing: once Visible, the page may be evicted (and uncounted) at once.
         counters.inserts.fetch_add(1, Ordering::Relaxed);
         counters.resident_pages.fetch_add(1, Ordering::Relaxed);
-        let placement = self.placement(arrival, hash);
         let generation = owned.slot.publish(placement.countdown, with_lease);
         owned.published = true;
         if placement.probation {
@@ -646,6 +884,8 @@ impl PageCache {
             self.directory
                 .forget(previous.hi & !MATERIALIZED_BIT, Lsn(previous.lo));
             &self.materialized_counters
+        } else if previous.hi & INDEX_BIT != 0 {
+            &self.index_counters
         } else {
             &self.file_counters
         };
@@ -662,6 +902,8 @@ impl PageCache {
                 slot.vacate();
                 if previous.hi & MATERIALIZED_BIT != 0 {
                     dropped.materialized_pages += 1;
+                } else if previous.hi & INDEX_BIT != 0 {
+                    dropped.index_pages += 1;
                 } else {
                     dropped.file_pages += 1;
                 }
@@ -675,9 +917,11 @@ impl PageCache {
         PageCacheStats {
             capacity_bytes: self.slots.len() as u64 * page,
             file_pages: self.file_counters.snapshot(page),
+            index_pages: self.index_counters.snapshot(page),
             materialized_pages: self.materialized_counters.snapshot(page),
             inserts_refused: self.inserts_refused.load(Ordering::Relaxed),
             inserts_duplicate: self.inserts_duplicate.load(Ordering::Relaxed),
+            miss_waits: self.miss_waits.load(Ordering::Relaxed),
             pinned_pages: self.slots.iter().filter(|s| s.is_pinned()).count() as u64,
         }
     }

@@ -90,8 +90,10 @@ pub struct KindStats {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PageCacheStats {
     pub capacity_bytes: u64,
-    /// Immutable file pages: ephemeral and layer file blocks.
+    /// Immutable file pages: ephemeral file blocks and layer file value blocks.
     pub file_pages: KindStats,
+    /// Layer index blocks (B-tree nodes), cached with priority up to their share.
+    pub index_pages: KindStats,
     /// Materialized page versions.
     pub materialized_pages: KindStats,
     /// Inserts refused because every slot the clock hand looked at was pinned (the eviction
@@ -99,6 +101,9 @@ pub struct PageCacheStats {
     pub inserts_refused: u64,
     /// Blind inserts (pre-warm, memorize) of a page that was already cached.
     pub inserts_duplicate: u64,
+    /// File block misses that waited for another reader's read of the same block instead of
+    /// reading it again.
+    pub miss_waits: u64,
     /// Slots referenced by a lease right now.
     pub pinned_pages: u64,
 }

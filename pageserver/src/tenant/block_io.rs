@@ -12,7 +12,9 @@ use std::io;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
-use crate::page_cache::{Arrival, FileId, PageCache, PageLease, ReadThroughError};
+use crate::page_cache::{
+    Arrival, BlockRead, Fetched, FileId, PageCache, PageLease, ReadThroughError,
+};
 use crate::tenant::read_cost::{self, BlockKind};
 use crate::virtual_file::FileIo;
 use crate::PAGE_SZ;
@@ -80,7 +82,8 @@ pub fn block_offset(blkno: u32) -> u64 {
 }
 
 /// Reads block `blkno` of an immutable file through the page cache, adding the block (as
-/// `kind`) and any file read to the current [`read_cost`].
+/// `kind`) and any file read to the current [`read_cost`]. A miss that another reader is
+/// already reading waits for that read.
 pub(crate) fn read_through_cache<'c>(
     cache: &'c PageCache,
     file: &dyn FileIo,
@@ -91,18 +94,22 @@ pub(crate) fn read_through_cache<'c>(
     kind: BlockKind,
 ) -> Result<BlockLease<'c>, BlockReadError> {
     let io_error = |source: io::Error| block_read_error(path, blkno, source);
-    let mut filled = false;
-    let read = cache.read_file_page(file_id, blkno, arrival, |frame| {
-        filled = true;
+    let read = cache.read_file_page_traced(file_id, blkno, arrival, |frame| {
         read_cost::io(PAGE_SZ as u64);
         file.read_exact_at(frame, block_offset(blkno))
     });
-    if !matches!(read, Err(ReadThroughError::NoFreeSlot(_))) {
-        read_cost::block(kind, !filled);
-    }
     match read {
-        Ok(lease) => Ok(BlockLease::Cached(lease)),
-        Err(ReadThroughError::Fill(e)) => Err(io_error(e)),
+        Ok((lease, fetched)) => {
+            read_cost::block(kind, fetched == Fetched::Hit);
+            if fetched == Fetched::Waited {
+                read_cost::waited();
+            }
+            Ok(BlockLease::Cached(lease))
+        }
+        Err(ReadThroughError::Fill(e)) => {
+            read_cost::block(kind, false);
+            Err(io_error(e))
+        }
         Err(ReadThroughError::NoFreeSlot(_)) => {
             read_cost::block(kind, false);
             read_cost::io(PAGE_SZ as u64);
@@ -153,9 +160,26 @@ fn block_read_error(path: &Path, blkno: u32, source: io::Error) -> BlockReadErro
     }
 }
 
+/// Bytes of a file read by [`read_range_through_cache`]: whole blocks, of which the range is
+/// a part.
+#[derive(Debug)]
+pub(crate) struct RangeBytes {
+    blocks: Vec<u8>,
+    range: std::ops::Range<usize>,
+}
+
+impl Deref for RangeBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.blocks[self.range.clone()]
+    }
+}
+
 /// Bytes `range` (not empty) of an immutable file, assembled from its blocks: blocks in the page
-/// cache are copied from it, and each run of adjacent missing blocks is read with one call and
-/// its blocks inserted into the cache. Costs are counted per block (as `kind`) and per call.
+/// cache are copied from it, each run of adjacent missing blocks is read with one call straight
+/// into place and its blocks inserted into the cache, and blocks another reader is reading
+/// right now are waited for. Costs are counted per block (as `kind`) and per call.
 pub(crate) fn read_range_through_cache(
     cache: &PageCache,
     file: &dyn FileIo,
@@ -163,67 +187,71 @@ pub(crate) fn read_range_through_cache(
     path: &Path,
     range: std::ops::Range<u64>,
     kind: BlockKind,
-) -> Result<Vec<u8>, BlockReadError> {
+) -> Result<RangeBytes, BlockReadError> {
     let page = PAGE_SZ as u64;
-    let block_no = |offset: u64| {
-        u32::try_from(offset / page).map_err(|_| BlockReadError::PastEnd {
-            path: path.to_owned(),
-            blkno: u32::MAX,
-        })
-    };
-    let first = block_no(range.start)?;
-    let last = block_no(range.end - 1)?;
-    let mut out = Vec::with_capacity((range.end - range.start) as usize);
-    // The part of block `blkno` (its bytes in `block`) that lies in `range`.
-    let mut take = |blkno: u32, block: &[u8]| {
-        let block_start = u64::from(blkno) * page;
-        let from = range.start.saturating_sub(block_start) as usize;
-        let to = (range.end - block_start).min(page) as usize;
-        out.extend_from_slice(&block[from..to]);
-    };
-    let mut missing_from: Option<u32> = None;
-    // One step past the last block closes a run that reaches it.
-    let past_last = last.checked_add(1).ok_or_else(|| BlockReadError::PastEnd {
+    let past_end = |blkno: u32| BlockReadError::PastEnd {
         path: path.to_owned(),
-        blkno: last,
-    })?;
-    for blkno in first..=past_last {
-        let cached = if blkno <= last {
-            cache.get_file_page(file_id, blkno)
-        } else {
-            None
-        };
-        let run_ends = blkno > last || cached.is_some();
-        if let (Some(run_start), true) = (missing_from, run_ends) {
-            let blocks = (blkno - run_start) as usize;
-            let mut buf = vec![0u8; blocks * PAGE_SZ];
-            read_cost::io(buf.len() as u64);
-            file.read_exact_at(&mut buf, block_offset(run_start))
-                .map_err(|source| block_read_error(path, run_start, source))?;
-            for (i, block) in buf.chunks_exact(PAGE_SZ).enumerate() {
-                let blkno = run_start + i as u32;
-                read_cost::block(kind, false);
-                let block: &[u8; PAGE_SZ] = block.try_into().expect("chunks of PAGE_SZ");
-                // Best effort: a full cache only means the next read misses too.
-                let _ = cache.insert_file_page(file_id, blkno, block, Arrival::ReadThrough);
-                take(blkno, block);
-            }
-            missing_from = None;
-        }
-        if blkno > last {
-            break;
-        }
-        match cached {
-            Some(lease) => {
+        blkno,
+    };
+    let first = u32::try_from(range.start / page).map_err(|_| past_end(u32::MAX))?;
+    let last = u32::try_from((range.end - 1) / page).map_err(|_| past_end(u32::MAX))?;
+    let count = (last - first) as usize + 1;
+    let mut blocks = vec![0u8; count * PAGE_SZ];
+    let reads: Vec<BlockRead<'_>> = (first..=last)
+        .map(|blkno| cache.begin_file_read(file_id, blkno))
+        .collect();
+    // Our own claims first, landed before waiting for anyone else's (see page_cache/inflight.rs).
+    let mut waits = Vec::new();
+    let mut claimed = Vec::new();
+    for (i, read) in reads.into_iter().enumerate() {
+        let dest = &mut blocks[i * PAGE_SZ..(i + 1) * PAGE_SZ];
+        match read {
+            BlockRead::Cached(lease) => {
                 read_cost::block(kind, true);
-                take(blkno, &lease[..]);
+                dest.copy_from_slice(&lease[..]);
             }
+            BlockRead::Claimed(claim) => claimed.push((i, claim)),
+            BlockRead::InFlight(flight) => waits.push((i, flight)),
+        }
+    }
+    let mut claims = claimed.into_iter().peekable();
+    while let Some((run_start, claim)) = claims.next() {
+        let mut run = vec![claim];
+        while let Some((_, next)) = claims.next_if(|(i, _)| *i == run_start + run.len()) {
+            run.push(next);
+        }
+        let bytes = &mut blocks[run_start * PAGE_SZ..(run_start + run.len()) * PAGE_SZ];
+        let blkno = first + run_start as u32;
+        read_cost::io(bytes.len() as u64);
+        // On an error the claims drop unlanded, and their waiters read for themselves.
+        file.read_exact_at(bytes, block_offset(blkno))
+            .map_err(|source| block_read_error(path, blkno, source))?;
+        for (claim, block) in run.into_iter().zip(bytes.chunks_exact(PAGE_SZ)) {
+            read_cost::block(kind, false);
+            let block: &[u8; PAGE_SZ] = block.try_into().expect("chunks of PAGE_SZ");
+            // Best effort: a full cache only means the next read misses too.
+            let _ = claim.land(block, Arrival::ReadThrough);
+        }
+    }
+    for (i, flight) in waits {
+        let blkno = first + i as u32;
+        let dest = &mut blocks[i * PAGE_SZ..(i + 1) * PAGE_SZ];
+        read_cost::block(kind, false);
+        read_cost::waited();
+        match flight.wait() {
+            Some(lease) => dest.copy_from_slice(&lease[..]),
             None => {
-                missing_from.get_or_insert(blkno);
+                read_cost::io(page);
+                file.read_exact_at(dest, block_offset(blkno))
+                    .map_err(|source| block_read_error(path, blkno, source))?;
             }
         }
     }
-    Ok(out)
+    let head = block_offset(first);
+    Ok(RangeBytes {
+        blocks,
+        range: (range.start - head) as usize..(range.end - head) as usize,
+    })
 }
 
 /// Reads an immutable file's blocks through the page cache.
@@ -262,9 +290,12 @@ impl<'a> FileBlockReader<'a> {
         self
     }
 
-    /// Counts the blocks read as `kind` in read costs (value blocks unless told otherwise).
-    pub fn counted_as(mut self, kind: BlockKind) -> Self {
-        self.kind = kind;
+    /// Reads the file's index blocks: they are cached under the file's index id (with the
+    /// index blocks' priority, see [`FileId::index_blocks`]) and counted as index blocks in
+    /// read costs. Without this, blocks are value blocks.
+    pub fn index_blocks(mut self) -> Self {
+        self.kind = BlockKind::Index;
+        self.file_id = self.file_id.index_blocks();
         self
     }
 }
@@ -353,16 +384,16 @@ mod tests {
         let (read, cost) = measure(|| {
             read_range_through_cache(&cache, &file, id, &path, range.clone(), BlockKind::Value)
         });
-        assert_eq!(read.unwrap(), &bytes[100..5 * PAGE_SZ + 10]);
+        assert_eq!(&*read.unwrap(), &bytes[100..5 * PAGE_SZ + 10]);
         assert_eq!(
             cost.to_string(),
-            "layers=0 idx_hit=0 idx_miss=0 val_hit=1 val_miss=5 ios=2 bytes=40960"
+            "layers=0 idx_hit=0 idx_miss=0 val_hit=1 val_miss=5 ios=2 bytes=40960 waits=0"
         );
         // Everything it read is cached now.
         let (again, cost) = measure(|| {
             read_range_through_cache(&cache, &file, id, &path, range.clone(), BlockKind::Value)
         });
-        assert_eq!(again.unwrap(), &bytes[100..5 * PAGE_SZ + 10]);
+        assert_eq!(&*again.unwrap(), &bytes[100..5 * PAGE_SZ + 10]);
         assert_eq!((cost.val_hit, cost.ios), (6, 0));
         // Past the end of the file: an error naming it, not a panic.
         let err = read_range_through_cache(
@@ -375,6 +406,54 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("six-blocks"), "{err}");
+    }
+
+    #[test]
+    fn a_range_waits_for_a_block_another_reader_is_reading() {
+        use crate::tenant::read_cost::measure;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("three-blocks");
+        let bytes: Vec<u8> = (0..3 * PAGE_SZ).map(|i| (i / 11) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let cache = cache(16);
+        let id = FileId::next();
+        // Another reader is reading block 1.
+        let BlockRead::Claimed(claim) = cache.begin_file_read(id, 1) else {
+            panic!("nothing is cached or in flight yet");
+        };
+        std::thread::scope(|s| {
+            let range_reader = s.spawn(|| {
+                measure(|| {
+                    read_range_through_cache(
+                        &cache,
+                        &file,
+                        id,
+                        &path,
+                        0..3 * PAGE_SZ as u64,
+                        BlockKind::Value,
+                    )
+                })
+            });
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while cache.stats().miss_waits == 0 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the range never waited"
+                );
+                std::thread::yield_now();
+            }
+            let block: &[u8; PAGE_SZ] = bytes[PAGE_SZ..2 * PAGE_SZ].try_into().unwrap();
+            claim.land(block, Arrival::ReadThrough).unwrap();
+            let (read, cost) = range_reader.join().unwrap();
+            assert_eq!(&*read.unwrap(), &bytes[..]);
+            // Blocks 0 and 2 are two runs (1 is not ours to read), and 1 is waited for.
+            assert_eq!(
+                cost.to_string(),
+                "layers=0 idx_hit=0 idx_miss=0 val_hit=0 val_miss=3 ios=2 bytes=16384 waits=1"
+            );
+        });
+        assert_eq!(cache.stats().file_pages.inserts, 3);
     }
 
     #[test]

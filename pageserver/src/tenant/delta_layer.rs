@@ -769,7 +769,7 @@ impl DeltaLayer {
         };
         let blocks = reader();
         let index = IndexBlocks {
-            inner: reader().counted_as(BlockKind::Index),
+            inner: reader().index_blocks(),
             start: self.summary.index_start_blk,
             path: &self.path,
         };

@@ -6,8 +6,8 @@
 //! add to as they go: no parameter threads through every layer, and code outside a `measure`
 //! (flushes, background work) pays one thread-local check per block and records nothing.
 //!
-//! The text form, `layers=2 idx_hit=3 idx_miss=0 val_hit=0 val_miss=1 ios=1 bytes=8192`, is
-//! what the HTTP API returns in the `X-Read-Cost` header.
+//! The text form, what the HTTP API returns in the `X-Read-Cost` header:
+//! `layers=2 idx_hit=3 idx_miss=0 val_hit=0 val_miss=1 ios=1 bytes=8192 waits=0`.
 
 use std::cell::Cell;
 use std::fmt;
@@ -33,6 +33,9 @@ pub struct ReadCost {
     pub ios: u32,
     /// Bytes those calls read.
     pub bytes: u64,
+    /// Missed blocks that another reader was already reading: this read waited for that I/O
+    /// instead of issuing its own (counted as misses, with no I/O).
+    pub waits: u32,
 }
 
 thread_local! {
@@ -71,6 +74,11 @@ pub(crate) fn block(kind: BlockKind, hit: bool) {
     });
 }
 
+/// A missed block was read by another reader, and this one waited for it.
+pub(crate) fn waited() {
+    update(|c| c.waits += 1);
+}
+
 /// A read call of `bytes` bytes went to a file.
 pub(crate) fn io(bytes: u64) {
     update(|c| {
@@ -83,14 +91,15 @@ impl fmt::Display for ReadCost {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "layers={} idx_hit={} idx_miss={} val_hit={} val_miss={} ios={} bytes={}",
+            "layers={} idx_hit={} idx_miss={} val_hit={} val_miss={} ios={} bytes={} waits={}",
             self.layers,
             self.idx_hit,
             self.idx_miss,
             self.val_hit,
             self.val_miss,
             self.ios,
-            self.bytes
+            self.bytes,
+            self.waits
         )
     }
 }
@@ -111,13 +120,13 @@ mod tests {
             });
             assert_eq!(
                 inner.to_string(),
-                "layers=0 idx_hit=0 idx_miss=0 val_hit=0 val_miss=1 ios=1 bytes=8192"
+                "layers=0 idx_hit=0 idx_miss=0 val_hit=0 val_miss=1 ios=1 bytes=8192 waits=0"
             );
             block(BlockKind::Value, true);
         });
         assert_eq!(
             outer.to_string(),
-            "layers=1 idx_hit=1 idx_miss=0 val_hit=1 val_miss=0 ios=0 bytes=0"
+            "layers=1 idx_hit=1 idx_miss=0 val_hit=1 val_miss=0 ios=0 bytes=0 waits=0"
         );
     }
 }
