@@ -251,3 +251,39 @@ def test_read_cost_header(timeline: TimelineHandle):
     text = http.request("GET", "/metrics").text
     assert "pageserver_getpage_ios_total 2" in text
     assert 'pageserver_getpage_blocks_total{kind="value",result="miss"} 2' in text
+
+
+def test_read_costs_after_a_drop_match_a_fresh_server(timeline: TimelineHandle):
+    """The I/O each read does, from X-Read-Cost: a read after `page_cache/drop` costs what it
+    costs on a freshly started server; with the index cached a cold value is one read of just
+    its blocks; a hot read does no I/O; a key the layer lacks touches no value block."""
+    ps = timeline.ps
+    # Even keys only, so odd keys inside the layer's key range are absent from it.
+    timeline.ingest([Image(key(k), 0x10, page_of(k)) for k in range(0, 16, 2)])
+    timeline.checkpoint()
+    ps.restart()
+    http = ps.http
+
+    def cost_of(k: int) -> dict[str, int]:
+        r = http.request("GET", page_url(timeline), params={"key": key(k).hex(), "lsn": "0/10"})
+        assert r.status_code in (200, 404), r.text
+        return read_cost(r)
+
+    fresh = cost_of(4)
+    # Nothing cached: the index leaf (asked again, from the cache, for where the value ends) and
+    # the value's two blocks, read with one call.
+    assert fresh == {"layers": 1, "idx_hit": 1, "idx_miss": 1, "val_hit": 0, "val_miss": 2, "ios": 2, "bytes": 3 * PAGE_SIZE, "waits": 0}
+    hot = cost_of(4)
+    assert (hot["ios"], hot["idx_miss"], hot["val_miss"]) == (0, 0, 0)
+    absent = cost_of(5)
+    assert absent == {"layers": 1, "idx_hit": 1, "idx_miss": 0, "val_hit": 0, "val_miss": 0, "ios": 0, "bytes": 0, "waits": 0}
+
+    dropped = http.page_cache_drop()
+    assert dropped["index_pages"] == 1 and dropped["file_pages"] == 2, dropped
+    assert cost_of(4) == fresh
+
+    # Key 4's read cached the index; key 12's value shares no block with key 4's: exactly one
+    # I/O, 16 KiB, for the two blocks its 8 KiB image with header and checksum spans.
+    index_hot = cost_of(12)
+    assert index_hot == {"layers": 1, "idx_hit": 2, "idx_miss": 0, "val_hit": 0, "val_miss": 2, "ios": 1, "bytes": 2 * PAGE_SIZE, "waits": 0}
+    assert http.page_cache()["miss_waits"] == 0

@@ -393,51 +393,50 @@ pub async fn get_page(
     State(state): State<SharedState>,
     Path(ids): Path<(String, String)>,
     RawQuery(query): RawQuery,
-) -> ApiResult<Response> {
+) -> Response {
     let started = Instant::now();
-    let result = get_page_inner(&state, &ids, query.as_deref()).await;
-    let outcome = match &result {
-        Ok(_) => "ok",
-        Err(e) if e.status == StatusCode::NOT_FOUND => "not_found",
-        Err(_) => "error",
+    let (outcome, response) = match get_page_inner(&state, &ids, query.as_deref()).await {
+        Ok((_, Some(page), lsn, cost)) => {
+            let headers = [
+                (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+                (header::HeaderName::from_static("x-lsn"), lsn.to_string()),
+                (X_READ_COST, cost.to_string()),
+            ];
+            ("ok", (headers, page).into_response())
+        }
+        // A key with no version still cost a read, which the caller may want to see.
+        Ok((key, None, lsn, cost)) => {
+            let error = ApiError::not_found(format!("page {key} has no version at or below {lsn}"));
+            let headers = [(X_READ_COST, cost.to_string())];
+            ("not_found", (headers, error).into_response())
+        }
+        Err(e) if e.status == StatusCode::NOT_FOUND => ("not_found", e.into_response()),
+        Err(e) => ("error", e.into_response()),
     };
     crate::metrics::GETPAGE_SECONDS
         .with_label_values(&[outcome])
         .observe(started.elapsed().as_secs_f64());
-    result
+    response
 }
+
+const X_READ_COST: header::HeaderName = header::HeaderName::from_static("x-read-cost");
 
 async fn get_page_inner(
     state: &SharedState,
     ids: &(String, String),
     query: Option<&str>,
-) -> ApiResult<Response> {
+) -> ApiResult<(Key, Option<Bytes>, Lsn, read_cost::ReadCost)> {
     let (key, lsn) = page_query(query)?;
     let timeline = timeline_of(state, ids)?;
     let wait = state.conf.wait_lsn_timeout;
-    let (page, lsn, cost) = blocking(move || {
+    blocking(move || {
         let lsn = lsn.unwrap_or_else(|| timeline.last_record_lsn());
         timeline.wait_lsn(lsn, wait)?;
         let (page, cost) = read_cost::measure(|| timeline.get_page(key, lsn));
         crate::metrics::record_read_cost(&cost);
-        Ok((page?, lsn, cost))
+        Ok((key, page?, lsn, cost))
     })
-    .await?;
-    let page = page.ok_or_else(|| {
-        ApiError::not_found(format!("page {key} has no version at or below {lsn}"))
-    })?;
-    Ok((
-        [
-            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
-            (header::HeaderName::from_static("x-lsn"), lsn.to_string()),
-            (
-                header::HeaderName::from_static("x-read-cost"),
-                cost.to_string(),
-            ),
-        ],
-        page,
-    )
-        .into_response())
+    .await
 }
 
 pub async fn checkpoint(
