@@ -74,7 +74,16 @@ pub enum BlockReadError {
 /// Something that hands out leases on its blocks.
 pub trait BlockReader {
     fn read_blk(&self, blkno: u32) -> Result<BlockLease<'_>, BlockReadError>;
+
+    /// Whether a [`BlockLease::Cached`] from this reader was checked before it was cached, so
+    /// its reader need not check it again (see [`FileBlockReader::index_blocks`]).
+    fn cached_blocks_verified(&self) -> bool {
+        false
+    }
 }
+
+/// A check of a block's contents; see [`FileBlockReader::index_blocks`].
+pub type BlockCheck = fn(&[u8; PAGE_SZ]) -> bool;
 
 /// The byte offset of block `blkno`.
 pub fn block_offset(blkno: u32) -> u64 {
@@ -83,7 +92,9 @@ pub fn block_offset(blkno: u32) -> u64 {
 
 /// Reads block `blkno` of an immutable file through the page cache, adding the block (as
 /// `kind`) and any file read to the current [`read_cost`]. A miss that another reader is
-/// already reading waits for that read.
+/// already reading waits for that read. With a `check`, a block read from the file is cached
+/// only if it passes; one that fails is handed out uncached, for its reader to report.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn read_through_cache<'c>(
     cache: &'c PageCache,
     file: &dyn FileIo,
@@ -92,11 +103,17 @@ pub(crate) fn read_through_cache<'c>(
     blkno: u32,
     arrival: Arrival,
     kind: BlockKind,
+    check: Option<BlockCheck>,
 ) -> Result<BlockLease<'c>, BlockReadError> {
     let io_error = |source: io::Error| block_read_error(path, blkno, source);
     let read = cache.read_file_page_traced(file_id, blkno, arrival, |frame| {
         read_cost::io(PAGE_SZ as u64);
         file.read_exact_at(frame, block_offset(blkno))
+            .map_err(FillError::Io)?;
+        match check {
+            Some(check) if !check(frame) => Err(FillError::Unverified),
+            _ => Ok(()),
+        }
     });
     match read {
         Ok((lease, fetched)) => {
@@ -106,11 +123,11 @@ pub(crate) fn read_through_cache<'c>(
             }
             Ok(BlockLease::Cached(lease))
         }
-        Err(ReadThroughError::Fill(e)) => {
+        Err(ReadThroughError::Fill(FillError::Io(e))) => {
             read_cost::block(kind, false);
             Err(io_error(e))
         }
-        Err(ReadThroughError::NoFreeSlot(_)) => {
+        Err(ReadThroughError::Fill(FillError::Unverified) | ReadThroughError::NoFreeSlot(_)) => {
             read_cost::block(kind, false);
             read_cost::io(PAGE_SZ as u64);
             let mut page = Box::new([0u8; PAGE_SZ]);
@@ -119,6 +136,13 @@ pub(crate) fn read_through_cache<'c>(
             Ok(BlockLease::Owned(page))
         }
     }
+}
+
+/// Why a block read into a cache frame was not published.
+enum FillError {
+    Io(io::Error),
+    /// The block failed its check.
+    Unverified,
 }
 
 /// Reads block `blkno` of an immutable file from the page cache if it is there, and otherwise
@@ -262,6 +286,8 @@ pub struct FileBlockReader<'a> {
     cache: &'a PageCache,
     kind: BlockKind,
     bypass: bool,
+    /// Blocks read from the file are cached only if they pass this.
+    check: Option<BlockCheck>,
 }
 
 impl<'a> FileBlockReader<'a> {
@@ -280,6 +306,7 @@ impl<'a> FileBlockReader<'a> {
             cache,
             kind: BlockKind::Value,
             bypass: false,
+            check: None,
         }
     }
 
@@ -293,9 +320,15 @@ impl<'a> FileBlockReader<'a> {
     /// Reads the file's index blocks: they are cached under the file's index id (with the
     /// index blocks' priority, see [`FileId::index_blocks`]) and counted as index blocks in
     /// read costs. Without this, blocks are value blocks.
-    pub fn index_blocks(mut self) -> Self {
+    ///
+    /// A block read from the file is cached only if it passes `check`, so every cached index
+    /// block is a verified one and its readers need not verify it again on every hit
+    /// ([`BlockReader::cached_blocks_verified`]). Index blocks must be read only through readers
+    /// made by this, with the same check, or that promise would not hold.
+    pub fn index_blocks(mut self, check: BlockCheck) -> Self {
         self.kind = BlockKind::Index;
         self.file_id = self.file_id.index_blocks();
+        self.check = Some(check);
         self
     }
 }
@@ -320,7 +353,12 @@ impl BlockReader for FileBlockReader<'_> {
             blkno,
             Arrival::ReadThrough,
             self.kind,
+            self.check,
         )
+    }
+
+    fn cached_blocks_verified(&self) -> bool {
+        self.check.is_some()
     }
 }
 

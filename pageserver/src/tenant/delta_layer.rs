@@ -71,7 +71,7 @@ use crate::tenant::block_io::{
     read_range_through_cache, BlockLease, BlockReadError, BlockReader, FileBlockReader,
 };
 use crate::tenant::disk_btree::{
-    BtreeBuildError, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
+    node_is_valid, BtreeBuildError, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
 use crate::tenant::read_cost::BlockKind;
 use crate::tenant::storage_layer::{max_stored_value_len, LayerRecords};
@@ -561,6 +561,10 @@ impl BlockReader for IndexBlocks<'_> {
             })?;
         self.inner.read_blk(absolute)
     }
+
+    fn cached_blocks_verified(&self) -> bool {
+        self.inner.cached_blocks_verified()
+    }
 }
 
 impl DeltaLayer {
@@ -769,7 +773,7 @@ impl DeltaLayer {
         };
         let blocks = reader();
         let index = IndexBlocks {
-            inner: reader().index_blocks(),
+            inner: reader().index_blocks(node_is_valid::<INDEX_KEY_LEN>),
             start: self.summary.index_start_blk,
             path: &self.path,
         };

@@ -26,7 +26,10 @@
 //!   the header, the order of the node's keys, and that the node fits where its parent says it
 //!   is (see *Invariants*). A corrupt tree yields [`BtreeReadError::Corrupt`], never a panic, a
 //!   loop, or an answer taken from the wrong part of the tree. The checks cost about as much as
-//!   the checksum: one pass over a block that is already in the CPU cache.
+//!   the checksum: one pass over a block that is already in the CPU cache. A block reader may
+//!   promise that the blocks it serves from the page cache passed these checks before they were
+//!   cached ([`BlockReader::cached_blocks_verified`]; delta layers' index readers do): then a
+//!   hit skips the checksum and the key-order pass, and only the O(1) header bounds are checked.
 //!
 //! # Node format
 //!
@@ -534,7 +537,31 @@ struct Node<'b, const KEY_LEN: usize> {
     entries: &'b [u8],
 }
 
+/// Whether `block` passes the checks a reader makes on every node by itself (invariants 1–3):
+/// for a block reader that verifies index blocks before caching them (see
+/// [`BlockReader::cached_blocks_verified`]).
+pub fn node_is_valid<const KEY_LEN: usize>(block: &[u8; PAGE_SZ]) -> bool {
+    Node::<KEY_LEN>::parse(0, block).is_ok()
+}
+
 impl<'b, const KEY_LEN: usize> Node<'b, KEY_LEN> {
+    /// A node whose block passed [`Node::parse`] before (it came from a cache that holds only
+    /// verified nodes): the checksum and the key order are not checked again, which is most of
+    /// the work of a hot lookup. The header is still bounds-checked, so even a broken promise
+    /// cannot make a read go out of the block.
+    fn parse_verified(blkno: u32, block: &'b [u8; PAGE_SZ]) -> Result<Self, BtreeReadError> {
+        let level = block[LEVEL_OFF];
+        let count = usize::from(u16::from_be_bytes(array_at(block, COUNT_OFF)));
+        let entries = (usize::from(level) < MAX_HEIGHT && count <= capacity(KEY_LEN, level))
+            .then(|| block.get(HEADER_LEN..HEADER_LEN + count * entry_len(KEY_LEN, level)))
+            .flatten();
+        match entries {
+            Some(entries) => Ok(Node { level, entries }),
+            // Not a verified node after all: check it in full to say what is wrong.
+            None => Self::parse(blkno, block),
+        }
+    }
+
     /// Checks invariants 1–3 of block `blkno`; the checks that need the parent are in
     /// [`DiskBtreeReader::child`].
     fn parse(blkno: u32, block: &'b [u8; PAGE_SZ]) -> Result<Self, BtreeReadError> {
@@ -852,8 +879,14 @@ impl<'a, const KEY_LEN: usize, R: BlockReader + ?Sized> DiskBtreeReader<'a, KEY_
         upper: Option<[u8; KEY_LEN]>,
     ) -> Result<Frame<'a, KEY_LEN>, BtreeReadError> {
         let lease = self.reader.read_blk(blkno)?;
+        let verified =
+            matches!(lease, BlockLease::Cached(_)) && self.reader.cached_blocks_verified();
         let (level, count) = {
-            let node = Node::<KEY_LEN>::parse(blkno, &lease)?;
+            let node = if verified {
+                Node::<KEY_LEN>::parse_verified(blkno, &lease)?
+            } else {
+                Node::<KEY_LEN>::parse(blkno, &lease)?
+            };
             (node.level, node.count())
         };
         Ok(Frame {

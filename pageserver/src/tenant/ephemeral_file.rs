@@ -252,6 +252,7 @@ impl EphemeralFile {
                 blkno,
                 Arrival::ReadThrough,
                 BlockKind::Value,
+                None,
             ),
             std::cmp::Ordering::Greater => Err(BlockReadError::OutOfBounds {
                 path: self.path.clone(),
