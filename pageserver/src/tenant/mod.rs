@@ -10,6 +10,7 @@ pub mod inmemory_layer;
 pub mod metadata;
 pub mod mgr;
 pub mod read_cost;
+pub mod scan;
 pub mod storage_layer;
 #[cfg(test)]
 mod test_support;
