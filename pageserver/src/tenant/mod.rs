@@ -2,6 +2,7 @@
 
 pub mod blob_io;
 pub mod block_io;
+pub mod cursor_cache;
 pub mod delta_layer;
 pub mod disk_btree;
 pub mod ephemeral_file;
