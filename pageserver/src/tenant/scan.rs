@@ -45,9 +45,12 @@
 //!   position and below `end`; the merge takes the least head and drops it from every stream
 //!   that has it, and the position moves just past it. A re-seek starts every stream at the
 //!   position. So no key is skipped or repeated across pages, resumed or re-seeked.
-//! * **Bounded state.** A stream's chunk is at most [`MAX_CHUNK_KEYS`] keys, and a cursor's
-//!   chunks together aim at [`CURSOR_BUFFER_KEYS`]; [`ScanCursor::approximate_bytes`] is what
-//!   the cursor cache charges for it. A cursor holds no lease, lock, file or layer.
+//! * **Bounded state.** A stream's first chunk is what one page needs; each later one doubles,
+//!   like read-ahead, up to [`MAX_CHUNK_KEYS`] and to a share of [`CURSOR_BUFFER_KEYS`] for the
+//!   cursor (never below a page's worth). So a scan abandoned after a page read little ahead,
+//!   and a long one goes back to each layer rarely: that matters most for the open layer, whose
+//!   every chunk is a pass over its key map. [`ScanCursor::approximate_bytes`] is what the cursor
+//!   cache charges. A cursor holds no lease, lock, file or layer.
 //!
 //! # Cost
 //!
@@ -69,9 +72,18 @@ use crate::tenant::timeline::{Timeline, TimelineError};
 pub const MAX_CHUNK_KEYS: usize = 1024;
 /// The fewest keys a stream asks its layer for at a time.
 pub const MIN_CHUNK_KEYS: usize = 16;
-/// What a cursor's chunks aim to hold together: a scan over many layers buffers fewer keys per
-/// layer, so a cursor stays about this size (20 bytes a key) however many layers it merges.
+/// What a cursor's chunks aim to hold together at most: a scan over many layers lets each
+/// stream grow less, so a cursor stays about this size (20 bytes a key) however many layers it
+/// merges, unless one page's worth per layer is more.
 pub const CURSOR_BUFFER_KEYS: usize = 4096;
+
+/// How many keys a stream asks its layer for: `first` for its first chunk, twice its previous
+/// chunk after that, never more than `most`.
+#[derive(Clone, Copy, Debug)]
+struct ChunkSizes {
+    first: usize,
+    most: usize,
+}
 
 /// One layer as a scan reads it.
 #[derive(Clone, Copy)]
@@ -124,6 +136,8 @@ struct KeyStream {
     next: usize,
     /// Where the layer's next chunk starts; `None` once it has no more.
     resume: Option<Key>,
+    /// The size of the last chunk read; 0 before the first.
+    last_chunk: usize,
 }
 
 impl KeyStream {
@@ -133,13 +147,15 @@ impl KeyStream {
         layer: &ScanLayer<'_>,
         end: Key,
         lsn: Lsn,
-        chunk_keys: usize,
+        sizes: ChunkSizes,
     ) -> Result<Option<Key>, TimelineError> {
         while self.next == self.keys.len() {
             let Some(from) = self.resume else {
                 return Ok(None);
             };
-            let chunk = layer.keys_at_lsn(from, end, lsn, chunk_keys)?;
+            let size = (self.last_chunk * 2).clamp(sizes.first, sizes.most);
+            self.last_chunk = size;
+            let chunk = layer.keys_at_lsn(from, end, lsn, size)?;
             // A chunk starts at or after `from`, so progress is made even when it is empty
             // (its `resume` then lies further on, or is `None`).
             debug_assert!(chunk.resume.is_none_or(|r| r > from));
@@ -272,39 +288,40 @@ impl ScanCursor {
                 keys: Vec::new(),
                 next: 0,
                 resume: (self.from < self.end).then_some(self.from),
+                last_chunk: 0,
             })
             .collect();
         self.positioned = Some(Streams { layer_set, streams });
         false
     }
 
-    /// How many keys a stream asks its layer for at a time, for pages of `limit` entries.
-    fn chunk_keys(&self, limit: usize) -> usize {
+    /// How many keys a stream asks its layer for, for pages of `limit` entries.
+    fn chunk_sizes(&self, limit: usize) -> ChunkSizes {
         let streams = self
             .positioned
             .as_ref()
             .map_or(1, |p| p.streams.len().max(1));
-        // Enough for a page and the look past its end where the budget allows, so a stream
-        // goes back to its layer at most once a page.
-        (limit + 1)
-            .min(CURSOR_BUFFER_KEYS / streams)
-            .clamp(MIN_CHUNK_KEYS, MAX_CHUNK_KEYS)
+        // A page and the look past its end: what the first page of a scan needs from a layer
+        // that holds all of its keys.
+        let first = (limit + 1).clamp(MIN_CHUNK_KEYS, MAX_CHUNK_KEYS);
+        ChunkSizes {
+            first,
+            most: (CURSOR_BUFFER_KEYS / streams).clamp(first, MAX_CHUNK_KEYS),
+        }
     }
 
     /// The least key any stream holds next, reading chunks where buffers are drained.
     fn peek(
         &mut self,
         layers: &[ScanLayer<'_>],
-        chunk_keys: usize,
+        sizes: ChunkSizes,
     ) -> Result<Option<Key>, TimelineError> {
         let Some(positioned) = &mut self.positioned else {
             return Ok(None);
         };
         let mut least: Option<Key> = None;
         for stream in &mut positioned.streams {
-            if let Some(head) =
-                stream.head(&layers[stream.layer], self.end, self.lsn, chunk_keys)?
-            {
+            if let Some(head) = stream.head(&layers[stream.layer], self.end, self.lsn, sizes)? {
                 least = Some(least.map_or(head, |l| l.min(head)));
             }
         }
@@ -315,9 +332,9 @@ impl ScanCursor {
     fn take(
         &mut self,
         layers: &[ScanLayer<'_>],
-        chunk_keys: usize,
+        sizes: ChunkSizes,
     ) -> Result<Option<Key>, TimelineError> {
-        let Some(key) = self.peek(layers, chunk_keys)? else {
+        let Some(key) = self.peek(layers, sizes)? else {
             return Ok(None);
         };
         if let Some(positioned) = &mut self.positioned {
@@ -355,15 +372,15 @@ pub(crate) fn next_page(
             // A later round of the same page may find a newer layer set (a flush finished
             // meanwhile); what the caller wants to know is whether the page began resumed.
             resumed.get_or_insert(kept);
-            let chunk_keys = cursor.chunk_keys(limit);
+            let sizes = cursor.chunk_sizes(limit);
             let mut keys = Vec::with_capacity(wanted);
             while keys.len() < wanted {
-                match cursor.take(layers, chunk_keys)? {
+                match cursor.take(layers, sizes)? {
                     Some(key) => keys.push(key),
                     None => break,
                 }
             }
-            let more = cursor.peek(layers, chunk_keys)?.is_some();
+            let more = cursor.peek(layers, sizes)?.is_some();
             Ok::<_, TimelineError>((keys, more))
         })?;
         // Outside the layer map lock: each read takes it for itself, as a point read does.

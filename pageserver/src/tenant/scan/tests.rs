@@ -497,3 +497,41 @@ fn a_cursor_weighs_what_it_buffers_and_compacts() {
     assert!(page.resumed);
     assert_eq!(page.entries.first().map(|(k, _)| *k), Some(rel_key(100)));
 }
+
+#[test]
+fn chunks_grow_like_read_ahead_up_to_their_bound() {
+    // One layer (the open one) of 3000 keys, pages of 10: the first chunk is a page's worth,
+    // later ones double up to MAX_CHUNK_KEYS, so the layer's key map is passed over about a
+    // dozen times for 300 pages rather than once a page.
+    let (_dir, _cache, tl) = fresh_timeline(64);
+    let mut model = Model::new();
+    let batch = (0..3000u32)
+        .map(|k| PutRecord {
+            key: rel_key(k),
+            lsn: Lsn(10),
+            value: Value::Image(Bytes::from_static(b"x")),
+        })
+        .collect();
+    put(&tl, &mut model, batch);
+    let mut cursor = ScanCursor::new(Key::MIN, Key::MAX, Lsn(10));
+    let base = cursor.approximate_bytes();
+    let mut chunks = Vec::new();
+    let mut keys = 0;
+    loop {
+        let page = tl.scan_page(&mut cursor, 10).unwrap();
+        keys += page.entries.len();
+        let buffered = (cursor.approximate_bytes() - base) / size_of::<Key>();
+        if chunks.last() != Some(&buffered) {
+            chunks.push(buffered);
+        }
+        if !page.more {
+            break;
+        }
+    }
+    assert_eq!(keys, 3000);
+    // What the cursor holds besides its chunk is the same throughout, so the chunks grow by
+    // the steps between these sizes: 16, 32, ... 1024, then stay.
+    let steps: Vec<usize> = chunks.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(steps[..6], [16, 32, 64, 128, 256, 512], "{chunks:?}");
+    assert_eq!(chunks.len(), 7, "{chunks:?}");
+}
