@@ -40,7 +40,10 @@
 //!   or below `last_record_lsn` is stored and never changes; puts only add versions above it. So
 //!   the keys with a version at or below L, and their pages as of L, are the same on every page
 //!   of a scan, whatever ingest, freezes and flushes happen in between, and a chunk of keys
-//!   buffered from the open layer stays true while the layer takes more puts.
+//!   buffered from the open layer stays true while the layer takes more puts. (A crash is the
+//!   exception the durability contract allows: the timeline comes back at
+//!   `disk_consistent_lsn`, as a new incarnation, so no cursor survives it; a token does, and
+//!   continues on whatever the timeline holds then.)
 //! * **Order and exactly-once.** Streams yield strictly increasing keys at or above the cursor's
 //!   position and below `end`; the merge takes the least head and drops it from every stream
 //!   that has it, and the position moves just past it. A re-seek starts every stream at the
