@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+use crate::tenant::cursor_cache::CursorCacheConfig;
 use crate::tenant::timeline::TimelineConf;
 
 pub const CONFIG_FILE: &str = "pageserver.toml";
@@ -48,6 +49,12 @@ max_value_size = "1MiB"
 
 # The largest HTTP request body (an ingest batch).
 max_request_body_size = "64MiB"
+
+# Paged key scans (GET .../keys) keep each scan's cursor between pages, so the next page
+# resumes without seeking every layer again. The cursors together weigh at most this much...
+scan_cursor_cache_size = "16MiB"
+# ...and one not used for this long is dropped (its token still works, from its last key).
+scan_cursor_idle_timeout = "60s"
 
 # Log lines as "plain" text or "json" (RUST_LOG filters them).
 log_format = "plain"
@@ -91,6 +98,10 @@ pub struct PageServerConf {
     pub max_value_size: usize,
     #[serde(deserialize_with = "size_usize")]
     pub max_request_body_size: usize,
+    #[serde(deserialize_with = "size")]
+    pub scan_cursor_cache_size: u64,
+    #[serde(deserialize_with = "duration")]
+    pub scan_cursor_idle_timeout: Duration,
     pub log_format: LogFormat,
     pub http_auth_type: AuthType,
     pub auth_validation_public_key_path: Option<PathBuf>,
@@ -110,6 +121,8 @@ impl Default for PageServerConf {
             wait_lsn_timeout: Duration::from_secs(60),
             max_value_size: timeline.max_value_size,
             max_request_body_size: 64 << 20,
+            scan_cursor_cache_size: 16 << 20,
+            scan_cursor_idle_timeout: Duration::from_secs(60),
             log_format: LogFormat::Plain,
             http_auth_type: AuthType::Trust,
             auth_validation_public_key_path: None,
@@ -180,7 +193,21 @@ impl PageServerConf {
                 self.page_cache_index_percent
             ));
         }
+        if self.scan_cursor_idle_timeout.is_zero() {
+            return invalid(
+                "scan_cursor_idle_timeout must be above zero (scan_cursor_cache_size = 0 keeps \
+                 no cursors)"
+                    .into(),
+            );
+        }
         Ok(())
+    }
+
+    pub fn cursor_cache_conf(&self) -> CursorCacheConfig {
+        CursorCacheConfig {
+            capacity_bytes: self.scan_cursor_cache_size,
+            idle_timeout: self.scan_cursor_idle_timeout,
+        }
     }
 
     pub fn timeline_conf(&self) -> TimelineConf {
@@ -305,6 +332,8 @@ mod tests {
                 "page_cache_size=\"8MiB\"".into(),
                 "wait_lsn_timeout=250ms".into(),
                 "log_format=json".into(),
+                "scan_cursor_cache_size=1MiB".into(),
+                "scan_cursor_idle_timeout=2s".into(),
             ],
         )
         .unwrap();
@@ -315,6 +344,8 @@ mod tests {
         assert_eq!(conf.page_cache_size, 8 << 20);
         assert_eq!(conf.wait_lsn_timeout, Duration::from_millis(250));
         assert_eq!(conf.log_format, LogFormat::Json);
+        assert_eq!(conf.scan_cursor_cache_size, 1 << 20);
+        assert_eq!(conf.scan_cursor_idle_timeout, Duration::from_secs(2));
     }
 
     #[test]
@@ -334,6 +365,8 @@ mod tests {
         assert!(err(&["http_auth_type=NeonJWT"]).contains("auth_validation_public_key_path"));
         assert!(err(&["max_value_size=100"]).contains("smaller than a page"));
         assert!(err(&["page_cache_index_percent=101"]).contains("above 100"));
+        assert!(err(&["scan_cursor_idle_timeout=0s"]).contains("above zero"));
+        assert!(err(&["scan_cursor_cache_size=lots"]).contains("not a size"));
         std::fs::write(dir.path().join(CONFIG_FILE), "id = [").unwrap();
         assert!(err(&[]).contains(CONFIG_FILE));
     }

@@ -3,7 +3,8 @@
 //! Two sources. Events counted where they happen (ephemeral writes, layer flushes, requests and
 //! their latencies) live in the `prometheus` crate's default registry as the statics below; each
 //! costs an atomic add or a histogram bucket increment. State that already exists elsewhere (the
-//! page cache's counters, each timeline's LSNs and layers) is read at scrape time by
+//! page cache's and the scan cursor cache's counters, each timeline's LSNs and layers) is read at
+//! scrape time by
 //! [`render`] rather than mirrored, so it can never drift from the truth.
 
 use std::fmt::Write as _;
@@ -15,6 +16,7 @@ use prometheus::{
 };
 
 use crate::page_cache::{KindStats, PageCache};
+use crate::tenant::cursor_cache::{CursorCache, CursorCacheStats};
 use crate::tenant::mgr::TenantManager;
 use crate::tenant::timeline::LayerKind;
 
@@ -197,13 +199,14 @@ pub fn register_all() {
 }
 
 /// The whole `/metrics` page.
-pub fn render(cache: &PageCache, tenants: &TenantManager) -> String {
+pub fn render(cache: &PageCache, cursors: &CursorCache, tenants: &TenantManager) -> String {
     let mut out = Vec::new();
     TextEncoder::new()
         .encode(&prometheus::gather(), &mut out)
         .expect("the text encoder writes to a Vec");
     let mut out = String::from_utf8(out).expect("the text format is UTF-8");
     render_page_cache(&mut out, cache);
+    render_cursor_cache(&mut out, &cursors.stats());
     render_timelines(&mut out, tenants);
     out
 }
@@ -296,6 +299,76 @@ fn render_page_cache(out: &mut String, cache: &PageCache) {
         family(out, name, kind, help);
         let _ = writeln!(out, "{name} {value}");
     }
+}
+
+fn render_cursor_cache(out: &mut String, stats: &CursorCacheStats) {
+    let families: [(&str, &str, &str, u64); 8] = [
+        (
+            "pageserver_scan_cursor_cache_lookups_total",
+            "counter",
+            "Scan pages that came with a token and looked for its cursor",
+            stats.lookups,
+        ),
+        (
+            "pageserver_scan_cursor_cache_hits_total",
+            "counter",
+            "Lookups that found their cursor (those not dropped resumed from it)",
+            stats.hits,
+        ),
+        (
+            "pageserver_scan_cursor_cache_misses_total",
+            "counter",
+            "Lookups that found no cursor (evicted or expired) and re-seeked from the token",
+            stats.misses,
+        ),
+        (
+            "pageserver_scan_cursor_cache_drops_total",
+            "counter",
+            "Cursors found but not usable (the layer set changed) and re-seeked",
+            stats.drops,
+        ),
+        (
+            "pageserver_scan_cursor_cache_inserts_total",
+            "counter",
+            "Cursors kept for a next page",
+            stats.inserts,
+        ),
+        (
+            "pageserver_scan_cursor_cache_cursors",
+            "gauge",
+            "Cursors held now",
+            stats.cursors,
+        ),
+        (
+            "pageserver_scan_cursor_cache_bytes",
+            "gauge",
+            "What the cursors held weigh together",
+            stats.bytes,
+        ),
+        (
+            "pageserver_scan_cursor_cache_capacity_bytes",
+            "gauge",
+            "The most the cursors held may weigh (scan_cursor_cache_size)",
+            stats.capacity_bytes,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    let name = "pageserver_scan_cursor_cache_evictions_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Cursors evicted, by reason: idle past scan_cursor_idle_timeout, or over scan_cursor_cache_size",
+    );
+    let _ = writeln!(
+        out,
+        "{name}{{reason=\"expired\"}} {}",
+        stats.evictions_expired
+    );
+    let _ = writeln!(out, "{name}{{reason=\"size\"}} {}", stats.evictions_size);
 }
 
 fn render_timelines(out: &mut String, tenants: &TenantManager) {

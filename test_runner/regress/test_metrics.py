@@ -31,6 +31,9 @@ PROMISED = [
     "pageserver_disk_consistent_lsn",
     "pageserver_layers",
     "pageserver_startup_duration_seconds",
+    "pageserver_scan_cursor_cache_lookups_total",
+    "pageserver_scan_cursor_cache_evictions_total",
+    "pageserver_scan_cursor_cache_cursors",
 ]
 
 

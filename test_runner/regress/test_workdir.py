@@ -33,6 +33,8 @@ def test_fresh_workdir_gets_default_settings(pageserver_factory: PageserverFacto
         "wait_lsn_timeout": "60s",
         "max_value_size": "1MiB",
         "max_request_body_size": "64MiB",
+        "scan_cursor_cache_size": "16MiB",
+        "scan_cursor_idle_timeout": "60s",
         "log_format": "plain",
         "http_auth_type": "Trust",
     }

@@ -22,6 +22,7 @@ use pageserver::config::{AuthType, LogFormat, PageServerConf, CONFIG_FILE, DEFAU
 use pageserver::http::auth::JwtAuth;
 use pageserver::http::{router, AppState};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
+use pageserver::tenant::cursor_cache::CursorCache;
 use pageserver::tenant::mgr::TenantManager;
 
 const LOCK_FILE: &str = "pageserver.pid";
@@ -175,11 +176,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let listen = conf.listen_http_addr;
+    let cursor_cache_conf = conf.cursor_cache_conf();
     let auth_enabled = auth.is_some();
     let state = Arc::new(AppState {
         conf,
         tenants: tenants.clone(),
         cache,
+        scan_cursors: CursorCache::new(cursor_cache_conf),
         auth,
         started_at: SystemTime::now(),
     });

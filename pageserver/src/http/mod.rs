@@ -25,6 +25,7 @@ use axum::Router;
 
 use crate::config::PageServerConf;
 use crate::page_cache::PageCache;
+use crate::tenant::cursor_cache::CursorCache;
 use crate::tenant::mgr::TenantManager;
 use auth::JwtAuth;
 use error::ApiError;
@@ -34,6 +35,8 @@ pub struct AppState {
     pub conf: PageServerConf,
     pub tenants: Arc<TenantManager>,
     pub cache: Arc<PageCache>,
+    /// Cursors of paged key scans between their pages.
+    pub scan_cursors: CursorCache,
     pub auth: Option<JwtAuth>,
     pub started_at: SystemTime,
 }
@@ -58,6 +61,7 @@ pub const ROUTES: &[(&str, &str)] = &[
         "/v1/tenant/{tenant_id}/timeline/{timeline_id}/ingest",
     ),
     ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/page"),
+    ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/keys"),
     (
         "PUT",
         "/v1/tenant/{tenant_id}/timeline/{timeline_id}/checkpoint",
@@ -93,6 +97,10 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/tenant/{tenant_id}/timeline/{timeline_id}/page",
             get(get_page),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}/keys",
+            get(scan_keys),
         )
         .route(
             "/v1/tenant/{tenant_id}/timeline/{timeline_id}/checkpoint",

@@ -7,6 +7,8 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
 use pageserver_api::ingest::decode_batch;
 use pageserver_api::Key;
 use serde::de::DeserializeOwned;
@@ -17,6 +19,7 @@ use utils::{Lsn, TenantId, TimelineId};
 use super::error::ApiError;
 use super::{blocking, SharedState};
 use crate::page_cache::KindStats;
+use crate::tenant::cursor_cache::{ScanFrom, ScanRequest, ScanToken};
 use crate::tenant::mgr::{Tenant, TenantState};
 use crate::tenant::read_cost;
 use crate::tenant::storage_layer::max_stored_value_len;
@@ -352,6 +355,25 @@ async fn ingest_body(
     })))
 }
 
+/// A key query parameter: 36 hex characters.
+fn key_param(name: &str, value: &str) -> ApiResult<Key> {
+    value
+        .parse::<Key>()
+        .map_err(|e| ApiError::bad_request(format!("query parameter {name}: {e}")))
+}
+
+/// The `lsn` query parameter: `X/X` (the slash may be escaped), decimal, or `latest` (`None`).
+fn lsn_param(value: &str) -> ApiResult<Option<Lsn>> {
+    if value == "latest" {
+        return Ok(None);
+    }
+    let value = value.replace("%2F", "/").replace("%2f", "/");
+    value
+        .parse::<Lsn>()
+        .map(Some)
+        .map_err(|e| ApiError::bad_request(format!("query parameter lsn: {e}")))
+}
+
 /// `key=<36 hex>&lsn=<X/X | decimal | latest>`, in any order; nothing else.
 fn page_query(query: Option<&str>) -> ApiResult<(Key, Option<Lsn>)> {
     let mut key = None;
@@ -359,20 +381,8 @@ fn page_query(query: Option<&str>) -> ApiResult<(Key, Option<Lsn>)> {
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         match name {
-            "key" => {
-                key = Some(
-                    value
-                        .parse::<Key>()
-                        .map_err(|e| ApiError::bad_request(format!("query parameter key: {e}")))?,
-                )
-            }
-            "lsn" if value == "latest" => lsn = Some(None),
-            "lsn" => {
-                let value = value.replace("%2F", "/").replace("%2f", "/");
-                lsn = Some(Some(value.parse::<Lsn>().map_err(|e| {
-                    ApiError::bad_request(format!("query parameter lsn: {e}"))
-                })?))
-            }
+            "key" => key = Some(key_param(name, value)?),
+            "lsn" => lsn = Some(lsn_param(value)?),
             other => {
                 return Err(ApiError::bad_request(format!(
                     "unknown query parameter `{other}` (expected key and lsn)"
@@ -439,6 +449,134 @@ async fn get_page_inner(
     .await
 }
 
+/// Scan pages hold this many entries unless the request says otherwise...
+const DEFAULT_SCAN_LIMIT: usize = 100;
+/// ...and never more than this (about 11 MiB of JSON for 8 KiB pages).
+const MAX_SCAN_LIMIT: usize = 1000;
+
+/// The query of a key-range scan page.
+struct ScanQuery {
+    start: Key,
+    end: Key,
+    /// `None` for `latest`.
+    lsn: Option<Lsn>,
+    limit: usize,
+    token: Option<ScanToken>,
+}
+
+/// `start=K&end=K&lsn=L[&limit=N][&page_token=T]`, in any order; nothing else.
+fn scan_query(query: Option<&str>) -> ApiResult<ScanQuery> {
+    let (mut start, mut end, mut lsn, mut limit, mut token) = (None, None, None, None, None);
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "start" => start = Some(key_param(name, value)?),
+            "end" => end = Some(key_param(name, value)?),
+            "lsn" => lsn = Some(lsn_param(value)?),
+            "limit" => {
+                let n = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_SCAN_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "query parameter limit: `{}` is not a number from 1 to {MAX_SCAN_LIMIT}",
+                            value.chars().take(40).collect::<String>()
+                        ))
+                    })?;
+                limit = Some(n);
+            }
+            "page_token" => {
+                token = Some(
+                    ScanToken::decode(value).map_err(|e| ApiError::bad_request(e.to_string()))?,
+                )
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter `{other}` (expected start, end, lsn, limit and page_token)"
+                )))
+            }
+        }
+    }
+    let missing = |name: &str, what: &str| {
+        ApiError::bad_request(format!("missing query parameter `{name}` ({what})"))
+    };
+    let start = start.ok_or_else(|| missing("start", "the first key, 36 hex characters"))?;
+    let end = end.ok_or_else(|| missing("end", "the key after the last, 36 hex characters"))?;
+    let lsn = lsn.ok_or_else(|| missing("lsn", "an LSN such as 0/16B5A50, or `latest`"))?;
+    if start > end {
+        return Err(ApiError::bad_request(format!(
+            "start {start} is above end {end}"
+        )));
+    }
+    Ok(ScanQuery {
+        start,
+        end,
+        lsn,
+        limit: limit.unwrap_or(DEFAULT_SCAN_LIMIT),
+        token,
+    })
+}
+
+/// `GET .../keys`: a page of the keys in `[start, end)` with their pages as of the LSN; see
+/// docs/http-api.md and `tenant::cursor_cache`.
+pub async fn scan_keys(
+    State(state): State<SharedState>,
+    Path((tenant_id, timeline_id)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Response> {
+    let query = scan_query(query.as_deref())?;
+    let tenant_id = parse_tenant(&tenant_id)?;
+    let timeline_id = parse_timeline(&timeline_id)?;
+    if let Some(token) = &query.token {
+        token
+            .check_request(tenant_id, timeline_id, query.lsn, query.start, query.end)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    }
+    let timeline = state.tenants.get_timeline(tenant_id, timeline_id)?;
+    let wait = state.conf.wait_lsn_timeout;
+    let (result, lsn, cost) = blocking(move || {
+        let lsn = match (query.lsn, &query.token) {
+            (Some(lsn), _) => lsn,
+            (None, Some(token)) => token.lsn,
+            (None, None) => timeline.last_record_lsn(),
+        };
+        timeline.wait_lsn(lsn, wait)?;
+        let request = ScanRequest {
+            lsn,
+            end: query.end,
+            from: match query.token {
+                Some(token) => ScanFrom::Token(token),
+                None => ScanFrom::Start(query.start),
+            },
+            limit: query.limit,
+        };
+        let (result, cost) = read_cost::measure(|| state.scan_cursors.page(&timeline, request));
+        Ok((result?, lsn, cost))
+    })
+    .await?;
+    let entries: Vec<JsonValue> = result
+        .entries
+        .iter()
+        .map(|(key, page)| json!({ "key": key.to_string(), "page": BASE64.encode(page) }))
+        .collect();
+    let body = json!({
+        "entries": entries,
+        "next_page_token": result.next_page_token,
+    });
+    Ok((
+        [
+            (header::HeaderName::from_static("x-lsn"), lsn.to_string()),
+            (
+                header::HeaderName::from_static("x-read-cost"),
+                cost.to_string(),
+            ),
+        ],
+        Json(body),
+    )
+        .into_response())
+}
+
 pub async fn checkpoint(
     State(state): State<SharedState>,
     Path(ids): Path<(String, String)>,
@@ -496,6 +634,6 @@ pub async fn page_cache_drop(State(state): State<SharedState>) -> Json<JsonValue
 }
 
 pub async fn metrics(State(state): State<SharedState>) -> Response {
-    let text = crate::metrics::render(&state.cache, &state.tenants);
+    let text = crate::metrics::render(&state.cache, &state.scan_cursors, &state.tenants);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

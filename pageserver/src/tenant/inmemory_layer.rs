@@ -55,17 +55,18 @@
 //!
 //! ```text
 //!   open --freeze(end_lsn)--> frozen --(delta layer written)--> dropped
-//!    put, get                  get, iter_sorted
+//!    put, get,                 get, iter_sorted,
+//!    keys_at_lsn (a pass)      keys_at_lsn (sorted once)
 //! ```
 //!
 //! A layer covers `[start_lsn, end_lsn)`. Puts must come in non-decreasing LSN order, within
 //! that range and within `2^32` LSNs of `start_lsn`; the same key at the same LSN twice is
 //! refused, since reconstruction would be ambiguous. A refused put changes nothing.
 
-use std::collections::{hash_map, HashMap};
+use std::collections::{hash_map, BinaryHeap, HashMap};
 use std::mem::size_of;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use pageserver_api::value::ValueDecodeError;
 use pageserver_api::{Key, Value};
@@ -76,7 +77,7 @@ use crate::tenant::blob_io::{BlobReadError, BlockCursor};
 use crate::tenant::delta_layer::{DeltaLayerError, DeltaLayerWriter, Summary};
 use crate::tenant::ephemeral_file::{EphemeralFile, EphemeralWriteError};
 use crate::tenant::storage_layer::max_stored_value_len;
-pub use crate::tenant::storage_layer::LayerRecords;
+pub use crate::tenant::storage_layer::{KeyChunk, LayerRecords};
 
 /// A layer holds LSNs in `[start_lsn, start_lsn + MAX_LSN_SPAN)`: entries store the LSN as a
 /// 32-bit offset from `start_lsn`.
@@ -270,6 +271,8 @@ pub struct InMemoryLayer {
     /// The highest LSN put so far (`start_lsn` while empty).
     last_lsn: Lsn,
     heads: HashMap<Key, u32>,
+    /// `heads` in key order, built by the first scan of the layer once it is frozen.
+    sorted_heads: OnceLock<Vec<(Key, u32)>>,
     entries: Entries,
     /// Reused for serializing values.
     scratch: Vec<u8>,
@@ -291,6 +294,7 @@ impl InMemoryLayer {
             end_lsn: None,
             last_lsn: start_lsn,
             heads: HashMap::new(),
+            sorted_heads: OnceLock::new(),
             entries: Entries::default(),
             scratch: Vec::new(),
             max_value_size,
@@ -339,10 +343,14 @@ impl InMemoryLayer {
     }
 
     /// Heap bytes held by the index, by capacity: the entry chunks, the vector of chunk
-    /// pointers, and the key map with its control bytes.
+    /// pointers, the key map with its control bytes, and its sorted copy once a scan made one.
     pub fn index_bytes(&self) -> usize {
         self.entries.heap_bytes()
             + hash_map_heap_bytes(self.heads.capacity(), size_of::<(Key, u32)>())
+            + self
+                .sorted_heads
+                .get()
+                .map_or(0, |sorted| sorted.capacity() * size_of::<(Key, u32)>())
     }
 
     /// Adds version `lsn` of `key`.
@@ -446,6 +454,85 @@ impl InMemoryLayer {
             }
         }
         Ok(result)
+    }
+
+    /// The keys in `[from, end)` with a version at or below `lsn`, in key order, at most
+    /// `max_keys` of them (at least one is asked for): a scan's next chunk of this layer.
+    ///
+    /// The key map is a hash map, so key order costs something. A frozen layer never changes:
+    /// its first scan sorts the keys once and keeps them (24 bytes a key, counted in
+    /// [`Self::index_bytes`]), and every chunk after that is a binary search and a walk. The
+    /// open layer still takes puts, so each chunk is one pass over all its keys keeping the
+    /// `max_keys` smallest in range: O(keys × log max_keys) per chunk, with no memory held
+    /// between chunks. (Keys added after a chunk has passed them cannot matter to the scan: a
+    /// scan reads at or below `last_record_lsn`, and puts only add versions above it.)
+    pub fn keys_at_lsn(&self, from: Key, end: Key, lsn: Lsn, max_keys: usize) -> KeyChunk {
+        let max_keys = max_keys.max(1);
+        let mut chunk = KeyChunk::default();
+        if from >= end || lsn < self.start_lsn || self.is_empty() {
+            return chunk;
+        }
+        let in_range = |key: &Key| from <= *key && *key < end;
+        if self.end_lsn.is_some() {
+            let sorted = self.sorted_heads.get_or_init(|| {
+                let mut sorted: Vec<(Key, u32)> =
+                    self.heads.iter().map(|(k, h)| (*k, *h)).collect();
+                sorted.sort_unstable_by_key(|(k, _)| *k);
+                sorted
+            });
+            let first = sorted.partition_point(|(k, _)| *k < from);
+            for (key, head) in sorted[first..].iter().take_while(|(k, _)| in_range(k)) {
+                if self.has_version_at_or_below(*head, lsn) {
+                    chunk.keys.push(*key);
+                    if chunk.keys.len() == max_keys {
+                        // `key` < `end` <= Key::MAX, so it has a successor.
+                        chunk.resume = Some(key.next());
+                        break;
+                    }
+                }
+            }
+            return chunk;
+        }
+        // The `max_keys` smallest qualifying keys, largest on top so it is the one replaced.
+        let mut smallest: BinaryHeap<Key> = BinaryHeap::with_capacity(max_keys + 1);
+        for (key, head) in &self.heads {
+            if !in_range(key)
+                || smallest
+                    .peek()
+                    .is_some_and(|top| smallest.len() == max_keys && key > top)
+            {
+                continue;
+            }
+            if self.has_version_at_or_below(*head, lsn) {
+                smallest.push(*key);
+                if smallest.len() > max_keys {
+                    smallest.pop();
+                }
+            }
+        }
+        let full = smallest.len() == max_keys;
+        chunk.keys = smallest.into_sorted_vec();
+        if full {
+            chunk.resume = chunk.keys.last().map(Key::next);
+        }
+        chunk
+    }
+
+    /// Whether the chain starting at entry `head` holds a version at or below `lsn`.
+    fn has_version_at_or_below(&self, head: u32, lsn: Lsn) -> bool {
+        // Every version is at or below the newest one put.
+        if lsn >= self.last_lsn {
+            return true;
+        }
+        let mut next = head;
+        while next != NONE {
+            let entry = self.entries.get(next);
+            if self.entry_lsn(entry) <= lsn {
+                return true;
+            }
+            next = entry.older;
+        }
+        false
     }
 
     /// Closes the layer's range at `end_lsn` (exclusive): no more puts.

@@ -2,6 +2,7 @@
 
 pub mod blob_io;
 pub mod block_io;
+pub mod cursor_cache;
 pub mod delta_layer;
 pub mod disk_btree;
 pub mod ephemeral_file;
@@ -10,6 +11,7 @@ pub mod inmemory_layer;
 pub mod metadata;
 pub mod mgr;
 pub mod read_cost;
+pub mod scan;
 pub mod storage_layer;
 #[cfg(test)]
 mod test_support;

@@ -1,7 +1,7 @@
-//! What every kind of layer shares: the records it hands to page reconstruction, and the
-//! bound on a stored value's size.
+//! What every kind of layer shares: the records it hands to page reconstruction, the chunks of
+//! keys it hands to a scan, and the bound on a stored value's size.
 
-use pageserver_api::Value;
+use pageserver_api::{Key, Value};
 use utils::Lsn;
 
 /// What one layer contributes to reconstructing a page.
@@ -11,6 +11,15 @@ pub struct LayerRecords {
     pub records: Vec<(Lsn, Value)>,
     /// The last record needs no older history: older layers need not be visited.
     pub complete: bool,
+}
+
+/// A run of the keys a layer holds with a version at or below some LSN, in key order: what a
+/// scan's key stream over that layer buffers (see `tenant::scan`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct KeyChunk {
+    pub keys: Vec<Key>,
+    /// Where the next chunk starts; `None` when the range holds no more such keys.
+    pub resume: Option<Key>,
 }
 
 /// A stored value (its serialized form) may exceed `max_value_size` by this much: its kind

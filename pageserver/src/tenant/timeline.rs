@@ -8,6 +8,10 @@
 //!   open InMemoryLayer -> frozen InMemoryLayers -> delta layer files (by LSN range)
 //! ```
 //!
+//! Every change to the set of layers bumps the map's generation, which identifies the set for
+//! paged scans ([`Timeline::scan_page`], `tenant::scan`): a scan cursor resumes only on the
+//! layer set its key streams were built on.
+//!
 //! GetPage@LSN walks the layers from newest to oldest, each contributing the key's versions at
 //! or below the LSN, until one reaches a base (an image or a `will_init` delta), and redoes the
 //! page. A materialized page in the page cache at or below the LSN serves as the base when there
@@ -86,6 +90,7 @@ use crate::tenant::inmemory_layer::{
     FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError, MAX_LSN_SPAN,
 };
 use crate::tenant::metadata::{MetadataError, TimelineMetadata, METADATA_FILE};
+use crate::tenant::scan::{self, LayerSetId, ScanCursor, ScanLayer, ScanPage};
 use crate::tenant::storage_layer::{max_stored_value_len, LayerRecords};
 use crate::PAGE_SZ;
 
@@ -207,6 +212,10 @@ struct LayerMap {
     frozen: Vec<Arc<InMemoryLayer>>,
     /// Oldest first (by LSN range).
     deltas: Vec<Arc<DeltaLayer>>,
+    /// Bumped whenever a layer joins or leaves the map (an open layer started, a freeze, a
+    /// flush's swap): a scan cursor whose key streams were built at another generation no
+    /// longer describes these layers (see `tenant::scan`).
+    generation: u64,
 }
 
 /// What the layer map holds, for inspection.
@@ -497,6 +506,7 @@ impl Timeline {
             })?;
             map.open = Some(layer);
             map.open_since = Some(Instant::now());
+            map.generation += 1;
         }
         let open = map.open.as_mut().expect("created above");
         for record in records {
@@ -656,6 +666,7 @@ impl Timeline {
             open.freeze(end)?;
         }
         map.open_since = None;
+        map.generation += 1;
         let open = map.open.take().expect("checked above");
         // An empty layer is just dropped: its successor starts at the same LSN.
         if !open.is_empty() {
@@ -790,6 +801,33 @@ impl Timeline {
         Ok(page)
     }
 
+    /// The next page of the key-range scan `cursor` describes: see [`crate::tenant::scan`].
+    pub fn scan_page(
+        &self,
+        cursor: &mut ScanCursor,
+        limit: usize,
+    ) -> Result<ScanPage, TimelineError> {
+        scan::next_page(self, cursor, limit)
+    }
+
+    /// Runs `read` under the layer map's read lock with every layer, newest first, and the id
+    /// of that layer set.
+    pub(crate) fn with_scan_layers<T>(
+        &self,
+        read: impl FnOnce(LayerSetId, &[ScanLayer<'_>]) -> T,
+    ) -> T {
+        let map = self.map();
+        let mut layers = Vec::with_capacity(1 + map.frozen.len() + map.deltas.len());
+        layers.extend(map.open.iter().map(ScanLayer::InMemory));
+        layers.extend(map.frozen.iter().rev().map(|l| ScanLayer::InMemory(l)));
+        layers.extend(map.deltas.iter().rev().map(|l| ScanLayer::Delta(l)));
+        let id = LayerSetId {
+            incarnation: self.cache_scope,
+            generation: map.generation,
+        };
+        read(id, &layers)
+    }
+
     /// Freezes the open layer if it has reached `checkpoint_timeout` by `now`. Returns whether
     /// frozen layers wait for a flush.
     pub fn freeze_if_due(&self, now: Instant) -> Result<bool, TimelineError> {
@@ -847,6 +885,7 @@ impl Timeline {
             if let Some(delta) = &delta {
                 map.deltas.push(delta.clone());
             }
+            map.generation += 1;
             // Before the map is released: a put that finds no layer left starts the next one
             // at disk_consistent_lsn + 1, which must not reach back into this one.
             self.disk_consistent_lsn.store(durable.0, Ordering::Release);
