@@ -61,6 +61,7 @@ use pageserver_api::Key;
 use utils::{Lsn, TenantId, TimelineId};
 
 use crate::tenant::scan::ScanCursor;
+use crate::tenant::storage_layer::array_at;
 use crate::tenant::timeline::{Timeline, TimelineError};
 
 const TOKEN_VERSION: u8 = 1;
@@ -141,30 +142,13 @@ impl ScanToken {
                 version: b[VERSION],
             });
         }
-        let stored = u32::from_be_bytes([
-            b[CHECKSUM],
-            b[CHECKSUM + 1],
-            b[CHECKSUM + 2],
-            b[CHECKSUM + 3],
-        ]);
+        let stored = u32::from_be_bytes(array_at(&b, CHECKSUM));
         if crc32c::crc32c(&b[..CHECKSUM]) != stored {
             return Err(TokenError::Checksum);
         }
-        let u64_at = |o: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&b[o..o + 8]);
-            u64::from_be_bytes(w)
-        };
-        let id = |o: usize| {
-            let mut w = [0u8; 16];
-            w.copy_from_slice(&b[o..o + 16]);
-            w
-        };
-        let key = |o: usize| {
-            let mut w = [0u8; KEY_LEN];
-            w.copy_from_slice(&b[o..o + KEY_LEN]);
-            Key::from_bytes(w)
-        };
+        let u64_at = |o: usize| u64::from_be_bytes(array_at(&b, o));
+        let id = |o: usize| array_at::<16>(&b, o);
+        let key = |o: usize| Key::from_bytes(array_at(&b, o));
         let token = ScanToken {
             cursor_id: u64_at(CURSOR_ID),
             tenant_id: TenantId::from_bytes(id(TENANT)),

@@ -77,7 +77,7 @@ use crate::tenant::disk_btree::{
     node_is_valid, BtreeBuildError, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
 use crate::tenant::read_cost::BlockKind;
-use crate::tenant::storage_layer::{max_stored_value_len, KeyChunk, LayerRecords};
+use crate::tenant::storage_layer::{array_at, max_stored_value_len, KeyChunk, LayerRecords};
 use crate::PAGE_SZ;
 
 pub const DELTA_MAGIC: u32 = 0x4445_4C54;
@@ -175,21 +175,9 @@ impl Summary {
         use summary_off::*;
         let u16_at = |o: usize| u16::from_be_bytes([b[o], b[o + 1]]);
         let u32_at = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let u64_at = |o: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&b[o..o + 8]);
-            u64::from_be_bytes(w)
-        };
-        let id = |o: usize| {
-            let mut w = [0u8; 16];
-            w.copy_from_slice(&b[o..o + 16]);
-            w
-        };
-        let key = |o: usize| {
-            let mut w = [0u8; KEY_LEN];
-            w.copy_from_slice(&b[o..o + KEY_LEN]);
-            Key::from_bytes(w)
-        };
+        let u64_at = |o: usize| u64::from_be_bytes(array_at(b, o));
+        let id = |o: usize| array_at::<16>(b, o);
+        let key = |o: usize| Key::from_bytes(array_at(b, o));
         let magic = u32_at(MAGIC);
         if magic != DELTA_MAGIC {
             return Err(format!(

@@ -81,6 +81,9 @@ use std::io;
 use std::path::PathBuf;
 
 use crate::tenant::block_io::{BlockLease, BlockReadError, BlockReader};
+// Only called with offsets inside the header or inside an entry that `Node::parse` has
+// bounds-checked, so the slice always has the bytes.
+use crate::tenant::storage_layer::array_at;
 use crate::PAGE_SZ;
 
 /// The first two bytes of every B-tree node; distinct from other block kinds.
@@ -146,14 +149,6 @@ fn key_less(a: &[u8], b: &[u8]) -> bool {
         }
     }
     a_words.remainder() < b_words.remainder()
-}
-
-/// `N` bytes of `bytes` from `off`. Only called with offsets inside the header or inside an
-/// entry that `Node::parse` has bounds-checked, so the slice always has `N` bytes.
-fn array_at<const N: usize>(bytes: &[u8], off: usize) -> [u8; N] {
-    let mut out = [0u8; N];
-    out.copy_from_slice(&bytes[off..off + N]);
-    out
 }
 
 // ---------------------------------------------------------------------------------------------

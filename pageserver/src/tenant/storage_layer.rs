@@ -31,3 +31,11 @@ const STORED_VALUE_SLACK: usize = 64;
 pub fn max_stored_value_len(max_value_size: usize) -> usize {
     max_value_size.saturating_add(STORED_VALUE_SLACK)
 }
+
+/// `N` bytes of `bytes` from `off`, for decoding fixed layouts. Panics if they are not all
+/// there: callers index only into buffers whose length they have checked.
+pub(crate) fn array_at<const N: usize>(bytes: &[u8], off: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&bytes[off..off + N]);
+    out
+}

@@ -217,18 +217,23 @@ fn file_names_say_their_lsn_range() {
     }
 }
 
-#[test]
-fn a_corrupt_index_block_is_never_cached_so_every_read_sees_the_damage() {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = small_cache(64);
-    let model: Model = (0..20)
+/// Twenty small images, one per key: a layer whose index is a single leaf.
+fn small_images() -> Model {
+    (0..20)
         .map(|i| {
             (
                 (rel_key(i), Lsn(100 + u64::from(i))),
                 Value::Image(Bytes::from(vec![i as u8; 100])),
             )
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn a_corrupt_index_block_is_never_cached_so_every_read_sees_the_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = small_cache(64);
+    let model = small_images();
     let (_, path) = write(dir.path(), &cache, &model);
     let layer = DeltaLayer::open(&path, cache.clone(), DEFAULT_MAX_VALUE_SIZE).unwrap();
     // The index is one leaf, its root: damage a key byte in it (covered by the checksum only,
@@ -252,14 +257,7 @@ fn a_corrupt_index_block_is_never_cached_so_every_read_sees_the_damage() {
 fn an_index_block_is_read_once_then_hit() {
     let dir = tempfile::tempdir().unwrap();
     let cache = small_cache(64);
-    let model: Model = (0..20)
-        .map(|i| {
-            (
-                (rel_key(i), Lsn(100 + u64::from(i))),
-                Value::Image(Bytes::from(vec![i as u8; 100])),
-            )
-        })
-        .collect();
+    let model = small_images();
     let (_, path) = write(dir.path(), &cache, &model);
     let layer = DeltaLayer::open(&path, cache.clone(), DEFAULT_MAX_VALUE_SIZE).unwrap();
     for ((key, lsn), value) in &model {
