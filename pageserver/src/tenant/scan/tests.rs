@@ -468,18 +468,22 @@ fn a_resumed_page_reads_fewer_index_blocks_than_a_reseeked_one() {
     assert_eq!(reseeked_cost.val_hit, resumed_cost.val_hit);
 }
 
-#[test]
-fn a_cursor_weighs_what_it_buffers_and_compacts() {
-    let (_dir, _cache, tl) = fresh_timeline(64);
-    let mut model = Model::new();
-    let batch = (0..500u32)
+/// Keys `0..keys`, each a one-byte image at LSN 10, in the open layer.
+fn one_byte_images_at_10(tl: &Timeline, keys: u32) {
+    let batch = (0..keys)
         .map(|k| PutRecord {
             key: rel_key(k),
             lsn: Lsn(10),
             value: Value::Image(Bytes::from_static(b"x")),
         })
         .collect();
-    put(&tl, &mut model, batch);
+    put(tl, &mut Model::new(), batch);
+}
+
+#[test]
+fn a_cursor_weighs_what_it_buffers_and_compacts() {
+    let (_dir, _cache, tl) = fresh_timeline(64);
+    one_byte_images_at_10(&tl, 500u32);
     let mut cursor = ScanCursor::new(Key::MIN, Key::MAX, Lsn(10));
     let empty = cursor.approximate_bytes();
     tl.scan_page(&mut cursor, 100).unwrap();
@@ -504,15 +508,7 @@ fn chunks_grow_like_read_ahead_up_to_their_bound() {
     // later ones double up to MAX_CHUNK_KEYS, so the layer's key map is passed over about a
     // dozen times for 300 pages rather than once a page.
     let (_dir, _cache, tl) = fresh_timeline(64);
-    let mut model = Model::new();
-    let batch = (0..3000u32)
-        .map(|k| PutRecord {
-            key: rel_key(k),
-            lsn: Lsn(10),
-            value: Value::Image(Bytes::from_static(b"x")),
-        })
-        .collect();
-    put(&tl, &mut model, batch);
+    one_byte_images_at_10(&tl, 3000u32);
     let mut cursor = ScanCursor::new(Key::MIN, Key::MAX, Lsn(10));
     let base = cursor.approximate_bytes();
     let mut chunks = Vec::new();
