@@ -475,6 +475,19 @@ impl PreadOffsets {
 
 /// Runs every case under [`read_cost::measure`] and renders the table described in the module
 /// documentation.
+/// The block and I/O columns of a table row: averages per read (or page) of `t`.
+fn cost_columns(t: &Tally) -> String {
+    format!(
+        "{:>9.2}{:>10.1}{:>9.2}{:>9.2}{:>8.2}{:>9.2}",
+        t.per_read(t.cost.ios),
+        t.cost.bytes as f64 / f64::from(t.reads) / 1024.0,
+        t.per_read(t.cost.idx_hit),
+        t.per_read(t.cost.idx_miss),
+        t.per_read(t.cost.val_hit),
+        t.per_read(t.cost.val_miss),
+    )
+}
+
 fn table(layer: &Layer) -> String {
     check_every_index_hot_target(layer);
     let mut out = String::new();
@@ -500,14 +513,9 @@ fn table(layer: &Layer) -> String {
     ));
     let row = |name: &str, t: &mut Tally, ratio: Option<f64>| {
         format!(
-            "{:<26}{:>9.2}{:>10.1}{:>9.2}{:>9.2}{:>8.2}{:>9.2}{:>9.2}{:>12}",
+            "{:<26}{}{:>9.2}{:>12}",
             name,
-            t.per_read(t.cost.ios),
-            t.cost.bytes as f64 / f64::from(t.reads) / 1024.0,
-            t.per_read(t.cost.idx_hit),
-            t.per_read(t.cost.idx_miss),
-            t.per_read(t.cost.val_hit),
-            t.per_read(t.cost.val_miss),
+            cost_columns(t),
             t.median_micros(),
             ratio.map_or_else(|| "-".to_string(), |r| format!("{r:.2}")),
         )
@@ -545,14 +553,9 @@ fn table(layer: &Layer) -> String {
     let scan_row = |name: &str, t: &mut Tally, entries: usize, ratio: Option<f64>| {
         let micros = t.median_micros();
         format!(
-            "{:<30}{:>9.2}{:>10.1}{:>9.2}{:>9.2}{:>8.2}{:>9.2}{:>9.1}{:>8.2}{:>12}",
+            "{:<30}{}{:>9.1}{:>8.2}{:>12}",
             name,
-            t.per_read(t.cost.ios),
-            t.cost.bytes as f64 / f64::from(t.reads) / 1024.0,
-            t.per_read(t.cost.idx_hit),
-            t.per_read(t.cost.idx_miss),
-            t.per_read(t.cost.val_hit),
-            t.per_read(t.cost.val_miss),
+            cost_columns(t),
             micros,
             micros * f64::from(t.reads) / entries as f64,
             ratio.map_or_else(|| "-".to_string(), |r| format!("{r:.2}")),
