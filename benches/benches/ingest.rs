@@ -160,10 +160,11 @@ fn ingest(c: &mut Criterion) {
             for _ in 0..iters {
                 let layer = frozen_layer(dir.path(), &cache, &value);
                 let start = Instant::now();
-                let (path, _summary) = layer
+                let path = layer
                     .write_to_disk(dir.path(), tenant_id, timeline_id)
                     .expect("write_to_disk")
-                    .expect("a non-empty layer");
+                    .expect("a non-empty layer")
+                    .path;
                 total += start.elapsed();
                 drop(layer);
                 std::fs::remove_file(&path).expect("remove");

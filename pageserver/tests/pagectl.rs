@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 
 use bytes::Bytes;
 use pageserver::tenant::delta_layer::DeltaLayerWriter;
-use pageserver::tenant::metadata::TimelineMetadata;
+use pageserver::tenant::metadata::{LayerFileEntry, TimelineMetadata};
 use pageserver::PAGE_SZ;
 use pageserver_api::value::Patch;
 use pageserver_api::{Key, Value};
@@ -89,9 +89,12 @@ fn fixture() -> Fixture {
     for (k, lsn, value) in fixture_values() {
         writer.put_value(k, lsn, &value).unwrap();
     }
-    let (layer, summary) = writer.finish().unwrap();
-    assert_eq!(summary.values_end, VALUES_END);
-    Fixture { dir, layer }
+    let written = writer.finish().unwrap();
+    assert_eq!(written.summary.values_end, VALUES_END);
+    Fixture {
+        dir,
+        layer: written.path,
+    }
 }
 
 fn pagectl<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> Output {
@@ -385,10 +388,75 @@ fn verify_accepts_a_sound_layer() {
     assert_eq!(
         lines(layer_cmd("verify", &f.layer, &[])),
         [format!(
-            "{}: ok: entries=7 images=3 deltas=4 value_bytes=16579 index_blocks=1",
+            "{}: ok: entries=7 images=3 deltas=4 value_bytes=16579 index_blocks=1 manifest: none beside it",
             f.layer.display()
         )]
     );
+}
+
+/// A manifest beside the layer, as in a timeline directory: `verify` checks the file against
+/// it as the page server does at startup, and its CRC-32C too.
+#[test]
+fn verify_checks_a_layer_against_the_manifest_beside_it() {
+    let f = fixture();
+    let name = f.layer.file_name().unwrap().to_str().unwrap().to_owned();
+    let bytes = std::fs::read(&f.layer).unwrap();
+    let entry = LayerFileEntry {
+        name: name.clone(),
+        size: bytes.len() as u64,
+        crc32c: crc32c::crc32c(&bytes),
+    };
+    let mut manifest = TimelineMetadata::empty(TENANT, TIMELINE);
+    manifest.disk_consistent_lsn = Lsn(LSN_END.0 - 1);
+    manifest.add_layer(entry.clone());
+    manifest.store(f.dir.path()).unwrap();
+    assert_eq!(
+        lines(layer_cmd("verify", &f.layer, &[])),
+        [format!(
+            "{}: ok: entries=7 images=3 deltas=4 value_bytes=16579 index_blocks=1 manifest: listed, size and crc32c match",
+            f.layer.display()
+        )]
+    );
+
+    // One byte of a value changed: every structure still checks out, the file's CRC does not.
+    let mut flipped = bytes.clone();
+    flipped[PAGE_SZ + 100] ^= 1;
+    std::fs::write(&f.layer, &flipped).unwrap();
+    let err = error_of(layer_cmd("verify", &f.layer, &[]), &f.layer);
+    assert!(err.contains("CRC-32C"), "{err}");
+
+    // Another tenant's layer of the same ranges and values under this name.
+    std::fs::remove_file(&f.layer).unwrap();
+    let other = TenantId::from_bytes([0x33; 16]);
+    let mut writer =
+        DeltaLayerWriter::new(f.dir.path(), other, TIMELINE, LSN_START, LSN_END).unwrap();
+    for (k, lsn, value) in fixture_values() {
+        writer.put_value(k, lsn, &value).unwrap();
+    }
+    assert_eq!(writer.finish().unwrap().path, f.layer);
+    let err = error_of(layer_cmd("verify", &f.layer, &[]), &f.layer);
+    assert!(
+        err.contains(&format!("belongs to timeline {TIMELINE} of tenant {other}")),
+        "{err}"
+    );
+
+    // A layer the manifest does not list, and a listed one renamed.
+    std::fs::write(&f.layer, &bytes).unwrap();
+    let unlisted = f.dir.path().join(format!(
+        "{}-{}__0000000000000001-0000000000000002",
+        k1(),
+        k2()
+    ));
+    std::fs::copy(&f.layer, &unlisted).unwrap();
+    let err = error_of(layer_cmd("verify", &unlisted, &[]), &unlisted);
+    assert!(err.contains("the manifest does not list it"), "{err}");
+    manifest.add_layer(LayerFileEntry {
+        name: unlisted.file_name().unwrap().to_str().unwrap().to_owned(),
+        ..entry
+    });
+    manifest.store(f.dir.path()).unwrap();
+    let err = error_of(layer_cmd("verify", &unlisted, &[]), &unlisted);
+    assert!(err.contains("not the one its name says"), "{err}");
 }
 
 #[test]
@@ -407,6 +475,14 @@ fn max_value_size_is_the_page_servers_limit() {
     // The index alone reads no values.
     let out = layer_cmd("index", &f.layer, &["--max-value-size", "4096"]);
     assert_eq!(stdout_of(out).lines().count(), 7);
+}
+
+/// Where a damaged copy of the fixture's layer goes: a directory of its own, under the layer's
+/// name (the name is part of what `verify` checks).
+fn same_name_elsewhere(f: &Fixture, dir: &str) -> PathBuf {
+    let dir = f.dir.path().join(dir);
+    std::fs::create_dir(&dir).unwrap();
+    dir.join(f.layer.file_name().unwrap())
 }
 
 #[test]
@@ -435,7 +511,7 @@ fn truncated_layers_are_reported() {
 fn bit_flips_are_reported_by_the_commands_that_read_them() {
     let f = fixture();
     let good = std::fs::read(&f.layer).unwrap();
-    let bad = f.dir.path().join("flipped");
+    let bad = same_name_elsewhere(&f, "flipped");
     let flip = |pos: usize| {
         let mut b = good.clone();
         b[pos] ^= 0x04;
@@ -479,7 +555,7 @@ fn bit_flips_are_reported_by_the_commands_that_read_them() {
 fn verify_sees_a_flip_anywhere_that_is_covered() {
     let f = fixture();
     let good = std::fs::read(&f.layer).unwrap();
-    let bad = f.dir.path().join("flipped");
+    let bad = same_name_elsewhere(&f, "flipped");
     let uncovered =
         usize::try_from(VALUES_END).unwrap()..usize::try_from(INDEX_START_BLK).unwrap() * PAGE_SZ;
     for (n, pos) in (0..good.len()).step_by(61).enumerate() {
@@ -508,20 +584,23 @@ fn verify_sees_a_flip_anywhere_that_is_covered() {
     }
 }
 
-/// Bytes after the index root: every read still works, `verify` says what is wrong.
+/// Bytes after the index root: not the file the summary describes. Every command refuses it,
+/// as the page server does, rather than only `verify`.
 #[test]
-fn verify_reports_trailing_bytes() {
+fn a_block_appended_is_refused_by_every_command() {
     let f = fixture();
     let mut bytes = std::fs::read(&f.layer).unwrap();
     bytes.extend_from_slice(&[0; PAGE_SZ]);
     std::fs::write(&f.layer, &bytes).unwrap();
-    assert_eq!(lines(layer_cmd("index", &f.layer, &[])), expected_index());
-    assert_eq!(lines(layer_cmd("values", &f.layer, &[])), expected_values());
-    let err = error_of(layer_cmd("verify", &f.layer, &[]), &f.layer);
-    assert!(
-        err.contains("file is 49152 bytes, but the index root ends it at byte 40960"),
-        "{err}"
-    );
+    for sub in ["summary", "index", "values", "verify"] {
+        let err = error_of(layer_cmd(sub, &f.layer, &[]), &f.layer);
+        assert!(
+            err.contains(
+                "file is 49152 bytes, but the index root at block 4 ends it at byte 40960"
+            ),
+            "{sub}: {err}"
+        );
+    }
 }
 
 #[test]
@@ -536,11 +615,9 @@ fn missing_files_directories_and_non_layers_are_reported() {
     assert!(err.contains("is a directory"), "{err}");
 
     // A metadata file is not a layer.
-    TimelineMetadata {
-        disk_consistent_lsn: Lsn(0x1FFF),
-    }
-    .store(f.dir.path())
-    .unwrap();
+    TimelineMetadata::empty(TENANT, TIMELINE)
+        .store(f.dir.path())
+        .unwrap();
     let metadata = f.dir.path().join("metadata");
     let err = error_of(layer_cmd("summary", &metadata, &[]), &metadata);
     assert!(err.contains("has no summary block"), "{err}");
@@ -556,14 +633,26 @@ fn metadata_is_read_from_a_timeline_dir_or_its_file() {
         &file,
     );
 
-    TimelineMetadata {
-        disk_consistent_lsn: Lsn(0x016B_5A50),
-    }
-    .store(dir.path())
-    .unwrap();
+    let mut manifest = TimelineMetadata::empty(TENANT, TIMELINE);
+    manifest.disk_consistent_lsn = Lsn(0x016B_5A50);
+    manifest.add_layer(LayerFileEntry {
+        name: format!("{}-{}__0000000000001000-0000000000002000", k1(), k2()),
+        size: 40960,
+        crc32c: 0x1234_5678,
+    });
+    manifest.store(dir.path()).unwrap();
     let expected = [
         format!("file:                {}", file.display()),
+        "format:              2".to_owned(),
+        format!("tenant:              {TENANT}"),
+        format!("timeline:            {TIMELINE}"),
         "disk_consistent_lsn: 0/16B5A50".to_owned(),
+        "layers:              1".to_owned(),
+        format!(
+            "layer {}-{}__0000000000001000-0000000000002000 size=40960 crc32c=0x12345678",
+            k1(),
+            k2()
+        ),
     ];
     for path in [dir.path(), &file] {
         let out = pagectl([OsStr::new("metadata"), path.as_os_str()]);

@@ -162,10 +162,13 @@ def test_kill9_during_ingest(pageserver_factory: PageserverFactory):
 
 
 FLUSH_CRASH_POINTS = ["layer-before-rename", "layer-after-rename", "flush-before-metadata"]
+# Inside the manifest's atomic replacement. Creating a timeline stores a manifest too, so this
+# one is armed only once the timeline exists.
+MANIFEST_CRASH_POINTS = ["metadata-before-rename"]
 
 
 @pytest.mark.needs_testing
-@pytest.mark.parametrize("failpoint", FLUSH_CRASH_POINTS)
+@pytest.mark.parametrize("failpoint", FLUSH_CRASH_POINTS + MANIFEST_CRASH_POINTS)
 def test_crash_during_checkpoint(pageserver_factory: PageserverFactory, failpoint: str):
     """The process dies at a point of a flush (armed over HTTP; the checkpoint call never
     answers). The layer being written is not kept, whatever state it reached on disk."""
@@ -186,6 +189,8 @@ def test_crash_during_checkpoint(pageserver_factory: PageserverFactory, failpoin
         assert any(n.endswith(".___temp") for n in on_disk), on_disk
     else:
         assert len(delta_files(timeline)) == len(layers_before) + 1, on_disk
+    if failpoint == "metadata-before-rename":
+        assert "metadata.___temp" in on_disk, on_disk
 
     ps.start()
     assert_clean_startup(ps)

@@ -156,6 +156,34 @@ def test_ephemeral_write_failure_breaks_timeline_until_restart(pageserver_factor
 
 
 @pytest.mark.needs_testing
+def test_broken_reason_names_where_a_reload_resumes_now(pageserver_factory: PageserverFactory):
+    """A layer frozen before the timeline broke still flushes afterwards and moves
+    disk_consistent_lsn: the reason names the LSN a reload resumes after as it is when asked,
+    not as it was when the timeline broke."""
+    ps = pageserver_factory.start({"checkpoint_timeout": "200ms"})
+    ps.allowed_errors.extend(["failpoint ephemeral-write", "failpoint flush-before-metadata", "the timeline takes no more writes", "flush .*failed", "flush at shutdown failed"])
+    timeline = TimelineHandle.create(ps)
+    timeline.ingest([Image(key(1), 0x10, page_of(1))])
+    timeline.checkpoint()
+    timeline.ingest([Image(key(2), 0x20, page_of(2))])
+    # The checkpoint freezes 0/20's layer, and its flush fails: the layer stays queued.
+    ps.http.configure_failpoints(("flush-before-metadata", "return"))
+    with pytest.raises(PageserverApiError):
+        timeline.http.checkpoint(timeline.tenant_id, timeline.timeline_id)
+    ps.http.configure_failpoints(("ephemeral-write", "return"))
+    with pytest.raises(PageserverApiError):
+        timeline.http.ingest(timeline.tenant_id, timeline.timeline_id, [Image(key(3), 0x30, page_of(4)), Image(key(4), 0x30, page_of(5))])
+    info = timeline.info()
+    assert info["state"] == "Broken" and info["disk_consistent_lsn"] == "0/10", info
+    assert "resume after 0/10" in info["broken_reason"], info
+    # The flush loop retries the queued layer once the fault is gone.
+    ps.http.configure_failpoints(("flush-before-metadata", "off"), ("ephemeral-write", "off"))
+    wait_until(lambda: timeline.info()["disk_consistent_lsn"] == "0/20", timeout=10, what="the queued layer to flush")
+    assert "resume after 0/20" in timeline.info()["broken_reason"]
+    ps.stop(expect_code=1)
+
+
+@pytest.mark.needs_testing
 def test_flush_loop_survives_a_panic(pageserver_factory: PageserverFactory):
     ps = pageserver_factory.start({"checkpoint_timeout": "100ms"})
     ps.allowed_errors.extend(["panicked at", "a flush loop pass panicked"])

@@ -167,7 +167,7 @@ def corrupt(path, offset: int, data: bytes) -> None:
         f.write(data)
 
 
-@pytest.mark.parametrize("damage", ["summary", "truncated", "garbage_file", "metadata"])
+@pytest.mark.parametrize("damage", ["summary", "truncated", "metadata"])
 def test_corrupt_layer_breaks_only_its_tenant(pageserver_factory: PageserverFactory, damage: str):
     ps = pageserver_factory.start()
     victim = TimelineHandle.create(ps)
@@ -186,12 +186,9 @@ def test_corrupt_layer_breaks_only_its_tenant(pageserver_factory: PageserverFact
         corrupt(layer, 0, b"\xde\xad\xbe\xef")
     elif damage == "metadata":
         corrupt(layer.parent / "metadata", 0, b"\xff\xff")
-    elif damage == "truncated":
+    else:
         with open(layer, "r+b") as f:
             f.truncate(100)
-    else:
-        # A file that looks like a layer by where it is, but is not one.
-        (layer.parent / "not-a-layer").write_bytes(b"\0" * 8192 * 3)
     ps.allowed_errors.extend([r"ERROR .*tenant is broken", r"request failed: tenant .* is broken"])
     ps.start()
 
@@ -225,6 +222,83 @@ def test_corrupt_layer_breaks_only_its_tenant(pageserver_factory: PageserverFact
     # A broken tenant can still be deleted.
     ps.http.tenant_delete(victim.tenant_id)
     assert not ps.tenant_dir(victim.tenant_id).exists()
+
+
+def three_checkpoints(timeline: TimelineHandle, seed: int) -> list:
+    """Three checkpoints of the same keys at the same LSNs: three layers, oldest first, named
+    alike in every timeline written this way."""
+    work = Workload(seed, [key(i) for i in range(6)], start_lsn=0x100)
+    for _ in range(3):
+        for _ in range(4):
+            timeline.ingest(work.batch())
+        timeline.checkpoint()
+    layers = sorted(
+        (p for p in timeline.ps.timeline_dir(timeline.tenant_id, timeline.timeline_id).iterdir() if p.name != "metadata"),
+        key=lambda p: p.name.split("__")[1],
+    )
+    assert len(layers) == 3, layers
+    return layers
+
+
+@pytest.mark.parametrize("damage", ["middle_missing", "another_layer_swapped_in", "other_tenants_layer", "block_appended"])
+def test_a_layer_set_that_disagrees_with_the_manifest_is_never_served(pageserver_factory: PageserverFactory, damage: str):
+    """A layer file missing, another one's bytes under its name (even another tenant's layer of
+    the same ranges), or a block appended: the timeline's tenant loads Broken with a reason that
+    names the file, and answers no read, rather than serving pages from an incomplete set."""
+    ps = pageserver_factory.start()
+    victim = TimelineHandle.create(ps)
+    other = TimelineHandle.create(ps)
+    layers = three_checkpoints(victim, seed=1)
+    theirs = three_checkpoints(other, seed=1)
+    assert [p.name for p in layers] == [p.name for p in theirs]
+    ps.stop()
+
+    target = layers[1]
+    if damage == "middle_missing":
+        target.unlink()
+    elif damage == "another_layer_swapped_in":
+        target.write_bytes(layers[0].read_bytes())
+    elif damage == "other_tenants_layer":
+        target.write_bytes(theirs[1].read_bytes())
+    else:
+        with open(target, "ab") as f:
+            f.write(b"\0" * 8192)
+    ps.allowed_errors.extend([r"ERROR .*tenant is broken", r"request failed: tenant .* is broken"])
+    ps.start()
+
+    info = ps.http.tenant_info(victim.tenant_id)
+    assert info["state"] == "Broken", info
+    assert target.name in info["broken_reason"], info
+    with pytest.raises(PageserverApiError) as e:
+        victim.get(key(0), "latest")
+    assert e.value.status_code == 503
+    # The files are kept as evidence, and the other tenant serves every page right.
+    assert layers[0].exists() and layers[2].exists()
+    assert target.exists() == (damage != "middle_missing")
+    other.verify()
+
+
+def test_stray_files_in_a_timeline_directory_are_reported_and_left_alone(pageserver_factory: PageserverFactory):
+    """A file that is not a layer (an operator's copy, an editor's backup) is logged by name and
+    ignored; a layer-named file the manifest does not list (a flush that crashed before its
+    manifest was stored) is removed; the tenant stays Active and serves every page."""
+    ps = pageserver_factory.start()
+    timeline = TimelineHandle.create(ps)
+    layers = three_checkpoints(timeline, seed=3)
+    ps.stop()
+    tl_dir = layers[0].parent
+    (tl_dir / "not-a-layer").write_bytes(b"\0" * 8192 * 3)
+    # The same keys, at LSNs past disk_consistent_lsn: what a crashed flush leaves.
+    unlisted = tl_dir / (layers[0].name[:-33] + "0000000000FFFFF0-0000000000FFFFF1")
+    unlisted.write_bytes(layers[0].read_bytes())
+    ps.allowed_errors.append(r"WARN .*not-a-layer")
+    ps.start()
+
+    assert ps.http.tenant_info(timeline.tenant_id)["state"] == "Active"
+    assert ps.log_contains(r"WARN .*ignoring a file that is not a layer file.*not-a-layer")
+    assert (tl_dir / "not-a-layer").exists()
+    assert not unlisted.exists()
+    timeline.verify()
 
 
 def test_corrupt_value_is_an_error_not_a_wrong_page(pageserver_factory: PageserverFactory):

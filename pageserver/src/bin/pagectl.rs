@@ -6,8 +6,9 @@
 //! pagectl layer values  <file> [--key K] [--lsn L] [--limit N] [--raw]
 //!                                                      each version with its value decoded
 //! pagectl layer get     <file> --key K --lsn L         what a read of K at L takes from the layer
-//! pagectl layer verify  <file>                         read and check everything
-//! pagectl metadata <timeline dir | metadata file>      the timeline's disk_consistent_lsn
+//! pagectl layer verify  <file>                         read and check everything, and against
+//!                                                      the manifest beside it if there is one
+//! pagectl metadata <timeline dir | metadata file>      the manifest: disk_consistent_lsn, layers
 //! ```
 //!
 //! Output goes to stdout, one line per item, so it can be grepped and diffed; docs/pagectl.md
@@ -27,7 +28,10 @@ use pageserver::page_cache::{PageCache, PageCacheConfig, PageCacheConfigError};
 use pageserver::tenant::delta_layer::{
     DeltaLayer, DeltaLayerError, IndexEntry, DELTA_FORMAT_VERSION, DELTA_MAGIC,
 };
-use pageserver::tenant::metadata::{MetadataError, TimelineMetadata, METADATA_FILE};
+use pageserver::tenant::metadata::{
+    MetadataError, StoredMetadata, TimelineMetadata, METADATA_FILE,
+};
+use pageserver::tenant::timeline::{open_listed_layer, TimelineError};
 use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value, DEFAULT_MAX_VALUE_SIZE};
 use utils::Lsn;
@@ -110,7 +114,10 @@ enum LayerCommand {
     /// Read and check everything; exit 1 at the first problem.
     ///
     /// Reads every index node and every value and checks everything the format promises (see
-    /// `DeltaLayer::verify`).
+    /// `DeltaLayer::verify`). In a timeline directory, first checks the file as the page server
+    /// does at startup (listed in the manifest, of the listed size, its summary naming the
+    /// manifest's tenant and timeline and the ranges its name says), then the file's CRC-32C
+    /// against the manifest's.
     Verify {
         /// The delta layer file.
         file: PathBuf,
@@ -148,6 +155,8 @@ enum Error {
     Layer(#[from] DeltaLayerError),
     #[error(transparent)]
     Metadata(#[from] MetadataError),
+    #[error(transparent)]
+    Timeline(#[from] TimelineError),
     #[error("cannot create the page cache: {0}")]
     Cache(#[from] PageCacheConfigError),
     #[error("{}: {message}", path.display())]
@@ -193,25 +202,33 @@ fn run(cli: Cli, out: &mut impl Write) -> Result<(), Error> {
                     values(&open(&file)?, &filter, lsn, raw, out)
                 }
                 LayerCommand::Get { file, key, lsn } => get(&open(&file)?, key, lsn, out),
-                LayerCommand::Verify { file } => verify(&open(&file)?, out),
+                LayerCommand::Verify { file } => verify(&file, cli.max_value_size, out),
             }
         }
     }
 }
 
 fn open_layer(file: &Path, max_value_size: usize) -> Result<DeltaLayer, Error> {
-    // A directory opens like a file on Linux and would be reported as a short layer.
+    check_not_dir(file)?;
+    Ok(DeltaLayer::open(file, private_cache()?, max_value_size)?)
+}
+
+/// A directory opens like a file on Linux and would be reported as a short layer.
+fn check_not_dir(file: &Path) -> Result<(), Error> {
     if file.is_dir() {
         return Err(Error::Path {
             path: file.to_owned(),
             message: "is a directory, not a layer file".to_owned(),
         });
     }
-    let cache = Arc::new(PageCache::new(PageCacheConfig {
+    Ok(())
+}
+
+fn private_cache() -> Result<Arc<PageCache>, Error> {
+    Ok(Arc::new(PageCache::new(PageCacheConfig {
         capacity_bytes: CACHE_PAGES * PAGE_SZ as u64,
         ..PageCacheConfig::default()
-    })?);
-    Ok(DeltaLayer::open(file, cache, max_value_size)?)
+    })?))
 }
 
 fn summary(layer: &DeltaLayer, out: &mut impl Write) -> Result<(), Error> {
@@ -363,11 +380,61 @@ fn get(layer: &DeltaLayer, key: Key, lsn: Lsn, out: &mut impl Write) -> Result<(
     Ok(())
 }
 
-fn verify(layer: &DeltaLayer, out: &mut impl Write) -> Result<(), Error> {
+fn verify(file: &Path, max_value_size: usize, out: &mut impl Write) -> Result<(), Error> {
+    check_not_dir(file)?;
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let stored = if dir.join(METADATA_FILE).exists() {
+        Some(TimelineMetadata::load(dir)?)
+    } else {
+        None
+    };
+    let (layer, manifest) = match stored {
+        Some(StoredMetadata::Manifest(manifest)) => {
+            let cache = private_cache()?;
+            let layer = open_listed_layer(dir, name, &manifest, |path| {
+                DeltaLayer::open(path, cache, max_value_size)
+            })
+            .map_err(|e| match e {
+                TimelineError::LayerSet { reason, .. } => Error::Path {
+                    path: file.to_owned(),
+                    message: reason,
+                },
+                other => other.into(),
+            })?;
+            let listed = manifest
+                .layer(name)
+                .expect("open_listed_layer found it")
+                .crc32c;
+            let crc = layer.file_crc32c()?;
+            if crc != listed {
+                return Err(DeltaLayerError::Corrupt {
+                    path: file.to_owned(),
+                    reason: format!(
+                        "the file's CRC-32C is {crc:#010x}, the manifest lists {listed:#010x}"
+                    ),
+                }
+                .into());
+            }
+            (layer, "listed, size and crc32c match")
+        }
+        other => {
+            let layer = open_layer(file, max_value_size)?;
+            // Without a manifest, the name is all there is to check the summary against.
+            let s = layer.summary();
+            layer.check_identity(s.tenant_id, s.timeline_id)?;
+            let why = if other.is_some() {
+                "format 1 metadata beside it lists no layers"
+            } else {
+                "none beside it"
+            };
+            (layer, why)
+        }
+    };
     let r = layer.verify()?;
     writeln!(
         out,
-        "{}: ok: entries={} images={} deltas={} value_bytes={} index_blocks={}",
+        "{}: ok: entries={} images={} deltas={} value_bytes={} index_blocks={} manifest: {manifest}",
         layer.path().display(),
         r.entries,
         r.images,
@@ -394,13 +461,34 @@ fn metadata(path: &Path, out: &mut impl Write) -> Result<(), Error> {
             message,
         });
     };
-    let m = TimelineMetadata::load(dir)?;
+    let stored = TimelineMetadata::load(dir)?;
     writeln!(
         out,
         "file:                {}",
         dir.join(METADATA_FILE).display()
     )?;
-    writeln!(out, "disk_consistent_lsn: {}", m.disk_consistent_lsn)?;
+    match stored {
+        StoredMetadata::Legacy {
+            disk_consistent_lsn,
+        } => {
+            writeln!(out, "format:              1 (no layer list)")?;
+            writeln!(out, "disk_consistent_lsn: {disk_consistent_lsn}")?;
+        }
+        StoredMetadata::Manifest(m) => {
+            writeln!(out, "format:              2")?;
+            writeln!(out, "tenant:              {}", m.tenant_id)?;
+            writeln!(out, "timeline:            {}", m.timeline_id)?;
+            writeln!(out, "disk_consistent_lsn: {}", m.disk_consistent_lsn)?;
+            writeln!(out, "layers:              {}", m.layers.len())?;
+            for l in &m.layers {
+                writeln!(
+                    out,
+                    "layer {} size={} crc32c={:#010x}",
+                    l.name, l.size, l.crc32c
+                )?;
+            }
+        }
+    }
     Ok(())
 }
 

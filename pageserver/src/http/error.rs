@@ -80,6 +80,7 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         | Flush(_)
         | Layer(_)
         | Metadata(_)
+        | LayerSet { .. }
         | Redo { .. }
         | Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     }

@@ -220,11 +220,14 @@ impl Summary {
                 s.values_end
             ));
         }
-        let blocks = file_len / PAGE_SZ as u64;
+        // The index is built bottom-up and its root is the last block written: the file ends
+        // right after it. A file of any other length is not the file this summary describes
+        // (truncated, or with blocks appended).
         let root = u64::from(s.index_start_blk) + u64::from(s.index_root_blk);
-        if !file_len.is_multiple_of(PAGE_SZ as u64) || root >= blocks {
+        let end = (root + 1) * PAGE_SZ as u64;
+        if file_len != end {
             return Err(format!(
-                "file of {file_len} bytes cannot hold an index root at block {root}"
+                "file is {file_len} bytes, but the index root at block {root} ends it at byte {end}"
             ));
         }
         Ok(s)
@@ -251,6 +254,19 @@ pub fn lsn_range_of_file_name(name: &str) -> Option<std::ops::Range<Lsn>> {
             .flatten()
     };
     Some(Lsn(parse(start)?)..Lsn(parse(end)?))
+}
+
+/// Whether `name` has the form of a layer file's name: two keys and two LSNs
+/// (`<key>-<key>__<lsn>-<lsn>`, as [`Summary::file_name`] writes them). Startup removes such a
+/// file when the manifest does not list it, and leaves any other file alone.
+pub fn is_layer_file_name(name: &str) -> bool {
+    let Some((keys, _)) = name.split_once("__") else {
+        return false;
+    };
+    let keys_parse = keys
+        .split_once('-')
+        .is_some_and(|(a, b)| a.parse::<Key>().is_ok() && b.parse::<Key>().is_ok());
+    keys_parse && lsn_range_of_file_name(name).is_some()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -281,7 +297,21 @@ pub struct DeltaLayerWriter {
     pending_offset: u64,
     scratch: Vec<u8>,
     tree: DiskBtreeBuilder<INDEX_KEY_LEN, VecBlockSink>,
+    /// CRC-32C of the bytes written from block 1 on, in file order (block 0, the summary,
+    /// comes last and is combined in by `finish`).
+    crc_after_summary: u32,
     finished: bool,
+}
+
+/// What [`DeltaLayerWriter::finish`] made: a durable layer file under its final name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WrittenLayer {
+    pub path: PathBuf,
+    pub summary: Summary,
+    /// The file's length in bytes.
+    pub size: u64,
+    /// CRC-32C of the whole file, computed from what was written (no read back).
+    pub crc32c: u32,
 }
 
 impl DeltaLayerWriter {
@@ -328,6 +358,7 @@ impl DeltaLayerWriter {
             pending_offset: PAGE_SZ as u64,
             scratch: Vec::new(),
             tree: DiskBtreeBuilder::new(VecBlockSink::new()),
+            crc_after_summary: 0,
             finished: false,
         })
     }
@@ -385,14 +416,15 @@ impl DeltaLayerWriter {
         self.file
             .write_all_at(&self.pending, self.pending_offset)
             .map_err(|e| self.io_error(e))?;
+        self.crc_after_summary = crc32c::crc32c_append(self.crc_after_summary, &self.pending);
         self.pending_offset += self.pending.len() as u64;
         self.pending.clear();
         Ok(())
     }
 
     /// Writes the index and summary, makes the file durable under its final name, and returns
-    /// that path and the summary.
-    pub fn finish(mut self) -> Result<(PathBuf, Summary), DeltaLayerError> {
+    /// what the manifest needs to list it.
+    pub fn finish(mut self) -> Result<WrittenLayer, DeltaLayerError> {
         let (Some(first), Some(last)) = (self.first_key, self.last_key) else {
             return Err(self.usage("a delta layer needs at least one value".to_owned()));
         };
@@ -405,12 +437,18 @@ impl DeltaLayerWriter {
         let (info, blocks) = tree
             .finish()
             .map_err(|e| self.usage(format!("index: {e}")))?;
+        // The values' last block is padded with zeros (a hole) up to the index.
+        let padding = (index_start * PAGE_SZ as u64 - values_end) as usize;
+        self.crc_after_summary =
+            crc32c::crc32c_append(self.crc_after_summary, &[0u8; PAGE_SZ][..padding]);
         for (i, block) in blocks.blocks().iter().enumerate() {
             let offset = (index_start + i as u64) * PAGE_SZ as u64;
             self.file
                 .write_all_at(block, offset)
                 .map_err(|e| self.io_error(e))?;
+            self.crc_after_summary = crc32c::crc32c_append(self.crc_after_summary, &block[..]);
         }
+        let size = (index_start + blocks.blocks().len() as u64) * PAGE_SZ as u64;
         let summary = Summary {
             tenant_id: self.tenant_id,
             timeline_id: self.timeline_id,
@@ -423,9 +461,16 @@ impl DeltaLayerWriter {
             entries: info.entries,
             values_end,
         };
+        let summary_block = summary.encode();
         self.file
-            .write_all_at(&summary.encode()[..], 0)
+            .write_all_at(&summary_block[..], 0)
             .map_err(|e| self.io_error(e))?;
+        let crc32c = crc32c::crc32c_combine(
+            crc32c::crc32c(&summary_block[..]),
+            self.crc_after_summary,
+            usize::try_from(size - PAGE_SZ as u64)
+                .map_err(|_| self.usage(format!("a file of {size} bytes")))?,
+        );
         // Durability: file contents, then the name, then the directory entry.
         self.file.sync_all().map_err(|e| self.io_error(e))?;
         let final_path = self.dir.join(summary.file_name());
@@ -443,7 +488,12 @@ impl DeltaLayerWriter {
                 path: self.dir.clone(),
                 source,
             })?;
-        Ok((final_path, summary))
+        Ok(WrittenLayer {
+            path: final_path,
+            summary,
+            size,
+            crc32c,
+        })
     }
 }
 
@@ -600,6 +650,52 @@ impl DeltaLayer {
 
     pub fn summary(&self) -> &Summary {
         &self.summary
+    }
+
+    /// CRC-32C of the whole file, read straight from the file (not through the page cache: a
+    /// bulk read must not push out the hot set).
+    pub fn file_crc32c(&self) -> Result<u32, DeltaLayerError> {
+        let mut crc = 0;
+        let mut buf = vec![0u8; WRITE_CHUNK];
+        let mut offset = 0;
+        while offset < self.file_size {
+            let n = usize::try_from((self.file_size - offset).min(WRITE_CHUNK as u64))
+                .expect("at most WRITE_CHUNK");
+            self.file
+                .read_exact_at(&mut buf[..n], offset)
+                .map_err(|source| DeltaLayerError::Io {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            offset += n as u64;
+        }
+        Ok(crc)
+    }
+
+    /// Checks that this is the file its name says, of the timeline it is found in: the name
+    /// encodes the summary's key and LSN ranges, and the summary names the tenant and timeline.
+    /// A layer copied from elsewhere, or renamed, fails with what differs.
+    pub fn check_identity(
+        &self,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+    ) -> Result<(), DeltaLayerError> {
+        let s = &self.summary;
+        let name = self.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name != s.file_name() {
+            return Err(self.corrupt(format!(
+                "its summary describes layer {}, not the one its name says",
+                s.file_name()
+            )));
+        }
+        if (s.tenant_id, s.timeline_id) != (tenant_id, timeline_id) {
+            return Err(self.corrupt(format!(
+                "it belongs to timeline {} of tenant {}, not timeline {timeline_id} of tenant {tenant_id}",
+                s.timeline_id, s.tenant_id
+            )));
+        }
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {
@@ -1021,15 +1117,17 @@ impl DeltaLayer {
                 )));
             }
         }
+        // The file's length against the index's end was checked by `open`: a file that
+        // changed size since is not the file that was opened.
         let io_err = |source| DeltaLayerError::Io {
             path: self.path.clone(),
             source,
         };
         let len = self.file.metadata().map_err(io_err)?.len();
-        let end = (u64::from(s.index_start_blk) + report.index_blocks) * PAGE_SZ as u64;
-        if len != end {
+        if len != self.file_size {
             return Err(self.corrupt(format!(
-                "file is {len} bytes, but the index root ends it at byte {end}"
+                "file is {len} bytes now, {} when it was opened",
+                self.file_size
             )));
         }
         Ok(report)

@@ -74,7 +74,7 @@ use utils::Lsn;
 
 use crate::page_cache::PageCache;
 use crate::tenant::blob_io::{BlobReadError, BlockCursor};
-use crate::tenant::delta_layer::{DeltaLayerError, DeltaLayerWriter, Summary};
+use crate::tenant::delta_layer::{DeltaLayerError, DeltaLayerWriter, WrittenLayer};
 use crate::tenant::ephemeral_file::{EphemeralFile, EphemeralWriteError};
 use crate::tenant::storage_layer::max_stored_value_len;
 pub use crate::tenant::storage_layer::{KeyChunk, LayerRecords};
@@ -586,7 +586,7 @@ impl InMemoryLayer {
         timeline_dir: &Path,
         tenant_id: utils::TenantId,
         timeline_id: utils::TimelineId,
-    ) -> Result<Option<(std::path::PathBuf, Summary)>, WriteToDiskError> {
+    ) -> Result<Option<WrittenLayer>, WriteToDiskError> {
         let Some(end_lsn) = self.end_lsn else {
             return Err(WriteToDiskError::NotFrozen);
         };

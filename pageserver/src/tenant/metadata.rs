@@ -1,34 +1,106 @@
-//! Timeline metadata: the one durable fact a timeline needs besides its layer files,
-//! `disk_consistent_lsn` (every version at or below it is in fsynced layer files).
+//! Timeline metadata: the manifest of a timeline, and the commit point of every change to its
+//! layer set.
+//!
+//! It holds `disk_consistent_lsn` (every version at or below it is in fsynced layer files) and
+//! the list of layer files that hold those versions: each file's name, size and CRC-32C. A layer
+//! file exists for the timeline only once a manifest listing it is durable; a file the manifest
+//! does not list is not part of the timeline, whatever its name says (a flush that crashed
+//! between writing its layer and storing the manifest), and a listed file that is missing, of
+//! another size, or whose summary names other ranges or another timeline, makes the timeline
+//! refuse to load rather than answer from a set it cannot vouch for.
+//!
+//! # Format 2 (current)
 //!
 //! ```text
 //! offset size field
 //!      0    4 magic                 0x544C4D44 ("TLMD")
-//!      4    2 format version        1
+//!      4    2 format version        2
 //!      6    2 reserved              0
-//!      8    8 disk_consistent_lsn
-//!     16    4 CRC-32C of bytes 0..16
+//!      8   16 tenant id
+//!     24   16 timeline id
+//!     40    8 disk_consistent_lsn
+//!     48    4 layer count N
+//!     52      N layer entries, sorted by name, no name twice:
+//!               name length:u16  name (ASCII, a file name)  size:u64  CRC-32C of the file:u32
+//!    end-4    4 CRC-32C of every byte before it
 //! ```
 //!
-//! Written atomically: a temporary file is written and fsynced, renamed over `metadata`, and the
-//! directory fsynced. A reader sees the old value or the new one, never a mix; a failed check is
-//! a corruption error naming the file.
+//! Format 1 (20 bytes: magic, version 1, reserved, `disk_consistent_lsn`, CRC-32C) predates the
+//! manifest; it still loads ([`StoredMetadata::Legacy`]) and the timeline replaces it with a
+//! format 2 file at once (`tenant::timeline::init`).
+//!
+//! # Atomic replacement
+//!
+//! A temporary file is written and fsynced, renamed over `metadata`, and the directory fsynced.
+//! A reader sees the old manifest or the new one, never a mix; a failed check is a corruption
+//! error naming the file. The whole file is rewritten at each change: at about 100 bytes a
+//! layer that stays small next to the layer it commits.
 
 use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use utils::Lsn;
+use utils::{Lsn, TenantId, TimelineId};
+
+use crate::tenant::storage_layer::array_at;
 
 pub const METADATA_FILE: &str = "metadata";
 const METADATA_TEMP: &str = "metadata.___temp";
 const MAGIC: u32 = 0x544C_4D44;
-const VERSION: u16 = 1;
-const LEN: usize = 20;
+const VERSION_LEGACY: u16 = 1;
+const VERSION: u16 = 2;
+const LEGACY_LEN: usize = 20;
+const HEADER_LEN: usize = 52;
+const CRC_LEN: usize = 4;
+/// A layer entry without its name: name length, size, CRC-32C.
+const ENTRY_FIXED_LEN: usize = 2 + 8 + 4;
+/// Far beyond any real manifest (a million layers); a longer file is corrupt, and is refused
+/// before it is read into memory.
+const MAX_FILE_LEN: u64 = 256 << 20;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+mod off {
+    pub const MAGIC: usize = 0;
+    pub const VERSION: usize = 4;
+    pub const RESERVED: usize = 6;
+    pub const TENANT: usize = 8;
+    pub const TIMELINE: usize = 24;
+    pub const DISK_CONSISTENT_LSN: usize = 40;
+    pub const LAYER_COUNT: usize = 48;
+    pub const LAYERS: usize = 52;
+    /// Format 1: the LSN and the checksum.
+    pub const LEGACY_LSN: usize = 8;
+    pub const LEGACY_CRC: usize = 16;
+}
+
+/// One layer file the timeline owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerFileEntry {
+    /// The file's name in the timeline directory (it encodes the layer's ranges).
+    pub name: String,
+    /// The file's length in bytes.
+    pub size: u64,
+    /// CRC-32C of the whole file.
+    pub crc32c: u32,
+}
+
+/// The manifest: see the module documentation.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimelineMetadata {
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
     pub disk_consistent_lsn: Lsn,
+    /// Sorted by name.
+    pub layers: Vec<LayerFileEntry>,
+}
+
+/// What a timeline directory's `metadata` file holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredMetadata {
+    Manifest(TimelineMetadata),
+    /// Format 1: no layer list, so the directory's layer files are the set.
+    Legacy {
+        disk_consistent_lsn: Lsn,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -37,63 +109,215 @@ pub enum MetadataError {
     Io { path: PathBuf, source: io::Error },
     #[error("timeline metadata {} is corrupt: {reason}", path.display())]
     Corrupt { path: PathBuf, reason: String },
+    #[error("timeline metadata cannot list layer file {name:?}: {reason}")]
+    BadLayerName { name: String, reason: &'static str },
+}
+
+/// Whether `name` can stand in a manifest: one plain ASCII file name, nothing a path could
+/// climb out of the directory with.
+pub fn check_layer_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() || name.len() > 255 {
+        return Err("a file name is 1 to 255 bytes");
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && b != b'/' && b != b'\\')
+    {
+        return Err("a file name is printable ASCII without slashes");
+    }
+    if name == "." || name == ".." || name == METADATA_FILE || name == METADATA_TEMP {
+        return Err("the name is reserved");
+    }
+    Ok(())
 }
 
 impl TimelineMetadata {
-    fn encode(&self) -> [u8; LEN] {
-        let mut b = [0u8; LEN];
-        b[0..4].copy_from_slice(&MAGIC.to_be_bytes());
-        b[4..6].copy_from_slice(&VERSION.to_be_bytes());
-        b[8..16].copy_from_slice(&self.disk_consistent_lsn.0.to_be_bytes());
-        let crc = crc32c::crc32c(&b[..16]);
-        b[16..20].copy_from_slice(&crc.to_be_bytes());
-        b
+    /// An empty timeline's manifest.
+    pub fn empty(tenant_id: TenantId, timeline_id: TimelineId) -> TimelineMetadata {
+        TimelineMetadata {
+            tenant_id,
+            timeline_id,
+            disk_consistent_lsn: Lsn::INVALID,
+            layers: Vec::new(),
+        }
     }
 
-    fn decode(b: &[u8]) -> Result<TimelineMetadata, String> {
-        if b.len() != LEN {
-            return Err(format!("{} bytes, expected {LEN}", b.len()));
+    /// The entry of layer file `name`, if listed.
+    pub fn layer(&self, name: &str) -> Option<&LayerFileEntry> {
+        self.layers
+            .binary_search_by(|l| l.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.layers[i])
+    }
+
+    /// Lists `entry`, keeping the list sorted (replacing an entry of the same name).
+    pub fn add_layer(&mut self, entry: LayerFileEntry) {
+        match self
+            .layers
+            .binary_search_by(|l| l.name.as_str().cmp(&entry.name))
+        {
+            Ok(i) => self.layers[i] = entry,
+            Err(i) => self.layers.insert(i, entry),
         }
-        let magic = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    }
+
+    fn encode(&self) -> Result<Vec<u8>, MetadataError> {
+        let names: usize = self.layers.iter().map(|l| l.name.len()).sum();
+        let mut b =
+            Vec::with_capacity(HEADER_LEN + self.layers.len() * ENTRY_FIXED_LEN + names + CRC_LEN);
+        b.extend_from_slice(&MAGIC.to_be_bytes());
+        b.extend_from_slice(&VERSION.to_be_bytes());
+        b.extend_from_slice(&[0, 0]);
+        b.extend_from_slice(self.tenant_id.as_bytes());
+        b.extend_from_slice(self.timeline_id.as_bytes());
+        b.extend_from_slice(&self.disk_consistent_lsn.0.to_be_bytes());
+        let count = u32::try_from(self.layers.len()).map_err(|_| MetadataError::BadLayerName {
+            name: String::new(),
+            reason: "more than 2^32 layers",
+        })?;
+        b.extend_from_slice(&count.to_be_bytes());
+        for (i, layer) in self.layers.iter().enumerate() {
+            let bad = |reason| MetadataError::BadLayerName {
+                name: layer.name.clone(),
+                reason,
+            };
+            check_layer_name(&layer.name).map_err(bad)?;
+            if i > 0 && self.layers[i - 1].name >= layer.name {
+                return Err(bad("the layer list is not sorted by name, or names repeat"));
+            }
+            let len = u16::try_from(layer.name.len()).map_err(|_| bad("name too long"))?;
+            b.extend_from_slice(&len.to_be_bytes());
+            b.extend_from_slice(layer.name.as_bytes());
+            b.extend_from_slice(&layer.size.to_be_bytes());
+            b.extend_from_slice(&layer.crc32c.to_be_bytes());
+        }
+        let crc = crc32c::crc32c(&b);
+        b.extend_from_slice(&crc.to_be_bytes());
+        Ok(b)
+    }
+
+    /// Parses either format; every byte is untrusted.
+    fn decode(b: &[u8]) -> Result<StoredMetadata, String> {
+        let u16_at = |o: usize| u16::from_be_bytes(array_at(b, o));
+        let u32_at = |o: usize| u32::from_be_bytes(array_at(b, o));
+        let u64_at = |o: usize| u64::from_be_bytes(array_at(b, o));
+        if b.len() < 8 {
+            return Err(format!("{} bytes: too short for a header", b.len()));
+        }
+        let magic = u32_at(off::MAGIC);
         if magic != MAGIC {
-            return Err(format!("bad magic {magic:#010x}"));
+            return Err(format!("bad magic {magic:#010x}, expected {MAGIC:#010x}"));
         }
-        let version = u16::from_be_bytes([b[4], b[5]]);
-        if version != VERSION {
-            return Err(format!("unsupported format version {version}"));
+        let version = u16_at(off::VERSION);
+        let (body_len, min_len) = match version {
+            VERSION_LEGACY => (off::LEGACY_CRC, LEGACY_LEN),
+            VERSION => (b.len().saturating_sub(CRC_LEN), HEADER_LEN + CRC_LEN),
+            _ => return Err(format!("unsupported format version {version}")),
+        };
+        if b.len() < min_len || (version == VERSION_LEGACY && b.len() != LEGACY_LEN) {
+            return Err(format!(
+                "{} bytes, too short or long for format {version}",
+                b.len()
+            ));
         }
-        let stored = u32::from_be_bytes([b[16], b[17], b[18], b[19]]);
-        if crc32c::crc32c(&b[..16]) != stored {
-            return Err("checksum mismatch".to_owned());
+        let stored = u32_at(body_len);
+        let computed = crc32c::crc32c(&b[..body_len]);
+        if stored != computed {
+            return Err(format!(
+                "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
+            ));
         }
-        let mut lsn = [0u8; 8];
-        lsn.copy_from_slice(&b[8..16]);
-        Ok(TimelineMetadata {
-            disk_consistent_lsn: Lsn(u64::from_be_bytes(lsn)),
-        })
+        if u16_at(off::RESERVED) != 0 {
+            return Err("reserved bytes 6..8 are not zero".to_owned());
+        }
+        if version == VERSION_LEGACY {
+            return Ok(StoredMetadata::Legacy {
+                disk_consistent_lsn: Lsn(u64_at(off::LEGACY_LSN)),
+            });
+        }
+        let count = u32_at(off::LAYER_COUNT);
+        // Every entry takes at least its fixed part and one byte of name.
+        let room = (body_len - off::LAYERS) / (ENTRY_FIXED_LEN + 1);
+        if usize::try_from(count).map_or(true, |c| c > room) {
+            return Err(format!("{count} layers cannot fit in {} bytes", b.len()));
+        }
+        let mut layers: Vec<LayerFileEntry> = Vec::with_capacity(count as usize);
+        let mut at = off::LAYERS;
+        for i in 0..count {
+            let truncated = || format!("layer entry {i} runs past the end of the file");
+            if at + ENTRY_FIXED_LEN > body_len {
+                return Err(truncated());
+            }
+            let name_len = usize::from(u16_at(at));
+            let name_end = at + 2 + name_len;
+            if name_end + 12 > body_len {
+                return Err(truncated());
+            }
+            let name = std::str::from_utf8(&b[at + 2..name_end])
+                .map_err(|_| format!("layer entry {i}: the name is not UTF-8"))?;
+            check_layer_name(name)
+                .map_err(|reason| format!("layer entry {i}: name {name:?}: {reason}"))?;
+            if layers.last().is_some_and(|prev| prev.name.as_str() >= name) {
+                return Err(format!(
+                    "layer entry {i}: {name:?} is out of order or listed twice"
+                ));
+            }
+            layers.push(LayerFileEntry {
+                name: name.to_owned(),
+                size: u64_at(name_end),
+                crc32c: u32_at(name_end + 8),
+            });
+            at = name_end + 12;
+        }
+        if at != body_len {
+            return Err(format!(
+                "{} bytes follow the last layer entry",
+                body_len - at
+            ));
+        }
+        Ok(StoredMetadata::Manifest(TimelineMetadata {
+            tenant_id: TenantId::from_bytes(array_at(b, off::TENANT)),
+            timeline_id: TimelineId::from_bytes(array_at(b, off::TIMELINE)),
+            disk_consistent_lsn: Lsn(u64_at(off::DISK_CONSISTENT_LSN)),
+            layers,
+        }))
     }
 
-    /// Reads `<dir>/metadata`.
-    pub fn load(dir: &Path) -> Result<TimelineMetadata, MetadataError> {
+    /// Reads `<dir>/metadata`, in either format.
+    pub fn load(dir: &Path) -> Result<StoredMetadata, MetadataError> {
         let path = dir.join(METADATA_FILE);
-        let bytes = std::fs::read(&path).map_err(|source| MetadataError::Io {
+        let io_err = |source| MetadataError::Io {
             path: path.clone(),
             source,
-        })?;
+        };
+        let len = std::fs::metadata(&path).map_err(io_err)?.len();
+        if len > MAX_FILE_LEN {
+            return Err(MetadataError::Corrupt {
+                path,
+                reason: format!("{len} bytes, more than any manifest takes"),
+            });
+        }
+        let bytes = std::fs::read(&path).map_err(io_err)?;
         Self::decode(&bytes).map_err(|reason| MetadataError::Corrupt { path, reason })
     }
 
-    /// Replaces `<dir>/metadata` atomically and durably.
+    /// Replaces `<dir>/metadata` atomically and durably: the commit point of a change to the
+    /// layer set.
     pub fn store(&self, dir: &Path) -> Result<(), MetadataError> {
+        let bytes = self.encode()?;
         let temp = dir.join(METADATA_TEMP);
         let io_err = |path: &Path| {
             let path = path.to_owned();
             move |source| MetadataError::Io { path, source }
         };
         let mut file = File::create(&temp).map_err(io_err(&temp))?;
-        file.write_all(&self.encode()).map_err(io_err(&temp))?;
+        file.write_all(&bytes).map_err(io_err(&temp))?;
         file.sync_all().map_err(io_err(&temp))?;
         let path = dir.join(METADATA_FILE);
+        fail::fail_point!("metadata-before-rename", |_| Err(MetadataError::Io {
+            path: path.clone(),
+            source: io::Error::other("failpoint metadata-before-rename"),
+        }));
         std::fs::rename(&temp, &path).map_err(io_err(&path))?;
         File::open(dir)
             .and_then(|d| d.sync_all())
@@ -101,35 +325,17 @@ impl TimelineMetadata {
     }
 }
 
+/// Writes a format 1 file, as servers before the manifest did: for upgrade tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trip_and_every_corruption_is_caught() {
-        let dir = tempfile::tempdir().unwrap();
-        let m = TimelineMetadata {
-            disk_consistent_lsn: Lsn(0x016B_5A50),
-        };
-        m.store(dir.path()).unwrap();
-        assert_eq!(TimelineMetadata::load(dir.path()).unwrap(), m);
-        assert!(!dir.path().join(METADATA_TEMP).exists());
-
-        let good = std::fs::read(dir.path().join(METADATA_FILE)).unwrap();
-        for byte in 0..LEN {
-            for bit in 0..8 {
-                let mut bad = good.clone();
-                bad[byte] ^= 1 << bit;
-                std::fs::write(dir.path().join(METADATA_FILE), &bad).unwrap();
-                let err = TimelineMetadata::load(dir.path()).unwrap_err();
-                assert!(
-                    matches!(err, MetadataError::Corrupt { .. }),
-                    "byte {byte}: {err}"
-                );
-                assert!(err.to_string().contains(METADATA_FILE));
-            }
-        }
-        std::fs::write(dir.path().join(METADATA_FILE), &good[..10]).unwrap();
-        assert!(TimelineMetadata::load(dir.path()).is_err());
-    }
+pub(crate) fn store_legacy(dir: &Path, disk_consistent_lsn: Lsn) {
+    let mut b = [0u8; LEGACY_LEN];
+    b[0..4].copy_from_slice(&MAGIC.to_be_bytes());
+    b[4..6].copy_from_slice(&VERSION_LEGACY.to_be_bytes());
+    b[8..16].copy_from_slice(&disk_consistent_lsn.0.to_be_bytes());
+    let crc = crc32c::crc32c(&b[..16]);
+    b[16..20].copy_from_slice(&crc.to_be_bytes());
+    std::fs::write(dir.join(METADATA_FILE), b).unwrap();
 }
+
+#[cfg(test)]
+mod tests;

@@ -398,11 +398,9 @@ impl Tenant {
         }
         let dir =
             create_dir_atomically(&self.dir.join(TIMELINES_DIR), &id.to_string(), |staging| {
-                TimelineMetadata {
-                    disk_consistent_lsn: utils::Lsn::INVALID,
-                }
-                .store(staging)
-                .map_err(|e| TenantError::Timeline(e.into()))
+                TimelineMetadata::empty(self.id, id)
+                    .store(staging)
+                    .map_err(|e| TenantError::Timeline(e.into()))
             })?;
         let timeline = Timeline::load(
             &dir,

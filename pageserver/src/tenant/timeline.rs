@@ -81,15 +81,12 @@ use pageserver_api::{reconstruct_page, Key, RedoError, Value, ValueEncodeError};
 use utils::{Lsn, TenantId, TimelineId};
 
 use crate::page_cache::{MaterializedPageKey, PageCache};
-use crate::tenant::delta_layer::{
-    lsn_range_of_file_name, DeltaLayer, DeltaLayerError, TEMP_SUFFIX,
-};
-use crate::tenant::ephemeral_file::remove_leftovers;
+use crate::tenant::delta_layer::{DeltaLayer, DeltaLayerError};
 use crate::tenant::flush_loop::FlushWakeup;
 use crate::tenant::inmemory_layer::{
     FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError, MAX_LSN_SPAN,
 };
-use crate::tenant::metadata::{MetadataError, TimelineMetadata, METADATA_FILE};
+use crate::tenant::metadata::{LayerFileEntry, MetadataError, TimelineMetadata};
 use crate::tenant::scan::{self, LayerSetId, ScanCursor, ScanLayer, ScanPage};
 use crate::tenant::storage_layer::{max_stored_value_len, LayerRecords};
 use crate::PAGE_SZ;
@@ -190,6 +187,8 @@ pub enum TimelineError {
     Layer(#[from] DeltaLayerError),
     #[error(transparent)]
     Metadata(#[from] MetadataError),
+    #[error("layer file {file} of the timeline: {reason}; the timeline does not serve from a layer set it cannot vouch for")]
+    LayerSet { file: String, reason: String },
     #[error("page {key} at {lsn} cannot be reconstructed: {source}")]
     Redo {
         key: Key,
@@ -271,6 +270,9 @@ pub struct Timeline {
     /// Apart from `write_lock` so that describing the timeline never waits for a put.
     broken: OnceLock<String>,
     flush_lock: Mutex<()>,
+    /// The durable manifest: `disk_consistent_lsn` and the layer files. Changed only under
+    /// `flush_lock`, after the new one is stored.
+    manifest: Mutex<TimelineMetadata>,
     flush_wakeup: Option<Arc<FlushWakeup>>,
     /// Set by `shutdown`: flushes that start later do nothing (the directory may be going).
     stopped: AtomicBool,
@@ -285,90 +287,6 @@ pub struct Timeline {
 }
 
 impl Timeline {
-    /// Creates an empty timeline in `dir` (which must exist and be empty).
-    pub fn create(
-        dir: &Path,
-        tenant_id: TenantId,
-        timeline_id: TimelineId,
-        cache: Arc<PageCache>,
-        conf: TimelineConf,
-    ) -> Result<Timeline, TimelineError> {
-        TimelineMetadata {
-            disk_consistent_lsn: Lsn::INVALID,
-        }
-        .store(dir)?;
-        Self::load(dir, tenant_id, timeline_id, cache, conf)
-    }
-
-    /// Loads a timeline from `dir`: reads its metadata, removes temporary and ephemeral files
-    /// and layers beyond `disk_consistent_lsn`, and opens the remaining layer files.
-    pub fn load(
-        dir: &Path,
-        tenant_id: TenantId,
-        timeline_id: TimelineId,
-        cache: Arc<PageCache>,
-        conf: TimelineConf,
-    ) -> Result<Timeline, TimelineError> {
-        let io_err = |source| TimelineError::Io {
-            path: dir.to_owned(),
-            source,
-        };
-        let metadata = TimelineMetadata::load(dir)?;
-        let durable = metadata.disk_consistent_lsn;
-        remove_leftovers(dir).map_err(io_err)?;
-        let mut deltas = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(io_err)? {
-            let path = entry.map_err(io_err)?.path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if name == METADATA_FILE {
-                continue;
-            }
-            if name.ends_with(TEMP_SUFFIX) {
-                std::fs::remove_file(&path).map_err(io_err)?;
-                continue;
-            }
-            // Written, but the metadata update that would acknowledge it was lost: removed
-            // without being read, so a layer torn by the crash cannot fail the load.
-            let unacknowledged = |end: Lsn| end.0 > durable.0 + 1;
-            if lsn_range_of_file_name(name).is_some_and(|lsns| unacknowledged(lsns.end)) {
-                std::fs::remove_file(&path).map_err(io_err)?;
-                continue;
-            }
-            let layer = DeltaLayer::open(&path, cache.clone(), conf.max_value_size)?;
-            if unacknowledged(layer.summary().lsn_end) {
-                // Its name did not say so (renamed by hand?); the summary does.
-                drop(layer);
-                std::fs::remove_file(&path).map_err(io_err)?;
-                continue;
-            }
-            deltas.push(Arc::new(layer));
-        }
-        deltas.sort_by_key(|l| (l.summary().lsn_end, l.summary().lsn_start));
-        Ok(Timeline {
-            tenant_id,
-            timeline_id,
-            cache_scope: TimelineId::generate(),
-            dir: dir.to_owned(),
-            cache,
-            conf,
-            layers: RwLock::new(LayerMap {
-                deltas,
-                ..LayerMap::default()
-            }),
-            write_lock: Mutex::new(WriterState::default()),
-            broken: OnceLock::new(),
-            flush_lock: Mutex::new(()),
-            flush_wakeup: None,
-            stopped: AtomicBool::new(false),
-            waits_cancelled: AtomicBool::new(false),
-            last_record_lsn: AtomicU64::new(durable.0),
-            disk_consistent_lsn: AtomicU64::new(durable.0),
-            lsn_waiters: AtomicUsize::new(0),
-            lsn_wait: Mutex::new(()),
-            lsn_advanced: Condvar::new(),
-        })
-    }
-
     /// Wakes `wakeup` whenever a layer is frozen, so a background flush loop writes it out.
     pub fn with_flush_wakeup(mut self, wakeup: Arc<FlushWakeup>) -> Timeline {
         self.flush_wakeup = Some(wakeup);
@@ -399,9 +317,15 @@ impl Timeline {
         Lsn(self.disk_consistent_lsn.load(Ordering::Acquire))
     }
 
-    /// Why the timeline refuses writes, if it does.
+    /// Why the timeline refuses writes, if it does, and where a reload resumes (read now:
+    /// layers frozen before the failure may have flushed since).
     pub fn broken_reason(&self) -> Option<String> {
-        self.broken.get().cloned()
+        self.broken.get().map(|reason| {
+            format!(
+                "{reason}; reload the timeline to resume after {}",
+                self.disk_consistent_lsn()
+            )
+        })
     }
 
     pub fn layer_counts(&self) -> LayerCounts {
@@ -461,10 +385,8 @@ impl Timeline {
         if writer.stopping {
             return Err(TimelineError::ShuttingDown);
         }
-        if let Some(reason) = self.broken.get() {
-            return Err(TimelineError::Broken {
-                reason: reason.clone(),
-            });
+        if let Some(reason) = self.broken_reason() {
+            return Err(TimelineError::Broken { reason });
         }
         let (Some(first), Some(last)) = (records.first(), records.last()) else {
             return Ok(());
@@ -511,12 +433,10 @@ impl Timeline {
         let open = map.open.as_mut().expect("created above");
         for record in records {
             if let Err(e) = open.put(record.key, record.lsn, &record.value) {
+                // No resume LSN in the reason: frozen layers may still flush and move it.
                 let reason = format!(
-                    "storing version {} of key {} failed after the batch was validated: {e}; \
-                     reload the timeline to resume at {}",
-                    record.lsn,
-                    record.key,
-                    self.disk_consistent_lsn()
+                    "storing version {} of key {} failed after the batch was validated: {e}",
+                    record.lsn, record.key,
                 );
                 tracing::error!(tenant = %self.tenant_id, timeline = %self.timeline_id, "{reason}");
                 // Set under write_lock, and only ever once.
@@ -863,23 +783,32 @@ impl Timeline {
             let started = Instant::now();
             let end = frozen.end_lsn().expect("frozen layers have an end");
             let written = frozen.write_to_disk(&self.dir, self.tenant_id, self.timeline_id)?;
+            let durable = Lsn(end.0 - 1);
+            let mut manifest = self.manifest().clone();
+            manifest.disk_consistent_lsn = durable;
             let delta = match written {
-                Some((path, _)) => Some(Arc::new(DeltaLayer::open(
-                    &path,
-                    self.cache.clone(),
-                    self.conf.max_value_size,
-                )?)),
+                Some(written) => {
+                    let delta = DeltaLayer::open(
+                        &written.path,
+                        self.cache.clone(),
+                        self.conf.max_value_size,
+                    )?;
+                    manifest.add_layer(LayerFileEntry {
+                        name: written.summary.file_name(),
+                        size: written.size,
+                        crc32c: written.crc32c,
+                    });
+                    Some(Arc::new(delta))
+                }
                 None => None,
             };
-            let durable = Lsn(end.0 - 1);
             fail::fail_point!("flush-before-metadata", |_| Err(TimelineError::Io {
                 path: self.dir.clone(),
                 source: std::io::Error::other("failpoint flush-before-metadata"),
             }));
-            TimelineMetadata {
-                disk_consistent_lsn: durable,
-            }
-            .store(&self.dir)?;
+            // The commit point: from here the layer is the timeline's.
+            manifest.store(&self.dir)?;
+            *self.manifest() = manifest;
             let mut map = self.map_mut();
             map.frozen.remove(0);
             if let Some(delta) = &delta {
@@ -893,8 +822,7 @@ impl Timeline {
             crate::metrics::LAYER_FLUSHES.inc();
             crate::metrics::LAYER_FLUSH_SECONDS.observe(started.elapsed().as_secs_f64());
             if let Some(delta) = &delta {
-                let bytes = std::fs::metadata(delta.path()).map_or(0, |m| m.len());
-                crate::metrics::LAYER_FLUSH_BYTES.inc_by(bytes);
+                crate::metrics::LAYER_FLUSH_BYTES.inc_by(delta.file_size());
             }
             tracing::debug!(
                 tenant = %self.tenant_id,
@@ -918,12 +846,10 @@ impl Timeline {
         }
         let target = {
             let _writer = self.writer();
-            if let Some(reason) = self.broken.get() {
+            if let Some(reason) = self.broken_reason() {
                 // Its open layer holds versions of a half-stored batch above
                 // last_record_lsn: freezing it would make them durable.
-                return Err(TimelineError::Broken {
-                    reason: reason.clone(),
-                });
+                return Err(TimelineError::Broken { reason });
             }
             let mut map = self.map_mut();
             let last_record = self.last_record_lsn();
@@ -944,6 +870,16 @@ impl Timeline {
         result
     }
 
+    /// The manifest as last stored.
+    fn manifest(&self) -> MutexGuard<'_, TimelineMetadata> {
+        self.manifest.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The layer files of the timeline as its durable manifest lists them.
+    pub fn manifest_snapshot(&self) -> TimelineMetadata {
+        self.manifest().clone()
+    }
+
     fn writer(&self) -> MutexGuard<'_, WriterState> {
         self.write_lock.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -957,5 +893,7 @@ impl Timeline {
     }
 }
 
+mod init;
+pub use init::open_listed_layer;
 #[cfg(test)]
 mod tests;

@@ -52,11 +52,12 @@ fn write(dir: &Path, cache: &Arc<PageCache>, model: &Model) -> (InMemoryLayer, P
     }
     let end = Lsn(layer.last_lsn().0 + 1);
     layer.freeze(end).unwrap();
-    let (path, summary) = layer
+    let written = layer
         .write_to_disk(dir, TENANT, TIMELINE)
         .unwrap()
         .expect("non-empty layer");
-    assert_eq!(summary.entries, model.len() as u64);
+    assert_eq!(written.summary.entries, model.len() as u64);
+    let path = written.path;
     (layer, path)
 }
 
@@ -181,8 +182,16 @@ fn creation_is_atomic_and_names_encode_the_ranges() {
     assert!(writer.put_value(rel_key(1), Lsn(12), &v).is_err());
     assert!(writer.put_value(rel_key(3), Lsn(20), &v).is_err());
     writer.put_value(rel_key(3), Lsn(19), &v).unwrap();
-    let (path, summary) = writer.finish().unwrap();
+    let WrittenLayer {
+        path,
+        summary,
+        size,
+        crc32c,
+    } = writer.finish().unwrap();
     assert_eq!(temp_files(), 0);
+    assert_eq!(size, std::fs::metadata(&path).unwrap().len());
+    // The CRC-32C computed while writing is the file's.
+    assert_eq!(crc32c, crc32c::crc32c(&std::fs::read(&path).unwrap()));
     assert_eq!(
         path.file_name().unwrap().to_str().unwrap(),
         format!(

@@ -6,6 +6,7 @@ use pageserver_api::DEFAULT_MAX_VALUE_SIZE;
 use proptest::prelude::*;
 
 use super::*;
+use crate::tenant::metadata::METADATA_FILE;
 use crate::tenant::test_support::*;
 
 const TENANT: TenantId = TenantId::from_bytes([1; 16]);
@@ -255,15 +256,16 @@ fn a_layer_written_without_its_metadata_update_is_dropped_on_load() {
     let v = Value::Image(Bytes::from(vec![1u8; PAGE_SZ]));
     tl.put(rel_key(1), Lsn(10), &v).unwrap();
     tl.checkpoint().unwrap();
+    let tl_manifest_before = tl.manifest_snapshot();
+    assert_eq!(tl_manifest_before.layers.len(), 1);
     tl.put(rel_key(1), Lsn(20), &v).unwrap();
     tl.checkpoint().unwrap();
     drop(tl);
-    // Roll the metadata back to the first checkpoint.
-    TimelineMetadata {
-        disk_consistent_lsn: Lsn(10),
-    }
-    .store(dir.path())
-    .unwrap();
+    // Roll the manifest back to the first checkpoint: the second layer is on disk, unlisted.
+    let mut first = TimelineMetadata::empty(TENANT, TIMELINE);
+    first.disk_consistent_lsn = Lsn(10);
+    first.add_layer(tl_manifest_before.layers[0].clone());
+    first.store(dir.path()).unwrap();
     std::fs::write(dir.path().join("delta-1-1.___temp"), b"half a layer").unwrap();
     std::fs::write(dir.path().join("ephemeral-99"), b"old values").unwrap();
     let tl = Timeline::load(dir.path(), TENANT, TIMELINE, cache, conf()).unwrap();

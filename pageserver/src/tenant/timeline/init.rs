@@ -1,0 +1,315 @@
+//! Creating a timeline, and loading one back: its manifest against the files in its directory.
+//!
+//! The manifest (`tenant::metadata`) is the layer set. Loading reconciles the directory with it:
+//!
+//! | found in the directory                        | what load does                          |
+//! |-----------------------------------------------|-----------------------------------------|
+//! | a listed layer file, of the listed size, whose summary names this tenant, timeline and the ranges its name says | opens it |
+//! | a listed layer file that is missing, of another size, or another layer | refuses to load, naming the file (the tenant is broken) |
+//! | a layer-named file the manifest does not list | removes it: a flush wrote it, and crashed before its manifest was stored |
+//! | `*.___temp`, ephemeral files                  | removes them                            |
+//! | anything else                                 | logs it by name and leaves it alone     |
+//!
+//! The whole-file CRC-32C in the manifest is not recomputed here, since that would read every
+//! layer at every start; the size and the summary's identity catch a missing, swapped, grown or
+//! truncated file, and the per-value and per-node checksums catch damage inside one when it is
+//! read. `pagectl layer verify` checks the CRC-32C too.
+//!
+//! A format 1 metadata file (before the manifest) has no list: its directory's layer files at
+//! or below `disk_consistent_lsn` are the set, each checked for identity, and a manifest of them
+//! replaces the old file before the timeline serves anything.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+
+use utils::{Lsn, TenantId, TimelineId};
+
+use super::{LayerMap, Timeline, TimelineConf, TimelineError, WriterState};
+use crate::page_cache::PageCache;
+use crate::tenant::delta_layer::{
+    is_layer_file_name, lsn_range_of_file_name, DeltaLayer, DeltaLayerError, TEMP_SUFFIX,
+};
+use crate::tenant::ephemeral_file::remove_leftovers;
+use crate::tenant::metadata::{LayerFileEntry, StoredMetadata, TimelineMetadata, METADATA_FILE};
+
+impl Timeline {
+    /// Creates an empty timeline in `dir` (which must exist and be empty).
+    pub fn create(
+        dir: &Path,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        cache: Arc<PageCache>,
+        conf: TimelineConf,
+    ) -> Result<Timeline, TimelineError> {
+        TimelineMetadata::empty(tenant_id, timeline_id).store(dir)?;
+        Self::load(dir, tenant_id, timeline_id, cache, conf)
+    }
+
+    /// Loads a timeline from `dir`: reads its manifest, reconciles the directory with it (see
+    /// the module documentation) and opens the listed layer files.
+    pub fn load(
+        dir: &Path,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        cache: Arc<PageCache>,
+        conf: TimelineConf,
+    ) -> Result<Timeline, TimelineError> {
+        let io_err = |source| TimelineError::Io {
+            path: dir.to_owned(),
+            source,
+        };
+        let stored = TimelineMetadata::load(dir)?;
+        remove_leftovers(dir).map_err(io_err)?;
+        let opener = LayerOpener {
+            dir,
+            tenant_id,
+            timeline_id,
+            cache: &cache,
+            max_value_size: conf.max_value_size,
+        };
+        let (manifest, mut deltas) = match stored {
+            StoredMetadata::Manifest(manifest) => {
+                if (manifest.tenant_id, manifest.timeline_id) != (tenant_id, timeline_id) {
+                    return Err(TimelineError::LayerSet {
+                        file: METADATA_FILE.to_owned(),
+                        reason: format!(
+                            "it is the manifest of timeline {} of tenant {}",
+                            manifest.timeline_id, manifest.tenant_id
+                        ),
+                    });
+                }
+                let deltas = opener.open_listed(&manifest)?;
+                (manifest, deltas)
+            }
+            StoredMetadata::Legacy {
+                disk_consistent_lsn,
+            } => opener.upgrade_legacy(disk_consistent_lsn)?,
+        };
+        deltas.sort_by_key(|l| (l.summary().lsn_end, l.summary().lsn_start));
+        let durable = manifest.disk_consistent_lsn;
+        Ok(Timeline {
+            tenant_id,
+            timeline_id,
+            cache_scope: TimelineId::generate(),
+            dir: dir.to_owned(),
+            cache,
+            conf,
+            layers: RwLock::new(LayerMap {
+                deltas,
+                ..LayerMap::default()
+            }),
+            write_lock: Mutex::new(WriterState::default()),
+            broken: OnceLock::new(),
+            flush_lock: Mutex::new(()),
+            manifest: Mutex::new(manifest),
+            flush_wakeup: None,
+            stopped: AtomicBool::new(false),
+            waits_cancelled: AtomicBool::new(false),
+            last_record_lsn: AtomicU64::new(durable.0),
+            disk_consistent_lsn: AtomicU64::new(durable.0),
+            lsn_waiters: AtomicUsize::new(0),
+            lsn_wait: Mutex::new(()),
+            lsn_advanced: Condvar::new(),
+        })
+    }
+}
+
+/// What every layer file of one timeline directory is opened and checked with.
+struct LayerOpener<'a> {
+    dir: &'a Path,
+    tenant_id: TenantId,
+    timeline_id: TimelineId,
+    cache: &'a Arc<PageCache>,
+    max_value_size: usize,
+}
+
+/// What to do with a directory entry that is not a listed layer.
+enum Unlisted {
+    Remove(&'static str),
+    Ignore,
+}
+
+impl LayerOpener<'_> {
+    /// Opens every layer the manifest lists, after removing the layer files it does not.
+    fn open_listed(
+        &self,
+        manifest: &TimelineMetadata,
+    ) -> Result<Vec<Arc<DeltaLayer>>, TimelineError> {
+        self.sweep(|name| {
+            if manifest.layer(name).is_some() {
+                None
+            } else if is_layer_file_name(name) {
+                Some(Unlisted::Remove(
+                    "a layer file no manifest lists (its flush did not finish)",
+                ))
+            } else {
+                Some(Unlisted::Ignore)
+            }
+        })?;
+        let durable = manifest.disk_consistent_lsn;
+        let mut deltas = Vec::with_capacity(manifest.layers.len());
+        for entry in &manifest.layers {
+            let layer = open_listed_layer(self.dir, &entry.name, manifest, |path| {
+                DeltaLayer::open(path, self.cache.clone(), self.max_value_size)
+            })?;
+            let lsn_end = layer.summary().lsn_end;
+            if lsn_end.0 > durable.0 + 1 {
+                return Err(TimelineError::LayerSet {
+                    file: entry.name.clone(),
+                    reason: format!(
+                        "its versions reach {}, beyond the manifest's disk_consistent_lsn {durable}",
+                        Lsn(lsn_end.0 - 1)
+                    ),
+                });
+            }
+            deltas.push(Arc::new(layer));
+        }
+        Ok(deltas)
+    }
+
+    /// A format 1 directory: the layer files at or below `disk_consistent_lsn` are the set.
+    /// Stores the manifest of that set before returning it.
+    fn upgrade_legacy(
+        &self,
+        durable: Lsn,
+    ) -> Result<(TimelineMetadata, Vec<Arc<DeltaLayer>>), TimelineError> {
+        // Written, but the metadata update that would acknowledge it was lost: removed without
+        // being read, so a layer torn by the crash cannot fail the load.
+        let unacknowledged = |end: Lsn| end.0 > durable.0 + 1;
+        let mut names = Vec::new();
+        self.sweep(|name| {
+            if !is_layer_file_name(name) {
+                Some(Unlisted::Ignore)
+            } else if lsn_range_of_file_name(name).is_some_and(|l| unacknowledged(l.end)) {
+                Some(Unlisted::Remove("a layer beyond disk_consistent_lsn"))
+            } else {
+                names.push(name.to_owned());
+                None
+            }
+        })?;
+        let mut manifest = TimelineMetadata::empty(self.tenant_id, self.timeline_id);
+        manifest.disk_consistent_lsn = durable;
+        let mut deltas = Vec::with_capacity(names.len());
+        for name in names {
+            let layer = self.open_unlisted(&name)?;
+            let lsn_end = layer.summary().lsn_end;
+            if unacknowledged(lsn_end) {
+                return Err(TimelineError::LayerSet {
+                    file: name,
+                    reason: format!("its name hides versions up to {lsn_end}"),
+                });
+            }
+            manifest.add_layer(LayerFileEntry {
+                name,
+                size: layer.file_size(),
+                crc32c: layer.file_crc32c()?,
+            });
+            deltas.push(Arc::new(layer));
+        }
+        manifest.store(self.dir)?;
+        tracing::info!(
+            tenant = %self.tenant_id,
+            timeline = %self.timeline_id,
+            layers = manifest.layers.len(),
+            "replaced format 1 metadata with a manifest of the timeline's layer files"
+        );
+        Ok((manifest, deltas))
+    }
+
+    /// Goes through the directory: removes temporary files, and for every other entry but the
+    /// metadata asks `unlisted` whether it is a listed layer (`None`), a file to remove, or one
+    /// to leave alone.
+    fn sweep(
+        &self,
+        mut unlisted: impl FnMut(&str) -> Option<Unlisted>,
+    ) -> Result<(), TimelineError> {
+        let io_err = |source| TimelineError::Io {
+            path: self.dir.to_owned(),
+            source,
+        };
+        for entry in std::fs::read_dir(self.dir).map_err(io_err)? {
+            let entry = entry.map_err(io_err)?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else {
+                tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, file = ?name,
+                    "ignoring a file whose name is not UTF-8 in the timeline directory");
+                continue;
+            };
+            if name == METADATA_FILE {
+                continue;
+            }
+            let remove = if name.ends_with(TEMP_SUFFIX) {
+                Some("a temporary file")
+            } else {
+                match unlisted(name) {
+                    None => None,
+                    Some(Unlisted::Remove(why)) => Some(why),
+                    Some(Unlisted::Ignore) => {
+                        tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, file = name,
+                            "ignoring a file that is not a layer file in the timeline directory");
+                        None
+                    }
+                }
+            };
+            if let Some(why) = remove {
+                tracing::info!(tenant = %self.tenant_id, timeline = %self.timeline_id, file = name,
+                    "removing {why}");
+                std::fs::remove_file(entry.path()).map_err(io_err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens layer file `name` of a format 1 directory and checks that it is the layer its
+    /// name says, of this timeline.
+    fn open_unlisted(&self, name: &str) -> Result<DeltaLayer, TimelineError> {
+        let layer = DeltaLayer::open(
+            &self.dir.join(name),
+            self.cache.clone(),
+            self.max_value_size,
+        )?;
+        layer.check_identity(self.tenant_id, self.timeline_id)?;
+        Ok(layer)
+    }
+}
+
+/// Opens layer file `name` of timeline directory `dir` with `open`, after checking that
+/// `manifest` lists it and that it exists with the listed size, and checks that its summary
+/// names the manifest's tenant and timeline and the ranges its name says. What startup does
+/// with every listed layer, and what `pagectl layer verify` does before reading the rest.
+pub fn open_listed_layer(
+    dir: &Path,
+    name: &str,
+    manifest: &TimelineMetadata,
+    open: impl FnOnce(&Path) -> Result<DeltaLayer, DeltaLayerError>,
+) -> Result<DeltaLayer, TimelineError> {
+    let refused = |reason: String| TimelineError::LayerSet {
+        file: name.to_owned(),
+        reason,
+    };
+    let entry = manifest
+        .layer(name)
+        .ok_or_else(|| refused("the manifest does not list it".to_owned()))?;
+    let path = dir.join(name);
+    let size = match std::fs::symlink_metadata(&path) {
+        Ok(meta) if meta.is_file() => meta.len(),
+        Ok(_) => return Err(refused("listed in the manifest, but not a file".to_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(refused("listed in the manifest, but missing".to_owned()))
+        }
+        Err(source) => return Err(TimelineError::Io { path, source }),
+    };
+    if size != entry.size {
+        return Err(refused(format!(
+            "it is {size} bytes, the manifest lists {}",
+            entry.size
+        )));
+    }
+    let layer = open(&path)?;
+    layer.check_identity(manifest.tenant_id, manifest.timeline_id)?;
+    Ok(layer)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,256 @@
+//! Loading against the manifest: every way a directory can disagree with it.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use pageserver_api::Value;
+
+use super::*;
+use crate::tenant::metadata::store_legacy;
+use crate::tenant::test_support::*;
+use crate::tenant::timeline::PutRecord;
+use crate::PAGE_SZ;
+
+const TENANT: TenantId = TenantId::from_bytes([1; 16]);
+const TIMELINE: TimelineId = TimelineId::from_bytes([2; 16]);
+
+fn image(fill: u8) -> Value {
+    Value::Image(Bytes::from(vec![fill; PAGE_SZ]))
+}
+
+/// A timeline of three delta layers, written at LSNs 0x10, 0x20 and 0x30, each holding a new
+/// image of keys 0..4 and the third also key 9; returns the layer paths, oldest first.
+fn three_layers(dir: &Path, tenant: TenantId) -> Vec<PathBuf> {
+    let tl = Timeline::create(
+        dir,
+        tenant,
+        TIMELINE,
+        small_cache(64),
+        TimelineConf::default(),
+    )
+    .unwrap();
+    for (n, lsn) in [0x10u64, 0x20, 0x30].into_iter().enumerate() {
+        let mut batch: Vec<PutRecord> = (0..4)
+            .map(|k| PutRecord {
+                key: rel_key(k),
+                lsn: Lsn(lsn),
+                value: image(n as u8 * 16 + k as u8),
+            })
+            .collect();
+        if n == 2 {
+            batch.push(PutRecord {
+                key: rel_key(9),
+                lsn: Lsn(lsn),
+                value: image(0x99),
+            });
+        }
+        tl.put_batch(&batch).unwrap();
+        tl.checkpoint().unwrap();
+    }
+    let mut paths: Vec<PathBuf> = tl
+        .layers()
+        .iter()
+        .rev()
+        .map(|l| dir.join(l.file_name.as_ref().unwrap()))
+        .collect();
+    paths.dedup();
+    assert_eq!(paths.len(), 3);
+    paths
+}
+
+fn load(dir: &Path) -> Result<Timeline, TimelineError> {
+    Timeline::load(
+        dir,
+        TENANT,
+        TIMELINE,
+        small_cache(64),
+        TimelineConf::default(),
+    )
+}
+
+fn load_err(dir: &Path) -> String {
+    match load(dir) {
+        Ok(_) => panic!("the load must be refused"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn file_name(path: &Path) -> &str {
+    path.file_name().unwrap().to_str().unwrap()
+}
+
+#[test]
+fn a_missing_layer_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let layers = three_layers(dir.path(), TENANT);
+    std::fs::remove_file(&layers[1]).unwrap();
+    let err = load_err(dir.path());
+    assert!(err.contains(file_name(&layers[1])), "{err}");
+    assert!(err.contains("missing"), "{err}");
+}
+
+#[test]
+fn another_layers_bytes_under_a_listed_name_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let layers = three_layers(dir.path(), TENANT);
+    // Same size (the first two hold the same keys), other ranges.
+    std::fs::copy(&layers[0], &layers[1]).unwrap();
+    let err = load_err(dir.path());
+    assert!(err.contains(file_name(&layers[1])), "{err}");
+    assert!(err.contains("not the one its name says"), "{err}");
+    // Of another size.
+    std::fs::copy(&layers[2], &layers[1]).unwrap();
+    let err = load_err(dir.path());
+    assert!(err.contains("the manifest lists"), "{err}");
+}
+
+#[test]
+fn another_tenants_layer_of_the_same_ranges_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let layers = three_layers(dir.path(), TENANT);
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = TenantId::from_bytes([3; 16]);
+    let theirs = three_layers(other_dir.path(), other);
+    assert_eq!(file_name(&theirs[1]), file_name(&layers[1]));
+    std::fs::copy(&theirs[1], &layers[1]).unwrap();
+    let err = load_err(dir.path());
+    assert!(err.contains(&format!("of tenant {other}")), "{err}");
+}
+
+#[test]
+fn a_block_appended_or_cut_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let layers = three_layers(dir.path(), TENANT);
+    let good = std::fs::read(&layers[2]).unwrap();
+    let mut longer = good.clone();
+    longer.extend_from_slice(&[0; PAGE_SZ]);
+    std::fs::write(&layers[2], &longer).unwrap();
+    let err = load_err(dir.path());
+    assert!(err.contains(file_name(&layers[2])), "{err}");
+    std::fs::write(&layers[2], &good[..good.len() - PAGE_SZ]).unwrap();
+    let err = load_err(dir.path());
+    assert!(err.contains(file_name(&layers[2])), "{err}");
+    std::fs::write(&layers[2], &good).unwrap();
+    load(dir.path()).unwrap();
+}
+
+#[test]
+fn the_manifest_of_another_timeline_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    three_layers(dir.path(), TENANT);
+    let err = match Timeline::load(
+        dir.path(),
+        TENANT,
+        TimelineId::from_bytes([7; 16]),
+        small_cache(8),
+        TimelineConf::default(),
+    ) {
+        Ok(_) => panic!("loaded another timeline's manifest"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("it is the manifest of timeline"), "{err}");
+}
+
+#[test]
+fn unlisted_layers_go_and_stray_files_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let layers = three_layers(dir.path(), TENANT);
+    // A layer written by a flush that crashed before its manifest: the manifest of two layers.
+    let tl = load(dir.path()).unwrap();
+    let mut manifest = tl.manifest_snapshot();
+    drop(tl);
+    manifest.layers.retain(|l| l.name != file_name(&layers[2]));
+    manifest.disk_consistent_lsn = Lsn(0x20);
+    manifest.store(dir.path()).unwrap();
+    let stray = dir.path().join("notes.txt");
+    std::fs::write(&stray, b"an operator's notes").unwrap();
+    std::fs::create_dir(dir.path().join("a-directory")).unwrap();
+
+    let tl = load(dir.path()).unwrap();
+    assert_eq!(tl.layer_counts().deltas, 2);
+    assert!(!layers[2].exists(), "the unlisted layer is removed");
+    assert!(stray.exists() && dir.path().join("a-directory").is_dir());
+    assert_eq!(tl.get_page(rel_key(9), Lsn(0x20)).unwrap(), None);
+    assert_eq!(
+        tl.get_page(rel_key(1), Lsn(0x20)).unwrap().unwrap()[0],
+        16 + 1
+    );
+}
+
+#[test]
+fn a_listed_layer_beyond_disk_consistent_lsn_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let layers = three_layers(dir.path(), TENANT);
+    let mut manifest = load(dir.path()).unwrap().manifest_snapshot();
+    manifest.disk_consistent_lsn = Lsn(0x20);
+    manifest.store(dir.path()).unwrap();
+    let err = load_err(dir.path());
+    assert!(err.contains(file_name(&layers[2])), "{err}");
+    assert!(
+        err.contains("beyond the manifest's disk_consistent_lsn"),
+        "{err}"
+    );
+}
+
+#[test]
+fn format_1_metadata_is_upgraded_to_a_manifest_of_the_same_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let layers = three_layers(dir.path(), TENANT);
+    let expected = load(dir.path()).unwrap().manifest_snapshot();
+    // As an older server left it: format 1 metadata, plus a layer of an unfinished flush
+    // (beyond disk_consistent_lsn) and a stray file.
+    store_legacy(dir.path(), Lsn(0x30));
+    let beyond = dir.path().join(format!(
+        "{}-{}__0000000000000031-0000000000000041",
+        rel_key(0),
+        rel_key(1)
+    ));
+    std::fs::copy(&layers[0], &beyond).unwrap();
+    std::fs::write(dir.path().join("README"), b"x").unwrap();
+
+    let tl = load(dir.path()).unwrap();
+    assert_eq!(tl.manifest_snapshot(), expected);
+    assert!(!beyond.exists());
+    assert_eq!(
+        TimelineMetadata::load(dir.path()).unwrap(),
+        StoredMetadata::Manifest(expected)
+    );
+    assert_eq!(
+        tl.get_page(rel_key(9), Lsn(0x30)).unwrap().unwrap()[0],
+        0x99
+    );
+
+    // A misnamed layer in a format 1 directory is refused too.
+    drop(tl);
+    store_legacy(dir.path(), Lsn(0x30));
+    std::fs::copy(&layers[0], &layers[1]).unwrap();
+    let err = load_err(dir.path());
+    assert!(err.contains(file_name(&layers[1])), "{err}");
+}
+
+#[test]
+fn the_manifest_is_the_commit_point_of_a_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let tl = Timeline::create(
+        dir.path(),
+        TENANT,
+        TIMELINE,
+        small_cache(16),
+        TimelineConf::default(),
+    )
+    .unwrap();
+    tl.put(rel_key(1), Lsn(0x10), &image(1)).unwrap();
+    tl.checkpoint().unwrap();
+    let manifest = tl.manifest_snapshot();
+    assert_eq!(manifest.disk_consistent_lsn, Lsn(0x10));
+    let [entry] = &manifest.layers[..] else {
+        panic!("one layer: {manifest:?}");
+    };
+    let bytes = std::fs::read(dir.path().join(&entry.name)).unwrap();
+    assert_eq!(entry.size, bytes.len() as u64);
+    assert_eq!(entry.crc32c, crc32c::crc32c(&bytes));
+    assert_eq!(
+        TimelineMetadata::load(dir.path()).unwrap(),
+        StoredMetadata::Manifest(manifest)
+    );
+}
