@@ -43,6 +43,8 @@ max_frozen_layers = 2
 
 # A read at an LSN not yet ingested waits this long for it, then fails.
 wait_lsn_timeout = "60s"
+# At most this many reads wait for an LSN on one timeline at once; more are refused (503).
+max_lsn_waiters = 1024
 
 # The largest page image or reconstructed page.
 max_value_size = "1MiB"
@@ -94,6 +96,7 @@ pub struct PageServerConf {
     pub max_frozen_layers: usize,
     #[serde(deserialize_with = "duration")]
     pub wait_lsn_timeout: Duration,
+    pub max_lsn_waiters: usize,
     #[serde(deserialize_with = "size_usize")]
     pub max_value_size: usize,
     #[serde(deserialize_with = "size_usize")]
@@ -119,6 +122,7 @@ impl Default for PageServerConf {
             checkpoint_timeout: timeline.checkpoint_timeout,
             max_frozen_layers: timeline.max_frozen_layers,
             wait_lsn_timeout: Duration::from_secs(60),
+            max_lsn_waiters: timeline.max_lsn_waiters,
             max_value_size: timeline.max_value_size,
             max_request_body_size: 64 << 20,
             scan_cursor_cache_size: 16 << 20,
@@ -216,6 +220,7 @@ impl PageServerConf {
             checkpoint_distance: self.checkpoint_distance,
             checkpoint_timeout: self.checkpoint_timeout,
             max_frozen_layers: self.max_frozen_layers,
+            max_lsn_waiters: self.max_lsn_waiters,
         }
     }
 }

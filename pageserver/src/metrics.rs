@@ -12,7 +12,8 @@ use std::sync::LazyLock;
 
 use prometheus::{
     register_histogram, register_histogram_vec, register_int_counter, register_int_counter_vec,
-    Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, TextEncoder,
+    register_int_gauge, Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    TextEncoder,
 };
 
 use crate::page_cache::{KindStats, PageCache};
@@ -76,6 +77,33 @@ pub static GETPAGE_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
         LATENCY_BUCKETS.to_vec()
     )
     .expect("metric names are unique")
+});
+/// Waits for an LSN last up to `wait_lsn_timeout` (60 s by default): buckets from 100 µs past
+/// that, so a timeout lands in a bucket of its own rather than only in `+Inf`.
+const WAIT_BUCKETS: &[f64] = &[
+    0.000_1, 0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+pub static WAIT_LSN_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "pageserver_wait_lsn_seconds",
+        "Time reads waited for their LSN to be ingested, by how the wait ended (ok, timeout, cancelled by shutdown, abandoned by the client)",
+        &["outcome"],
+        WAIT_BUCKETS.to_vec()
+    )
+    .expect("metric names are unique")
+});
+pub static WAIT_LSN_IN_FLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "pageserver_wait_lsn_in_flight",
+        "Reads waiting for their LSN to be ingested now, over all timelines"
+    )
+    .expect("metric names are unique")
+});
+pub static WAIT_LSN_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_wait_lsn_refused_total",
+        "Reads refused because max_lsn_waiters reads already waited on their timeline",
+    )
 });
 pub static INGEST_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
     register_histogram_vec!(
@@ -179,8 +207,13 @@ pub fn register_all() {
         &READ_BYTES,
         &READ_LAYERS,
         &READ_WAITS,
+        &WAIT_LSN_REFUSED,
     ] {
         LazyLock::force(counter);
+    }
+    LazyLock::force(&WAIT_LSN_IN_FLIGHT);
+    for outcome in ["ok", "timeout", "cancelled", "abandoned"] {
+        WAIT_LSN_SECONDS.with_label_values(&[outcome]);
     }
     LazyLock::force(&LAYER_FLUSH_SECONDS);
     for outcome in ["ok", "not_found", "error"] {

@@ -31,6 +31,7 @@ def test_fresh_workdir_gets_default_settings(pageserver_factory: PageserverFacto
         "checkpoint_timeout": "10m",
         "max_frozen_layers": 2,
         "wait_lsn_timeout": "60s",
+        "max_lsn_waiters": 1024,
         "max_value_size": "1MiB",
         "max_request_body_size": "64MiB",
         "scan_cursor_cache_size": "16MiB",

@@ -71,9 +71,11 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         | Reserved { .. }
         | BatchSpanTooWide { .. } => StatusCode::BAD_REQUEST,
         // Retrying later may succeed.
-        LsnNotYetIngested { .. } | WaitLsnTimeout { .. } | Broken { .. } | ShuttingDown => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
+        LsnNotYetIngested { .. }
+        | WaitLsnTimeout { .. }
+        | TooManyLsnWaiters { .. }
+        | Broken { .. }
+        | ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         Put(_)
         | Get(_)
         | Freeze(_)

@@ -438,10 +438,10 @@ async fn get_page_inner(
 ) -> ApiResult<(Key, Option<Bytes>, Lsn, read_cost::ReadCost)> {
     let (key, lsn) = page_query(query)?;
     let timeline = timeline_of(state, ids)?;
-    let wait = state.conf.wait_lsn_timeout;
+    let lsn = lsn.unwrap_or_else(|| timeline.last_record_lsn());
+    // Waits as a task, not on a thread: a client that hangs up ends its wait.
+    timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
     blocking(move || {
-        let lsn = lsn.unwrap_or_else(|| timeline.last_record_lsn());
-        timeline.wait_lsn(lsn, wait)?;
         let (page, cost) = read_cost::measure(|| timeline.get_page(key, lsn));
         crate::metrics::record_read_cost(&cost);
         Ok((key, page?, lsn, cost))
@@ -534,14 +534,13 @@ pub async fn scan_keys(
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
     let timeline = state.tenants.get_timeline(tenant_id, timeline_id)?;
-    let wait = state.conf.wait_lsn_timeout;
+    let lsn = match (query.lsn, &query.token) {
+        (Some(lsn), _) => lsn,
+        (None, Some(token)) => token.lsn,
+        (None, None) => timeline.last_record_lsn(),
+    };
+    timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
     let (result, lsn, cost) = blocking(move || {
-        let lsn = match (query.lsn, &query.token) {
-            (Some(lsn), _) => lsn,
-            (None, Some(token)) => token.lsn,
-            (None, None) => timeline.last_record_lsn(),
-        };
-        timeline.wait_lsn(lsn, wait)?;
         let request = ScanRequest {
             lsn,
             end: query.end,

@@ -67,12 +67,13 @@
 //! `write_lock` (puts, freezes) before `flush_lock` (writing frozen layers) before the layer
 //! map's `RwLock`. The map's write lock is held briefly for a freeze or a layer swap, and for
 //! as long as a batch is stored into the open layer (its ephemeral file writes included), so
-//! a read waits for the batch in progress; a flush holds it only for the swap. `wait_lsn` sleeps on a condition variable that a put notifies only when someone waits.
+//! a read waits for the batch in progress; a flush holds it only for the swap. `wait_lsn`
+//! takes no lock: it is a future watching `last_record_lsn` (`timeline/lsn_wait.rs`).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -102,6 +103,8 @@ pub struct TimelineConf {
     pub checkpoint_timeout: Duration,
     /// When more frozen layers than this wait for their flush, a put flushes them itself.
     pub max_frozen_layers: usize,
+    /// Reads that may wait for an LSN at once; more are refused.
+    pub max_lsn_waiters: usize,
 }
 
 impl Default for TimelineConf {
@@ -111,6 +114,7 @@ impl Default for TimelineConf {
             checkpoint_distance: 256 * 1024 * 1024,
             checkpoint_timeout: Duration::from_secs(600),
             max_frozen_layers: 2,
+            max_lsn_waiters: 1024,
         }
     }
 }
@@ -175,6 +179,8 @@ pub enum TimelineError {
     Broken { reason: String },
     #[error("the timeline is shutting down")]
     ShuttingDown,
+    #[error("{limit} reads already wait for an LSN on this timeline; try again later")]
+    TooManyLsnWaiters { limit: usize },
     #[error(transparent)]
     Put(#[from] PutError),
     #[error(transparent)]
@@ -276,14 +282,10 @@ pub struct Timeline {
     flush_wakeup: Option<Arc<FlushWakeup>>,
     /// Set by `shutdown`: flushes that start later do nothing (the directory may be going).
     stopped: AtomicBool,
-    /// Set by `cancel_lsn_waits`: `wait_lsn` returns at once.
-    waits_cancelled: AtomicBool,
     last_record_lsn: AtomicU64,
     disk_consistent_lsn: AtomicU64,
-    /// `wait_lsn` callers currently asleep; a put takes `lsn_wait` to wake them only if any.
-    lsn_waiters: AtomicUsize,
-    lsn_wait: Mutex<()>,
-    lsn_advanced: Condvar,
+    /// Reads waiting for `last_record_lsn` to reach theirs.
+    lsn_wait: LsnWait,
 }
 
 impl Timeline {
@@ -567,13 +569,9 @@ impl Timeline {
     }
 
     fn advance_last_record_lsn(&self, lsn: Lsn) {
-        // SeqCst pairs with `wait_lsn`: either the waiter sees the new LSN, or this sees the
-        // waiter and wakes it.
+        // Readable first, then announced: a woken waiter's read finds the LSN ingested.
         self.last_record_lsn.store(lsn.0, Ordering::SeqCst);
-        if self.lsn_waiters.load(Ordering::SeqCst) > 0 {
-            let _guard = self.lsn_wait.lock().unwrap_or_else(|e| e.into_inner());
-            self.lsn_advanced.notify_all();
-        }
+        self.lsn_wait.advanced(lsn);
     }
 
     /// Moves the open layer, if it holds anything, to the frozen queue with `end` as its
@@ -600,47 +598,21 @@ impl Timeline {
 
     /// Makes every `wait_lsn`, now and later, that would have to wait return "shutting down".
     pub fn cancel_lsn_waits(&self) {
-        self.waits_cancelled.store(true, Ordering::Release);
-        let _guard = self.lsn_wait.lock().unwrap_or_else(|e| e.into_inner());
-        self.lsn_advanced.notify_all();
+        self.lsn_wait.cancel();
     }
 
-    /// Waits until `lsn` has been ingested, for at most `timeout`.
-    pub fn wait_lsn(&self, lsn: Lsn, timeout: Duration) -> Result<(), TimelineError> {
+    /// Waits until `lsn` has been ingested, for at most `timeout`, holding no thread (see
+    /// `timeline/lsn_wait.rs`). Refused at once when `max_lsn_waiters` reads already wait.
+    pub async fn wait_lsn(&self, lsn: Lsn, timeout: Duration) -> Result<(), TimelineError> {
         if self.last_record_lsn() >= lsn {
             return Ok(());
         }
-        // A timeout too long to add to now is as good as forever.
-        let deadline = Instant::now()
-            .checked_add(timeout)
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600));
-        self.lsn_waiters.fetch_add(1, Ordering::SeqCst);
-        let mut guard = self.lsn_wait.lock().unwrap_or_else(|e| e.into_inner());
-        let outcome = loop {
-            let last_record = self.last_record_lsn();
-            if last_record >= lsn {
-                break Ok(());
-            }
-            if self.waits_cancelled.load(Ordering::Acquire) {
-                break Err(TimelineError::ShuttingDown);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break Err(TimelineError::WaitLsnTimeout {
-                    lsn,
-                    last_record,
-                    timeout,
-                });
-            }
-            guard = self
-                .lsn_advanced
-                .wait_timeout(guard, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        };
-        drop(guard);
-        self.lsn_waiters.fetch_sub(1, Ordering::SeqCst);
-        outcome
+        self.lsn_wait.wait(lsn, timeout).await
+    }
+
+    /// Reads waiting in [`Timeline::wait_lsn`] now.
+    pub fn lsn_waiters(&self) -> usize {
+        self.lsn_wait.waiters()
     }
 
     /// Page `key` as of `lsn`; `None` if it has no version at or below `lsn`.
@@ -864,6 +836,8 @@ impl Timeline {
     /// after it do nothing.
     pub fn shutdown(&self, flush: bool) -> Result<(), TimelineError> {
         self.writer().stopping = true;
+        // No read waits for an LSN that will not come.
+        self.cancel_lsn_waits();
         let result = if flush { self.checkpoint() } else { Ok(()) };
         self.stopped.store(true, Ordering::Release);
         drop(self.flush_lock.lock().unwrap_or_else(|e| e.into_inner()));
@@ -894,6 +868,8 @@ impl Timeline {
 }
 
 mod init;
+mod lsn_wait;
 pub use init::open_listed_layer;
+use lsn_wait::LsnWait;
 #[cfg(test)]
 mod tests;

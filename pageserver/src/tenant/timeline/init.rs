@@ -20,12 +20,12 @@
 //! replaces the old file before the timeline serves anything.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use utils::{Lsn, TenantId, TimelineId};
 
-use super::{LayerMap, Timeline, TimelineConf, TimelineError, WriterState};
+use super::{LayerMap, LsnWait, Timeline, TimelineConf, TimelineError, WriterState};
 use crate::page_cache::PageCache;
 use crate::tenant::delta_layer::{
     is_layer_file_name, lsn_range_of_file_name, DeltaLayer, DeltaLayerError, TEMP_SUFFIX,
@@ -88,6 +88,7 @@ impl Timeline {
         };
         deltas.sort_by_key(|l| (l.summary().lsn_end, l.summary().lsn_start));
         let durable = manifest.disk_consistent_lsn;
+        let lsn_wait = LsnWait::new(durable, conf.max_lsn_waiters);
         Ok(Timeline {
             tenant_id,
             timeline_id,
@@ -105,12 +106,9 @@ impl Timeline {
             manifest: Mutex::new(manifest),
             flush_wakeup: None,
             stopped: AtomicBool::new(false),
-            waits_cancelled: AtomicBool::new(false),
             last_record_lsn: AtomicU64::new(durable.0),
             disk_consistent_lsn: AtomicU64::new(durable.0),
-            lsn_waiters: AtomicUsize::new(0),
-            lsn_wait: Mutex::new(()),
-            lsn_advanced: Condvar::new(),
+            lsn_wait,
         })
     }
 }

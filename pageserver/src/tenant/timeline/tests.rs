@@ -510,41 +510,115 @@ fn checkpoint_timeout_freezes_the_open_layer() {
     assert_eq!(kinds, [LayerKind::Open, LayerKind::Delta]);
 }
 
+/// A runtime for the async `wait_lsn`: one thread, as a test needs no more.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+/// Lets spawned waiters run until `tl` has `n` of them, or fails after a deadline.
+async fn until_waiters(tl: &Timeline, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tl.lsn_waiters() != n {
+        assert!(
+            Instant::now() < deadline,
+            "{} waiters, not {n}",
+            tl.lsn_waiters()
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 #[test]
 fn wait_lsn_wakes_on_ingest_and_times_out_otherwise() {
     let dir = tempfile::tempdir().unwrap();
     let tl =
         Arc::new(Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(64), conf()).unwrap());
-    let waiter = std::thread::spawn({
-        let tl = tl.clone();
-        move || tl.wait_lsn(Lsn(50), Duration::from_secs(30))
-    });
-    // Poll until the waiter sleeps, so the put below is what wakes it.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tl.lsn_waiters.load(Ordering::SeqCst) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the waiter never started waiting"
-        );
-        std::thread::yield_now();
-    }
-    tl.put(rel_key(1), Lsn(40), &image(1)).unwrap();
-    // Woken (perhaps), but 40 is not 50: it can only still be waiting.
-    assert!(!waiter.is_finished());
-    tl.put(rel_key(1), Lsn(55), &image(2)).unwrap();
-    waiter.join().unwrap().unwrap();
-    assert_eq!(tl.lsn_waiters.load(Ordering::SeqCst), 0);
-    tl.wait_lsn(Lsn(55), Duration::ZERO).unwrap();
-    let err = tl.wait_lsn(Lsn(60), Duration::from_millis(20)).unwrap_err();
-    assert!(matches!(
-        err,
-        TimelineError::WaitLsnTimeout {
-            lsn: Lsn(60),
-            last_record: Lsn(55),
-            ..
+    runtime().block_on(async {
+        let waiter = tokio::spawn({
+            let tl = tl.clone();
+            async move { tl.wait_lsn(Lsn(50), Duration::from_secs(30)).await }
+        });
+        until_waiters(&tl, 1).await;
+        tl.put(rel_key(1), Lsn(40), &image(1)).unwrap();
+        // Woken, but 40 is not 50: it can only still be waiting.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
         }
-    ));
-    assert_eq!(tl.lsn_waiters.load(Ordering::SeqCst), 0);
+        assert!(!waiter.is_finished());
+        assert_eq!(tl.lsn_waiters(), 1);
+        tl.put(rel_key(1), Lsn(55), &image(2)).unwrap();
+        waiter.await.unwrap().unwrap();
+        assert_eq!(tl.lsn_waiters(), 0);
+        tl.wait_lsn(Lsn(55), Duration::ZERO).await.unwrap();
+        let err = tl
+            .wait_lsn(Lsn(60), Duration::from_millis(20))
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            TimelineError::WaitLsnTimeout {
+                lsn: Lsn(60),
+                last_record: Lsn(55),
+                ..
+            }
+        ));
+        assert_eq!(tl.lsn_waiters(), 0);
+        // A timeout too long to add to now is as good as forever, not a panic.
+        let forever = tokio::spawn({
+            let tl = tl.clone();
+            async move { tl.wait_lsn(Lsn(70), Duration::MAX).await }
+        });
+        until_waiters(&tl, 1).await;
+        tl.put(rel_key(1), Lsn(70), &image(3)).unwrap();
+        forever.await.unwrap().unwrap();
+    });
+}
+
+#[test]
+fn waiters_past_the_bound_are_refused_and_dropped_waits_free_their_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = TimelineConf {
+        max_lsn_waiters: 3,
+        ..conf()
+    };
+    let tl =
+        Arc::new(Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(8), conf).unwrap());
+    runtime().block_on(async {
+        let spawn_wait = |lsn: u64| {
+            let tl = tl.clone();
+            tokio::spawn(async move { tl.wait_lsn(Lsn(lsn), Duration::from_secs(60)).await })
+        };
+        let waiting: Vec<_> = (0..3).map(|i| spawn_wait(100 + i)).collect();
+        until_waiters(&tl, 3).await;
+        let err = tl
+            .wait_lsn(Lsn(100), Duration::from_secs(60))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, TimelineError::TooManyLsnWaiters { limit: 3 }),
+            "{err}"
+        );
+        // A read whose LSN is already there never counts against the bound.
+        tl.wait_lsn(Lsn::INVALID, Duration::ZERO).await.unwrap();
+        // A client that goes away: its wait ends and its place is free.
+        waiting[0].abort();
+        until_waiters(&tl, 2).await;
+        let late = spawn_wait(100);
+        until_waiters(&tl, 3).await;
+        // Shutdown ends every wait.
+        tl.cancel_lsn_waits();
+        for w in waiting.into_iter().skip(1).chain([late]) {
+            assert!(matches!(w.await.unwrap(), Err(TimelineError::ShuttingDown)));
+        }
+        assert_eq!(tl.lsn_waiters(), 0);
+        assert!(matches!(
+            tl.wait_lsn(Lsn(100), Duration::from_secs(60)).await,
+            Err(TimelineError::ShuttingDown)
+        ));
+    });
 }
 
 #[test]
