@@ -49,6 +49,11 @@ max_lsn_waiters = 1024
 # The largest page image or reconstructed page.
 max_value_size = "1MiB"
 
+# At most this many of our files (layers, ephemeral files) are open at once; a file whose
+# descriptor was taken for another opens again when next read. Keep it well below the
+# process's limit of open files (ulimit -n), which connections need too.
+max_file_descriptors = 512
+
 # The largest HTTP request body (an ingest batch).
 max_request_body_size = "64MiB"
 
@@ -99,6 +104,7 @@ pub struct PageServerConf {
     pub max_lsn_waiters: usize,
     #[serde(deserialize_with = "size_usize")]
     pub max_value_size: usize,
+    pub max_file_descriptors: usize,
     #[serde(deserialize_with = "size_usize")]
     pub max_request_body_size: usize,
     #[serde(deserialize_with = "size")]
@@ -124,6 +130,7 @@ impl Default for PageServerConf {
             wait_lsn_timeout: Duration::from_secs(60),
             max_lsn_waiters: timeline.max_lsn_waiters,
             max_value_size: timeline.max_value_size,
+            max_file_descriptors: crate::virtual_file::DEFAULT_MAX_FILE_DESCRIPTORS,
             max_request_body_size: 64 << 20,
             scan_cursor_cache_size: 16 << 20,
             scan_cursor_idle_timeout: Duration::from_secs(60),
@@ -195,6 +202,14 @@ impl PageServerConf {
             return invalid(format!(
                 "page_cache_index_percent {} is above 100",
                 self.page_cache_index_percent
+            ));
+        }
+        let max_fds = crate::virtual_file::open_files::MAX_CAPACITY;
+        if !(8..=max_fds).contains(&self.max_file_descriptors) {
+            return invalid(format!(
+                "max_file_descriptors {} is outside 8..={max_fds} (a few files are always open: \
+                 layers being written, the manifest, the open layers' ephemeral files)",
+                self.max_file_descriptors
             ));
         }
         if self.scan_cursor_idle_timeout.is_zero() {

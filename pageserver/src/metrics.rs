@@ -122,6 +122,34 @@ pub static INGEST_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
         "Bytes of ingest request bodies accepted",
     )
 });
+pub static OPEN_FILES: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "pageserver_open_files",
+        "Descriptors of our files (layers, ephemeral files, the manifest) open now"
+    )
+    .expect("metric names are unique")
+});
+pub static MAX_FILE_DESCRIPTORS: LazyLock<IntGauge> = LazyLock::new(|| {
+    register_int_gauge!(
+        "pageserver_max_file_descriptors",
+        "The most descriptors of our files open at once (max_file_descriptors)"
+    )
+    .expect("metric names are unique")
+});
+pub static FILE_OPENS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "pageserver_file_opens_total",
+        "Files opened: first for a file's first descriptor, reopen after its descriptor was taken for another file",
+        &["kind"]
+    )
+    .expect("metric names are unique")
+});
+pub static FILE_EVICTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_file_evictions_total",
+        "Descriptors closed to make room under max_file_descriptors (the file reopens when used)",
+    )
+});
 pub static HTTP_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "pageserver_http_requests_total",
@@ -208,8 +236,14 @@ pub fn register_all() {
         &READ_LAYERS,
         &READ_WAITS,
         &WAIT_LSN_REFUSED,
+        &FILE_EVICTIONS,
     ] {
         LazyLock::force(counter);
+    }
+    LazyLock::force(&OPEN_FILES);
+    LazyLock::force(&MAX_FILE_DESCRIPTORS);
+    for kind in ["first", "reopen"] {
+        FILE_OPENS.with_label_values(&[kind]);
     }
     LazyLock::force(&WAIT_LSN_IN_FLIGHT);
     for outcome in ["ok", "timeout", "cancelled", "abandoned"] {

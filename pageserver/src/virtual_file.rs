@@ -1,17 +1,39 @@
-//! The file I/O seam.
+//! The file I/O seam, and the bound on open file descriptors.
 //!
 //! Everything that reads or writes our files does so through [`FileIo`]: positional reads and
-//! writes and `fsync`, nothing else. Production code uses `std::fs::File`; tests wrap it to
+//! writes and `fsync`, nothing else. Production code uses [`VirtualFile`]; tests wrap a file to
 //! inject write errors and torn writes, so the error paths of the layers above are exercised
 //! against real files rather than a mock of our own code.
 //!
 //! Positional I/O (`pread`/`pwrite`) keeps no file cursor, so one open file can serve concurrent
 //! readers without a lock.
+//!
+//! # Open file descriptors
+//!
+//! A [`VirtualFile`] is a path and a claim on a slot of the process's table of open files
+//! ([`open_files`]): at most `max_file_descriptors` of our files are open at once, however many
+//! layers the timelines hold, and a file whose descriptor was given to another is opened again,
+//! by path, on its next use. Layer files never change once written and ephemeral files are
+//! written with positional writes only, so a reopened descriptor reads the same bytes.
+//!
+//! Files created for durability ([`VirtualFile::create_durable`]: layer files being written,
+//! the manifest's temporary file) keep their descriptor from creation until they are dropped,
+//! so their `sync_all` reports every write-back error; the table never takes their slot.
+//!
+//! [`crashsafe`] holds the directory fsync, through the same table.
+
+pub mod crashsafe;
+pub mod open_files;
 
 use std::fmt;
-use std::fs::File;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use open_files::{Claim, OpenFiles};
 
 /// Positional file I/O; see the module docs.
 pub trait FileIo: Send + Sync + fmt::Debug {
@@ -34,6 +56,165 @@ impl FileIo for File {
 
     fn sync_all(&self) -> io::Result<()> {
         File::sync_all(self)
+    }
+}
+
+/// The table's size when [`init`] was not called (tests, embedded use).
+pub const DEFAULT_MAX_FILE_DESCRIPTORS: usize = 512;
+
+static GLOBAL: OnceLock<Arc<OpenFiles>> = OnceLock::new();
+
+/// Sizes the process's table of open files; call once at startup, before any file is opened.
+/// Returns false if the table already existed (its size stays).
+pub fn init(max_file_descriptors: usize) -> bool {
+    let mut fresh = false;
+    GLOBAL.get_or_init(|| {
+        fresh = true;
+        Arc::new(OpenFiles::new(max_file_descriptors))
+    });
+    crate::metrics::MAX_FILE_DESCRIPTORS.set(global().capacity() as i64);
+    fresh
+}
+
+/// The process's table of open files.
+pub fn global() -> &'static Arc<OpenFiles> {
+    GLOBAL.get_or_init(|| Arc::new(OpenFiles::new(DEFAULT_MAX_FILE_DESCRIPTORS)))
+}
+
+/// How a file is opened again after its descriptor was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    ReadWrite,
+}
+
+/// A file of ours: a path, and a claim on a descriptor in the table (see the module docs).
+pub struct VirtualFile {
+    path: PathBuf,
+    access: Access,
+    /// Durable files keep their slot from creation until dropped.
+    pinned: bool,
+    table: Arc<OpenFiles>,
+    /// The packed [`Claim`] on a slot; changes as the file loses and regains a descriptor.
+    claim: AtomicU64,
+}
+
+impl fmt::Debug for VirtualFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VirtualFile")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VirtualFile {
+    /// Opens an existing file for reading.
+    pub fn open(path: &Path) -> io::Result<VirtualFile> {
+        Self::open_in(global(), path)
+    }
+
+    /// [`VirtualFile::open`] in a table of one's own.
+    pub fn open_in(table: &Arc<OpenFiles>, path: &Path) -> io::Result<VirtualFile> {
+        let file = Self::unopened(table, path, Access::Read, false);
+        file.with_file(|_| Ok(()))?;
+        Ok(file)
+    }
+
+    /// Creates a new file (it must not exist) for reads and positional writes, such as an
+    /// ephemeral file: its descriptor may be taken and reopened between writes.
+    pub fn create(path: &Path) -> io::Result<VirtualFile> {
+        Self::create_in(global(), path, false)
+    }
+
+    /// Creates a new file (it must not exist) whose writes are made durable with `sync_all`: its
+    /// descriptor stays open until it is dropped.
+    pub fn create_durable(path: &Path) -> io::Result<VirtualFile> {
+        Self::create_in(global(), path, true)
+    }
+
+    /// [`VirtualFile::create`] or [`VirtualFile::create_durable`] in a table of one's own.
+    pub fn create_in(
+        table: &Arc<OpenFiles>,
+        path: &Path,
+        durable: bool,
+    ) -> io::Result<VirtualFile> {
+        let file = Self::unopened(table, path, Access::ReadWrite, durable);
+        file.claim_slot(|| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(path)
+        })?;
+        Ok(file)
+    }
+
+    fn unopened(table: &Arc<OpenFiles>, path: &Path, access: Access, pinned: bool) -> VirtualFile {
+        VirtualFile {
+            path: path.to_owned(),
+            access,
+            pinned,
+            table: table.clone(),
+            claim: AtomicU64::new(Claim::NONE.bits()),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file's metadata (its length), through its descriptor.
+    pub fn metadata(&self) -> io::Result<std::fs::Metadata> {
+        self.with_file(|f| f.metadata())
+    }
+
+    /// Runs `op` on the file's descriptor, opening the file again if its descriptor was taken.
+    fn with_file<R>(&self, op: impl FnOnce(&File) -> io::Result<R>) -> io::Result<R> {
+        let claim = Claim::from_bits(self.claim.load(Ordering::Acquire));
+        if let Some(held) = self.table.hit(claim) {
+            return op(held.file());
+        }
+        let write = self.access == Access::ReadWrite;
+        let held =
+            self.claim_slot(|| OpenOptions::new().read(true).write(write).open(&self.path))?;
+        op(held.file())
+    }
+
+    /// Opens the file with `open` into a slot of the table and claims it.
+    fn claim_slot(
+        &self,
+        open: impl FnOnce() -> io::Result<File>,
+    ) -> io::Result<open_files::Held<'_>> {
+        let (claim, held) = self.table.install(self.pinned, open)?;
+        let previous = self.claim.swap(claim.bits(), Ordering::AcqRel);
+        let kind = if previous == Claim::NONE.bits() {
+            "first"
+        } else {
+            "reopen"
+        };
+        crate::metrics::FILE_OPENS.with_label_values(&[kind]).inc();
+        Ok(held)
+    }
+}
+
+impl FileIo for VirtualFile {
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.with_file(|f| FileExt::read_exact_at(f, buf, offset))
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.with_file(|f| FileExt::write_all_at(f, buf, offset))
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        self.with_file(|f| f.sync_all())
+    }
+}
+
+impl Drop for VirtualFile {
+    /// Closes the descriptor now: a deleted file's space is freed, and the slot is free.
+    fn drop(&mut self) {
+        self.table.release(Claim::from_bits(*self.claim.get_mut()));
     }
 }
 
@@ -72,3 +253,6 @@ pub(crate) mod testing {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -33,6 +33,7 @@ def test_fresh_workdir_gets_default_settings(pageserver_factory: PageserverFacto
         "wait_lsn_timeout": "60s",
         "max_lsn_waiters": 1024,
         "max_value_size": "1MiB",
+        "max_file_descriptors": 512,
         "max_request_body_size": "64MiB",
         "scan_cursor_cache_size": "16MiB",
         "scan_cursor_idle_timeout": "60s",

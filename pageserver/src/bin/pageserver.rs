@@ -130,6 +130,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
 
+    pageserver::virtual_file::init(conf.max_file_descriptors);
+    phases.done(
+        "open_files",
+        format_args!(
+            "at most {} files open at once{}",
+            conf.max_file_descriptors,
+            fd_limit_note(conf.max_file_descriptors)
+        ),
+    );
+
     let cache = Arc::new(
         PageCache::new(PageCacheConfig {
             capacity_bytes: conf.page_cache_size,
@@ -294,4 +304,26 @@ async fn shutdown_signal() {
         _ = int.recv() => "SIGINT",
     };
     tracing::info!("received {name}: stopping the HTTP server, then flushing");
+}
+
+/// What the process's descriptor limit leaves besides our files, for the startup log: the HTTP
+/// connections, the log and the runtime need descriptors too.
+fn fd_limit_note(max_file_descriptors: usize) -> String {
+    let soft_limit = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| {
+            let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+            line.split_whitespace().nth(3)?.parse::<usize>().ok()
+        });
+    match soft_limit {
+        Some(limit) if limit <= max_file_descriptors + 64 => {
+            tracing::warn!(
+                "max_file_descriptors {max_file_descriptors} leaves too few of the process's \
+                 limit of {limit} open files for connections: raise the limit or lower the setting"
+            );
+            format!(" (of {limit} the process may open)")
+        }
+        Some(limit) => format!(" (of {limit} the process may open)"),
+        None => String::new(),
+    }
 }

@@ -58,9 +58,7 @@
 //! with the same checks as [`DeltaLayer::get`], and [`DeltaLayer::verify`] reads every index node
 //! and every value and checks everything the format promises, reporting the first problem.
 
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -78,6 +76,7 @@ use crate::tenant::disk_btree::{
 };
 use crate::tenant::read_cost::BlockKind;
 use crate::tenant::storage_layer::{array_at, max_stored_value_len, KeyChunk, LayerRecords};
+use crate::virtual_file::{crashsafe, FileIo, VirtualFile};
 use crate::PAGE_SZ;
 
 pub const DELTA_MAGIC: u32 = 0x4445_4C54;
@@ -283,7 +282,8 @@ pub enum DeltaLayerError {
 pub struct DeltaLayerWriter {
     dir: PathBuf,
     temp_path: PathBuf,
-    file: File,
+    /// Durable: its descriptor stays open until the writer is dropped.
+    file: VirtualFile,
     tenant_id: TenantId,
     timeline_id: TimelineId,
     lsn_start: Lsn,
@@ -334,12 +334,8 @@ impl DeltaLayerWriter {
                 message: format!("empty LSN range {lsn_start}..{lsn_end}"),
             });
         }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&temp_path)
-            .map_err(|source| DeltaLayerError::Io {
+        let file =
+            VirtualFile::create_durable(&temp_path).map_err(|source| DeltaLayerError::Io {
                 path: temp_path.clone(),
                 source,
             })?;
@@ -482,12 +478,10 @@ impl DeltaLayerWriter {
         fail::fail_point!("layer-after-rename", |_| Err(
             self.io_error(std::io::Error::other("failpoint layer-after-rename"))
         ));
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|source| DeltaLayerError::Io {
-                path: self.dir.clone(),
-                source,
-            })?;
+        crashsafe::fsync_dir(&self.dir).map_err(|source| DeltaLayerError::Io {
+            path: self.dir.clone(),
+            source,
+        })?;
         Ok(WrittenLayer {
             path: final_path,
             summary,
@@ -570,7 +564,8 @@ pub struct VerifyReport {
 /// An open delta layer file.
 pub struct DeltaLayer {
     path: PathBuf,
-    file: File,
+    /// Opened again on use when its descriptor was taken (see `virtual_file`).
+    file: VirtualFile,
     file_id: FileId,
     summary: Summary,
     cache: Arc<PageCache>,
@@ -623,7 +618,7 @@ impl DeltaLayer {
             path: path.to_owned(),
             source,
         };
-        let file = File::open(path).map_err(io_err)?;
+        let file = VirtualFile::open(path).map_err(io_err)?;
         let len = file.metadata().map_err(io_err)?.len();
         if len < PAGE_SZ as u64 {
             return Err(DeltaLayerError::Corrupt {

@@ -48,7 +48,6 @@
 //! `EphemeralFile` is dropped; its cached pages become unreachable (file ids are never reused)
 //! and age out. Files left behind by a crash are removed at startup with [`remove_leftovers`].
 
-use std::fs::OpenOptions;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -59,7 +58,7 @@ use crate::tenant::block_io::{
     block_offset, read_bypassing_cache, read_through_cache, BlockLease, BlockReadError, BlockReader,
 };
 use crate::tenant::read_cost::{self, BlockKind};
-use crate::virtual_file::FileIo;
+use crate::virtual_file::{FileIo, VirtualFile};
 use crate::PAGE_SZ;
 
 /// Every ephemeral file's name starts with this.
@@ -98,11 +97,7 @@ impl EphemeralFile {
     pub fn create(dir: &Path, cache: Arc<PageCache>) -> io::Result<EphemeralFile> {
         let file_id = FileId::next();
         let path = dir.join(format!("{EPHEMERAL_FILE_PREFIX}{file_id}"));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)?;
+        let file = VirtualFile::create(&path)?;
         Ok(Self::from_parts(file_id, path, Box::new(file), cache))
     }
 

@@ -36,13 +36,13 @@
 //! error naming the file. The whole file is rewritten at each change: at about 100 bytes a
 //! layer that stays small next to the layer it commits.
 
-use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use utils::{Lsn, TenantId, TimelineId};
 
 use crate::tenant::storage_layer::array_at;
+use crate::virtual_file::{crashsafe, FileIo, VirtualFile};
 
 pub const METADATA_FILE: &str = "metadata";
 const METADATA_TEMP: &str = "metadata.___temp";
@@ -290,14 +290,16 @@ impl TimelineMetadata {
             path: path.clone(),
             source,
         };
-        let len = std::fs::metadata(&path).map_err(io_err)?.len();
+        let file = VirtualFile::open(&path).map_err(io_err)?;
+        let len = file.metadata().map_err(io_err)?.len();
         if len > MAX_FILE_LEN {
             return Err(MetadataError::Corrupt {
                 path,
                 reason: format!("{len} bytes, more than any manifest takes"),
             });
         }
-        let bytes = std::fs::read(&path).map_err(io_err)?;
+        let mut bytes = vec![0u8; len as usize];
+        file.read_exact_at(&mut bytes, 0).map_err(io_err)?;
         Self::decode(&bytes).map_err(|reason| MetadataError::Corrupt { path, reason })
     }
 
@@ -310,18 +312,23 @@ impl TimelineMetadata {
             let path = path.to_owned();
             move |source| MetadataError::Io { path, source }
         };
-        let mut file = File::create(&temp).map_err(io_err(&temp))?;
-        file.write_all(&bytes).map_err(io_err(&temp))?;
+        // A temporary file left by a crash is removed at load; one left by a failed store
+        // earlier in this run is replaced.
+        match std::fs::remove_file(&temp) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&temp)(e)),
+            _ => {}
+        }
+        let file = VirtualFile::create_durable(&temp).map_err(io_err(&temp))?;
+        file.write_all_at(&bytes, 0).map_err(io_err(&temp))?;
         file.sync_all().map_err(io_err(&temp))?;
+        drop(file);
         let path = dir.join(METADATA_FILE);
         fail::fail_point!("metadata-before-rename", |_| Err(MetadataError::Io {
             path: path.clone(),
             source: io::Error::other("failpoint metadata-before-rename"),
         }));
         std::fs::rename(&temp, &path).map_err(io_err(&path))?;
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(dir))
+        crashsafe::fsync_dir(dir).map_err(io_err(dir))
     }
 }
 

@@ -25,7 +25,6 @@
 //! and the other tenants load and serve normally.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -37,6 +36,7 @@ use crate::page_cache::PageCache;
 use crate::tenant::flush_loop::{tick_for, FlushLoop, FlushWakeup};
 use crate::tenant::metadata::TimelineMetadata;
 use crate::tenant::timeline::{Timeline, TimelineConf, TimelineError};
+use crate::virtual_file::crashsafe;
 
 pub const TENANTS_DIR: &str = "tenants";
 pub const TIMELINES_DIR: &str = "timelines";
@@ -528,9 +528,7 @@ fn delete_dir_atomically(dir: &Path) -> Result<(), TenantError> {
 }
 
 fn fsync_dir(dir: &Path) -> Result<(), TenantError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_error(dir))
+    crashsafe::fsync_dir(dir).map_err(io_error(dir))
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::fs::OpenOptions;
 
 use bytes::Bytes;
 use pageserver_api::value::Patch;

@@ -1,3 +1,4 @@
+use std::fs::OpenOptions;
 use std::sync::atomic::AtomicU64;
 
 use proptest::prelude::*;

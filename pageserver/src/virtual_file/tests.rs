@@ -1,0 +1,135 @@
+//! The table of open files against real files: descriptors taken and reopened, pinned durable
+//! files, the bound, and many threads at once.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::open_files::OpenFiles;
+use super::*;
+
+/// `n` files of 4 KiB, file `i` filled with byte `i`.
+fn files(dir: &Path, n: usize) -> Vec<PathBuf> {
+    (0..n)
+        .map(|i| {
+            let path = dir.join(format!("f{i}"));
+            std::fs::write(&path, vec![i as u8; 4096]).unwrap();
+            path
+        })
+        .collect()
+}
+
+fn read_byte(file: &VirtualFile, offset: u64) -> u8 {
+    let mut b = [0u8; 1];
+    file.read_exact_at(&mut b, offset).unwrap();
+    b[0]
+}
+
+#[test]
+fn more_files_than_descriptors_all_read_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = Arc::new(OpenFiles::new(2));
+    let paths = files(dir.path(), 10);
+    let opened: Vec<VirtualFile> = paths
+        .iter()
+        .map(|p| VirtualFile::open_in(&table, p).unwrap())
+        .collect();
+    for round in 0..3 {
+        for (i, f) in opened.iter().enumerate() {
+            assert_eq!(read_byte(f, 100 * round), i as u8);
+            assert!(table.open_now() <= 2);
+        }
+    }
+    drop(opened);
+    assert_eq!(table.open_now(), 0, "a dropped file closes its descriptor");
+}
+
+#[test]
+fn a_taken_descriptor_is_reopened_by_path_and_a_durable_one_never_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = Arc::new(OpenFiles::new(2));
+    let paths = files(dir.path(), 3);
+    let durable = VirtualFile::create_in(&table, &dir.path().join("layer.___temp"), true).unwrap();
+    durable.write_all_at(b"durable", 0).unwrap();
+    // Gone by name: only its open descriptor still reaches it.
+    std::fs::remove_file(durable.path()).unwrap();
+
+    let plain = VirtualFile::open_in(&table, &paths[0]).unwrap();
+    assert_eq!(read_byte(&plain, 0), 0);
+    // Another file takes the one free slot: `plain` loses its descriptor, `durable` keeps its.
+    let other = VirtualFile::open_in(&table, &paths[1]).unwrap();
+    assert_eq!(read_byte(&other, 0), 1);
+    durable.write_all_at(b"more", 7).unwrap();
+    durable.sync_all().unwrap();
+    let mut back = [0u8; 11];
+    durable.read_exact_at(&mut back, 0).unwrap();
+    assert_eq!(&back, b"durablemore");
+    // `plain` reopens by path on its next use: with the path gone, that fails by name.
+    std::fs::remove_file(&paths[0]).unwrap();
+    let err = plain.read_exact_at(&mut [0u8; 1], 0).unwrap_err();
+    assert_eq!(err.kind(), io::ErrorKind::NotFound);
+}
+
+#[test]
+fn when_every_descriptor_is_pinned_an_open_fails_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = Arc::new(OpenFiles::new(2));
+    let pinned: Vec<VirtualFile> = (0..2)
+        .map(|i| VirtualFile::create_in(&table, &dir.path().join(format!("w{i}")), true).unwrap())
+        .collect();
+    let paths = files(dir.path(), 1);
+    let err = VirtualFile::open_in(&table, &paths[0]).unwrap_err();
+    assert!(err.to_string().contains("no file descriptor free"), "{err}");
+    drop(pinned);
+    let f = VirtualFile::open_in(&table, &paths[0]).unwrap();
+    assert_eq!(read_byte(&f, 0), 0);
+}
+
+#[test]
+fn a_created_file_reopens_for_writing_without_truncation() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = Arc::new(OpenFiles::new(1));
+    let scratch = VirtualFile::create_in(&table, &dir.path().join("ephemeral-1"), false).unwrap();
+    scratch.write_all_at(&[5u8; 100], 0).unwrap();
+    let paths = files(dir.path(), 1);
+    let reader = VirtualFile::open_in(&table, &paths[0]).unwrap();
+    assert_eq!(read_byte(&reader, 0), 0);
+    // Reopened read-write: earlier bytes are kept, later writes land.
+    scratch.write_all_at(&[6u8; 100], 100).unwrap();
+    let mut all = [0u8; 200];
+    scratch.read_exact_at(&mut all, 0).unwrap();
+    assert!(all[..100].iter().all(|b| *b == 5) && all[100..].iter().all(|b| *b == 6));
+    // Creating a file that exists is refused.
+    assert!(VirtualFile::create_in(&table, &paths[0], false).is_err());
+}
+
+#[test]
+fn many_threads_over_few_descriptors_read_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = Arc::new(OpenFiles::new(3));
+    let paths = files(dir.path(), 20);
+    let opened: Arc<Vec<VirtualFile>> = Arc::new(
+        paths
+            .iter()
+            .map(|p| VirtualFile::open_in(&table, p).unwrap())
+            .collect(),
+    );
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let opened = opened.clone();
+            std::thread::spawn(move || {
+                let mut x = t * 7919 + 1;
+                for _ in 0..2000 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let i = (x >> 33) as usize % opened.len();
+                    assert_eq!(read_byte(&opened[i], (x >> 20) % 4096), i as u8);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert!(table.open_now() <= 3);
+}
