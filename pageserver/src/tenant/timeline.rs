@@ -1,6 +1,10 @@
 //! A timeline: the layer map of one (tenant, timeline), ingest into it, GetPage@LSN from it,
 //! checkpoints to disk, and loading it back after a restart.
 //!
+//! Ingest lives here; `read.rs` holds GetPage@LSN and the scan layers, `lsn_wait.rs` the wait
+//! for an LSN, `flush.rs` freezes, flushes, checkpoints and shutdown, `init.rs` creation and
+//! loading against the manifest.
+//!
 //! # Layer map
 //!
 //! ```text
@@ -615,235 +619,6 @@ impl Timeline {
         self.lsn_wait.waiters()
     }
 
-    /// Page `key` as of `lsn`; `None` if it has no version at or below `lsn`.
-    pub fn get_page(&self, key: Key, lsn: Lsn) -> Result<Option<Bytes>, TimelineError> {
-        let last_record = self.last_record_lsn();
-        if lsn > last_record {
-            return Err(TimelineError::LsnNotYetIngested { lsn, last_record });
-        }
-        let mat_key = MaterializedPageKey {
-            tenant_id: self.tenant_id,
-            timeline_id: self.cache_scope,
-            key,
-        };
-        let cached = self.cache.lookup_materialized(&mat_key, lsn);
-        // Versions at or below the cached one are already in it.
-        let floor = cached.as_ref().map(|(l, _)| *l);
-
-        let mut records: Vec<(Lsn, Value)> = Vec::new();
-        {
-            let map = self.map();
-            // A layer whose newest version is at or below the cached page's LSN has nothing
-            // to add, and neither has any older layer.
-            let below_floor = |newest: Lsn| floor.is_some_and(|f| newest <= f);
-            // Called once per layer asked for the key's versions.
-            let mut take = |layer_records: LayerRecords| -> bool {
-                crate::tenant::read_cost::layer_visited();
-                for (version, value) in layer_records.records {
-                    if below_floor(version) {
-                        return true;
-                    }
-                    records.push((version, value));
-                }
-                layer_records.complete
-            };
-            let mut complete = false;
-            if let Some(open) = map.open.as_ref().filter(|l| !l.is_empty()) {
-                complete = below_floor(open.last_lsn()) || take(open.get(key, lsn)?);
-            }
-            for frozen in map.frozen.iter().rev() {
-                if complete {
-                    break;
-                }
-                complete = below_floor(frozen.last_lsn()) || take(frozen.get(key, lsn)?);
-            }
-            for delta in map.deltas.iter().rev() {
-                if complete {
-                    break;
-                }
-                let summary = delta.summary();
-                if summary.lsn_start > lsn {
-                    continue;
-                }
-                complete = below_floor(Lsn(summary.lsn_end.0 - 1)) || take(delta.get(key, lsn)?);
-            }
-        }
-        if let Some((cached_lsn, lease)) = &cached {
-            if records.is_empty() {
-                return Ok(Some(Bytes::copy_from_slice(&lease[..])));
-            }
-            records.push((
-                *cached_lsn,
-                Value::Image(Bytes::copy_from_slice(&lease[..])),
-            ));
-        }
-        drop(cached);
-        let newest = records.first().map(|(l, _)| *l);
-        let page = reconstruct_page(&records, self.conf.max_value_size)
-            .map_err(|source| TimelineError::Redo { key, lsn, source })?;
-        if let (Some(page), Some(newest)) = (&page, newest) {
-            // The page is the same for every LSN from its newest version up to `lsn`.
-            if records.len() > 1 {
-                if let Ok(full) = <&[u8; PAGE_SZ]>::try_from(&page[..]) {
-                    // Best effort: a full cache just means no memorized copy.
-                    let _ = self.cache.memorize_materialized(&mat_key, newest, full);
-                }
-            }
-        }
-        Ok(page)
-    }
-
-    /// The next page of the key-range scan `cursor` describes: see [`crate::tenant::scan`].
-    pub fn scan_page(
-        &self,
-        cursor: &mut ScanCursor,
-        limit: usize,
-    ) -> Result<ScanPage, TimelineError> {
-        scan::next_page(self, cursor, limit)
-    }
-
-    /// Runs `read` under the layer map's read lock with every layer, newest first, and the id
-    /// of that layer set.
-    pub(crate) fn with_scan_layers<T>(
-        &self,
-        read: impl FnOnce(LayerSetId, &[ScanLayer<'_>]) -> T,
-    ) -> T {
-        let map = self.map();
-        let mut layers = Vec::with_capacity(1 + map.frozen.len() + map.deltas.len());
-        layers.extend(map.open.iter().map(ScanLayer::InMemory));
-        layers.extend(map.frozen.iter().rev().map(|l| ScanLayer::InMemory(l)));
-        layers.extend(map.deltas.iter().rev().map(|l| ScanLayer::Delta(l)));
-        let id = LayerSetId {
-            incarnation: self.cache_scope,
-            generation: map.generation,
-        };
-        read(id, &layers)
-    }
-
-    /// Freezes the open layer if it has reached `checkpoint_timeout` by `now`. Returns whether
-    /// frozen layers wait for a flush.
-    pub fn freeze_if_due(&self, now: Instant) -> Result<bool, TimelineError> {
-        let writer = self.writer();
-        let mut map = self.map_mut();
-        let due = map.open_since.is_some_and(|since| {
-            now.saturating_duration_since(since) >= self.conf.checkpoint_timeout
-        });
-        // A broken timeline's open layer may hold part of a batch above last_record_lsn,
-        // which must never become durable.
-        if due && !writer.stopping && self.broken.get().is_none() {
-            self.freeze_open(&mut map, Lsn(self.last_record_lsn().0 + 1))?;
-        }
-        Ok(!map.frozen.is_empty())
-    }
-
-    /// Writes every frozen layer to a delta layer file, oldest first, advancing
-    /// `disk_consistent_lsn` after each. Puts continue meanwhile.
-    pub fn flush_frozen(&self) -> Result<(), TimelineError> {
-        self.flush_frozen_until(Lsn::MAX)
-    }
-
-    /// Like [`Timeline::flush_frozen`], but stops once `disk_consistent_lsn` reaches `target`,
-    /// leaving layers frozen later for the next flush.
-    fn flush_frozen_until(&self, target: Lsn) -> Result<(), TimelineError> {
-        let _flusher = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
-        while self.disk_consistent_lsn() < target && !self.stopped.load(Ordering::Acquire) {
-            // Only flushers remove frozen layers, and flush_lock admits one: the oldest stays
-            // the oldest while it is written.
-            let Some(frozen) = self.map().frozen.first().cloned() else {
-                break;
-            };
-            let started = Instant::now();
-            let end = frozen.end_lsn().expect("frozen layers have an end");
-            let written = frozen.write_to_disk(&self.dir, self.tenant_id, self.timeline_id)?;
-            let durable = Lsn(end.0 - 1);
-            let mut manifest = self.manifest().clone();
-            manifest.disk_consistent_lsn = durable;
-            let delta = match written {
-                Some(written) => {
-                    let delta = DeltaLayer::open(
-                        &written.path,
-                        self.cache.clone(),
-                        self.conf.max_value_size,
-                    )?;
-                    manifest.add_layer(LayerFileEntry {
-                        name: written.summary.file_name(),
-                        size: written.size,
-                        crc32c: written.crc32c,
-                    });
-                    Some(Arc::new(delta))
-                }
-                None => None,
-            };
-            fail::fail_point!("flush-before-metadata", |_| Err(TimelineError::Io {
-                path: self.dir.clone(),
-                source: std::io::Error::other("failpoint flush-before-metadata"),
-            }));
-            // The commit point: from here the layer is the timeline's.
-            manifest.store(&self.dir)?;
-            *self.manifest() = manifest;
-            let mut map = self.map_mut();
-            map.frozen.remove(0);
-            if let Some(delta) = &delta {
-                map.deltas.push(delta.clone());
-            }
-            map.generation += 1;
-            // Before the map is released: a put that finds no layer left starts the next one
-            // at disk_consistent_lsn + 1, which must not reach back into this one.
-            self.disk_consistent_lsn.store(durable.0, Ordering::Release);
-            drop(map);
-            crate::metrics::LAYER_FLUSHES.inc();
-            crate::metrics::LAYER_FLUSH_SECONDS.observe(started.elapsed().as_secs_f64());
-            if let Some(delta) = &delta {
-                crate::metrics::LAYER_FLUSH_BYTES.inc_by(delta.file_size());
-            }
-            tracing::debug!(
-                tenant = %self.tenant_id,
-                timeline = %self.timeline_id,
-                layer = delta.as_ref().map(|d| d.summary().file_name()).unwrap_or_default(),
-                values = frozen.len(),
-                bytes = frozen.bytes_written(),
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "flushed a frozen layer; disk_consistent_lsn is now {durable}"
-            );
-        }
-        Ok(())
-    }
-
-    /// Freezes the open layer and writes every frozen layer to disk. Returns when everything
-    /// ingested before the call is durable (`disk_consistent_lsn` = `last_record_lsn` as of
-    /// the call); puts may continue meanwhile.
-    pub fn checkpoint(&self) -> Result<(), TimelineError> {
-        if self.stopped.load(Ordering::Acquire) {
-            return Err(TimelineError::ShuttingDown);
-        }
-        let target = {
-            let _writer = self.writer();
-            if let Some(reason) = self.broken_reason() {
-                // Its open layer holds versions of a half-stored batch above
-                // last_record_lsn: freezing it would make them durable.
-                return Err(TimelineError::Broken { reason });
-            }
-            let mut map = self.map_mut();
-            let last_record = self.last_record_lsn();
-            self.freeze_open(&mut map, Lsn(last_record.0 + 1))?;
-            last_record
-        };
-        self.flush_frozen_until(target)
-    }
-
-    /// Stops the timeline: refuses puts from now on and, with `flush`, makes everything
-    /// ingested before the call durable. Waits for a flush in progress either way; flushes
-    /// after it do nothing.
-    pub fn shutdown(&self, flush: bool) -> Result<(), TimelineError> {
-        self.writer().stopping = true;
-        // No read waits for an LSN that will not come.
-        self.cancel_lsn_waits();
-        let result = if flush { self.checkpoint() } else { Ok(()) };
-        self.stopped.store(true, Ordering::Release);
-        drop(self.flush_lock.lock().unwrap_or_else(|e| e.into_inner()));
-        result
-    }
-
     /// The manifest as last stored.
     fn manifest(&self) -> MutexGuard<'_, TimelineMetadata> {
         self.manifest.lock().unwrap_or_else(|e| e.into_inner())
@@ -867,8 +642,10 @@ impl Timeline {
     }
 }
 
+mod flush;
 mod init;
 mod lsn_wait;
+mod read;
 pub use init::open_listed_layer;
 use lsn_wait::LsnWait;
 #[cfg(test)]

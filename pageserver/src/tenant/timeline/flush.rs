@@ -1,0 +1,131 @@
+//! Freezing and flushing: frozen layers written to delta layer files while ingest goes on, each
+//! committed by storing the manifest that lists it; checkpoints and shutdown (see "Flushing
+//! while ingest continues" and "Durability" in the `timeline` module documentation).
+
+use super::*;
+
+impl Timeline {
+    /// Freezes the open layer if it has reached `checkpoint_timeout` by `now`. Returns whether
+    /// frozen layers wait for a flush.
+    pub fn freeze_if_due(&self, now: Instant) -> Result<bool, TimelineError> {
+        let writer = self.writer();
+        let mut map = self.map_mut();
+        let due = map.open_since.is_some_and(|since| {
+            now.saturating_duration_since(since) >= self.conf.checkpoint_timeout
+        });
+        // A broken timeline's open layer may hold part of a batch above last_record_lsn,
+        // which must never become durable.
+        if due && !writer.stopping && self.broken.get().is_none() {
+            self.freeze_open(&mut map, Lsn(self.last_record_lsn().0 + 1))?;
+        }
+        Ok(!map.frozen.is_empty())
+    }
+
+    /// Writes every frozen layer to a delta layer file, oldest first, advancing
+    /// `disk_consistent_lsn` after each. Puts continue meanwhile.
+    pub fn flush_frozen(&self) -> Result<(), TimelineError> {
+        self.flush_frozen_until(Lsn::MAX)
+    }
+
+    /// Like [`Timeline::flush_frozen`], but stops once `disk_consistent_lsn` reaches `target`,
+    /// leaving layers frozen later for the next flush.
+    fn flush_frozen_until(&self, target: Lsn) -> Result<(), TimelineError> {
+        let _flusher = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        while self.disk_consistent_lsn() < target && !self.stopped.load(Ordering::Acquire) {
+            // Only flushers remove frozen layers, and flush_lock admits one: the oldest stays
+            // the oldest while it is written.
+            let Some(frozen) = self.map().frozen.first().cloned() else {
+                break;
+            };
+            let started = Instant::now();
+            let end = frozen.end_lsn().expect("frozen layers have an end");
+            let written = frozen.write_to_disk(&self.dir, self.tenant_id, self.timeline_id)?;
+            let durable = Lsn(end.0 - 1);
+            let mut manifest = self.manifest().clone();
+            manifest.disk_consistent_lsn = durable;
+            let delta = match written {
+                Some(written) => {
+                    let delta = DeltaLayer::open(
+                        &written.path,
+                        self.cache.clone(),
+                        self.conf.max_value_size,
+                    )?;
+                    manifest.add_layer(LayerFileEntry {
+                        name: written.summary.file_name(),
+                        size: written.size,
+                        crc32c: written.crc32c,
+                    });
+                    Some(Arc::new(delta))
+                }
+                None => None,
+            };
+            fail::fail_point!("flush-before-metadata", |_| Err(TimelineError::Io {
+                path: self.dir.clone(),
+                source: std::io::Error::other("failpoint flush-before-metadata"),
+            }));
+            // The commit point: from here the layer is the timeline's.
+            manifest.store(&self.dir)?;
+            *self.manifest() = manifest;
+            let mut map = self.map_mut();
+            map.frozen.remove(0);
+            if let Some(delta) = &delta {
+                map.deltas.push(delta.clone());
+            }
+            map.generation += 1;
+            // Before the map is released: a put that finds no layer left starts the next one
+            // at disk_consistent_lsn + 1, which must not reach back into this one.
+            self.disk_consistent_lsn.store(durable.0, Ordering::Release);
+            drop(map);
+            crate::metrics::LAYER_FLUSHES.inc();
+            crate::metrics::LAYER_FLUSH_SECONDS.observe(started.elapsed().as_secs_f64());
+            if let Some(delta) = &delta {
+                crate::metrics::LAYER_FLUSH_BYTES.inc_by(delta.file_size());
+            }
+            tracing::debug!(
+                tenant = %self.tenant_id,
+                timeline = %self.timeline_id,
+                layer = delta.as_ref().map(|d| d.summary().file_name()).unwrap_or_default(),
+                values = frozen.len(),
+                bytes = frozen.bytes_written(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "flushed a frozen layer; disk_consistent_lsn is now {durable}"
+            );
+        }
+        Ok(())
+    }
+
+    /// Freezes the open layer and writes every frozen layer to disk. Returns when everything
+    /// ingested before the call is durable (`disk_consistent_lsn` = `last_record_lsn` as of
+    /// the call); puts may continue meanwhile.
+    pub fn checkpoint(&self) -> Result<(), TimelineError> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(TimelineError::ShuttingDown);
+        }
+        let target = {
+            let _writer = self.writer();
+            if let Some(reason) = self.broken_reason() {
+                // Its open layer holds versions of a half-stored batch above
+                // last_record_lsn: freezing it would make them durable.
+                return Err(TimelineError::Broken { reason });
+            }
+            let mut map = self.map_mut();
+            let last_record = self.last_record_lsn();
+            self.freeze_open(&mut map, Lsn(last_record.0 + 1))?;
+            last_record
+        };
+        self.flush_frozen_until(target)
+    }
+
+    /// Stops the timeline: refuses puts from now on and, with `flush`, makes everything
+    /// ingested before the call durable. Waits for a flush in progress either way; flushes
+    /// after it do nothing.
+    pub fn shutdown(&self, flush: bool) -> Result<(), TimelineError> {
+        self.writer().stopping = true;
+        // No read waits for an LSN that will not come.
+        self.cancel_lsn_waits();
+        let result = if flush { self.checkpoint() } else { Ok(()) };
+        self.stopped.store(true, Ordering::Release);
+        drop(self.flush_lock.lock().unwrap_or_else(|e| e.into_inner()));
+        result
+    }
+}
