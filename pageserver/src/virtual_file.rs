@@ -186,8 +186,12 @@ impl VirtualFile {
         open: impl FnOnce() -> io::Result<File>,
     ) -> io::Result<open_files::Held<'_>> {
         let (claim, held) = self.table.install(self.pinned, open)?;
-        let previous = self.claim.swap(claim.bits(), Ordering::AcqRel);
-        let kind = if previous == Claim::NONE.bits() {
+        let previous = Claim::from_bits(self.claim.swap(claim.bits(), Ordering::AcqRel));
+        // Two threads that both missed each opened a descriptor: the one no longer claimed is
+        // closed now rather than left open until the clock comes by (for a removed file, that
+        // would keep its space in use).
+        self.table.release(previous);
+        let kind = if previous == Claim::NONE {
             "first"
         } else {
             "reopen"

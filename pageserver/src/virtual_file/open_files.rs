@@ -179,6 +179,10 @@ impl OpenFiles {
         else {
             return;
         };
+        // The usual case, a slot long since given to another file, costs no lock.
+        if slot.tag.load(Ordering::Acquire) != claim.tag() {
+            return;
+        }
         let mut guard = slot.file.write().unwrap_or_else(|e| e.into_inner());
         if slot.tag.load(Ordering::Acquire) == claim.tag() {
             slot.tag.fetch_add(1, Ordering::AcqRel);
