@@ -240,6 +240,22 @@ impl PageServerConf {
     }
 }
 
+/// The soft open-file limit (RLIMIT_NOFILE) of this process, from `/proc/self/limits`; `None`
+/// where that is unreadable or says "unlimited".
+pub fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    parse_open_files_limit(&limits)
+}
+
+fn parse_open_files_limit(limits: &str) -> Option<u64> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line["Max open files".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// `key=value` as a TOML key and value; a value that is not valid TOML is a string, so
 /// `-c listen_http_addr=127.0.0.1:0` works without shell quoting gymnastics.
 fn parse_override(text: &str) -> Result<(String, toml::Value), ConfigError> {
@@ -389,6 +405,17 @@ mod tests {
         assert!(err(&["scan_cursor_cache_size=lots"]).contains("not a size"));
         std::fs::write(dir.path().join(CONFIG_FILE), "id = [").unwrap();
         assert!(err(&[]).contains(CONFIG_FILE));
+    }
+
+    #[test]
+    fn the_open_file_limit_is_read_from_proc() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max open files            20000                40000                files     \n";
+        assert_eq!(parse_open_files_limit(limits), Some(20000));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(parse_open_files_limit(unlimited), None);
+        assert!(open_files_limit().is_some_and(|n| n > 0));
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! [`render`] rather than mirrored, so it can never drift from the truth.
 
 use std::fmt::Write as _;
-use std::sync::LazyLock;
+use std::sync::{LazyLock, OnceLock};
+use std::time::Duration;
 
 use prometheus::{
     register_histogram, register_histogram_vec, register_int_counter, register_int_counter_vec,
@@ -26,6 +27,34 @@ const LATENCY_BUCKETS: &[f64] = &[
     0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
     0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
+
+/// Request latency buckets from 100 µs up to [`wait_lsn_timeout`]'s neighbourhood; see
+/// [`with_wait_buckets`].
+const REQUEST_BUCKETS: &[f64] = &[
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+];
+
+/// `wait_lsn_timeout`, set by [`register_all`] before any histogram that needs it exists.
+static WAIT_LSN_TIMEOUT: OnceLock<Duration> = OnceLock::new();
+
+/// The default `wait_lsn_timeout`, for histograms made before (or without) [`register_all`].
+const DEFAULT_WAIT_LSN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `base` cut below `wait_lsn_timeout`, then a bucket at it and one at twice it. A request that
+/// waits for an LSN and times out takes a little over `wait_lsn_timeout`, so it lands in the
+/// last finite bucket rather than in `+Inf`, and `le` = `wait_lsn_timeout` counts the requests
+/// that finished before timing out, whatever `wait_lsn_timeout` is set to.
+pub fn with_wait_buckets(base: &[f64]) -> Vec<f64> {
+    let top = WAIT_LSN_TIMEOUT
+        .get()
+        .copied()
+        .unwrap_or(DEFAULT_WAIT_LSN_TIMEOUT)
+        .as_secs_f64();
+    let mut buckets: Vec<f64> = base.iter().copied().filter(|b| *b < top).collect();
+    buckets.extend([top, top * 2.0]);
+    buckets
+}
 
 fn counter(name: &str, help: &str) -> IntCounter {
     register_int_counter!(name, help).expect("metric names are unique")
@@ -74,7 +103,7 @@ pub static GETPAGE_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
         "pageserver_getpage_seconds",
         "GetPage@LSN request latency, including any wait for the LSN",
         &["outcome"],
-        LATENCY_BUCKETS.to_vec()
+        with_wait_buckets(LATENCY_BUCKETS)
     )
     .expect("metric names are unique")
 });
@@ -153,11 +182,27 @@ pub static FILE_EVICTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
 pub static HTTP_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "pageserver_http_requests_total",
-        "HTTP requests by method and status",
-        &["method", "status"]
+        "HTTP requests by method (standard ones, else `other`), route template (or \
+         `unmatched`) and status",
+        &["method", "route", "status"]
     )
     .expect("metric names are unique")
 });
+static HTTP_REQUEST_SECONDS: OnceLock<HistogramVec> = OnceLock::new();
+
+/// HTTP request latency by method and route, from the request's head to its response's head
+/// (a response body still streaming is not counted).
+pub fn http_request_seconds() -> &'static HistogramVec {
+    HTTP_REQUEST_SECONDS.get_or_init(|| {
+        register_histogram_vec!(
+            "pageserver_http_request_duration_seconds",
+            "HTTP request latency until the response head, by method and route template",
+            &["method", "route"],
+            with_wait_buckets(REQUEST_BUCKETS)
+        )
+        .expect("metric names are unique")
+    })
+}
 pub static STARTUP_SECONDS: LazyLock<prometheus::GaugeVec> = LazyLock::new(|| {
     prometheus::register_gauge_vec!(
         "pageserver_startup_duration_seconds",
@@ -221,8 +266,10 @@ pub fn record_read_cost(cost: &crate::tenant::read_cost::ReadCost) {
 }
 
 /// Registers every metric and its label values now, so a fresh server's `/metrics` lists each
-/// family (at zero) before its first event.
-pub fn register_all() {
+/// family (at zero) before its first event. `wait_lsn_timeout` sets the top latency buckets
+/// ([`with_wait_buckets`]); only the first call's counts.
+pub fn register_all(wait_lsn_timeout: Duration) {
+    let _ = WAIT_LSN_TIMEOUT.set(wait_lsn_timeout);
     for counter in [
         &EPHEMERAL_BYTES_WRITTEN,
         &EPHEMERAL_WRITES,
@@ -262,6 +309,7 @@ pub fn register_all() {
         }
     }
     LazyLock::force(&HTTP_REQUESTS);
+    http_request_seconds();
     LazyLock::force(&STARTUP_SECONDS);
 }
 
@@ -511,4 +559,21 @@ fn render_timelines(out: &mut String, tenants: &TenantManager) {
         "Bytes of layers per timeline by kind",
     );
     out.push_str(&sizes);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_buckets_reach_past_wait_lsn_timeout() {
+        // Before register_all, the default timeout.
+        let buckets = with_wait_buckets(REQUEST_BUCKETS);
+        assert_eq!(buckets[0], 0.000_1);
+        assert_eq!(&buckets[buckets.len() - 2..], &[60.0, 120.0]);
+        assert!(buckets.windows(2).all(|w| w[0] < w[1]), "{buckets:?}");
+        let getpage = with_wait_buckets(LATENCY_BUCKETS);
+        assert_eq!(getpage[0], 0.000_01);
+        assert_eq!(&getpage[getpage.len() - 3..], &[10.0, 60.0, 120.0]);
+    }
 }

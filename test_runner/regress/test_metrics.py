@@ -3,8 +3,11 @@ the server promises, and values that agree with what the test did and with the A
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
+from fixtures.http import PageserverApiError
 from fixtures.ingest import Image, Workload, key, page_of
 from fixtures.metrics import Metrics
 from fixtures.pageserver import Pageserver
@@ -34,6 +37,13 @@ PROMISED = [
     "pageserver_scan_cursor_cache_lookups_total",
     "pageserver_scan_cursor_cache_evictions_total",
     "pageserver_scan_cursor_cache_cursors",
+    "pageserver_http_request_duration_seconds_bucket",
+    "pageserver_build_info",
+    "process_open_fds",
+    "process_max_fds",
+    "process_resident_memory_bytes",
+    "process_cpu_seconds_total",
+    "process_start_time_seconds",
 ]
 
 
@@ -78,8 +88,10 @@ def test_metrics_families_and_values(pageserver_factory: PageserverFactory):
     assert ingest_ok == 31
     assert m.value("pageserver_getpage_seconds_count", outcome="ok") + m.value("pageserver_getpage_seconds_count", outcome="not_found") == 2 * reads + missing
     assert m.value("pageserver_getpage_seconds_count", outcome="not_found") >= missing
-    assert m.value("pageserver_http_requests_total", method="POST", status="201") == 4
-    assert m.value("pageserver_http_requests_total", method="GET", status="404") >= missing
+    assert m.sum("pageserver_http_requests_total", method="POST", status="201") == 4
+    assert m.value("pageserver_http_requests_total", method="POST", route="/v1/tenant", status="201") == 2
+    assert m.value("pageserver_http_requests_total", method="POST", route="/v1/tenant/{tenant_id}/timeline", status="201") == 2
+    assert m.value("pageserver_http_requests_total", method="GET", route="/v1/tenant/{tenant_id}/timeline/{timeline_id}/page", status="404") >= missing
     # Histograms are cumulative and end at +Inf with the count.
     buckets = m.samples("pageserver_ingest_seconds_bucket", outcome="ok")
     values = [s.value for s in buckets]
@@ -127,10 +139,113 @@ def test_metrics_follow_deletion_and_restart(pageserver: Pageserver):
     pageserver.http.tenant_delete(b.tenant_id)
     m = metrics(pageserver)
     assert [s.labels["tenant_id"] for s in m.samples("pageserver_last_record_lsn")] == [a.tenant_id]
-    assert m.value("pageserver_http_requests_total", method="DELETE", status="200") == 1
+    assert m.value("pageserver_http_requests_total", method="DELETE", route="/v1/tenant/{tenant_id}", status="200") == 1
     pageserver.restart()
     m = metrics(pageserver)
     # Counters start again with the process; state gauges come from what was loaded.
     assert m.value_or("pageserver_ingest_records_total", 0) == 0
     assert m.value("pageserver_disk_consistent_lsn", tenant_id=a.tenant_id, timeline_id=a.timeline_id) == 0x10
     assert m.value("pageserver_layers", kind="delta", tenant_id=a.tenant_id, timeline_id=a.timeline_id) == 1
+
+
+STANDARD_METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT"}
+
+
+def test_request_labels_are_bounded(pageserver: Pageserver):
+    """Whatever method and path a client sends, the labels are a standard method or `other`
+    and a route template or `unmatched`: a client cannot add series."""
+    http = pageserver.http
+    tenant = http.tenant_create()["id"]
+    odd_methods = ["ZZZ1", "ZZZ2", "PROPFIND", "BREW"]
+    for method in odd_methods:
+        assert http.request(method, "/v1/status").status_code == 405
+        assert http.request(method, f"/nothing/here/{method}").status_code == 404
+    for i in range(3):
+        assert http.request("GET", f"/no/such/path/{i}").status_code == 404
+    http.tenant_info(tenant)
+    m = metrics(pageserver)
+    for name in ("pageserver_http_requests_total", "pageserver_http_request_duration_seconds_count"):
+        for s in m.samples(name):
+            assert s.labels["method"] in STANDARD_METHODS | {"other"}, s
+            assert s.labels["route"] == "unmatched" or s.labels["route"].startswith(("/v1/", "/metrics")), s
+    assert "/no/such/path" not in m.text and "ZZZ1" not in m.text and tenant not in m.text
+    assert m.value("pageserver_http_requests_total", method="other", route="/v1/status", status="405") == len(odd_methods)
+    assert m.value("pageserver_http_requests_total", method="other", route="unmatched", status="404") == len(odd_methods)
+    assert m.value("pageserver_http_requests_total", method="GET", route="unmatched", status="404") == 3
+    # The route is the template, and every request's latency is counted under it.
+    assert m.value("pageserver_http_requests_total", method="GET", route="/v1/tenant/{tenant_id}", status="200") == 1
+    assert m.value("pageserver_http_request_duration_seconds_count", method="GET", route="/v1/tenant/{tenant_id}") == 1
+    assert m.value("pageserver_http_request_duration_seconds_count", method="other", route="unmatched") == len(odd_methods)
+
+
+def test_every_endpoint_has_a_latency_series_from_startup(pageserver: Pageserver):
+    m = metrics(pageserver)
+    routes = {(s.labels["method"], s.labels["route"]) for s in m.samples("pageserver_http_request_duration_seconds_count")}
+    for expected in [("GET", "/v1/status"), ("POST", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/ingest"), ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/page"), ("GET", "/metrics")]:
+        assert expected in routes, routes
+    assert len(routes) >= 18
+
+
+def finite_buckets(m: Metrics, name: str, **labels: str) -> list[float]:
+    return sorted(float(s.labels["le"]) for s in m.samples(name, **labels) if s.labels["le"] != "+Inf")
+
+
+def bucket(m: Metrics, name: str, le: float, **labels: str) -> float:
+    (value,) = [s.value for s in m.samples(name, **labels) if s.labels["le"] != "+Inf" and float(s.labels["le"]) == le]
+    return value
+
+
+def test_latency_buckets_reach_wait_lsn_timeout(pageserver_factory: PageserverFactory):
+    # A long wait_lsn_timeout: the top buckets follow it.
+    ps = pageserver_factory.start({"wait_lsn_timeout": "300s"})
+    m = metrics(ps)
+    for name, labels in [
+        ("pageserver_http_request_duration_seconds_bucket", {"method": "GET", "route": "/v1/tenant/{tenant_id}/timeline/{timeline_id}/page"}),
+        ("pageserver_getpage_seconds_bucket", {"outcome": "error"}),
+    ]:
+        buckets = finite_buckets(m, name, **labels)
+        assert 300.0 in buckets and buckets[-1] > 300.0, (name, buckets)
+    assert finite_buckets(m, "pageserver_http_request_duration_seconds_bucket", method="GET", route="/v1/status")[0] <= 0.0001
+    ps.stop()
+
+    # A short one: a read that times out lands above the bucket at wait_lsn_timeout, in a finite
+    # bucket, not in +Inf.
+    ps.start(overrides={"wait_lsn_timeout": "500ms"})
+    timeline = TimelineHandle.create(ps)
+    try:
+        timeline.http.get_page(timeline.tenant_id, timeline.timeline_id, key(1), 0x100)
+        raise AssertionError("the read should have timed out")
+    except PageserverApiError as e:
+        assert e.status_code == 503, e
+    m = metrics(ps)
+    route = {"method": "GET", "route": "/v1/tenant/{tenant_id}/timeline/{timeline_id}/page"}
+    buckets = finite_buckets(m, "pageserver_http_request_duration_seconds_bucket", **route)
+    assert buckets[-2:] == [0.5, 1.0], buckets
+    assert bucket(m, "pageserver_http_request_duration_seconds_bucket", 0.5, **route) == 0
+    assert bucket(m, "pageserver_http_request_duration_seconds_bucket", 1.0, **route) == 1
+    assert bucket(m, "pageserver_getpage_seconds_bucket", 0.5, outcome="error") == 0
+    assert bucket(m, "pageserver_getpage_seconds_bucket", 1.0, outcome="error") == 1
+
+
+def test_build_info_and_process_metrics(pageserver: Pageserver):
+    status = pageserver.http.status()
+    m = metrics(pageserver)
+    features = "testing" if status["testing"] else ""
+    assert m.value("pageserver_build_info", version=status["version"], features=features) == 1
+    assert len(m.samples("pageserver_build_info")) == 1
+    with open(f"/proc/{pageserver.pid}/status") as f:
+        rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    fds = len(os.listdir(f"/proc/{pageserver.pid}/fd"))
+    assert 0.5 * rss <= m.value("process_resident_memory_bytes") <= 2 * rss
+    assert m.value("process_virtual_memory_bytes") >= m.value("process_resident_memory_bytes")
+    assert abs(m.value("process_open_fds") - fds) <= 3, fds
+    assert m.value("process_open_fds") < m.value("process_max_fds")
+    assert m.value("process_threads") >= 2
+    assert abs(m.value("process_start_time_seconds") - status["started_at"]) < 2
+    # CPU time is counted in 10 ms ticks: a fresh server may not have used one yet, but two
+    # hundred scrapes take several.
+    before = m.value("process_cpu_seconds_total")
+    assert before >= 0
+    for _ in range(200):
+        pageserver.http.metrics_text()
+    assert metrics(pageserver).value("process_cpu_seconds_total") > before

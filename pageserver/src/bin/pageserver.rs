@@ -108,7 +108,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     // Only settings that work are written down.
     let initialized = init_config_file(workdir)?;
     init_logging(conf.log_format);
-    pageserver::metrics::register_all();
+    pageserver::metrics::register_all(conf.wait_lsn_timeout);
     if initialized {
         tracing::info!(
             "initialized a fresh work directory {} with default settings",

@@ -633,6 +633,6 @@ pub async fn page_cache_drop(State(state): State<SharedState>) -> Json<JsonValue
 }
 
 pub async fn metrics(State(state): State<SharedState>) -> Response {
-    let text = crate::metrics::render(&state.cache, &state.scan_cursors, &state.tenants);
+    let text = super::metrics_page::render(&state);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -1,0 +1,166 @@
+//! The `/metrics` page: [`crate::metrics::render`], then what is read at scrape time from the
+//! process and the HTTP server.
+//!
+//! - `pageserver_build_info{version, features}` 1: which build answers.
+//! - `process_*`, under the names Prometheus client libraries use, read from `/proc/self`:
+//!   open and maximum descriptors, resident and virtual memory, CPU seconds, threads, start
+//!   time. Linux only, like the server; a file that cannot be read leaves its metrics out
+//!   rather than failing the scrape.
+//!
+//! It lives beside the HTTP code, not in `metrics.rs`, because it reads state that belongs to
+//! other modules; `metrics.rs` keeps the counters and histograms.
+
+use std::fmt::Write as _;
+use std::time::UNIX_EPOCH;
+
+use super::AppState;
+
+/// What `/proc/self/stat` counts CPU time in: USER_HZ, which Linux fixes at 100 per second for
+/// every architecture's user-space ABI (`sysconf(_SC_CLK_TCK)` reports the same constant).
+const CLOCK_TICKS_PER_SECOND: f64 = 100.0;
+
+/// The whole `/metrics` page.
+pub fn render(state: &AppState) -> String {
+    let mut out = crate::metrics::render(&state.cache, &state.scan_cursors, &state.tenants);
+    render_build_info(&mut out);
+    render_process(&mut out, &read_process(), state);
+    out
+}
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+    );
+}
+
+fn render_build_info(out: &mut String) {
+    let features = if crate::failpoints::ENABLED {
+        "testing"
+    } else {
+        ""
+    };
+    let _ = writeln!(
+        out,
+        "# HELP pageserver_build_info The build that answers: its version and Cargo features\n\
+         # TYPE pageserver_build_info gauge\n\
+         pageserver_build_info{{version=\"{}\",features=\"{features}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+}
+
+/// What `/proc/self` says of this process; `None` where it could not be read.
+#[derive(Debug, Default, PartialEq)]
+pub struct ProcessStats {
+    pub open_fds: Option<u64>,
+    pub max_fds: Option<u64>,
+    pub resident_bytes: Option<u64>,
+    pub virtual_bytes: Option<u64>,
+    pub threads: Option<u64>,
+    pub cpu_seconds: Option<f64>,
+}
+
+pub fn read_process() -> ProcessStats {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    ProcessStats {
+        open_fds: std::fs::read_dir("/proc/self/fd")
+            .ok()
+            // The directory handle read_dir holds is one of the entries; it is not ours to count.
+            .map(|entries| (entries.count() as u64).saturating_sub(1)),
+        max_fds: crate::config::open_files_limit(),
+        resident_bytes: status_kib(&status, "VmRSS:").map(|kib| kib * 1024),
+        virtual_bytes: status_kib(&status, "VmSize:").map(|kib| kib * 1024),
+        threads: status_kib(&status, "Threads:"),
+        cpu_seconds: cpu_seconds(&stat),
+    }
+}
+
+/// The number after `field` in `/proc/self/status` (kB for the memory fields).
+fn status_kib(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// User plus system CPU time from `/proc/self/stat`. Its second field, the command name in
+/// parentheses, may hold spaces, so fields are counted after the last `)`: utime and stime are
+/// the 14th and 15th fields, the 12th and 13th after it.
+fn cpu_seconds(stat: &str) -> Option<f64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let mut fields = after_name.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / CLOCK_TICKS_PER_SECOND)
+}
+
+fn render_process(out: &mut String, stats: &ProcessStats, state: &AppState) {
+    let gauges: [(&str, &str, Option<u64>); 5] = [
+        ("process_open_fds", "Open file descriptors", stats.open_fds),
+        (
+            "process_max_fds",
+            "The open file descriptor limit (RLIMIT_NOFILE, soft)",
+            stats.max_fds,
+        ),
+        (
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes",
+            stats.resident_bytes,
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "Virtual memory size in bytes",
+            stats.virtual_bytes,
+        ),
+        ("process_threads", "OS threads", stats.threads),
+    ];
+    for (name, help, value) in gauges {
+        if let Some(value) = value {
+            family(out, name, "gauge", help, value);
+        }
+    }
+    if let Some(cpu) = stats.cpu_seconds {
+        family(
+            out,
+            "process_cpu_seconds_total",
+            "counter",
+            "User and system CPU time spent in seconds",
+            cpu,
+        );
+    }
+    if let Ok(started) = state.started_at.duration_since(UNIX_EPOCH) {
+        family(
+            out,
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since the Unix epoch in seconds",
+            started.as_secs_f64(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_time_is_read_after_the_command_name() {
+        // A command name with spaces and a parenthesis; utime 250 and stime 50 ticks.
+        let stat = "1234 (page server) x) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 42 1000 500";
+        assert_eq!(cpu_seconds(stat), Some(3.0));
+        assert_eq!(cpu_seconds("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_is_readable() {
+        let stats = read_process();
+        assert!(stats.open_fds.unwrap() >= 3, "{stats:?}");
+        assert!(stats.resident_bytes.unwrap() > 1 << 20, "{stats:?}");
+        assert!(stats.virtual_bytes.unwrap() >= stats.resident_bytes.unwrap());
+        assert!(stats.threads.unwrap() >= 1);
+        assert!(stats.cpu_seconds.unwrap() >= 0.0);
+        assert_eq!(
+            status_kib("Name:\tx\nVmRSS:\t  2048 kB\n", "VmRSS:"),
+            Some(2048)
+        );
+    }
+}
