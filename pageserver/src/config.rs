@@ -57,6 +57,15 @@ max_file_descriptors = 512
 # The largest HTTP request body (an ingest batch).
 max_request_body_size = "64MiB"
 
+# HTTP connection limits (docs/http-api.md, "Limits and timeouts").
+# A connection waiting for a request's head (an idle keep-alive connection, or a client still
+# sending its request line and headers) is closed once it has waited this long.
+http_header_read_timeout = "10s"
+# At most this many HTTP connections at once; more wait in the kernel's listen queue until one
+# closes. By default a quarter of the open-file limit (RLIMIT_NOFILE), at most 1000, so the
+# rest of the descriptors stay free for layer files.
+# max_connections = 1000
+
 # Paged key scans (GET .../keys) keep each scan's cursor between pages, so the next page
 # resumes without seeking every layer again. The cursors together weigh at most this much...
 scan_cursor_cache_size = "16MiB"
@@ -107,6 +116,10 @@ pub struct PageServerConf {
     pub max_file_descriptors: usize,
     #[serde(deserialize_with = "size_usize")]
     pub max_request_body_size: usize,
+    #[serde(deserialize_with = "duration")]
+    pub http_header_read_timeout: Duration,
+    /// `None`: derived from the open-file limit at startup ([`default_max_connections`]).
+    pub max_connections: Option<usize>,
     #[serde(deserialize_with = "size")]
     pub scan_cursor_cache_size: u64,
     #[serde(deserialize_with = "duration")]
@@ -132,6 +145,8 @@ impl Default for PageServerConf {
             max_value_size: timeline.max_value_size,
             max_file_descriptors: crate::virtual_file::DEFAULT_MAX_FILE_DESCRIPTORS,
             max_request_body_size: 64 << 20,
+            http_header_read_timeout: Duration::from_secs(10),
+            max_connections: None,
             scan_cursor_cache_size: 16 << 20,
             scan_cursor_idle_timeout: Duration::from_secs(60),
             log_format: LogFormat::Plain,
@@ -219,7 +234,36 @@ impl PageServerConf {
                     .into(),
             );
         }
+        self.validate_http_limits()
+    }
+
+    /// The checks of the HTTP connection limits: zero would refuse every request or close
+    /// every connection at once, so it is refused with the range that makes sense.
+    fn validate_http_limits(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        for (name, value) in [("http_header_read_timeout", self.http_header_read_timeout)] {
+            if value.is_zero() {
+                return invalid(format!(
+                    "{name} must be above zero (e.g. \"10s\"; every connection would be cut \
+                     off at once)"
+                ));
+            }
+        }
+        if let Some(n) = self.max_connections {
+            if !(1..=MAX_CONNECTIONS_LIMIT).contains(&n) {
+                return invalid(format!(
+                    "max_connections {n} is out of range: from 1 to {MAX_CONNECTIONS_LIMIT} \
+                     (leave it out for a quarter of the open-file limit)"
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// `max_connections`, or its default for this process's open-file limit.
+    pub fn max_connections(&self) -> usize {
+        self.max_connections
+            .unwrap_or_else(|| default_max_connections(open_files_limit()))
     }
 
     pub fn cursor_cache_conf(&self) -> CursorCacheConfig {
@@ -238,6 +282,19 @@ impl PageServerConf {
             max_lsn_waiters: self.max_lsn_waiters,
         }
     }
+}
+
+/// The most `max_connections` may be set to: beyond it the descriptors alone would exhaust any
+/// usual open-file limit.
+pub const MAX_CONNECTIONS_LIMIT: usize = 1 << 20;
+
+/// The default connection cap for an open-file limit of `nofile`: a quarter of it, between 16
+/// and 1000. Every delta layer keeps its file open and every timeline has an ephemeral file, so
+/// most descriptors must stay free for files however many clients connect; a connection over
+/// the cap waits in the listen queue, which costs no descriptor.
+pub fn default_max_connections(nofile: Option<u64>) -> usize {
+    let quarter = nofile.map_or(1000, |n| usize::try_from(n / 4).unwrap_or(usize::MAX));
+    quarter.clamp(16, 1000)
 }
 
 /// The soft open-file limit (RLIMIT_NOFILE) of this process, from `/proc/self/limits`; `None`
@@ -405,6 +462,31 @@ mod tests {
         assert!(err(&["scan_cursor_cache_size=lots"]).contains("not a size"));
         std::fs::write(dir.path().join(CONFIG_FILE), "id = [").unwrap();
         assert!(err(&[]).contains(CONFIG_FILE));
+    }
+
+    #[test]
+    fn http_limits_refuse_nonsense() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |overrides: &[&str]| {
+            let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+            PageServerConf::load(dir.path(), &overrides)
+        };
+        let err = |overrides: &[&str]| load(overrides).unwrap_err().to_string();
+        assert!(err(&["http_header_read_timeout=0s"])
+            .contains("http_header_read_timeout must be above zero"));
+        assert!(err(&["max_connections=0"]).contains("from 1 to"));
+        assert!(err(&["max_connections=99999999"]).contains("from 1 to"));
+        let conf = load(&["http_header_read_timeout=250ms", "max_connections=3"]).unwrap();
+        assert_eq!(conf.http_header_read_timeout, Duration::from_millis(250));
+        assert_eq!(conf.max_connections(), 3);
+    }
+
+    #[test]
+    fn the_connection_cap_leaves_descriptors_for_files() {
+        assert_eq!(default_max_connections(Some(1024)), 256);
+        assert_eq!(default_max_connections(Some(1 << 20)), 1000);
+        assert_eq!(default_max_connections(Some(20)), 16);
+        assert_eq!(default_max_connections(None), 1000);
     }
 
     #[test]

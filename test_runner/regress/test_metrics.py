@@ -44,6 +44,8 @@ PROMISED = [
     "process_resident_memory_bytes",
     "process_cpu_seconds_total",
     "process_start_time_seconds",
+    "pageserver_http_connections",
+    "pageserver_http_connections_max",
 ]
 
 

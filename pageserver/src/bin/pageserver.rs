@@ -20,6 +20,7 @@ use anyhow::Context;
 use clap::Parser;
 use pageserver::config::{AuthType, LogFormat, PageServerConf, CONFIG_FILE, DEFAULT_CONFIG_TOML};
 use pageserver::http::auth::JwtAuth;
+use pageserver::http::server::{serve, ConnectionLimit};
 use pageserver::http::{router, AppState};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
 use pageserver::tenant::cursor_cache::CursorCache;
@@ -188,7 +189,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let listen = conf.listen_http_addr;
     let cursor_cache_conf = conf.cursor_cache_conf();
     let auth_enabled = auth.is_some();
+    let connections = Arc::new(ConnectionLimit::new(conf.max_connections()));
+    let header_read_timeout = conf.http_header_read_timeout;
     let state = Arc::new(AppState {
+        connections: connections.clone(),
         conf,
         tenants: tenants.clone(),
         cache,
@@ -204,8 +208,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         phases.done(
             "http",
             format_args!(
-                "listening on http://{bound} (auth {})",
-                if auth_enabled { "on" } else { "off" }
+                "listening on http://{bound} (auth {}, at most {} connections)",
+                if auth_enabled { "on" } else { "off" },
+                connections.max()
             ),
         );
         tracing::info!(
@@ -213,14 +218,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             phases.started.elapsed().as_secs_f64() * 1e3
         );
         let waiting_reads = tenants.clone();
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(async move {
+        serve(
+            listener,
+            router(state),
+            connections.clone(),
+            header_read_timeout,
+            async move {
                 shutdown_signal().await;
                 // Reads waiting for an LSN would hold the shutdown up to wait_lsn_timeout.
                 waiting_reads.cancel_lsn_waits();
-            })
-            .await
-            .context("serving HTTP")
+            },
+        )
+        .await;
+        anyhow::Ok(())
     })?;
 
     // No request is in flight any more: make everything ingested durable.

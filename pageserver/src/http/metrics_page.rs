@@ -6,6 +6,7 @@
 //!   open and maximum descriptors, resident and virtual memory, CPU seconds, threads, start
 //!   time. Linux only, like the server; a file that cannot be read leaves its metrics out
 //!   rather than failing the scrape.
+//! - The HTTP limits in use: connections open and their cap.
 //!
 //! It lives beside the HTTP code, not in `metrics.rs`, because it reads state that belongs to
 //! other modules; `metrics.rs` keeps the counters and histograms.
@@ -24,6 +25,7 @@ pub fn render(state: &AppState) -> String {
     let mut out = crate::metrics::render(&state.cache, &state.scan_cursors, &state.tenants);
     render_build_info(&mut out);
     render_process(&mut out, &read_process(), state);
+    render_http_limits(&mut out, state);
     out
 }
 
@@ -136,6 +138,23 @@ fn render_process(out: &mut String, stats: &ProcessStats, state: &AppState) {
             started.as_secs_f64(),
         );
     }
+}
+
+fn render_http_limits(out: &mut String, state: &AppState) {
+    family(
+        out,
+        "pageserver_http_connections",
+        "gauge",
+        "HTTP connections open now",
+        state.connections.open(),
+    );
+    family(
+        out,
+        "pageserver_http_connections_max",
+        "gauge",
+        "The most HTTP connections open at once (max_connections); more wait to be accepted",
+        state.connections.max(),
+    );
 }
 
 #[cfg(test)]

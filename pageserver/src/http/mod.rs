@@ -9,7 +9,8 @@
 //!
 //! Middleware, outermost first: request accounting (a counter per method, route and status, a
 //! latency histogram per route and method, a log line per failed request), then auth
-//! ([`auth`]) when enabled.
+//! ([`auth`]) when enabled. Connections, their cap and the header read timeout are
+//! [`server`]'s.
 //!
 //! Metric labels never take a client's text: a method outside the standard nine is `other`,
 //! and the route is the matched route's template (`/v1/tenant/{tenant_id}`), or `unmatched`,
@@ -19,6 +20,7 @@ pub mod auth;
 pub mod error;
 pub mod metrics_page;
 pub mod routes;
+pub mod server;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -46,6 +48,8 @@ pub struct AppState {
     pub scan_cursors: CursorCache,
     pub auth: Option<JwtAuth>,
     pub started_at: SystemTime,
+    /// The connection cap, shared with the accept loop ([`server::serve`]).
+    pub connections: Arc<server::ConnectionLimit>,
 }
 
 pub type SharedState = Arc<AppState>;
