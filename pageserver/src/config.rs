@@ -61,6 +61,11 @@ max_request_body_size = "64MiB"
 # A connection waiting for a request's head (an idle keep-alive connection, or a client still
 # sending its request line and headers) is closed once it has waited this long.
 http_header_read_timeout = "10s"
+# A request body that sends nothing for this long is cut off (408, then the connection closes).
+http_body_read_timeout = "30s"
+# Request bodies being read into memory, all requests together, may take at most this much;
+# past it a request is refused with 503. At least max_request_body_size.
+max_buffered_request_bytes = "256MiB"
 # At most this many HTTP connections at once; more wait in the kernel's listen queue until one
 # closes. By default a quarter of the open-file limit (RLIMIT_NOFILE), at most 1000, so the
 # rest of the descriptors stay free for layer files.
@@ -118,6 +123,10 @@ pub struct PageServerConf {
     pub max_request_body_size: usize,
     #[serde(deserialize_with = "duration")]
     pub http_header_read_timeout: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub http_body_read_timeout: Duration,
+    #[serde(deserialize_with = "size_usize")]
+    pub max_buffered_request_bytes: usize,
     /// `None`: derived from the open-file limit at startup ([`default_max_connections`]).
     pub max_connections: Option<usize>,
     #[serde(deserialize_with = "size")]
@@ -146,6 +155,8 @@ impl Default for PageServerConf {
             max_file_descriptors: crate::virtual_file::DEFAULT_MAX_FILE_DESCRIPTORS,
             max_request_body_size: 64 << 20,
             http_header_read_timeout: Duration::from_secs(10),
+            http_body_read_timeout: Duration::from_secs(30),
+            max_buffered_request_bytes: 256 << 20,
             max_connections: None,
             scan_cursor_cache_size: 16 << 20,
             scan_cursor_idle_timeout: Duration::from_secs(60),
@@ -241,7 +252,10 @@ impl PageServerConf {
     /// every connection at once, so it is refused with the range that makes sense.
     fn validate_http_limits(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
-        for (name, value) in [("http_header_read_timeout", self.http_header_read_timeout)] {
+        for (name, value) in [
+            ("http_header_read_timeout", self.http_header_read_timeout),
+            ("http_body_read_timeout", self.http_body_read_timeout),
+        ] {
             if value.is_zero() {
                 return invalid(format!(
                     "{name} must be above zero (e.g. \"10s\"; every connection would be cut \
@@ -256,6 +270,13 @@ impl PageServerConf {
                      (leave it out for a quarter of the open-file limit)"
                 ));
             }
+        }
+        if self.max_buffered_request_bytes < self.max_request_body_size {
+            return invalid(format!(
+                "max_buffered_request_bytes {} is below max_request_body_size {}: a body of \
+                 the largest allowed size could never be read",
+                self.max_buffered_request_bytes, self.max_request_body_size
+            ));
         }
         Ok(())
     }
@@ -474,11 +495,23 @@ mod tests {
         let err = |overrides: &[&str]| load(overrides).unwrap_err().to_string();
         assert!(err(&["http_header_read_timeout=0s"])
             .contains("http_header_read_timeout must be above zero"));
+        assert!(err(&["http_body_read_timeout=0ms"])
+            .contains("http_body_read_timeout must be above zero"));
         assert!(err(&["max_connections=0"]).contains("from 1 to"));
         assert!(err(&["max_connections=99999999"]).contains("from 1 to"));
-        let conf = load(&["http_header_read_timeout=250ms", "max_connections=3"]).unwrap();
+        assert!(err(&["max_buffered_request_bytes=1MiB"]).contains("below max_request_body_size"));
+        let conf = load(&[
+            "http_header_read_timeout=250ms",
+            "http_body_read_timeout=2s",
+            "max_connections=3",
+            "max_buffered_request_bytes=1MiB",
+            "max_request_body_size=1MiB",
+        ])
+        .unwrap();
         assert_eq!(conf.http_header_read_timeout, Duration::from_millis(250));
+        assert_eq!(conf.http_body_read_timeout, Duration::from_secs(2));
         assert_eq!(conf.max_connections(), 3);
+        assert_eq!(conf.max_buffered_request_bytes, 1 << 20);
     }
 
     #[test]

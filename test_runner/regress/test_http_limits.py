@@ -1,5 +1,6 @@
 """Slow and greedy clients: the header read timeout (which also closes idle keep-alive
-connections), the connection cap, and the JSON bodies of the answers hyper gives by itself.
+connections), the stall timeout of request bodies, the connection cap, the budget of request
+body bytes being read, and the JSON bodies of the answers hyper gives by itself.
 
 Raw sockets throughout, on loopback: these tests are about what a misbehaving client sends, which
 an HTTP library would not."""
@@ -10,13 +11,18 @@ import gc
 import json
 import select
 import socket
+import threading
 import time
+from typing import Optional
 
 import pytest
 
+from fixtures.http import api_error
+from fixtures.ingest import Image, encode_batch, key, page_of
 from fixtures.metrics import Metrics
 from fixtures.pageserver import Pageserver
 from fixtures.plugin import PageserverFactory
+from fixtures.timeline import TimelineHandle
 from fixtures.utils import wait_until
 
 # The longest any socket operation of these tests may block: far above every timeout the
@@ -117,6 +123,31 @@ def test_slow_heads_and_idle_connections_are_closed(pageserver_factory: Pageserv
     assert ps.http.status()["id"] == ps.server_id
 
 
+def test_stalled_body_is_cut_off_and_its_budget_freed(pageserver_factory: PageserverFactory):
+    ps = pageserver_factory.start({"http_body_read_timeout": "1s"})
+    timeline = TimelineHandle.create(ps)
+    body = encode_batch([Image(key(i), 0x10, page_of(i)) for i in range(8)])
+    path = f"/v1/tenant/{timeline.tenant_id}/timeline/{timeline.timeline_id}/ingest"
+    with connect(ps) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        s.sendall(body[: len(body) // 2])
+        # The reservation for the whole body is held while the client stalls...
+        wait_until(lambda: metrics(ps).value("pageserver_http_request_body_bytes") >= len(body), what="body reserved")
+        started = time.monotonic()
+        status, headers, reply = read_response(s)
+        assert status == 408, reply
+        assert "http_body_read_timeout" in json_msg(headers, reply)
+        assert headers.get("connection") == "close"
+        assert time.monotonic() - started < 5.0
+        assert closed_by_server(s) < 5.0
+    # ...and given back once the request is cut off. Nothing of the half batch was stored.
+    wait_until(lambda: metrics(ps).value("pageserver_http_request_body_bytes") == 0, what="budget released")
+    assert timeline.info()["last_record_lsn"] == "0/0"
+    m = metrics(ps)
+    assert m.value("pageserver_http_requests_total", method="POST", route="/v1/tenant/{tenant_id}/timeline/{timeline_id}/ingest", status="408") == 1
+    timeline.ingest([Image(key(1), 0x10, page_of(1))])
+
+
 def test_connections_over_the_cap_wait_for_a_free_one(pageserver_factory: PageserverFactory):
     cap = 3
     ps = pageserver_factory.start({"max_connections": cap, "http_header_read_timeout": "30s"})
@@ -149,6 +180,102 @@ def test_connections_over_the_cap_wait_for_a_free_one(pageserver_factory: Pagese
     assert ps.http.status()["id"] == ps.server_id
 
 
+def server_rss(ps: Pageserver) -> int:
+    """The server's resident memory in bytes, from /proc/<pid>/status."""
+    with open(f"/proc/{ps.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def unread_bytes(server_port: int, client_ports: set[int]) -> Optional[int]:
+    """The bytes the server has not yet read from the connections of `client_ports`, from the
+    receive queues in /proc/net/tcp; None until every such connection is listed."""
+    seen: dict[int, int] = {}
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            local, remote, queues = fields[1], fields[2], fields[4]
+            if int(local.split(":")[1], 16) != server_port:
+                continue
+            port = int(remote.split(":")[1], 16)
+            if port in client_ports:
+                seen[port] = int(queues.split(":")[1], 16)
+    if set(seen) != client_ports:
+        return None
+    return sum(seen.values())
+
+
+MiB = 1 << 20
+
+
+def test_body_flood_stays_within_the_budget(pageserver_factory: PageserverFactory):
+    """Ten clients each send 30 MiB of a 32 MiB ingest body and stop. Only as many as the 64 MiB
+    budget covers are read; the others get 503 before their body is read, so the server's memory
+    grows by about the budget, not by 300 MiB."""
+    budget, body_size, sent, clients = 64 * MiB, 32 * MiB, 30 * MiB, 10
+    ps = pageserver_factory.start(
+        {
+            "max_request_body_size": body_size,
+            "max_buffered_request_bytes": budget,
+            "http_body_read_timeout": "60s",
+        }
+    )
+    timeline = TimelineHandle.create(ps)
+    path = f"/v1/tenant/{timeline.tenant_id}/timeline/{timeline.timeline_id}/ingest"
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {body_size}\r\n\r\n".encode()
+    chunk = b"\0" * (256 * 1024)
+    baseline = server_rss(ps)
+
+    sockets = [connect(ps) for _ in range(clients)]
+    accepted: list[socket.socket] = []
+    lock = threading.Lock()
+
+    def flood(s: socket.socket) -> None:
+        try:
+            s.sendall(head)
+            for _ in range(sent // len(chunk)):
+                s.sendall(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            return  # refused: the server answered and closed the connection
+        with lock:
+            accepted.append(s)
+
+    threads = [threading.Thread(target=flood, args=(s,)) for s in sockets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive(), "a client could not send its body within 60 s"
+    # Wait until the server has read everything the accepted clients sent (their receive
+    # queues on the server's side are empty), then look at its memory.
+    ports = {s.getsockname()[1] for s in accepted}
+    wait_until(lambda: unread_bytes(ps.port, ports) == 0, timeout=30, what="the server read every accepted body")
+    grown = server_rss(ps) - baseline
+    print(f"RSS grew by {grown / MiB:.1f} MiB with {len(accepted)} of {clients} bodies read")
+    assert grown < budget + 40 * MiB, f"RSS grew by {grown / MiB:.1f} MiB, over the {budget // MiB} MiB budget"
+    assert len(accepted) == budget // body_size
+
+    # While the budget is taken, a further body is refused before it is sent, with a reason.
+    with connect(ps) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {MiB}\r\n\r\n".encode())
+        status, headers, reply = read_response(s)
+        assert status == 503
+        assert "max_buffered_request_bytes" in json_msg(headers, reply)
+        assert headers.get("connection") == "close" and headers.get("retry-after") == "1"
+    m = metrics(ps)
+    assert m.value("pageserver_http_request_body_bytes") == budget
+    assert m.value("pageserver_http_requests_total", method="POST", route="/v1/tenant/{tenant_id}/timeline/{timeline_id}/ingest", status="503") == clients - len(accepted) + 1
+
+    # The accepted clients give up: their bodies are dropped, the budget is free again.
+    for s in sockets:
+        s.close()
+    wait_until(lambda: metrics(ps).value("pageserver_http_request_body_bytes") == 0, what="budget released")
+    timeline.ingest([Image(key(1), 0x10, page_of(1))])
+
+
 def test_hyper_refusals_have_json_bodies(pageserver: Pageserver):
     cases = [
         (431, b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (200 * 1024) + b"\r\n\r\n", "too large"),
@@ -173,6 +300,8 @@ def test_nonsense_limits_are_refused_at_startup(pageserver_factory: PageserverFa
     for setting, value, says in [
         ("max_connections", 0, "max_connections 0 is out of range: from 1 to"),
         ("http_header_read_timeout", "0s", "http_header_read_timeout must be above zero"),
+        ("http_body_read_timeout", "0s", "http_body_read_timeout must be above zero"),
+        ("max_buffered_request_bytes", "1MiB", "below max_request_body_size"),
     ]:
         ps = pageserver_factory.create({setting: value})
         ps.allowed_errors.append("pageserver: error: settings:")

@@ -46,6 +46,8 @@ PROMISED = [
     "process_start_time_seconds",
     "pageserver_http_connections",
     "pageserver_http_connections_max",
+    "pageserver_http_request_body_bytes",
+    "pageserver_http_request_body_budget_bytes",
 ]
 
 

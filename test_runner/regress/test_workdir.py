@@ -36,6 +36,8 @@ def test_fresh_workdir_gets_default_settings(pageserver_factory: PageserverFacto
         "max_file_descriptors": 512,
         "max_request_body_size": "64MiB",
         "http_header_read_timeout": "10s",
+        "http_body_read_timeout": "30s",
+        "max_buffered_request_bytes": "256MiB",
         "scan_cursor_cache_size": "16MiB",
         "scan_cursor_idle_timeout": "60s",
         "log_format": "plain",

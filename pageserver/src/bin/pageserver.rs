@@ -20,6 +20,7 @@ use anyhow::Context;
 use clap::Parser;
 use pageserver::config::{AuthType, LogFormat, PageServerConf, CONFIG_FILE, DEFAULT_CONFIG_TOML};
 use pageserver::http::auth::JwtAuth;
+use pageserver::http::body_limits::BodyBudget;
 use pageserver::http::server::{serve, ConnectionLimit};
 use pageserver::http::{router, AppState};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
@@ -192,6 +193,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let connections = Arc::new(ConnectionLimit::new(conf.max_connections()));
     let header_read_timeout = conf.http_header_read_timeout;
     let state = Arc::new(AppState {
+        body_budget: Arc::new(BodyBudget::new(conf.max_buffered_request_bytes)),
         connections: connections.clone(),
         conf,
         tenants: tenants.clone(),

@@ -6,7 +6,8 @@
 //!   open and maximum descriptors, resident and virtual memory, CPU seconds, threads, start
 //!   time. Linux only, like the server; a file that cannot be read leaves its metrics out
 //!   rather than failing the scrape.
-//! - The HTTP limits in use: connections open and their cap.
+//! - The HTTP limits in use: connections open and their cap, request body bytes reserved and
+//!   their budget.
 //!
 //! It lives beside the HTTP code, not in `metrics.rs`, because it reads state that belongs to
 //! other modules; `metrics.rs` keeps the counters and histograms.
@@ -154,6 +155,20 @@ fn render_http_limits(out: &mut String, state: &AppState) {
         "gauge",
         "The most HTTP connections open at once (max_connections); more wait to be accepted",
         state.connections.max(),
+    );
+    family(
+        out,
+        "pageserver_http_request_body_bytes",
+        "gauge",
+        "Request body bytes reserved by requests being read and handled now",
+        state.body_budget.used_bytes(),
+    );
+    family(
+        out,
+        "pageserver_http_request_body_budget_bytes",
+        "gauge",
+        "The most request body bytes reserved at once (max_buffered_request_bytes)",
+        state.body_budget.capacity_bytes(),
     );
 }
 

@@ -9,14 +9,15 @@
 //!
 //! Middleware, outermost first: request accounting (a counter per method, route and status, a
 //! latency histogram per route and method, a log line per failed request), then auth
-//! ([`auth`]) when enabled. Connections, their cap and the header read timeout are
-//! [`server`]'s.
+//! ([`auth`]) when enabled, then the request body limits ([`body_limits`]). Connections, their
+//! cap and the header read timeout are [`server`]'s.
 //!
 //! Metric labels never take a client's text: a method outside the standard nine is `other`,
 //! and the route is the matched route's template (`/v1/tenant/{tenant_id}`), or `unmatched`,
 //! never the path. So however a client probes, the series stay a fixed, small set.
 
 pub mod auth;
+pub mod body_limits;
 pub mod error;
 pub mod metrics_page;
 pub mod routes;
@@ -48,6 +49,8 @@ pub struct AppState {
     pub scan_cursors: CursorCache,
     pub auth: Option<JwtAuth>,
     pub started_at: SystemTime,
+    /// The bytes of request bodies being read, all requests together.
+    pub body_budget: Arc<body_limits::BodyBudget>,
     /// The connection cap, shared with the accept loop ([`server::serve`]).
     pub connections: Arc<server::ConnectionLimit>,
 }
@@ -132,6 +135,10 @@ pub fn router(state: SharedState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
+            body_limits::limit_body,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
             check_auth,
         ))
         .layer(axum::middleware::from_fn(account))
@@ -176,7 +183,7 @@ async fn check_auth(State(state): State<SharedState>, request: Request, next: Ne
     next.run(request).await
 }
 
-fn has_body(request: &Request) -> bool {
+pub(crate) fn has_body(request: &Request) -> bool {
     let headers = request.headers();
     headers.contains_key(axum::http::header::TRANSFER_ENCODING)
         || headers

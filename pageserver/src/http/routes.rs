@@ -2,13 +2,14 @@
 
 use std::time::{Instant, UNIX_EPOCH};
 
-use axum::body::{Body, Bytes};
+use axum::body::{Body, Bytes, HttpBody as _};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
+use bytes::BytesMut;
 use pageserver_api::ingest::decode_batch;
 use pageserver_api::Key;
 use serde::de::DeserializeOwned;
@@ -40,22 +41,34 @@ fn parse_timeline(text: &str) -> ApiResult<TimelineId> {
 /// The most a JSON request body may hold; they are all a few ids.
 const MAX_JSON_BODY: usize = 64 * 1024;
 
-/// The whole body, refused with 413 past `limit` bytes.
-async fn read_body(body: Body, limit: usize) -> ApiResult<Bytes> {
-    axum::body::to_bytes(body, limit).await.map_err(|e| {
-        let over_limit = e
-            .into_inner()
-            .downcast_ref::<http_body_util::LengthLimitError>()
-            .is_some();
-        if over_limit {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("request body is over the limit of {limit} bytes"),
-            )
-        } else {
-            ApiError::bad_request("the request body could not be read to its end")
+/// The whole body, refused with 413 past `limit` bytes; 408 or 503 when a limit of
+/// [`super::body_limits`] cut it off. Read into one buffer sized from the body's length, so a
+/// body costs its size once (collecting chunks, then copying them together, would cost it
+/// twice at the end).
+async fn read_body(mut body: Body, limit: usize) -> ApiResult<Bytes> {
+    use http_body_util::BodyExt;
+    let over_limit = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body is over the limit of {limit} bytes"),
+        )
+    };
+    let expected = usize::try_from(body.size_hint().lower()).unwrap_or(usize::MAX);
+    let mut buffer = BytesMut::with_capacity(expected.min(limit));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            super::body_limits::api_error(&e).unwrap_or_else(|| {
+                ApiError::bad_request("the request body could not be read to its end")
+            })
+        })?;
+        if let Ok(data) = frame.into_data() {
+            if data.len() > limit - buffer.len() {
+                return Err(over_limit());
+            }
+            buffer.extend_from_slice(&data);
         }
-    })
+    }
+    Ok(buffer.freeze())
 }
 
 /// A JSON body of type `T`; an empty body is `T::default()`.

@@ -1,0 +1,354 @@
+//! Request bodies: a stall timeout, and one budget for the bytes of every body being read.
+//!
+//! A handler reads its body into memory whole (an ingest batch is validated whole before any of
+//! it is stored), so without a bound twenty clients each sending most of a 60 MiB body hold
+//! 1.2 GB of the server's memory for as long as they like. Two limits close that:
+//!
+//! - **The budget** (`max_buffered_request_bytes`): the bytes of request bodies that handlers
+//!   may hold, all requests together. A request with a `Content-Length` reserves that much
+//!   before its handler runs; if the budget cannot cover it the request is refused at once with
+//!   503 and `Connection: close`, before a byte of its body is read. Bytes a body sends beyond
+//!   its reservation (a chunked body, or one whose length is over `max_request_body_size` and
+//!   that a JSON handler reads the first 64 KiB of) are taken from the budget as they arrive;
+//!   when that fails the read fails, and the handler answers 503. Nothing waits for budget:
+//!   a refusal says why and the client retries, where waiting would keep a connection and its
+//!   partial body alive.
+//! - **The stall timeout** (`http_body_read_timeout`): a body that sends nothing for this long
+//!   fails its read, and the handler answers 408. The read stops, its buffer is dropped, and
+//!   hyper closes the connection because the body was not read to its end.
+//!
+//! Invariant: the budget held by a request is released when its response is ready (the
+//! handler has returned and dropped its buffer), or when the request is dropped, whichever
+//! comes first. (A storage task on the blocking pool may outlive a client that hung up, with
+//! the decoded batch; that is bounded by the pool, not by this budget.) The budget counts in
+//! KiB, so that one reservation of any allowed body size fits the semaphore's `u32`.
+
+use std::future::Future as _;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http_body::{Frame, SizeHint};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::error::ApiError;
+use super::SharedState;
+
+/// The budget's unit, in bytes.
+const UNIT: usize = 1024;
+
+/// The bytes of request bodies being read, all requests together; see the module docs.
+pub struct BodyBudget {
+    units: Arc<Semaphore>,
+    capacity_units: usize,
+}
+
+impl BodyBudget {
+    pub fn new(capacity_bytes: usize) -> BodyBudget {
+        let capacity_units = capacity_bytes / UNIT;
+        BodyBudget {
+            units: Arc::new(Semaphore::new(capacity_units)),
+            capacity_units,
+        }
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        (self.capacity_units * UNIT) as u64
+    }
+
+    /// Bytes reserved by requests right now.
+    pub fn used_bytes(&self) -> u64 {
+        (self.capacity_units - self.units.available_permits()) as u64 * UNIT as u64
+    }
+
+    /// `bytes` of budget now, or `None` if it is not there.
+    fn try_take(&self, bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let units = u32::try_from(bytes.div_ceil(UNIT)).ok()?;
+        self.units.clone().try_acquire_many_owned(units).ok()
+    }
+}
+
+/// Why a body could not be read; the handler's body reader turns it into a response
+/// ([`api_error`]).
+#[derive(Debug, thiserror::Error)]
+pub enum BodyLimitError {
+    #[error("the request body sent nothing for {0:?} (http_body_read_timeout)")]
+    Stalled(Duration),
+    #[error(
+        "request bodies being read already take the server's budget of {capacity} bytes \
+         (max_buffered_request_bytes); retry later"
+    )]
+    OverBudget { capacity: u64 },
+}
+
+/// The response for a body read that failed because of one of our limits, if it did.
+pub fn api_error(error: &(dyn std::error::Error + 'static)) -> Option<ApiError> {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if let Some(limit) = e.downcast_ref::<BodyLimitError>() {
+            let status = match limit {
+                BodyLimitError::Stalled(_) => StatusCode::REQUEST_TIMEOUT,
+                BodyLimitError::OverBudget { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            return Some(ApiError::new(status, limit.to_string()));
+        }
+        cause = e.source();
+    }
+    None
+}
+
+/// What a request holds of the budget, shared by its body and the middleware that releases it.
+#[derive(Default)]
+struct Held {
+    permit: Option<OwnedSemaphorePermit>,
+    /// A limit cut the body off: the connection cannot carry another request.
+    failed: bool,
+}
+
+type SharedHeld = Arc<Mutex<Held>>;
+
+fn hold(held: &SharedHeld, permit: OwnedSemaphorePermit) {
+    let mut held = held
+        .lock()
+        .expect("never poisoned: no panics under the lock");
+    match &mut held.permit {
+        Some(p) => p.merge(permit),
+        None => held.permit = Some(permit),
+    }
+}
+
+/// The middleware: reserves a body's declared length, wraps the body in a [`LimitedBody`],
+/// and releases the budget once the response is ready.
+pub async fn limit_body(
+    State(state): State<SharedState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if !super::has_body(&request) {
+        return next.run(request).await;
+    }
+    let budget = &state.body_budget;
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let held = SharedHeld::default();
+    // A length over max_request_body_size is refused by every handler without reading more
+    // than 64 KiB of it, so it reserves nothing up front; its bytes are counted as they come.
+    let reserved = declared
+        .filter(|len| *len <= state.conf.max_request_body_size)
+        .unwrap_or(0);
+    if reserved > 0 {
+        match budget.try_take(reserved) {
+            Some(permit) => hold(&held, permit),
+            None => {
+                let error = BodyLimitError::OverBudget {
+                    capacity: budget.capacity_bytes(),
+                };
+                let mut response =
+                    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, error.to_string())
+                        .into_response();
+                let headers = response.headers_mut();
+                // The body stays unread, so the connection cannot carry another request.
+                headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+                headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return response;
+            }
+        }
+    }
+    let (parts, body) = request.into_parts();
+    let body = LimitedBody {
+        inner: body,
+        budget: state.body_budget.clone(),
+        held: held.clone(),
+        covered: reserved.div_ceil(UNIT) * UNIT,
+        received: 0,
+        stall_timeout: state.conf.http_body_read_timeout,
+        stall: Box::pin(tokio::time::sleep(state.conf.http_body_read_timeout)),
+    };
+    let mut response = next.run(Request::from_parts(parts, Body::new(body))).await;
+    let held = std::mem::take(&mut *held.lock().expect("never poisoned"));
+    if held.failed {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    // The handler has returned, and with it the buffer the budget stood for.
+    drop(held.permit);
+    response
+}
+
+/// A request body under the stall timeout and the budget; see the module docs.
+struct LimitedBody {
+    inner: Body,
+    budget: Arc<BodyBudget>,
+    held: SharedHeld,
+    /// Bytes the budget held for this body covers (whole units).
+    covered: usize,
+    received: usize,
+    stall_timeout: Duration,
+    /// Fires when the body has sent nothing for `stall_timeout`; reset by every frame.
+    stall: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl LimitedBody {
+    fn fail(&mut self, error: BodyLimitError) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        self.held.lock().expect("never poisoned").failed = true;
+        Poll::Ready(Some(Err(axum::Error::new(error))))
+    }
+}
+
+impl HttpBody for LimitedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => {
+                if this.stall.as_mut().poll(cx).is_ready() {
+                    return this.fail(BodyLimitError::Stalled(this.stall_timeout));
+                }
+                Poll::Pending
+            }
+            Poll::Ready(Some(Ok(frame))) => {
+                let deadline = tokio::time::Instant::now() + this.stall_timeout;
+                this.stall.as_mut().reset(deadline);
+                if let Some(data) = frame.data_ref() {
+                    this.received += data.len();
+                    if this.received > this.covered {
+                        let more = this.received - this.covered;
+                        match this.budget.try_take(more) {
+                            Some(permit) => {
+                                this.covered += more.div_ceil(UNIT) * UNIT;
+                                hold(&this.held, permit);
+                            }
+                            None => {
+                                let capacity = this.budget.capacity_bytes();
+                                return this.fail(BodyLimitError::OverBudget { capacity });
+                            }
+                        }
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_counts_whole_units_and_refuses_past_its_capacity() {
+        let budget = BodyBudget::new(10 * UNIT);
+        let a = budget.try_take(4 * UNIT).unwrap();
+        let b = budget.try_take(UNIT + 1).unwrap(); // two units
+        assert_eq!(budget.used_bytes(), 6 * UNIT as u64);
+        assert!(budget.try_take(5 * UNIT).is_none());
+        let c = budget.try_take(4 * UNIT).unwrap();
+        assert!(budget.try_take(1).is_none());
+        drop((a, b, c));
+        assert_eq!(budget.used_bytes(), 0);
+        assert_eq!(budget.capacity_bytes(), 10 * UNIT as u64);
+    }
+
+    #[test]
+    fn limit_errors_are_found_under_wrappers() {
+        let stalled = axum::Error::new(BodyLimitError::Stalled(Duration::from_secs(1)));
+        let error = api_error(&stalled).unwrap();
+        assert_eq!(error.status, StatusCode::REQUEST_TIMEOUT);
+        assert!(
+            error.msg.contains("http_body_read_timeout"),
+            "{}",
+            error.msg
+        );
+        let over = axum::Error::new(axum::Error::new(BodyLimitError::OverBudget { capacity: 7 }));
+        assert_eq!(
+            api_error(&over).unwrap().status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        let other = axum::Error::new(std::io::Error::other("reset"));
+        assert!(api_error(&other).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stalled_body_fails_and_chunks_past_the_reservation_take_budget() {
+        use http_body_util::BodyExt;
+        let budget = Arc::new(BodyBudget::new(4 * UNIT));
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
+        let held = SharedHeld::default();
+        let mut body = LimitedBody {
+            inner: Body::new(ChannelBody(rx)),
+            budget: budget.clone(),
+            held: held.clone(),
+            covered: 0,
+            received: 0,
+            stall_timeout: Duration::from_millis(50),
+            stall: Box::pin(tokio::time::sleep(Duration::from_millis(50))),
+        };
+        tx.send(Ok(Frame::data(Bytes::from(vec![0u8; 3 * UNIT]))))
+            .await
+            .unwrap();
+        let frame = body.frame().await.unwrap().unwrap();
+        assert_eq!(frame.data_ref().unwrap().len(), 3 * UNIT);
+        assert_eq!(budget.used_bytes(), 3 * UNIT as u64);
+        // Over the budget: the read fails, and the request is marked for closing.
+        tx.send(Ok(Frame::data(Bytes::from(vec![0u8; 2 * UNIT]))))
+            .await
+            .unwrap();
+        let error = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(
+            api_error(&error).unwrap().status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert!(held.lock().unwrap().failed);
+        // Nothing more arrives: after the stall timeout the read fails with a 408.
+        held.lock().unwrap().failed = false;
+        let error = body.frame().await.unwrap().unwrap_err();
+        assert_eq!(
+            api_error(&error).unwrap().status,
+            StatusCode::REQUEST_TIMEOUT
+        );
+        drop(tx);
+        // The budget is the request's until its holder is dropped.
+        assert_eq!(budget.used_bytes(), 3 * UNIT as u64);
+        drop(std::mem::take(&mut *held.lock().unwrap()));
+        assert_eq!(budget.used_bytes(), 0);
+    }
+
+    /// A body whose frames come from a channel: it stalls when the test sends nothing.
+    struct ChannelBody(tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
+
+    impl HttpBody for ChannelBody {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            self.0.poll_recv(cx)
+        }
+    }
+}
