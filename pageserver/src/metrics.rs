@@ -3,11 +3,12 @@
 //! Two sources. Events counted where they happen (ephemeral writes, layer flushes, requests and
 //! their latencies) live in the `prometheus` crate's default registry as the statics below; each
 //! costs an atomic add or a histogram bucket increment. State that already exists elsewhere (the
-//! page cache's and the scan cursor cache's counters, each timeline's LSNs and layers) is read at
-//! scrape time by
-//! [`render`] rather than mirrored, so it can never drift from the truth.
+//! page cache's and the scan cursor cache's counters, each timeline's LSNs and layers, the
+//! process) is read at scrape time by `http::metrics_page` rather than mirrored, so it can never
+//! drift from the truth.
+//!
+//! A leaf: this module imports nothing of ours, so any module may count into it.
 
-use std::fmt::Write as _;
 use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
@@ -16,11 +17,6 @@ use prometheus::{
     register_int_gauge, Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     TextEncoder,
 };
-
-use crate::page_cache::{KindStats, PageCache};
-use crate::tenant::cursor_cache::{CursorCache, CursorCacheStats};
-use crate::tenant::mgr::TenantManager;
-use crate::tenant::timeline::LayerKind;
 
 /// Latency buckets from 10 µs to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -246,25 +242,6 @@ pub static READ_WAITS: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
-/// Adds one GetPage's cost to the totals.
-pub fn record_read_cost(cost: &crate::tenant::read_cost::ReadCost) {
-    let blocks = [
-        ("index", "hit", cost.idx_hit),
-        ("index", "miss", cost.idx_miss),
-        ("value", "hit", cost.val_hit),
-        ("value", "miss", cost.val_miss),
-    ];
-    for (kind, result, n) in blocks {
-        READ_BLOCKS
-            .with_label_values(&[kind, result])
-            .inc_by(u64::from(n));
-    }
-    READ_IOS.inc_by(u64::from(cost.ios));
-    READ_BYTES.inc_by(cost.bytes);
-    READ_LAYERS.inc_by(u64::from(cost.layers));
-    READ_WAITS.inc_by(u64::from(cost.waits));
-}
-
 /// Registers every metric and its label values now, so a fresh server's `/metrics` lists each
 /// family (at zero) before its first event. `wait_lsn_timeout` sets the top latency buckets
 /// ([`with_wait_buckets`]); only the first call's counts.
@@ -313,252 +290,14 @@ pub fn register_all(wait_lsn_timeout: Duration) {
     LazyLock::force(&STARTUP_SECONDS);
 }
 
-/// The whole `/metrics` page.
-pub fn render(cache: &PageCache, cursors: &CursorCache, tenants: &TenantManager) -> String {
+/// Every metric of the registry, in the text format: the first part of the `/metrics` page,
+/// whose rest is read at scrape time (`http::metrics_page`).
+pub fn render_registered() -> String {
     let mut out = Vec::new();
     TextEncoder::new()
         .encode(&prometheus::gather(), &mut out)
         .expect("the text encoder writes to a Vec");
-    let mut out = String::from_utf8(out).expect("the text format is UTF-8");
-    render_page_cache(&mut out, cache);
-    render_cursor_cache(&mut out, &cursors.stats());
-    render_timelines(&mut out, tenants);
-    out
-}
-
-/// A metric family read off a struct: name, type, help, and how to get the value.
-type FamilyOf<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
-
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-fn render_page_cache(out: &mut String, cache: &PageCache) {
-    let stats = cache.stats();
-    let kinds: [(&str, &KindStats); 3] = [
-        ("file", &stats.file_pages),
-        ("index", &stats.index_pages),
-        ("materialized", &stats.materialized_pages),
-    ];
-    let per_kind: [FamilyOf<KindStats>; 5] = [
-        (
-            "pageserver_page_cache_hits_total",
-            "counter",
-            "Lookups that found their page",
-            |k| k.hits,
-        ),
-        (
-            "pageserver_page_cache_misses_total",
-            "counter",
-            "Lookups that did not find their page",
-            |k| k.misses,
-        ),
-        (
-            "pageserver_page_cache_inserts_total",
-            "counter",
-            "Pages inserted",
-            |k| k.inserts,
-        ),
-        (
-            "pageserver_page_cache_evictions_total",
-            "counter",
-            "Pages evicted",
-            |k| k.evictions,
-        ),
-        (
-            "pageserver_page_cache_resident_bytes",
-            "gauge",
-            "Bytes of pages resident",
-            |k| k.bytes_resident,
-        ),
-    ];
-    for (name, kind, help, get) in per_kind {
-        family(out, name, kind, help);
-        for (label, k) in kinds {
-            let _ = writeln!(out, "{name}{{kind=\"{label}\"}} {}", get(k));
-        }
-    }
-    let totals: [(&str, &str, &str, u64); 5] = [
-        (
-            "pageserver_page_cache_capacity_bytes",
-            "gauge",
-            "Bytes of page memory",
-            stats.capacity_bytes,
-        ),
-        (
-            "pageserver_page_cache_pinned_pages",
-            "gauge",
-            "Pages pinned by a lease right now",
-            stats.pinned_pages,
-        ),
-        (
-            "pageserver_page_cache_inserts_refused_total",
-            "counter",
-            "Inserts refused for lack of an evictable slot",
-            stats.inserts_refused,
-        ),
-        (
-            "pageserver_page_cache_inserts_duplicate_total",
-            "counter",
-            "Inserts of a page already cached",
-            stats.inserts_duplicate,
-        ),
-        (
-            "pageserver_page_cache_miss_waits_total",
-            "counter",
-            "File block misses that waited for another reader's read of the block",
-            stats.miss_waits,
-        ),
-    ];
-    for (name, kind, help, value) in totals {
-        family(out, name, kind, help);
-        let _ = writeln!(out, "{name} {value}");
-    }
-}
-
-fn render_cursor_cache(out: &mut String, stats: &CursorCacheStats) {
-    let families: [(&str, &str, &str, u64); 8] = [
-        (
-            "pageserver_scan_cursor_cache_lookups_total",
-            "counter",
-            "Scan pages that came with a token and looked for its cursor",
-            stats.lookups,
-        ),
-        (
-            "pageserver_scan_cursor_cache_hits_total",
-            "counter",
-            "Lookups that found their cursor (those not dropped resumed from it)",
-            stats.hits,
-        ),
-        (
-            "pageserver_scan_cursor_cache_misses_total",
-            "counter",
-            "Lookups that found no cursor (evicted or expired) and re-seeked from the token",
-            stats.misses,
-        ),
-        (
-            "pageserver_scan_cursor_cache_drops_total",
-            "counter",
-            "Cursors found but not usable (the layer set changed) and re-seeked",
-            stats.drops,
-        ),
-        (
-            "pageserver_scan_cursor_cache_inserts_total",
-            "counter",
-            "Cursors kept for a next page",
-            stats.inserts,
-        ),
-        (
-            "pageserver_scan_cursor_cache_cursors",
-            "gauge",
-            "Cursors held now",
-            stats.cursors,
-        ),
-        (
-            "pageserver_scan_cursor_cache_bytes",
-            "gauge",
-            "What the cursors held weigh together",
-            stats.bytes,
-        ),
-        (
-            "pageserver_scan_cursor_cache_capacity_bytes",
-            "gauge",
-            "The most the cursors held may weigh (scan_cursor_cache_size)",
-            stats.capacity_bytes,
-        ),
-    ];
-    for (name, kind, help, value) in families {
-        family(out, name, kind, help);
-        let _ = writeln!(out, "{name} {value}");
-    }
-    let name = "pageserver_scan_cursor_cache_evictions_total";
-    family(
-        out,
-        name,
-        "counter",
-        "Cursors evicted, by reason: idle past scan_cursor_idle_timeout, or over scan_cursor_cache_size",
-    );
-    let _ = writeln!(
-        out,
-        "{name}{{reason=\"expired\"}} {}",
-        stats.evictions_expired
-    );
-    let _ = writeln!(out, "{name}{{reason=\"size\"}} {}", stats.evictions_size);
-}
-
-fn render_timelines(out: &mut String, tenants: &TenantManager) {
-    let timelines: Vec<_> = tenants
-        .list_tenants()
-        .iter()
-        .flat_map(|t| t.list_timelines())
-        .collect();
-    let labels = |t: &crate::tenant::timeline::Timeline| {
-        format!(
-            "tenant_id=\"{}\",timeline_id=\"{}\"",
-            t.tenant_id(),
-            t.timeline_id()
-        )
-    };
-    family(
-        out,
-        "pageserver_last_record_lsn",
-        "gauge",
-        "Newest LSN ingested",
-    );
-    for t in &timelines {
-        let _ = writeln!(
-            out,
-            "pageserver_last_record_lsn{{{}}} {}",
-            labels(t),
-            t.last_record_lsn().0
-        );
-    }
-    family(
-        out,
-        "pageserver_disk_consistent_lsn",
-        "gauge",
-        "Newest LSN whose versions are all in fsynced layer files",
-    );
-    for t in &timelines {
-        let _ = writeln!(
-            out,
-            "pageserver_disk_consistent_lsn{{{}}} {}",
-            labels(t),
-            t.disk_consistent_lsn().0
-        );
-    }
-    let mut counts = String::new();
-    let mut sizes = String::new();
-    for t in &timelines {
-        let layers = t.layers();
-        for (kind, name) in [
-            (LayerKind::Open, "open"),
-            (LayerKind::Frozen, "frozen"),
-            (LayerKind::Delta, "delta"),
-        ] {
-            let (count, bytes) = layers
-                .iter()
-                .filter(|l| l.kind == kind)
-                .fold((0u64, 0u64), |(c, b), l| (c + 1, b + l.size_bytes));
-            let labels = format!("{},kind=\"{name}\"", labels(t));
-            let _ = writeln!(counts, "pageserver_layers{{{labels}}} {count}");
-            let _ = writeln!(sizes, "pageserver_layer_bytes{{{labels}}} {bytes}");
-        }
-    }
-    family(
-        out,
-        "pageserver_layers",
-        "gauge",
-        "Layers per timeline by kind",
-    );
-    out.push_str(&counts);
-    family(
-        out,
-        "pageserver_layer_bytes",
-        "gauge",
-        "Bytes of layers per timeline by kind",
-    );
-    out.push_str(&sizes);
+    String::from_utf8(out).expect("the text format is UTF-8")
 }
 
 #[cfg(test)]

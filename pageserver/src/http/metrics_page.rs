@@ -1,6 +1,8 @@
-//! The `/metrics` page: [`crate::metrics::render`], then what is read at scrape time from the
-//! process and the HTTP server.
+//! The `/metrics` page: the registry's counters and histograms
+//! ([`crate::metrics::render_registered`]), then what is read at scrape time, never mirrored:
 //!
+//! - The page cache's and the scan cursor cache's counters, and each timeline's LSNs and
+//!   layers.
 //! - `pageserver_build_info{version, features}` 1: which build answers.
 //! - `process_*`, under the names Prometheus client libraries use, read from `/proc/self`:
 //!   open and maximum descriptors, resident and virtual memory, CPU seconds, threads, start
@@ -16,6 +18,10 @@ use std::fmt::Write as _;
 use std::time::UNIX_EPOCH;
 
 use super::AppState;
+use crate::page_cache::{KindStats, PageCache};
+use crate::tenant::cursor_cache::CursorCacheStats;
+use crate::tenant::mgr::TenantManager;
+use crate::tenant::timeline::LayerKind;
 
 /// What `/proc/self/stat` counts CPU time in: USER_HZ, which Linux fixes at 100 per second for
 /// every architecture's user-space ABI (`sysconf(_SC_CLK_TCK)` reports the same constant).
@@ -23,18 +29,20 @@ const CLOCK_TICKS_PER_SECOND: f64 = 100.0;
 
 /// The whole `/metrics` page.
 pub fn render(state: &AppState) -> String {
-    let mut out = crate::metrics::render(&state.cache, &state.scan_cursors, &state.tenants);
+    let mut out = crate::metrics::render_registered();
+    render_page_cache(&mut out, &state.cache);
+    render_cursor_cache(&mut out, &state.scan_cursors.stats());
+    render_timelines(&mut out, &state.tenants);
     render_build_info(&mut out);
     render_process(&mut out, &read_process(), state);
     render_http_limits(&mut out, state);
     out
 }
 
-fn family(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-    );
+/// A family of one unlabelled sample.
+fn single(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
+    family(out, name, kind, help);
+    let _ = writeln!(out, "{name} {value}");
 }
 
 fn render_build_info(out: &mut String) {
@@ -118,11 +126,11 @@ fn render_process(out: &mut String, stats: &ProcessStats, state: &AppState) {
     ];
     for (name, help, value) in gauges {
         if let Some(value) = value {
-            family(out, name, "gauge", help, value);
+            single(out, name, "gauge", help, value);
         }
     }
     if let Some(cpu) = stats.cpu_seconds {
-        family(
+        single(
             out,
             "process_cpu_seconds_total",
             "counter",
@@ -131,7 +139,7 @@ fn render_process(out: &mut String, stats: &ProcessStats, state: &AppState) {
         );
     }
     if let Ok(started) = state.started_at.duration_since(UNIX_EPOCH) {
-        family(
+        single(
             out,
             "process_start_time_seconds",
             "gauge",
@@ -142,34 +150,269 @@ fn render_process(out: &mut String, stats: &ProcessStats, state: &AppState) {
 }
 
 fn render_http_limits(out: &mut String, state: &AppState) {
-    family(
+    single(
         out,
         "pageserver_http_connections",
         "gauge",
         "HTTP connections open now",
         state.connections.open(),
     );
-    family(
+    single(
         out,
         "pageserver_http_connections_max",
         "gauge",
         "The most HTTP connections open at once (max_connections); more wait to be accepted",
         state.connections.max(),
     );
-    family(
+    single(
         out,
         "pageserver_http_request_body_bytes",
         "gauge",
         "Request body bytes reserved by requests being read and handled now",
         state.body_budget.used_bytes(),
     );
-    family(
+    single(
         out,
         "pageserver_http_request_body_budget_bytes",
         "gauge",
         "The most request body bytes reserved at once (max_buffered_request_bytes)",
         state.body_budget.capacity_bytes(),
     );
+}
+
+/// A metric family read off a struct: name, type, help, and how to get the value.
+type FamilyOf<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
+
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn render_page_cache(out: &mut String, cache: &PageCache) {
+    let stats = cache.stats();
+    let kinds: [(&str, &KindStats); 3] = [
+        ("file", &stats.file_pages),
+        ("index", &stats.index_pages),
+        ("materialized", &stats.materialized_pages),
+    ];
+    let per_kind: [FamilyOf<KindStats>; 5] = [
+        (
+            "pageserver_page_cache_hits_total",
+            "counter",
+            "Lookups that found their page",
+            |k| k.hits,
+        ),
+        (
+            "pageserver_page_cache_misses_total",
+            "counter",
+            "Lookups that did not find their page",
+            |k| k.misses,
+        ),
+        (
+            "pageserver_page_cache_inserts_total",
+            "counter",
+            "Pages inserted",
+            |k| k.inserts,
+        ),
+        (
+            "pageserver_page_cache_evictions_total",
+            "counter",
+            "Pages evicted",
+            |k| k.evictions,
+        ),
+        (
+            "pageserver_page_cache_resident_bytes",
+            "gauge",
+            "Bytes of pages resident",
+            |k| k.bytes_resident,
+        ),
+    ];
+    for (name, kind, help, get) in per_kind {
+        family(out, name, kind, help);
+        for (label, k) in kinds {
+            let _ = writeln!(out, "{name}{{kind=\"{label}\"}} {}", get(k));
+        }
+    }
+    let totals: [(&str, &str, &str, u64); 5] = [
+        (
+            "pageserver_page_cache_capacity_bytes",
+            "gauge",
+            "Bytes of page memory",
+            stats.capacity_bytes,
+        ),
+        (
+            "pageserver_page_cache_pinned_pages",
+            "gauge",
+            "Pages pinned by a lease right now",
+            stats.pinned_pages,
+        ),
+        (
+            "pageserver_page_cache_inserts_refused_total",
+            "counter",
+            "Inserts refused for lack of an evictable slot",
+            stats.inserts_refused,
+        ),
+        (
+            "pageserver_page_cache_inserts_duplicate_total",
+            "counter",
+            "Inserts of a page already cached",
+            stats.inserts_duplicate,
+        ),
+        (
+            "pageserver_page_cache_miss_waits_total",
+            "counter",
+            "File block misses that waited for another reader's read of the block",
+            stats.miss_waits,
+        ),
+    ];
+    for (name, kind, help, value) in totals {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+}
+
+fn render_cursor_cache(out: &mut String, stats: &CursorCacheStats) {
+    let families: [(&str, &str, &str, u64); 8] = [
+        (
+            "pageserver_scan_cursor_cache_lookups_total",
+            "counter",
+            "Scan pages that came with a token and looked for its cursor",
+            stats.lookups,
+        ),
+        (
+            "pageserver_scan_cursor_cache_hits_total",
+            "counter",
+            "Lookups that found their cursor (those not dropped resumed from it)",
+            stats.hits,
+        ),
+        (
+            "pageserver_scan_cursor_cache_misses_total",
+            "counter",
+            "Lookups that found no cursor (evicted or expired) and re-seeked from the token",
+            stats.misses,
+        ),
+        (
+            "pageserver_scan_cursor_cache_drops_total",
+            "counter",
+            "Cursors found but not usable (the layer set changed) and re-seeked",
+            stats.drops,
+        ),
+        (
+            "pageserver_scan_cursor_cache_inserts_total",
+            "counter",
+            "Cursors kept for a next page",
+            stats.inserts,
+        ),
+        (
+            "pageserver_scan_cursor_cache_cursors",
+            "gauge",
+            "Cursors held now",
+            stats.cursors,
+        ),
+        (
+            "pageserver_scan_cursor_cache_bytes",
+            "gauge",
+            "What the cursors held weigh together",
+            stats.bytes,
+        ),
+        (
+            "pageserver_scan_cursor_cache_capacity_bytes",
+            "gauge",
+            "The most the cursors held may weigh (scan_cursor_cache_size)",
+            stats.capacity_bytes,
+        ),
+    ];
+    for (name, kind, help, value) in families {
+        family(out, name, kind, help);
+        let _ = writeln!(out, "{name} {value}");
+    }
+    let name = "pageserver_scan_cursor_cache_evictions_total";
+    family(
+        out,
+        name,
+        "counter",
+        "Cursors evicted, by reason: idle past scan_cursor_idle_timeout, or over scan_cursor_cache_size",
+    );
+    let _ = writeln!(
+        out,
+        "{name}{{reason=\"expired\"}} {}",
+        stats.evictions_expired
+    );
+    let _ = writeln!(out, "{name}{{reason=\"size\"}} {}", stats.evictions_size);
+}
+
+fn render_timelines(out: &mut String, tenants: &TenantManager) {
+    let timelines: Vec<_> = tenants
+        .list_tenants()
+        .iter()
+        .flat_map(|t| t.list_timelines())
+        .collect();
+    let labels = |t: &crate::tenant::timeline::Timeline| {
+        format!(
+            "tenant_id=\"{}\",timeline_id=\"{}\"",
+            t.tenant_id(),
+            t.timeline_id()
+        )
+    };
+    family(
+        out,
+        "pageserver_last_record_lsn",
+        "gauge",
+        "Newest LSN ingested",
+    );
+    for t in &timelines {
+        let _ = writeln!(
+            out,
+            "pageserver_last_record_lsn{{{}}} {}",
+            labels(t),
+            t.last_record_lsn().0
+        );
+    }
+    family(
+        out,
+        "pageserver_disk_consistent_lsn",
+        "gauge",
+        "Newest LSN whose versions are all in fsynced layer files",
+    );
+    for t in &timelines {
+        let _ = writeln!(
+            out,
+            "pageserver_disk_consistent_lsn{{{}}} {}",
+            labels(t),
+            t.disk_consistent_lsn().0
+        );
+    }
+    let mut counts = String::new();
+    let mut sizes = String::new();
+    for t in &timelines {
+        let layers = t.layers();
+        for (kind, name) in [
+            (LayerKind::Open, "open"),
+            (LayerKind::Frozen, "frozen"),
+            (LayerKind::Delta, "delta"),
+        ] {
+            let (count, bytes) = layers
+                .iter()
+                .filter(|l| l.kind == kind)
+                .fold((0u64, 0u64), |(c, b), l| (c + 1, b + l.size_bytes));
+            let labels = format!("{},kind=\"{name}\"", labels(t));
+            let _ = writeln!(counts, "pageserver_layers{{{labels}}} {count}");
+            let _ = writeln!(sizes, "pageserver_layer_bytes{{{labels}}} {bytes}");
+        }
+    }
+    family(
+        out,
+        "pageserver_layers",
+        "gauge",
+        "Layers per timeline by kind",
+    );
+    out.push_str(&counts);
+    family(
+        out,
+        "pageserver_layer_bytes",
+        "gauge",
+        "Bytes of layers per timeline by kind",
+    );
+    out.push_str(&sizes);
 }
 
 #[cfg(test)]
