@@ -103,8 +103,9 @@ pub static GETPAGE_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
     )
     .expect("metric names are unique")
 });
-/// Waits for an LSN last up to `wait_lsn_timeout` (60 s by default): buckets from 100 µs past
-/// that, so a timeout lands in a bucket of its own rather than only in `+Inf`.
+/// Waits for an LSN last up to `wait_lsn_timeout` (60 s by default): buckets from 100 µs, cut
+/// and extended by [`with_wait_buckets`], so a timeout lands in a bucket of its own rather than
+/// only in `+Inf`, whatever `wait_lsn_timeout` is.
 const WAIT_BUCKETS: &[f64] = &[
     0.000_1, 0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
@@ -113,7 +114,7 @@ pub static WAIT_LSN_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
         "pageserver_wait_lsn_seconds",
         "Time reads waited for their LSN to be ingested, by how the wait ended (ok, timeout, cancelled by shutdown, abandoned by the client)",
         &["outcome"],
-        WAIT_BUCKETS.to_vec()
+        with_wait_buckets(WAIT_BUCKETS)
     )
     .expect("metric names are unique")
 });

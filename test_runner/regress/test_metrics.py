@@ -206,6 +206,7 @@ def test_latency_buckets_reach_wait_lsn_timeout(pageserver_factory: PageserverFa
     for name, labels in [
         ("pageserver_http_request_duration_seconds_bucket", {"method": "GET", "route": "/v1/tenant/{tenant_id}/timeline/{timeline_id}/page"}),
         ("pageserver_getpage_seconds_bucket", {"outcome": "error"}),
+        ("pageserver_wait_lsn_seconds_bucket", {"outcome": "timeout"}),
     ]:
         buckets = finite_buckets(m, name, **labels)
         assert 300.0 in buckets and buckets[-1] > 300.0, (name, buckets)
@@ -229,6 +230,8 @@ def test_latency_buckets_reach_wait_lsn_timeout(pageserver_factory: PageserverFa
     assert bucket(m, "pageserver_http_request_duration_seconds_bucket", 1.0, **route) == 1
     assert bucket(m, "pageserver_getpage_seconds_bucket", 0.5, outcome="error") == 0
     assert bucket(m, "pageserver_getpage_seconds_bucket", 1.0, outcome="error") == 1
+    assert bucket(m, "pageserver_wait_lsn_seconds_bucket", 0.5, outcome="timeout") == 0
+    assert bucket(m, "pageserver_wait_lsn_seconds_bucket", 1.0, outcome="timeout") == 1
 
 
 def test_build_info_and_process_metrics(pageserver: Pageserver):
