@@ -63,6 +63,8 @@ max_request_body_size = "64MiB"
 http_header_read_timeout = "10s"
 # A request body that sends nothing for this long is cut off (408, then the connection closes).
 http_body_read_timeout = "30s"
+# A response the client reads nothing of for this long is abandoned and the connection closed.
+http_response_write_timeout = "30s"
 # Request bodies being read into memory, all requests together, may take at most this much;
 # past it a request is refused with 503. At least max_request_body_size.
 max_buffered_request_bytes = "256MiB"
@@ -125,6 +127,8 @@ pub struct PageServerConf {
     pub http_header_read_timeout: Duration,
     #[serde(deserialize_with = "duration")]
     pub http_body_read_timeout: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub http_response_write_timeout: Duration,
     #[serde(deserialize_with = "size_usize")]
     pub max_buffered_request_bytes: usize,
     /// `None`: derived from the open-file limit at startup ([`default_max_connections`]).
@@ -156,6 +160,7 @@ impl Default for PageServerConf {
             max_request_body_size: 64 << 20,
             http_header_read_timeout: Duration::from_secs(10),
             http_body_read_timeout: Duration::from_secs(30),
+            http_response_write_timeout: Duration::from_secs(30),
             max_buffered_request_bytes: 256 << 20,
             max_connections: None,
             scan_cursor_cache_size: 16 << 20,
@@ -255,6 +260,10 @@ impl PageServerConf {
         for (name, value) in [
             ("http_header_read_timeout", self.http_header_read_timeout),
             ("http_body_read_timeout", self.http_body_read_timeout),
+            (
+                "http_response_write_timeout",
+                self.http_response_write_timeout,
+            ),
         ] {
             if value.is_zero() {
                 return invalid(format!(
@@ -497,12 +506,15 @@ mod tests {
             .contains("http_header_read_timeout must be above zero"));
         assert!(err(&["http_body_read_timeout=0ms"])
             .contains("http_body_read_timeout must be above zero"));
+        assert!(err(&["http_response_write_timeout=0s"])
+            .contains("http_response_write_timeout must be above zero"));
         assert!(err(&["max_connections=0"]).contains("from 1 to"));
         assert!(err(&["max_connections=99999999"]).contains("from 1 to"));
         assert!(err(&["max_buffered_request_bytes=1MiB"]).contains("below max_request_body_size"));
         let conf = load(&[
             "http_header_read_timeout=250ms",
             "http_body_read_timeout=2s",
+            "http_response_write_timeout=3s",
             "max_connections=3",
             "max_buffered_request_bytes=1MiB",
             "max_request_body_size=1MiB",
@@ -510,6 +522,7 @@ mod tests {
         .unwrap();
         assert_eq!(conf.http_header_read_timeout, Duration::from_millis(250));
         assert_eq!(conf.http_body_read_timeout, Duration::from_secs(2));
+        assert_eq!(conf.http_response_write_timeout, Duration::from_secs(3));
         assert_eq!(conf.max_connections(), 3);
         assert_eq!(conf.max_buffered_request_bytes, 1 << 20);
     }

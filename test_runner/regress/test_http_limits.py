@@ -1,6 +1,7 @@
 """Slow and greedy clients: the header read timeout (which also closes idle keep-alive
-connections), the stall timeout of request bodies, the connection cap, the budget of request
-body bytes being read, and the JSON bodies of the answers hyper gives by itself.
+connections), the stall timeout of request bodies, the response write timeout, the connection
+cap, the budget of request body bytes being read, and the JSON bodies of the answers hyper gives
+by itself.
 
 Raw sockets throughout, on loopback: these tests are about what a misbehaving client sends, which
 an HTTP library would not."""
@@ -276,6 +277,51 @@ def test_body_flood_stays_within_the_budget(pageserver_factory: PageserverFactor
     timeline.ingest([Image(key(1), 0x10, page_of(1))])
 
 
+def test_unread_response_is_abandoned(pageserver_factory: PageserverFactory):
+    """A client asks for a scan page of a thousand pages (about 11 MiB of JSON, more than the
+    socket buffers hold) and reads none of it: once the socket has taken nothing for
+    http_response_write_timeout the server drops the connection and the response."""
+    ps = pageserver_factory.start({"http_response_write_timeout": "1s"})
+    timeline = TimelineHandle.create(ps)
+    timeline.ingest([Image(key(i), 0x10, page_of(i)) for i in range(1000)])
+    gc.collect()
+    wait_until(lambda: open_connections(ps) == 1, what="only the scraping connection open")
+    path = (
+        f"/v1/tenant/{timeline.tenant_id}/timeline/{timeline.timeline_id}/keys"
+        f"?start={key(0).hex()}&end={key(1000).hex()}&lsn=latest&limit=1000"
+    )
+    greedy = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    greedy.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    greedy.settimeout(SOCKET_TIMEOUT)
+    greedy.connect(("127.0.0.1", ps.port))
+    with greedy:
+        greedy.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        started = time.monotonic()
+        # The response is being written and stalls; then the connection is gone on the server.
+        wait_until(lambda: open_connections(ps) == 1, timeout=SOCKET_TIMEOUT, what="the stalled connection dropped")
+        assert time.monotonic() - started < 10.0
+        # What the client gets is a cut-off response: its head, part of the body, then the end.
+        status, headers, body = read_partial(greedy)
+        assert status == 200
+        assert len(body) < int(headers["content-length"])
+    m = metrics(ps)
+    assert m.value("pageserver_http_requests_total", method="GET", route="/v1/tenant/{tenant_id}/timeline/{timeline_id}/keys", status="200") == 1
+
+
+def read_partial(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """A response that may end early: status, headers, and as much of the body as came."""
+    data = b""
+    while chunk := s.recv(1 << 16):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(lines[0].split()[1]), headers, body
+
+
 def test_hyper_refusals_have_json_bodies(pageserver: Pageserver):
     cases = [
         (431, b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (200 * 1024) + b"\r\n\r\n", "too large"),
@@ -301,6 +347,7 @@ def test_nonsense_limits_are_refused_at_startup(pageserver_factory: PageserverFa
         ("max_connections", 0, "max_connections 0 is out of range: from 1 to"),
         ("http_header_read_timeout", "0s", "http_header_read_timeout must be above zero"),
         ("http_body_read_timeout", "0s", "http_body_read_timeout must be above zero"),
+        ("http_response_write_timeout", "0s", "http_response_write_timeout must be above zero"),
         ("max_buffered_request_bytes", "1MiB", "below max_request_body_size"),
     ]:
         ps = pageserver_factory.create({setting: value})

@@ -37,6 +37,7 @@ def test_fresh_workdir_gets_default_settings(pageserver_factory: PageserverFacto
         "max_request_body_size": "64MiB",
         "http_header_read_timeout": "10s",
         "http_body_read_timeout": "30s",
+        "http_response_write_timeout": "30s",
         "max_buffered_request_bytes": "256MiB",
         "scan_cursor_cache_size": "16MiB",
         "scan_cursor_idle_timeout": "60s",

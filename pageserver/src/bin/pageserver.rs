@@ -21,7 +21,7 @@ use clap::Parser;
 use pageserver::config::{AuthType, LogFormat, PageServerConf, CONFIG_FILE, DEFAULT_CONFIG_TOML};
 use pageserver::http::auth::JwtAuth;
 use pageserver::http::body_limits::BodyBudget;
-use pageserver::http::server::{serve, ConnectionLimit};
+use pageserver::http::server::{serve, ConnectionLimit, ConnectionTimeouts};
 use pageserver::http::{router, AppState};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
 use pageserver::tenant::cursor_cache::CursorCache;
@@ -191,7 +191,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let cursor_cache_conf = conf.cursor_cache_conf();
     let auth_enabled = auth.is_some();
     let connections = Arc::new(ConnectionLimit::new(conf.max_connections()));
-    let header_read_timeout = conf.http_header_read_timeout;
+    let timeouts = ConnectionTimeouts {
+        header_read: conf.http_header_read_timeout,
+        response_write: conf.http_response_write_timeout,
+    };
     let state = Arc::new(AppState {
         body_budget: Arc::new(BodyBudget::new(conf.max_buffered_request_bytes)),
         connections: connections.clone(),
@@ -224,7 +227,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             listener,
             router(state),
             connections.clone(),
-            header_read_timeout,
+            timeouts,
             async move {
                 shutdown_signal().await;
                 // Reads waiting for an LSN would hold the shutdown up to wait_lsn_timeout.

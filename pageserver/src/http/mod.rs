@@ -22,6 +22,7 @@ pub mod error;
 pub mod metrics_page;
 pub mod routes;
 pub mod server;
+pub mod write_stall;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};

@@ -1,7 +1,7 @@
 //! The accept loop and the HTTP/1.1 connections behind the router.
 //!
-//! We serve connections ourselves (hyper's HTTP/1.1 connection, not `axum::serve`) for three
-//! limits `axum::serve` cannot set:
+//! We serve connections ourselves (hyper's HTTP/1.1 connection, not `axum::serve`) for limits
+//! `axum::serve` cannot set:
 //!
 //! - **A connection cap** (`max_connections`). The loop takes a permit before it accepts, so a
 //!   connection over the cap waits in the kernel's listen queue, holding no descriptor of ours,
@@ -11,6 +11,9 @@
 //!   response on a kept-alive one. So the one setting both cuts off a client that sends its
 //!   request line and headers too slowly and closes an idle keep-alive connection. hyper closes
 //!   such a connection without a response (a client sees the connection end).
+//! - **A response write timeout** (`http_response_write_timeout`): a client that stops reading
+//!   its response loses the connection, and the server the response
+//!   ([`super::write_stall`]).
 //! - **Bounded per-connection buffers**: a request head may take at most
 //!   [`MAX_HEAD_BYTES`] (431 past it) and hyper's read buffer never grows beyond that, so
 //!   what an open connection can hold is bounded however its client behaves. Request bodies
@@ -42,6 +45,8 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::write_stall::WriteStall;
 
 /// The largest request head (request line and headers) and hyper's read buffer.
 pub const MAX_HEAD_BYTES: usize = 128 * 1024;
@@ -95,18 +100,25 @@ impl Drop for Admitted {
     }
 }
 
+/// The timeouts of every connection; see the module docs.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionTimeouts {
+    pub header_read: Duration,
+    pub response_write: Duration,
+}
+
 /// Serves `router` on `listener` until `shutdown` completes and every connection has closed.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     connections: Arc<ConnectionLimit>,
-    header_read_timeout: Duration,
+    timeouts: ConnectionTimeouts,
     shutdown: impl Future<Output = ()>,
 ) {
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(header_read_timeout)
+        .header_read_timeout(timeouts.header_read)
         .max_buf_size(MAX_HEAD_BYTES);
     let graceful = GracefulShutdown::new();
     let mut shutdown = pin!(shutdown);
@@ -129,7 +141,8 @@ pub async fn serve(
         };
         let admitted = Admitted::new(connections.clone(), permit);
         let service = TowerToHyperService::new(router.clone());
-        let connection = builder.serve_connection(TokioIo::new(ErrorBodies::new(stream)), service);
+        let io = WriteStall::new(ErrorBodies::new(stream), timeouts.response_write);
+        let connection = builder.serve_connection(TokioIo::new(io), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(e) = connection.await {
