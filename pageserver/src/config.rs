@@ -69,8 +69,8 @@ http_response_write_timeout = "30s"
 # past it a request is refused with 503. At least max_request_body_size.
 max_buffered_request_bytes = "256MiB"
 # At most this many HTTP connections at once; more wait in the kernel's listen queue until one
-# closes. By default a quarter of the open-file limit (RLIMIT_NOFILE), at most 1000, so the
-# rest of the descriptors stay free for layer files.
+# closes. By default what the open-file limit (RLIMIT_NOFILE) leaves after max_file_descriptors
+# and 64 more for the runtime and logs, from 16 to 1000.
 # max_connections = 1000
 
 # Paged key scans (GET .../keys) keep each scan's cursor between pages, so the next page
@@ -276,7 +276,7 @@ impl PageServerConf {
             if !(1..=MAX_CONNECTIONS_LIMIT).contains(&n) {
                 return invalid(format!(
                     "max_connections {n} is out of range: from 1 to {MAX_CONNECTIONS_LIMIT} \
-                     (leave it out for a quarter of the open-file limit)"
+                     (leave it out for what the open-file limit leaves after our files)"
                 ));
             }
         }
@@ -292,8 +292,9 @@ impl PageServerConf {
 
     /// `max_connections`, or its default for this process's open-file limit.
     pub fn max_connections(&self) -> usize {
-        self.max_connections
-            .unwrap_or_else(|| default_max_connections(open_files_limit()))
+        self.max_connections.unwrap_or_else(|| {
+            default_max_connections(open_files_limit(), self.max_file_descriptors)
+        })
     }
 
     pub fn cursor_cache_conf(&self) -> CursorCacheConfig {
@@ -318,13 +319,24 @@ impl PageServerConf {
 /// usual open-file limit.
 pub const MAX_CONNECTIONS_LIMIT: usize = 1 << 20;
 
-/// The default connection cap for an open-file limit of `nofile`: a quarter of it, between 16
-/// and 1000. Every delta layer keeps its file open and every timeline has an ephemeral file, so
-/// most descriptors must stay free for files however many clients connect; a connection over
-/// the cap waits in the listen queue, which costs no descriptor.
-pub fn default_max_connections(nofile: Option<u64>) -> usize {
-    let quarter = nofile.map_or(1000, |n| usize::try_from(n / 4).unwrap_or(usize::MAX));
-    quarter.clamp(16, 1000)
+/// Descriptors kept for neither files nor connections: the async runtime, the log, the
+/// listener, the work directory lock, the blocking pool's occasional directory fsync.
+const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// The default connection cap for an open-file limit of `nofile`: what it leaves after our
+/// files (at most `max_file_descriptors` are open at once) and [`RESERVED_DESCRIPTORS`], from
+/// 16 to 1000. So connections alone never exhaust the descriptors files need; a connection
+/// over the cap waits in the listen queue, which costs no descriptor. Without a known limit,
+/// 1000.
+pub fn default_max_connections(nofile: Option<u64>, max_file_descriptors: usize) -> usize {
+    let Some(nofile) = nofile else {
+        return 1000;
+    };
+    let files = u64::try_from(max_file_descriptors).unwrap_or(u64::MAX);
+    let left = nofile
+        .saturating_sub(files)
+        .saturating_sub(RESERVED_DESCRIPTORS);
+    usize::try_from(left).unwrap_or(usize::MAX).clamp(16, 1000)
 }
 
 /// The soft open-file limit (RLIMIT_NOFILE) of this process, from `/proc/self/limits`; `None`
@@ -529,10 +541,15 @@ mod tests {
 
     #[test]
     fn the_connection_cap_leaves_descriptors_for_files() {
-        assert_eq!(default_max_connections(Some(1024)), 256);
-        assert_eq!(default_max_connections(Some(1 << 20)), 1000);
-        assert_eq!(default_max_connections(Some(20)), 16);
-        assert_eq!(default_max_connections(None), 1000);
+        // The usual 1024: 512 for files, 64 kept, the rest for connections.
+        assert_eq!(default_max_connections(Some(1024), 512), 448);
+        assert_eq!(default_max_connections(Some(1 << 20), 512), 1000);
+        assert_eq!(default_max_connections(Some(128), 32), 32);
+        assert_eq!(default_max_connections(Some(100), 512), 16);
+        assert_eq!(default_max_connections(None, 512), 1000);
+        let conf = PageServerConf::default();
+        let expected = default_max_connections(open_files_limit(), conf.max_file_descriptors);
+        assert_eq!(conf.max_connections(), expected);
     }
 
     #[test]

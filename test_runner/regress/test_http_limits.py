@@ -322,6 +322,23 @@ def read_partial(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), headers, body
 
 
+def test_the_default_connection_cap_leaves_descriptors_for_files(pageserver_factory: PageserverFactory):
+    # Under a process limit of 256 open files with 64 of them for our files and 64 kept, 128 are
+    # left for connections.
+    ps = pageserver_factory.create({"max_file_descriptors": 64})
+    ps.open_files_limit = 256
+    ps.start()
+    m = metrics(ps)
+    assert m.value("process_max_fds") == 256
+    assert m.value("pageserver_http_connections_max") == 128
+    ps.stop()
+    # A cap set above what the limit leaves is taken as set, with a warning.
+    ps.allowed_errors.append(r"WARN .*max_connections 500 with max_file_descriptors 64 may need more descriptors than the process's limit of 256")
+    ps.start(overrides={"max_connections": 500})
+    assert metrics(ps).value("pageserver_http_connections_max") == 500
+    assert ps.log_contains(r"WARN .*max_connections 500 with max_file_descriptors 64")
+
+
 def test_hyper_refusals_have_json_bodies(pageserver: Pageserver):
     cases = [
         (431, b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (200 * 1024) + b"\r\n\r\n", "too large"),

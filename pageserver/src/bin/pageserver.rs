@@ -18,7 +18,9 @@ use std::time::{Instant, SystemTime};
 
 use anyhow::Context;
 use clap::Parser;
-use pageserver::config::{AuthType, LogFormat, PageServerConf, CONFIG_FILE, DEFAULT_CONFIG_TOML};
+use pageserver::config::{
+    open_files_limit, AuthType, LogFormat, PageServerConf, CONFIG_FILE, DEFAULT_CONFIG_TOML,
+};
 use pageserver::http::auth::JwtAuth;
 use pageserver::http::body_limits::BodyBudget;
 use pageserver::http::server::{serve, ConnectionLimit, ConnectionTimeouts};
@@ -191,6 +193,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let cursor_cache_conf = conf.cursor_cache_conf();
     let auth_enabled = auth.is_some();
     let connections = Arc::new(ConnectionLimit::new(conf.max_connections()));
+    if let (Some(set), Some(limit)) = (conf.max_connections, open_files_limit()) {
+        // The default never asks for more than the limit leaves; a setting may.
+        let wanted = set as u64 + conf.max_file_descriptors as u64 + 64;
+        if wanted > limit {
+            tracing::warn!(
+                "max_connections {set} with max_file_descriptors {} may need more descriptors \
+                 than the process's limit of {limit}: accepting a connection can then fail",
+                conf.max_file_descriptors
+            );
+        }
+    }
     let timeouts = ConnectionTimeouts {
         header_read: conf.http_header_read_timeout,
         response_write: conf.http_response_write_timeout,

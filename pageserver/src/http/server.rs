@@ -5,7 +5,7 @@
 //!
 //! - **A connection cap** (`max_connections`). The loop takes a permit before it accepts, so a
 //!   connection over the cap waits in the kernel's listen queue, holding no descriptor of ours,
-//!   until one closes. Descriptors beyond the cap stay free for layer and ephemeral files.
+//!   until one closes. The default cap leaves `max_file_descriptors` for our files.
 //! - **A header read timeout** (`http_header_read_timeout`). hyper starts its clock whenever a
 //!   connection begins waiting for a request's head: on a fresh connection and after every
 //!   response on a kept-alive one. So the one setting both cuts off a client that sends its
