@@ -337,14 +337,8 @@ async fn shutdown_signal() {
 /// What the process's descriptor limit leaves besides our files, for the startup log: the HTTP
 /// connections, the log and the runtime need descriptors too.
 fn fd_limit_note(max_file_descriptors: usize) -> String {
-    let soft_limit = std::fs::read_to_string("/proc/self/limits")
-        .ok()
-        .and_then(|limits| {
-            let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
-            line.split_whitespace().nth(3)?.parse::<usize>().ok()
-        });
-    match soft_limit {
-        Some(limit) if limit <= max_file_descriptors + 64 => {
+    match open_files_limit() {
+        Some(limit) if limit <= max_file_descriptors as u64 + 64 => {
             tracing::warn!(
                 "max_file_descriptors {max_file_descriptors} leaves too few of the process's \
                  limit of {limit} open files for connections: raise the limit or lower the setting"
