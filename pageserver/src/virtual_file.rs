@@ -132,12 +132,17 @@ impl VirtualFile {
         Self::create_in(global(), path, true)
     }
 
-    /// [`VirtualFile::create`] or [`VirtualFile::create_durable`] in a table of one's own.
+    /// [`VirtualFile::create`] or [`VirtualFile::create_durable`] in a table of one's own. A
+    /// durable file waits while half the table's slots are pinned by others.
     pub fn create_in(
         table: &Arc<OpenFiles>,
         path: &Path,
         durable: bool,
     ) -> io::Result<VirtualFile> {
+        if durable {
+            table.acquire_pin();
+        }
+        // From here the pin is the file's: its drop gives it back, also if creation fails.
         let file = Self::unopened(table, path, Access::ReadWrite, durable);
         file.claim_slot(|| {
             OpenOptions::new()
@@ -219,6 +224,9 @@ impl Drop for VirtualFile {
     /// Closes the descriptor now: a deleted file's space is freed, and the slot is free.
     fn drop(&mut self) {
         self.table.release(Claim::from_bits(*self.claim.get_mut()));
+        if self.pinned {
+            self.table.release_pin();
+        }
     }
 }
 

@@ -27,8 +27,10 @@
 //!
 //! **Pinned** slots belong to files being written for durability (layer files, the manifest):
 //! an fsync reports a write-back error only to descriptors open when it happened, so such a
-//! descriptor must stay open from the first write to its `sync_all`. They are few and short
-//! lived (one per flush in progress).
+//! descriptor must stay open from the first write to its `sync_all`. They are short lived (one
+//! per flush in progress), and at most half the slots may be pinned at once: a file created
+//! for durability past that waits for a pin ([`OpenFiles::acquire_pin`]), so however many
+//! timelines flush at once, reads always find slots to use.
 //!
 //! Counted in `pageserver_open_files` (descriptors held now), `pageserver_file_opens_total`
 //! (`first` or `reopen`) and `pageserver_file_evictions_total` (descriptors closed to make
@@ -37,7 +39,7 @@
 use std::fs::File;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::sync::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 /// Tags fit in the low bits of a packed handle, slot numbers in the high ones.
 const TAG_BITS: u32 = 40;
@@ -58,6 +60,10 @@ struct Slot {
 pub struct OpenFiles {
     slots: Box<[Slot]>,
     hand: AtomicUsize,
+    /// Pins held now, at most `max_pins`; see the module documentation.
+    pins: Mutex<usize>,
+    pin_released: Condvar,
+    max_pins: usize,
 }
 
 /// A handle's claim on a slot, packed into one word: `slot << TAG_BITS | tag`; 0 is none.
@@ -118,7 +124,29 @@ impl OpenFiles {
                 })
                 .collect(),
             hand: AtomicUsize::new(0),
+            pins: Mutex::new(0),
+            pin_released: Condvar::new(),
+            max_pins: (capacity / 2).max(1),
         }
+    }
+
+    /// Waits until a file may pin a slot, and counts its pin; give it back with
+    /// [`OpenFiles::release_pin`].
+    pub(super) fn acquire_pin(&self) {
+        let mut pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
+        while *pins >= self.max_pins {
+            pins = self
+                .pin_released
+                .wait(pins)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        *pins += 1;
+    }
+
+    pub(super) fn release_pin(&self) {
+        let mut pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
+        *pins -= 1;
+        self.pin_released.notify_one();
     }
 
     pub fn capacity(&self) -> usize {
@@ -142,7 +170,7 @@ impl OpenFiles {
         let guard = slot.file.read().unwrap_or_else(|e| e.into_inner());
         // The tag changes only under the write lock: while this read lock is held, a matching
         // tag means the file is the claim's.
-        if slot.tag.load(Ordering::Acquire) != claim.tag() || guard.is_none() {
+        if slot.tag.load(Ordering::Acquire) & TAG_MASK != claim.tag() || guard.is_none() {
             return None;
         }
         slot.recently_used.store(true, Ordering::Relaxed);
@@ -158,7 +186,12 @@ impl OpenFiles {
     ) -> io::Result<(Claim, Held<'_>)> {
         let (index, mut guard) = self.victim()?;
         let slot = &self.slots[index];
-        let tag = (slot.tag.fetch_add(1, Ordering::AcqRel) + 1) & TAG_MASK;
+        // Tags are compared within TAG_MASK; a masked 0 would read as "no claim", so it is
+        // skipped (once in 2^40 changes of one slot).
+        let mut tag = (slot.tag.fetch_add(1, Ordering::AcqRel) + 1) & TAG_MASK;
+        if tag == 0 {
+            tag = (slot.tag.fetch_add(1, Ordering::AcqRel) + 1) & TAG_MASK;
+        }
         if guard.take().is_some() {
             crate::metrics::FILE_EVICTIONS.inc();
             crate::metrics::OPEN_FILES.dec();
@@ -180,11 +213,11 @@ impl OpenFiles {
             return;
         };
         // The usual case, a slot long since given to another file, costs no lock.
-        if slot.tag.load(Ordering::Acquire) != claim.tag() {
+        if slot.tag.load(Ordering::Acquire) & TAG_MASK != claim.tag() {
             return;
         }
         let mut guard = slot.file.write().unwrap_or_else(|e| e.into_inner());
-        if slot.tag.load(Ordering::Acquire) == claim.tag() {
+        if slot.tag.load(Ordering::Acquire) & TAG_MASK == claim.tag() {
             slot.tag.fetch_add(1, Ordering::AcqRel);
             slot.pinned.store(false, Ordering::Release);
             if guard.take().is_some() {
