@@ -6,9 +6,9 @@
 //! |-----------------------------------------------|-----------------------------------------|
 //! | a listed layer file, of the listed size, whose summary names this tenant, timeline and the ranges its name says | opens it |
 //! | a listed layer file that is missing, of another size, or another layer | refuses to load, naming the file (the tenant is broken) |
-//! | a layer-named file the manifest does not list | removes it: a flush wrote it, and crashed before its manifest was stored |
+//! | a layer-named file the manifest does not list, starting above `disk_consistent_lsn` | removes it (after the listed layers pass): a flush wrote it, and crashed before its manifest was stored |
 //! | `*.___temp`, ephemeral files                  | removes them                            |
-//! | anything else                                 | logs it by name and leaves it alone     |
+//! | anything else (an unlisted layer of older versions included) | logs it by name and leaves it alone |
 //!
 //! The whole-file CRC-32C in the manifest is not recomputed here, since that would read every
 //! layer at every start; the size and the summary's identity catch a missing, swapped, grown or
@@ -134,17 +134,6 @@ impl LayerOpener<'_> {
         &self,
         manifest: &TimelineMetadata,
     ) -> Result<Vec<Arc<DeltaLayer>>, TimelineError> {
-        self.sweep(|name| {
-            if manifest.layer(name).is_some() {
-                None
-            } else if is_layer_file_name(name) {
-                Some(Unlisted::Remove(
-                    "a layer file no manifest lists (its flush did not finish)",
-                ))
-            } else {
-                Some(Unlisted::Ignore)
-            }
-        })?;
         let durable = manifest.disk_consistent_lsn;
         let mut deltas = Vec::with_capacity(manifest.layers.len());
         for entry in &manifest.layers {
@@ -152,7 +141,8 @@ impl LayerOpener<'_> {
                 DeltaLayer::open(path, self.cache.clone(), self.max_value_size)
             })?;
             let lsn_end = layer.summary().lsn_end;
-            if lsn_end.0 > durable.0 + 1 {
+            // lsn_end is above lsn_start (the summary checks it), so this cannot wrap.
+            if lsn_end.0 - 1 > durable.0 {
                 return Err(TimelineError::LayerSet {
                     file: entry.name.clone(),
                     reason: format!(
@@ -163,6 +153,23 @@ impl LayerOpener<'_> {
             }
             deltas.push(Arc::new(layer));
         }
+        // Only once the listed set is whole: a load that is refused deletes nothing. A flush
+        // that crashed before its manifest leaves a layer starting above disk_consistent_lsn;
+        // an unlisted layer of older versions is no flush's (renamed, restored by hand) and is
+        // left for whoever put it there.
+        self.sweep(|name| {
+            if manifest.layer(name).is_some() {
+                None
+            } else if lsn_range_of_file_name(name).is_some_and(|lsns| lsns.start > durable)
+                && is_layer_file_name(name)
+            {
+                Some(Unlisted::Remove(
+                    "a layer file no manifest lists, above disk_consistent_lsn (its flush did not finish)",
+                ))
+            } else {
+                Some(Unlisted::Ignore)
+            }
+        })?;
         Ok(deltas)
     }
 
@@ -174,7 +181,7 @@ impl LayerOpener<'_> {
     ) -> Result<(TimelineMetadata, Vec<Arc<DeltaLayer>>), TimelineError> {
         // Written, but the metadata update that would acknowledge it was lost: removed without
         // being read, so a layer torn by the crash cannot fail the load.
-        let unacknowledged = |end: Lsn| end.0 > durable.0 + 1;
+        let unacknowledged = |end: Lsn| end.0.saturating_sub(1) > durable.0;
         let mut names = Vec::new();
         self.sweep(|name| {
             if !is_layer_file_name(name) {
@@ -245,7 +252,7 @@ impl LayerOpener<'_> {
                     Some(Unlisted::Remove(why)) => Some(why),
                     Some(Unlisted::Ignore) => {
                         tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, file = name,
-                            "ignoring a file that is not a layer file in the timeline directory");
+                            "ignoring a file that is not one of the timeline's layer files");
                         None
                     }
                 }

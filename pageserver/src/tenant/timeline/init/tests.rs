@@ -165,10 +165,28 @@ fn unlisted_layers_go_and_stray_files_stay() {
     let stray = dir.path().join("notes.txt");
     std::fs::write(&stray, b"an operator's notes").unwrap();
     std::fs::create_dir(dir.path().join("a-directory")).unwrap();
+    // An unlisted layer of versions at or below disk_consistent_lsn is no crashed flush's.
+    let restored = dir.path().join(format!(
+        "{}-{}__0000000000000001-0000000000000011",
+        rel_key(0),
+        rel_key(9)
+    ));
+    std::fs::copy(&layers[0], &restored).unwrap();
+
+    // A load that is refused deletes nothing.
+    let first = std::fs::read(&layers[0]).unwrap();
+    std::fs::remove_file(&layers[0]).unwrap();
+    load_err(dir.path());
+    assert!(layers[2].exists() && restored.exists());
+    std::fs::write(&layers[0], first).unwrap();
 
     let tl = load(dir.path()).unwrap();
     assert_eq!(tl.layer_counts().deltas, 2);
-    assert!(!layers[2].exists(), "the unlisted layer is removed");
+    assert!(!layers[2].exists(), "the crashed flush's layer is removed");
+    assert!(
+        restored.exists(),
+        "an unlisted layer of older versions is left alone"
+    );
     assert!(stray.exists() && dir.path().join("a-directory").is_dir());
     assert_eq!(tl.get_page(rel_key(9), Lsn(0x20)).unwrap(), None);
     assert_eq!(
