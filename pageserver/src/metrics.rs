@@ -47,8 +47,18 @@ pub fn with_wait_buckets(base: &[f64]) -> Vec<f64> {
         .copied()
         .unwrap_or(DEFAULT_WAIT_LSN_TIMEOUT)
         .as_secs_f64();
+    buckets_up_to(base, top)
+}
+
+fn buckets_up_to(base: &[f64], top: f64) -> Vec<f64> {
     let mut buckets: Vec<f64> = base.iter().copied().filter(|b| *b < top).collect();
-    buckets.extend([top, top * 2.0]);
+    // Buckets must rise strictly: a timeout of zero (or below the first bucket) adds only one
+    // positive bound past what is kept.
+    if top > 0.0 {
+        buckets.extend([top, top * 2.0]);
+    } else if buckets.is_empty() {
+        buckets.push(base.first().copied().unwrap_or(1.0));
+    }
     buckets
 }
 
@@ -304,6 +314,16 @@ pub fn render_registered() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buckets_rise_strictly_whatever_the_timeout() {
+        for top in [0.0, 0.000_01, 0.000_1, 0.7, 60.0, 1e6] {
+            let b = buckets_up_to(REQUEST_BUCKETS, top);
+            assert!(!b.is_empty(), "{top}");
+            assert!(b.windows(2).all(|w| w[0] < w[1]), "{top}: {b:?}");
+            assert!(b[0] > 0.0, "{top}: {b:?}");
+        }
+    }
 
     #[test]
     fn wait_buckets_reach_past_wait_lsn_timeout() {
