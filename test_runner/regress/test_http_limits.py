@@ -149,6 +149,53 @@ def test_stalled_body_is_cut_off_and_its_budget_freed(pageserver_factory: Pagese
     timeline.ingest([Image(key(1), 0x10, page_of(1))])
 
 
+def test_a_trickling_body_is_cut_off_at_the_minimum_rate(pageserver_factory: PageserverFactory):
+    """A body that sends a byte every 0.3 s never pauses for http_body_read_timeout, yet would
+    hold its reservation for hours: past the first timeout it must keep 1 MiB/s."""
+    ps = pageserver_factory.start({"http_body_read_timeout": "1s"})
+    timeline = TimelineHandle.create(ps)
+    body = encode_batch([Image(key(i), 0x10, page_of(i)) for i in range(8)])
+    path = f"/v1/tenant/{timeline.tenant_id}/timeline/{timeline.timeline_id}/ingest"
+    with connect(ps) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n\r\n".encode())
+        stop = threading.Event()
+
+        def trickle() -> None:
+            for i in range(60):
+                # Pacing the client under test, not waiting for the server.
+                if stop.wait(0.3):
+                    return
+                try:
+                    s.sendall(body[i : i + 1])
+                except OSError:
+                    return
+
+        sender = threading.Thread(target=trickle)
+        sender.start()
+        try:
+            status, headers, reply = read_response(s)
+        finally:
+            stop.set()
+            sender.join()
+        assert status == 408, reply
+        assert "minimum rate of 1 MiB/s" in json_msg(headers, reply)
+    wait_until(lambda: metrics(ps).value("pageserver_http_request_body_bytes") == 0, what="budget released")
+    assert timeline.info()["last_record_lsn"] == "0/0"
+
+
+def test_json_routes_reserve_no_more_than_they_read(pageserver_factory: PageserverFactory):
+    """POST /v1/tenant reads at most 64 KiB of JSON: a large declared length reserves no more
+    of the budget than that, so such requests cannot take the budget ingest needs."""
+    ps = pageserver_factory.start({"max_request_body_size": "1MiB", "max_buffered_request_bytes": "1MiB"})
+    with connect(ps) as s:
+        s.sendall(b"POST /v1/tenant HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1048576\r\n\r\n{")
+        wait_until(lambda: metrics(ps).value("pageserver_http_request_body_bytes") > 0, what="body reserved")
+        assert metrics(ps).value("pageserver_http_request_body_bytes") == 64 * 1024
+        # Ingest still finds its budget meanwhile.
+        timeline = TimelineHandle.create(ps)
+        timeline.ingest([Image(key(1), 0x10, page_of(1))])
+
+
 def test_connections_over_the_cap_wait_for_a_free_one(pageserver_factory: PageserverFactory):
     cap = 3
     ps = pageserver_factory.start({"max_connections": cap, "http_header_read_timeout": "30s"})
@@ -281,7 +328,9 @@ def test_unread_response_is_abandoned(pageserver_factory: PageserverFactory):
     """A client asks for a scan page of a thousand pages (about 11 MiB of JSON, more than the
     socket buffers hold) and reads none of it: once the socket has taken nothing for
     http_response_write_timeout the server drops the connection and the response."""
-    ps = pageserver_factory.start({"http_response_write_timeout": "1s"})
+    # A short header timeout: keep-alive connections the setup left idle close well within the
+    # wait below, whichever client they belonged to.
+    ps = pageserver_factory.start({"http_response_write_timeout": "1s", "http_header_read_timeout": "2s"})
     timeline = TimelineHandle.create(ps)
     timeline.ingest([Image(key(i), 0x10, page_of(i)) for i in range(1000)])
     gc.collect()

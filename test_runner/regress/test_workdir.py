@@ -301,7 +301,7 @@ def test_stray_files_in_a_timeline_directory_are_reported_and_left_alone(pageser
     ps.start()
 
     assert ps.http.tenant_info(timeline.tenant_id)["state"] == "Active"
-    assert ps.log_contains(r"WARN .*ignoring a file that is not a layer file.*not-a-layer")
+    assert ps.log_contains(r"WARN .*ignoring a file that is not one of the timeline's layer files.*not-a-layer")
     assert (tl_dir / "not-a-layer").exists()
     assert not unlisted.exists()
     timeline.verify()

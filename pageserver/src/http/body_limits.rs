@@ -16,6 +16,10 @@
 //! - **The stall timeout** (`http_body_read_timeout`): a body that sends nothing for this long
 //!   fails its read, and the handler answers 408. The read stops, its buffer is dropped, and
 //!   hyper closes the connection because the body was not read to its end.
+//! - **A minimum rate** ([`MIN_BODY_RATE`]): past its first `http_body_read_timeout`, a body must
+//!   have sent at least 1 MiB for every second since; one that trickles a byte now and then
+//!   (never stalling long enough for the timeout) fails with 408 too, so no client holds its
+//!   reservation of the budget for longer than its size justifies.
 //!
 //! Invariant: the budget held by a request is released when its response is ready (the
 //! handler has returned and dropped its buffer), or when the request is dropped, whichever
@@ -81,6 +85,11 @@ pub enum BodyLimitError {
     #[error("the request body sent nothing for {0:?} (http_body_read_timeout)")]
     Stalled(Duration),
     #[error(
+        "the request body sent {received} bytes in {elapsed:?}: under the minimum rate of 1 MiB/s \
+         after the first http_body_read_timeout"
+    )]
+    TooSlow { received: usize, elapsed: Duration },
+    #[error(
         "request bodies being read already take the server's budget of {capacity} bytes \
          (max_buffered_request_bytes); retry later"
     )]
@@ -93,7 +102,9 @@ pub fn api_error(error: &(dyn std::error::Error + 'static)) -> Option<ApiError> 
     while let Some(e) = cause {
         if let Some(limit) = e.downcast_ref::<BodyLimitError>() {
             let status = match limit {
-                BodyLimitError::Stalled(_) => StatusCode::REQUEST_TIMEOUT,
+                BodyLimitError::Stalled(_) | BodyLimitError::TooSlow { .. } => {
+                    StatusCode::REQUEST_TIMEOUT
+                }
                 BodyLimitError::OverBudget { .. } => StatusCode::SERVICE_UNAVAILABLE,
             };
             return Some(ApiError::new(status, limit.to_string()));
@@ -142,8 +153,18 @@ pub async fn limit_body(
     let held = SharedHeld::default();
     // A length over max_request_body_size is refused by every handler without reading more
     // than 64 KiB of it, so it reserves nothing up front; its bytes are counted as they come.
+    // Only ingest reads a large body: any other route reads at most its JSON limit, and
+    // reserves no more (what it reads beyond is counted as it comes).
+    let ingest = request.uri().path().ends_with("/ingest");
     let reserved = declared
         .filter(|len| *len <= state.conf.max_request_body_size)
+        .map(|len| {
+            if ingest {
+                len
+            } else {
+                len.min(super::routes::MAX_JSON_BODY)
+            }
+        })
         .unwrap_or(0);
     if reserved > 0 {
         match budget.try_take(reserved) {
@@ -172,6 +193,8 @@ pub async fn limit_body(
         received: 0,
         stall_timeout: state.conf.http_body_read_timeout,
         stall: Box::pin(tokio::time::sleep(state.conf.http_body_read_timeout)),
+        started: tokio::time::Instant::now(),
+        last_frame: tokio::time::Instant::now(),
     };
     let mut response = next.run(Request::from_parts(parts, Body::new(body))).await;
     let held = std::mem::take(&mut *held.lock().expect("never poisoned"));
@@ -194,8 +217,26 @@ struct LimitedBody {
     covered: usize,
     received: usize,
     stall_timeout: Duration,
-    /// Fires when the body has sent nothing for `stall_timeout`; reset by every frame.
+    /// Fires when the body has sent nothing for `stall_timeout`, or falls behind
+    /// [`MIN_BODY_RATE`]; reset by every frame.
     stall: Pin<Box<tokio::time::Sleep>>,
+    started: tokio::time::Instant,
+    last_frame: tokio::time::Instant,
+}
+
+/// The slowest a body may arrive once its first `http_body_read_timeout` is over, in bytes per
+/// second; see the module docs.
+pub const MIN_BODY_RATE: u64 = 1 << 20;
+
+impl LimitedBody {
+    /// When the body fails unless more arrives: `stall_timeout` after its last frame, or when
+    /// what it has sent falls behind the minimum rate, whichever comes first.
+    fn deadline(&self) -> tokio::time::Instant {
+        let by_rate = self.started
+            + self.stall_timeout
+            + Duration::from_secs_f64(self.received as f64 / MIN_BODY_RATE as f64);
+        (self.last_frame + self.stall_timeout).min(by_rate)
+    }
 }
 
 impl LimitedBody {
@@ -217,26 +258,36 @@ impl HttpBody for LimitedBody {
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Pending => {
                 if this.stall.as_mut().poll(cx).is_ready() {
-                    return this.fail(BodyLimitError::Stalled(this.stall_timeout));
+                    let now = tokio::time::Instant::now();
+                    let error = if now >= this.last_frame + this.stall_timeout {
+                        BodyLimitError::Stalled(this.stall_timeout)
+                    } else {
+                        BodyLimitError::TooSlow {
+                            received: this.received,
+                            elapsed: now - this.started,
+                        }
+                    };
+                    return this.fail(error);
                 }
                 Poll::Pending
             }
             Poll::Ready(Some(Ok(frame))) => {
-                let deadline = tokio::time::Instant::now() + this.stall_timeout;
-                this.stall.as_mut().reset(deadline);
+                this.last_frame = tokio::time::Instant::now();
                 if let Some(data) = frame.data_ref() {
                     this.received += data.len();
-                    if this.received > this.covered {
-                        let more = this.received - this.covered;
-                        match this.budget.try_take(more) {
-                            Some(permit) => {
-                                this.covered += more.div_ceil(UNIT) * UNIT;
-                                hold(&this.held, permit);
-                            }
-                            None => {
-                                let capacity = this.budget.capacity_bytes();
-                                return this.fail(BodyLimitError::OverBudget { capacity });
-                            }
+                }
+                let deadline = this.deadline();
+                this.stall.as_mut().reset(deadline);
+                if this.received > this.covered {
+                    let more = this.received - this.covered;
+                    match this.budget.try_take(more) {
+                        Some(permit) => {
+                            this.covered += more.div_ceil(UNIT) * UNIT;
+                            hold(&this.held, permit);
+                        }
+                        None => {
+                            let capacity = this.budget.capacity_bytes();
+                            return this.fail(BodyLimitError::OverBudget { capacity });
                         }
                     }
                 }
@@ -306,6 +357,8 @@ mod tests {
             received: 0,
             stall_timeout: Duration::from_millis(50),
             stall: Box::pin(tokio::time::sleep(Duration::from_millis(50))),
+            started: tokio::time::Instant::now(),
+            last_frame: tokio::time::Instant::now(),
         };
         tx.send(Ok(Frame::data(Bytes::from(vec![0u8; 3 * UNIT]))))
             .await
@@ -335,6 +388,50 @@ mod tests {
         assert_eq!(budget.used_bytes(), 3 * UNIT as u64);
         drop(std::mem::take(&mut *held.lock().unwrap()));
         assert_eq!(budget.used_bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_body_that_trickles_without_stalling_fails_its_minimum_rate() {
+        use http_body_util::BodyExt;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
+        let stall = Duration::from_millis(200);
+        let mut body = LimitedBody {
+            inner: Body::new(ChannelBody(rx)),
+            budget: Arc::new(BodyBudget::new(64 * UNIT)),
+            held: SharedHeld::default(),
+            covered: 64 * UNIT,
+            received: 0,
+            stall_timeout: stall,
+            stall: Box::pin(tokio::time::sleep(stall)),
+            started: tokio::time::Instant::now(),
+            last_frame: tokio::time::Instant::now(),
+        };
+        // One byte every 50 ms: never a gap of `stall`, and far below the minimum rate.
+        tokio::spawn(async move {
+            for _ in 0..100 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if tx
+                    .send(Ok(Frame::data(Bytes::from_static(b"x"))))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let started = std::time::Instant::now();
+        let error = loop {
+            match body.frame().await.unwrap() {
+                Ok(_) => assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "the trickle was never cut off"
+                ),
+                Err(e) => break e,
+            }
+        };
+        let api = api_error(&error).unwrap();
+        assert_eq!(api.status, StatusCode::REQUEST_TIMEOUT);
+        assert!(api.msg.contains("minimum rate"), "{}", api.msg);
     }
 
     /// A body whose frames come from a channel: it stalls when the test sends nothing.

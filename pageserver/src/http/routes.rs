@@ -39,7 +39,7 @@ fn parse_timeline(text: &str) -> ApiResult<TimelineId> {
 }
 
 /// The most a JSON request body may hold; they are all a few ids.
-const MAX_JSON_BODY: usize = 64 * 1024;
+pub(super) const MAX_JSON_BODY: usize = 64 * 1024;
 
 /// The whole body, refused with 413 past `limit` bytes; 408 or 503 when a limit of
 /// [`super::body_limits`] cut it off. Read into one buffer sized from the body's length, so a

@@ -25,20 +25,26 @@
 //! connection. [`ErrorBodies`] sits between hyper and the socket and gives those answers the
 //! `{"msg": ...}` body of every other error.
 //!
+//! hyper's error responses are only looked for before the router has taken a request on the
+//! connection: after that, a write may be body bytes of ours, which a tenant chooses (a page).
+//!
 //! Shutdown: when the shutdown future completes the loop stops accepting and drops the
 //! listener; every connection is told to finish its request in flight and close (idle ones
-//! close at once); `serve` returns when the last has closed.
+//! close at once); `serve` returns when the last has closed, or after [`SHUTDOWN_DRAIN`],
+//! dropping the connections still open (a client trickling a body or reading its response a
+//! byte at a time would otherwise hold the final flush forever).
 
 use std::future::Future;
 use std::io;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use hyper::server::conn::http1;
+use hyper::service::Service as _;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -140,8 +146,18 @@ pub async fn serve(
             },
         };
         let admitted = Admitted::new(connections.clone(), permit);
-        let service = TowerToHyperService::new(router.clone());
-        let io = WriteStall::new(ErrorBodies::new(stream), timeouts.response_write);
+        // Set once the router takes a request: from then on bytes of our responses pass through
+        // the socket, and ErrorBodies no longer looks for hyper's errors in them.
+        let served = Arc::new(AtomicBool::new(false));
+        let service = {
+            let router = TowerToHyperService::new(router.clone());
+            let served = served.clone();
+            hyper::service::service_fn(move |request| {
+                served.store(true, Ordering::Release);
+                router.call(request)
+            })
+        };
+        let io = WriteStall::new(ErrorBodies::new(stream, served), timeouts.response_write);
         let connection = builder.serve_connection(TokioIo::new(io), service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
@@ -154,8 +170,22 @@ pub async fn serve(
     }
     // New connections are refused from here on.
     drop(listener);
-    graceful.shutdown().await;
+    // A client that trickles its body or reads its response a byte at a time must not hold
+    // the shutdown, and with it the final flush, forever.
+    if tokio::time::timeout(SHUTDOWN_DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            open = connections.open(),
+            "requests still in flight {SHUTDOWN_DRAIN:?} after shutdown began: their connections \
+             are dropped"
+        );
+    }
 }
+
+/// How long a shutdown waits for requests in flight before it drops their connections.
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(30);
 
 /// As hyper 0.14 and `axum::serve` do: errors of one connection are its own; anything else
 /// (EMFILE: out of descriptors) is worth an error line and a pause before accepting again.
@@ -183,13 +213,19 @@ pub struct ErrorBodies<S> {
     inner: S,
     /// The replacement being written, how far, and how long hyper's original was.
     rewrite: Option<(Vec<u8>, usize, usize)>,
+    /// Whether the router has taken a request on this connection. Until it has, nothing but
+    /// hyper's own answers can be written; after, a write may be bytes of a body of ours (a
+    /// page's bytes are the tenant's to choose, and may look like a head), so no write is
+    /// rewritten. hyper's errors after a served request keep their empty body.
+    served: Arc<AtomicBool>,
 }
 
 impl<S> ErrorBodies<S> {
-    pub fn new(inner: S) -> ErrorBodies<S> {
+    pub fn new(inner: S, served: Arc<AtomicBool>) -> ErrorBodies<S> {
         ErrorBodies {
             inner,
             rewrite: None,
+            served,
         }
     }
 }
@@ -250,6 +286,9 @@ impl<S: AsyncWrite + Unpin> ErrorBodies<S> {
     fn start_rewrite(&mut self, head: &[u8]) -> bool {
         if self.rewrite.is_some() {
             return true;
+        }
+        if self.served.load(Ordering::Acquire) {
+            return false;
         }
         match with_json_body(head) {
             Some(bytes) => {
@@ -380,7 +419,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_rewrite_reports_the_original_length_once_written() {
-        let mut wrapped = ErrorBodies::new(Trickle::default());
+        let served = Arc::new(AtomicBool::new(false));
+        let mut wrapped = ErrorBodies::new(Trickle::default(), served.clone());
         let head = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
         let n = std::future::poll_fn(|cx| Pin::new(&mut wrapped).poll_write(cx, head))
             .await
@@ -395,5 +435,15 @@ mod tests {
             .unwrap();
         assert_eq!(n, 3);
         assert!(wrapped.inner.written.ends_with(b"}abc"));
+
+        // Once a request was served, bytes that look like one of hyper's heads may be a page
+        // of ours: written as they are.
+        served.store(true, Ordering::Release);
+        let before = wrapped.inner.written.len();
+        let n = std::future::poll_fn(|cx| Pin::new(&mut wrapped).poll_write(cx, head))
+            .await
+            .unwrap();
+        assert_eq!(n, 16, "the trickle takes 16 bytes at a time");
+        assert_eq!(&wrapped.inner.written[before..], &head[..16]);
     }
 }
