@@ -201,6 +201,8 @@ def test_corrupt_layer_breaks_only_its_tenant(pageserver_factory: PageserverFact
     info = ps.http.tenant_info(victim.tenant_id)
     assert info["state"] == "Broken", info
     assert victim.timeline_id in info["broken_reason"]
+    # The reason names files as the tenant knows them; the log has the server's whole path.
+    assert str(ps.workdir) not in info["broken_reason"], info
     assert ps.log_contains(rf"tenant is broken.*{victim.timeline_id}")
     # The broken tenant's data is refused as unavailable, not served wrong...
     for call in (
@@ -215,6 +217,7 @@ def test_corrupt_layer_breaks_only_its_tenant(pageserver_factory: PageserverFact
             call()
         assert e.value.status_code == 503, e.value
         assert "broken" in e.value.msg
+        assert str(ps.workdir) not in e.value.msg, e.value.msg
     # ... its files are kept as evidence...
     assert layer.exists()
     # ... and every other tenant works: reads, writes, checkpoints.

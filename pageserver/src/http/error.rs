@@ -52,7 +52,64 @@ impl IntoResponse for ApiError {
                 self.msg
             );
         }
-        (self.status, Json(serde_json::json!({ "msg": self.msg }))).into_response()
+        // The log has the whole message; the client gets it without the server's paths.
+        let msg = if self.status.is_server_error() {
+            redact_paths(&self.msg)
+        } else {
+            self.msg
+        };
+        (self.status, Json(serde_json::json!({ "msg": msg }))).into_response()
+    }
+}
+
+/// `msg` with every file system path cut down to names the client knows: from the work
+/// directory's `tenants/` on (`tenants/<tenant>/timelines/<timeline>/<file>`), or the file name
+/// alone for a path elsewhere. Storage errors name files by their whole path, which is what
+/// the server's log needs but not what a client should see of the machine.
+///
+/// A path is a word that starts with `/` or has a `tenants/` component; quotes and brackets
+/// around it and punctuation after it stay. LSNs (`0/16B5A50`) are not paths.
+pub fn redact_paths(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while !rest.is_empty() {
+        let word_end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let (word, tail) = rest.split_at(word_end);
+        let space_end = tail
+            .find(|c: char| !c.is_whitespace())
+            .unwrap_or(tail.len());
+        let (space, tail) = tail.split_at(space_end);
+        let core_start = word
+            .find(|c: char| !"\"'`([<".contains(c))
+            .unwrap_or(word.len());
+        let core_len = word[core_start..]
+            .trim_end_matches(|c: char| "\"'`)]>,;:.".contains(c))
+            .len();
+        let core = &word[core_start..core_start + core_len];
+        let is_path = (core.starts_with('/') && core.len() > 1)
+            || core.starts_with("tenants/")
+            || core.contains("/tenants/");
+        if is_path {
+            out.push_str(&word[..core_start]);
+            out.push_str(&client_path(core));
+            out.push_str(&word[core_start + core_len..]);
+        } else {
+            out.push_str(word);
+        }
+        out.push_str(space);
+        rest = tail;
+    }
+    out
+}
+
+fn client_path(path: &str) -> String {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    match parts
+        .iter()
+        .rposition(|p| *p == crate::tenant::mgr::TENANTS_DIR)
+    {
+        Some(at) => parts[at..].join("/"),
+        None => parts.last().copied().unwrap_or_default().to_owned(),
     }
 }
 
@@ -100,9 +157,10 @@ impl From<TenantError> for ApiError {
             TenantError::TenantNotFound(_) | TenantError::TimelineNotFound { .. } => {
                 StatusCode::NOT_FOUND
             }
-            TenantError::TenantExists(_) | TenantError::TimelineExists { .. } => {
-                StatusCode::CONFLICT
-            }
+            TenantError::TenantExists(_)
+            | TenantError::TenantBeingDeleted(_)
+            | TenantError::TimelineExists { .. }
+            | TenantError::TimelineBeingDeleted { .. } => StatusCode::CONFLICT,
             TenantError::TenantBroken { .. } | TenantError::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -110,5 +168,84 @@ impl From<TenantError> for ApiError {
             TenantError::Timeline(inner) => timeline_status(inner),
         };
         ApiError::new(status, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_cut_to_the_tenants_names() {
+        let tl =
+            "tenants/0123456789abcdef0123456789abcdef/timelines/fedcba9876543210fedcba9876543210";
+        let cases = [
+            (
+                format!("/srv/ps/{tl}.___temp: No such file or directory (os error 2)"),
+                format!("{tl}.___temp: No such file or directory (os error 2)"),
+            ),
+            (
+                format!("timeline metadata /srv/ps/{tl}/metadata: Permission denied"),
+                format!("timeline metadata {tl}/metadata: Permission denied"),
+            ),
+            (
+                format!("layer \"/srv/ps/{tl}/x\" is corrupt"),
+                format!("layer \"{tl}/x\" is corrupt"),
+            ),
+            (
+                format!("relative .pageserver/{tl}/metadata."),
+                format!("relative {tl}/metadata."),
+            ),
+            (
+                "key file (/etc/keys/auth.pem) unreadable".to_owned(),
+                "key file (auth.pem) unreadable".to_owned(),
+            ),
+            // The workdir itself may be named `tenants`: the last such component counts.
+            (
+                format!("/home/tenants/x/{tl}/metadata"),
+                format!("{tl}/metadata"),
+            ),
+        ];
+        for (from, to) in cases {
+            assert_eq!(redact_paths(&from), to);
+        }
+        // Not paths: LSNs, endpoints' text without a leading slash, a lone slash.
+        for text in [
+            "timed out after 60s waiting for LSN 0/21; the last ingested LSN is 0/20",
+            "a / b",
+            "  spaced\tout  ",
+        ] {
+            assert_eq!(redact_paths(text), text);
+        }
+    }
+
+    #[test]
+    fn only_server_errors_are_redacted() {
+        let body = |e: ApiError| {
+            let response = e.into_response();
+            let bytes = futures_body(response);
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()["msg"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(
+            body(ApiError::internal("/srv/x/tenants/t: gone")),
+            "tenants/t: gone"
+        );
+        assert_eq!(
+            body(ApiError::not_found("no such endpoint: /v1/nothing")),
+            "no such endpoint: /v1/nothing"
+        );
+    }
+
+    fn futures_body(response: Response) -> Vec<u8> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime
+            .block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
+            .unwrap()
+            .to_vec()
     }
 }

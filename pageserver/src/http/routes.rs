@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value as JsonValue};
 use utils::{Lsn, TenantId, TimelineId};
 
-use super::error::ApiError;
+use super::error::{redact_paths, ApiError};
 use super::{blocking, SharedState};
 use crate::page_cache::KindStats;
 use crate::tenant::cursor_cache::{ScanFrom, ScanRequest, ScanToken};
@@ -84,7 +84,7 @@ async fn json_body<T: DeserializeOwned + Default>(body: Body) -> ApiResult<T> {
 fn tenant_json(tenant: &Tenant) -> JsonValue {
     let (state, reason) = match tenant.state() {
         TenantState::Active => ("Active", None),
-        TenantState::Broken { reason } => ("Broken", Some(reason.as_str())),
+        TenantState::Broken { reason } => ("Broken", Some(redact_paths(reason))),
     };
     json!({
         "id": tenant.id().to_string(),
@@ -119,7 +119,7 @@ fn timeline_json(timeline: &Timeline) -> JsonValue {
             .map(|l| l.size_bytes)
             .sum()
     };
-    let broken = timeline.broken_reason();
+    let broken = timeline.broken_reason().map(|r| redact_paths(&r));
     json!({
         "tenant_id": timeline.tenant_id().to_string(),
         "timeline_id": timeline.timeline_id().to_string(),

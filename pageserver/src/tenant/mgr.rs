@@ -18,16 +18,32 @@
 //! tree, so a crash halfway through never leaves a half-deleted timeline that looks alive.
 //! Startup removes both kinds of leftovers.
 //!
+//! # Creation against deletion
+//!
+//! A deletion excludes creations of what it deletes, so that the loser of a race gets "not
+//! found" or "already exists" rather than an I/O error from a directory that vanished under it:
+//!
+//! - The manager's `tenant_dirs` lock is held while a tenant's directory is created; a tenant
+//!   being deleted is listed there until its directory is gone, and creating its id meanwhile is
+//!   refused.
+//! - Each tenant's `dirs` lock is held while a timeline's directory is created or removed and
+//!   while the tenant's own directory is removed. A tenant being deleted is marked there first
+//!   (after which it takes no timelines), and timelines being deleted are listed there until
+//!   their directories are gone.
+//!
+//! Neither lock is held while waiting for a flush. Lock order: `tenant_dirs`, then the tenants
+//! map; a tenant's `dirs`, then its timelines map.
+//!
 //! # Failure
 //!
 //! A timeline that fails to load (a corrupt layer file, unreadable metadata) makes its tenant
 //! **broken**: the tenant is listed with the reason, its data is refused, nothing is deleted,
 //! and the other tenants load and serve normally.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
 use utils::{TenantId, TimelineId};
@@ -51,6 +67,8 @@ pub enum TenantError {
     TenantNotFound(TenantId),
     #[error("tenant {0} already exists")]
     TenantExists(TenantId),
+    #[error("tenant {0} is being deleted; it can be created again once that is done")]
+    TenantBeingDeleted(TenantId),
     #[error("timeline {timeline} of tenant {tenant} not found")]
     TimelineNotFound {
         tenant: TenantId,
@@ -58,6 +76,13 @@ pub enum TenantError {
     },
     #[error("timeline {timeline} of tenant {tenant} already exists")]
     TimelineExists {
+        tenant: TenantId,
+        timeline: TimelineId,
+    },
+    #[error(
+        "timeline {timeline} of tenant {tenant} is being deleted; it can be created again once that is done"
+    )]
+    TimelineBeingDeleted {
         tenant: TenantId,
         timeline: TimelineId,
     },
@@ -83,9 +108,15 @@ struct Shared {
     cache: Arc<PageCache>,
     conf: TimelineConf,
     wakeup: Arc<FlushWakeup>,
-    /// Serializes creations, which write and fsync directories, so that the maps' locks are
-    /// held only for lookups and inserts and a creation never holds up readers.
-    creating: std::sync::Mutex<()>,
+}
+
+/// What is changing in a tenant's directory; see "Creation against deletion" above.
+#[derive(Default)]
+struct TenantDirs {
+    /// The tenant is being deleted: it takes no new timelines and deletes no more of them.
+    deleting: bool,
+    /// Timelines out of the map whose directories are not removed yet.
+    removing: BTreeSet<TimelineId>,
 }
 
 /// Whether a tenant serves its data.
@@ -101,6 +132,9 @@ pub struct Tenant {
     dir: PathBuf,
     state: TenantState,
     shared: Arc<Shared>,
+    /// Held while a directory under the tenant's is created or removed (so creations write
+    /// and fsync directories without holding up readers of the maps).
+    dirs: Mutex<TenantDirs>,
     timelines: RwLock<BTreeMap<TimelineId, Arc<Timeline>>>,
 }
 
@@ -118,7 +152,9 @@ pub struct TenantManager {
     tenants_dir: PathBuf,
     shared: Arc<Shared>,
     tenants: Arc<RwLock<BTreeMap<TenantId, Arc<Tenant>>>>,
-    flush_loop: std::sync::Mutex<Option<FlushLoop>>,
+    /// Held while a tenant directory is created; holds the tenants being deleted.
+    tenant_dirs: Mutex<BTreeSet<TenantId>>,
+    flush_loop: Mutex<Option<FlushLoop>>,
 }
 
 impl TenantManager {
@@ -136,7 +172,6 @@ impl TenantManager {
             cache,
             conf,
             wakeup: Arc::new(FlushWakeup::new()),
-            creating: std::sync::Mutex::new(()),
         });
         let mut report = LoadReport::default();
         let mut tenants = BTreeMap::new();
@@ -164,7 +199,8 @@ impl TenantManager {
                 tenants_dir,
                 shared,
                 tenants,
-                flush_loop: std::sync::Mutex::new(Some(flush_loop)),
+                tenant_dirs: Mutex::new(BTreeSet::new()),
+                flush_loop: Mutex::new(Some(flush_loop)),
             },
             report,
         ))
@@ -182,12 +218,12 @@ impl TenantManager {
     pub fn create_tenant(&self, id: Option<TenantId>) -> Result<Arc<Tenant>, TenantError> {
         self.check_running()?;
         let id = id.unwrap_or_else(TenantId::generate);
-        let _creating = self
-            .shared
-            .creating
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        // On disk but not in the map: a deletion of the same id is finishing.
+        let deleting = lock(&self.tenant_dirs);
+        if deleting.contains(&id) {
+            return Err(TenantError::TenantBeingDeleted(id));
+        }
+        // On disk but not in the map: a deletion that failed to remove it; the next start
+        // finishes it or loads the tenant again.
         if self.get_tenant(id).is_ok() || self.tenants_dir.join(id.to_string()).exists() {
             return Err(TenantError::TenantExists(id));
         }
@@ -200,6 +236,7 @@ impl TenantManager {
             dir,
             state: TenantState::Active,
             shared: self.shared.clone(),
+            dirs: Mutex::default(),
             timelines: RwLock::new(BTreeMap::new()),
         });
         self.tenants
@@ -241,18 +278,23 @@ impl TenantManager {
     ///
     /// The tenant leaves the map first, so waiting for its flush in progress holds up no
     /// request for another tenant; until its directory is gone, creating it again is refused.
+    /// A timeline creation in progress finishes first (and its timeline is deleted with the
+    /// rest); later ones find no tenant.
     pub fn delete_tenant(&self, id: TenantId) -> Result<(), TenantError> {
-        let tenant = self
-            .tenants
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id)
-            .ok_or(TenantError::TenantNotFound(id))?;
-        for timeline in tenant.list_timelines() {
-            // Only waits for a flush in progress; errors do not matter for data being deleted.
-            let _ = timeline.shutdown(false);
-        }
-        delete_dir_atomically(&tenant.dir)?;
+        let tenant = {
+            let mut deleting = lock(&self.tenant_dirs);
+            let tenant = self
+                .tenants
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id)
+                .ok_or(TenantError::TenantNotFound(id))?;
+            deleting.insert(id);
+            tenant
+        };
+        let result = tenant.delete();
+        lock(&self.tenant_dirs).remove(&id);
+        result?;
         tracing::info!(tenant = %id, "deleted tenant");
         Ok(())
     }
@@ -268,12 +310,7 @@ impl TenantManager {
     /// Graceful shutdown: stops the flush loop, then makes everything ingested durable and
     /// refuses further puts. Returns the first flush error after trying every timeline.
     pub fn shutdown(&self) -> Result<(), TenantError> {
-        if let Some(flush_loop) = self
-            .flush_loop
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
+        if let Some(flush_loop) = lock(&self.flush_loop).take() {
             flush_loop.stop();
         }
         let mut first_error = None;
@@ -291,12 +328,7 @@ impl TenantManager {
     }
 
     fn check_running(&self) -> Result<(), TenantError> {
-        let running = self
-            .flush_loop
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some();
-        if running {
+        if lock(&self.flush_loop).is_some() {
             Ok(())
         } else {
             Err(TenantError::ShuttingDown)
@@ -319,6 +351,7 @@ impl Tenant {
                         reason: format!("its timelines cannot be listed: {e}"),
                     },
                     shared,
+                    dirs: Mutex::default(),
                     timelines: RwLock::new(BTreeMap::new()),
                 });
             }
@@ -358,6 +391,7 @@ impl Tenant {
             dir,
             state,
             shared,
+            dirs: Mutex::default(),
             timelines: RwLock::new(timelines),
         })
     }
@@ -384,11 +418,16 @@ impl Tenant {
     pub fn create_timeline(&self, id: Option<TimelineId>) -> Result<Arc<Timeline>, TenantError> {
         self.check_active()?;
         let id = id.unwrap_or_else(TimelineId::generate);
-        let _creating = self
-            .shared
-            .creating
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let dirs = lock(&self.dirs);
+        if dirs.deleting {
+            return Err(TenantError::TenantNotFound(self.id));
+        }
+        if dirs.removing.contains(&id) {
+            return Err(TenantError::TimelineBeingDeleted {
+                tenant: self.id,
+                timeline: id,
+            });
+        }
         let on_disk = self.dir.join(TIMELINES_DIR).join(id.to_string()).exists();
         if self.get_timeline(id).is_ok() || on_disk {
             return Err(TenantError::TimelineExists {
@@ -439,24 +478,60 @@ impl Tenant {
     }
 
     /// Stops the timeline (without flushing: the data goes) and removes its directory. It
-    /// leaves the map first, as in [`TenantManager::delete_tenant`].
+    /// leaves the map first, as in [`TenantManager::delete_tenant`]; until its directory is
+    /// gone, creating it again is refused. If the tenant's deletion begins meanwhile, that
+    /// removes the directory.
     pub fn delete_timeline(&self, id: TimelineId) -> Result<(), TenantError> {
         self.check_active()?;
-        let timeline = self
-            .timelines
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id)
-            .ok_or(TenantError::TimelineNotFound {
-                tenant: self.id,
-                timeline: id,
-            })?;
+        let not_found = TenantError::TimelineNotFound {
+            tenant: self.id,
+            timeline: id,
+        };
+        let timeline = {
+            let mut dirs = lock(&self.dirs);
+            if dirs.deleting {
+                return Err(not_found);
+            }
+            let timeline = self
+                .timelines
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id)
+                .ok_or(not_found)?;
+            dirs.removing.insert(id);
+            timeline
+        };
         // Only waits for a flush in progress; errors do not matter for data being deleted.
         let _ = timeline.shutdown(false);
-        delete_dir_atomically(timeline.dir())?;
+        let mut dirs = lock(&self.dirs);
+        let result = if dirs.deleting {
+            Ok(())
+        } else {
+            delete_dir_atomically(timeline.dir())
+        };
+        dirs.removing.remove(&id);
+        drop(dirs);
+        result?;
         tracing::info!(tenant = %self.id, timeline = %id, "deleted timeline");
         Ok(())
     }
+
+    /// The tenant's part of [`TenantManager::delete_tenant`], once it is out of the map: waits
+    /// for a creation or removal of a timeline directory in progress, takes no more, stops every
+    /// timeline and removes the tenant's directory.
+    fn delete(&self) -> Result<(), TenantError> {
+        lock(&self.dirs).deleting = true;
+        for timeline in self.list_timelines() {
+            // Only waits for a flush in progress; errors do not matter for data being deleted.
+            let _ = timeline.shutdown(false);
+        }
+        let _dirs = lock(&self.dirs);
+        delete_dir_atomically(&self.dir)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn all_timelines(tenants: &RwLock<BTreeMap<TenantId, Arc<Tenant>>>) -> Vec<Arc<Timeline>> {

@@ -143,6 +143,56 @@ fn deletion_removes_the_data_and_the_id_can_be_created_again() {
 }
 
 #[test]
+fn a_deleted_tenant_held_by_a_request_takes_no_timelines() {
+    let workdir = tempfile::tempdir().unwrap();
+    let mgr = load(workdir.path(), TimelineConf::default());
+    // A request that looked the tenant up before its deletion still holds it.
+    let tenant = mgr.create_tenant(None).unwrap();
+    let timeline = tenant.create_timeline(None).unwrap();
+    mgr.delete_tenant(tenant.id()).unwrap();
+    assert!(matches!(
+        tenant.create_timeline(None),
+        Err(TenantError::TenantNotFound(id)) if id == tenant.id()
+    ));
+    assert!(matches!(
+        tenant.delete_timeline(timeline.timeline_id()),
+        Err(TenantError::TimelineNotFound { .. })
+    ));
+    assert!(!workdir
+        .path()
+        .join(TENANTS_DIR)
+        .join(tenant.id().to_string())
+        .exists());
+    assert!(std::fs::read_dir(workdir.path().join(TENANTS_DIR))
+        .unwrap()
+        .next()
+        .is_none());
+}
+
+#[test]
+fn an_id_being_deleted_cannot_be_created() {
+    let workdir = tempfile::tempdir().unwrap();
+    let mgr = load(workdir.path(), TimelineConf::default());
+    let tenant = mgr.create_tenant(None).unwrap();
+    let timeline = tenant.create_timeline(None).unwrap();
+    let timeline_id = timeline.timeline_id();
+    // Deletions in progress, as they stand between taking the id out of the map and removing
+    // its directory.
+    lock(&tenant.dirs).removing.insert(timeline_id);
+    tenant.timelines.write().unwrap().remove(&timeline_id);
+    assert!(matches!(
+        tenant.create_timeline(Some(timeline_id)),
+        Err(TenantError::TimelineBeingDeleted { .. })
+    ));
+    lock(&mgr.tenant_dirs).insert(tenant.id());
+    mgr.tenants.write().unwrap().remove(&tenant.id());
+    assert!(matches!(
+        mgr.create_tenant(Some(tenant.id())),
+        Err(TenantError::TenantBeingDeleted(id)) if id == tenant.id()
+    ));
+}
+
+#[test]
 fn startup_removes_leftovers_of_interrupted_creates_and_deletes_and_keeps_strangers() {
     let workdir = tempfile::tempdir().unwrap();
     let (tenant_id, timeline_id) = {
