@@ -4,6 +4,8 @@ reference model, while the versions move from the open layer to frozen and delta
 
 from __future__ import annotations
 
+from http.client import HTTPConnection
+
 import pytest
 
 from fixtures.http import PageserverApiError, api_error
@@ -38,12 +40,17 @@ def page_url(timeline: TimelineHandle) -> str:
         (f"key={key(1).hex()}&lsn=18446744073709551616", "query parameter lsn"),
         (f"key={key(1).hex()}&lsn=LATEST", "query parameter lsn"),
         (f"key={key(1).hex()}&lsn=latest&extra=1", "unknown query parameter `extra`"),
+        # A repeated parameter is refused, not decided by its last value.
+        (f"key={key(1).hex()}&lsn=latest&lsn=0/10", "query parameter `lsn` is given more than once"),
+        (f"key={key(2).hex()}&key={key(1).hex()}&lsn=latest", "query parameter `key` is given more than once"),
+        (f"key={key(1).hex()}&lsn=latest&key", "query parameter `key` is given more than once"),
+        (f"key={key(1).hex()}&lsn=%FF", "query parameter lsn"),
     ],
     ids=[
         "nothing", "no_key", "no_lsn", "key_short", "key_long", "key_not_hex", "key_empty",
         "lsn_empty", "lsn_no_low", "lsn_no_high", "lsn_not_hex", "lsn_two_slashes",
         "lsn_half_too_wide", "lsn_plus", "lsn_negative", "lsn_decimal_too_large", "lsn_upper_latest",
-        "unknown_parameter",
+        "unknown_parameter", "lsn_twice", "key_twice", "key_twice_empty", "not_utf8",
     ],
 )
 def test_page_query_errors(timeline: TimelineHandle, query: str, contains: str):
@@ -74,6 +81,20 @@ def test_page_query_forms(timeline: TimelineHandle):
         assert r.status_code == 200, (query, r.text)
         assert r.headers["content-type"] == "application/octet-stream"
         assert r.content == want, query
+    # Any character may be percent-encoded, not only the slash. (Sent with http.client:
+    # requests would decode the escapes of letters and digits before sending.)
+    encoded_key = "".join(f"%{ord(c):02X}" for c in key(1).hex())
+    for query, want in {
+        f"key={encoded_key}&lsn=0%2F%31%30": page_of(1),
+        f"%6Bey={key(1).hex()}&lsn=lat%65st": page_of(2),
+    }.items():
+        conn = HTTPConnection("127.0.0.1", timeline.ps.port, timeout=30)
+        try:
+            conn.request("GET", f"{url}?{query}")
+            r = conn.getresponse()
+            assert (r.status, r.read()) == (200, want), query
+        finally:
+            conn.close()
     r = http.get_page_response(timeline.tenant_id, timeline.timeline_id, key(1), "latest")
     assert r.headers["x-lsn"] == "1/0"
     r = http.get_page_response(timeline.tenant_id, timeline.timeline_id, key(1), 0x20)

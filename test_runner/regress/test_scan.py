@@ -306,11 +306,12 @@ def test_invalid_tokens_are_refused(pageserver: Pageserver):
         (f"start={key(1).hex()}&end={key(2).hex()}&lsn=latest&limit=", "from 1 to 1000"),
         (f"start={key(1).hex()}&end={key(2).hex()}&lsn=latest&page_token=", "page_token is 0 characters long"),
         (f"start={key(1).hex()}&end={key(2).hex()}&lsn=latest&key=1", "unknown query parameter `key`"),
+        (f"start={key(1).hex()}&end={key(2).hex()}&lsn=latest&limit=1&limit=2", "query parameter `limit` is given more than once"),
     ],
     ids=[
         "nothing", "no_end", "no_lsn", "start_short", "end_long", "lsn_bad", "start_above_end",
         "limit_zero", "limit_too_big", "limit_negative", "limit_word", "limit_empty", "token_empty",
-        "unknown_parameter",
+        "unknown_parameter", "limit_twice",
     ],
 )
 def test_scan_query_errors(timeline: TimelineHandle, query: str, contains: str):

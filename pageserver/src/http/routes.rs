@@ -3,8 +3,8 @@
 use std::time::{Instant, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes, HttpBody as _};
-use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -375,32 +375,54 @@ fn key_param(name: &str, value: &str) -> ApiResult<Key> {
         .map_err(|e| ApiError::bad_request(format!("query parameter {name}: {e}")))
 }
 
-/// The `lsn` query parameter: `X/X` (the slash may be escaped), decimal, or `latest` (`None`).
+/// The `lsn` query parameter: `X/X`, decimal, or `latest` (`None`).
 fn lsn_param(value: &str) -> ApiResult<Option<Lsn>> {
     if value == "latest" {
         return Ok(None);
     }
-    let value = value.replace("%2F", "/").replace("%2f", "/");
     value
         .parse::<Lsn>()
         .map(Some)
         .map_err(|e| ApiError::bad_request(format!("query parameter lsn: {e}")))
 }
 
+/// The query string's parameters, percent-decoded by the framework's `Query` extractor (as
+/// `application/x-www-form-urlencoded`, so `+` is a space), each one of `known` and given at
+/// most once: a repeated parameter is refused rather than one of its values silently winning.
+/// `expected` lists `known` for the message about an unknown one.
+fn query_params<'k>(
+    uri: &Uri,
+    known: &[&'k str],
+    expected: &str,
+) -> ApiResult<Vec<(&'k str, String)>> {
+    let Query(pairs) = Query::<Vec<(String, String)>>::try_from_uri(uri)
+        .map_err(|e| ApiError::bad_request(format!("invalid query string: {}", e.body_text())))?;
+    let mut params: Vec<(&'k str, String)> = Vec::with_capacity(pairs.len());
+    for (name, value) in pairs {
+        let Some(&name) = known.iter().find(|k| **k == name) else {
+            let shown: String = name.chars().take(40).collect();
+            return Err(ApiError::bad_request(format!(
+                "unknown query parameter `{shown}` (expected {expected})"
+            )));
+        };
+        if params.iter().any(|(seen, _)| *seen == name) {
+            return Err(ApiError::bad_request(format!(
+                "query parameter `{name}` is given more than once"
+            )));
+        }
+        params.push((name, value));
+    }
+    Ok(params)
+}
+
 /// `key=<36 hex>&lsn=<X/X | decimal | latest>`, in any order; nothing else.
-fn page_query(query: Option<&str>) -> ApiResult<(Key, Option<Lsn>)> {
+fn page_query(uri: &Uri) -> ApiResult<(Key, Option<Lsn>)> {
     let mut key = None;
     let mut lsn = None;
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+    for (name, value) in query_params(uri, &["key", "lsn"], "key and lsn")? {
         match name {
-            "key" => key = Some(key_param(name, value)?),
-            "lsn" => lsn = Some(lsn_param(value)?),
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "unknown query parameter `{other}` (expected key and lsn)"
-                )))
-            }
+            "key" => key = Some(key_param(name, &value)?),
+            _ => lsn = Some(lsn_param(&value)?),
         }
     }
     let key = key.ok_or_else(|| ApiError::bad_request("missing query parameter `key`"))?;
@@ -415,10 +437,10 @@ fn page_query(query: Option<&str>) -> ApiResult<(Key, Option<Lsn>)> {
 pub async fn get_page(
     State(state): State<SharedState>,
     Path(ids): Path<(String, String)>,
-    RawQuery(query): RawQuery,
+    uri: Uri,
 ) -> Response {
     let started = Instant::now();
-    let (outcome, response) = match get_page_inner(&state, &ids, query.as_deref()).await {
+    let (outcome, response) = match get_page_inner(&state, &ids, &uri).await {
         Ok((_, Some(page), lsn, cost)) => {
             let headers = [
                 (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
@@ -447,9 +469,9 @@ const X_READ_COST: header::HeaderName = header::HeaderName::from_static("x-read-
 async fn get_page_inner(
     state: &SharedState,
     ids: &(String, String),
-    query: Option<&str>,
+    uri: &Uri,
 ) -> ApiResult<(Key, Option<Bytes>, Lsn, read_cost::ReadCost)> {
-    let (key, lsn) = page_query(query)?;
+    let (key, lsn) = page_query(uri)?;
     let timeline = timeline_of(state, ids)?;
     let lsn = lsn.unwrap_or_else(|| timeline.last_record_lsn());
     // Waits as a task, not on a thread: a client that hangs up ends its wait.
@@ -497,10 +519,11 @@ struct ScanQuery {
 }
 
 /// `start=K&end=K&lsn=L[&limit=N][&page_token=T]`, in any order; nothing else.
-fn scan_query(query: Option<&str>) -> ApiResult<ScanQuery> {
+fn scan_query(uri: &Uri) -> ApiResult<ScanQuery> {
     let (mut start, mut end, mut lsn, mut limit, mut token) = (None, None, None, None, None);
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+    let known = ["start", "end", "lsn", "limit", "page_token"];
+    for (name, value) in query_params(uri, &known, "start, end, lsn, limit and page_token")? {
+        let value = value.as_str();
         match name {
             "start" => start = Some(key_param(name, value)?),
             "end" => end = Some(key_param(name, value)?),
@@ -518,15 +541,10 @@ fn scan_query(query: Option<&str>) -> ApiResult<ScanQuery> {
                     })?;
                 limit = Some(n);
             }
-            "page_token" => {
+            _ => {
                 token = Some(
                     ScanToken::decode(value).map_err(|e| ApiError::bad_request(e.to_string()))?,
                 )
-            }
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "unknown query parameter `{other}` (expected start, end, lsn, limit and page_token)"
-                )))
             }
         }
     }
@@ -555,9 +573,9 @@ fn scan_query(query: Option<&str>) -> ApiResult<ScanQuery> {
 pub async fn scan_keys(
     State(state): State<SharedState>,
     Path((tenant_id, timeline_id)): Path<(String, String)>,
-    RawQuery(query): RawQuery,
+    uri: Uri,
 ) -> ApiResult<Response> {
-    let query = scan_query(query.as_deref())?;
+    let query = scan_query(&uri)?;
     let tenant_id = parse_tenant(&tenant_id)?;
     let timeline_id = parse_timeline(&timeline_id)?;
     if let Some(token) = &query.token {
