@@ -2,7 +2,7 @@
 
 - /v1/status needs no token.
 - Everything else needs `Authorization: Bearer <EdDSA JWT>`; missing, malformed, badly signed
-  or expired: 401.
+  or expired, or with an `exp` that is not a whole number of seconds: 401.
 - scope `pageserverapi`: everything.
 - scope `tenant` with `tenant_id`: only /v1/tenant/{that id} and below, except deleting the
   tenant; anything else (other tenants, listing or creating tenants, /metrics, the page cache,
@@ -88,7 +88,7 @@ def test_admin_token_may_do_everything(auth_env):
 
 @pytest.mark.parametrize(
     "case",
-    ["missing", "empty_bearer", "not_bearer", "garbage", "other_key", "expired", "hs256", "none_alg"],
+    ["missing", "empty_bearer", "not_bearer", "garbage", "other_key", "expired", "hs256", "none_alg", "exp_string", "exp_negative", "exp_null"],
 )
 def test_bad_tokens_are_401(auth_env, case: str):
     ps, keys, (t1, tl1), _ = auth_env
@@ -104,6 +104,10 @@ def test_bad_tokens_are_401(auth_env, case: str):
         token = AuthKeys().admin_token()
     elif case == "expired":
         token = keys.token("pageserverapi", expires_in=-3600)
+    elif case.startswith("exp_"):
+        # An `exp` that is no time at all does not make a token that never expires.
+        exp = {"exp_string": "9999999999", "exp_negative": -1, "exp_null": None}[case]
+        token = keys.token("pageserverapi", exp=exp)
     elif case == "hs256":
         import jwt
 

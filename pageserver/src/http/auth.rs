@@ -10,7 +10,9 @@
 //! | `tenant`        | `/v1/tenant/{its tenant_id}` and everything under it, except deleting the tenant |
 //!
 //! A missing, malformed or badly signed token is 401; a valid token used outside its scope is
-//! 403. Tokens need no expiry; one that has an `exp` claim is checked against it.
+//! 403. Tokens need no expiry; one that has an `exp` claim is checked against it, and an `exp`
+//! that is not a whole number of seconds since the Unix epoch (a string, a negative number, a
+//! fraction, null) makes the token invalid rather than never expiring.
 
 use std::path::Path;
 
@@ -36,6 +38,34 @@ pub enum Scope {
 pub struct Claims {
     pub scope: Scope,
     pub tenant_id: Option<String>,
+    /// The `exp` claim as sent, `Some(Null)` for an explicit null. The JWT library checks an
+    /// `exp` that is a `u64` and skips any other, so the others are refused here.
+    #[serde(default, deserialize_with = "present")]
+    pub exp: Option<serde_json::Value>,
+}
+
+/// A field that is there, even as `null`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
+}
+
+impl Claims {
+    fn check_exp(&self) -> Result<(), ApiError> {
+        match &self.exp {
+            None => Ok(()),
+            Some(exp) if exp.as_u64().is_some() => Ok(()),
+            Some(exp) => {
+                let shown: String = exp.to_string().chars().take(40).collect();
+                Err(ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    format!(
+                        "invalid token: its exp claim {shown} is not a whole number of seconds \
+                         since the Unix epoch"
+                    ),
+                ))
+            }
+        }
+    }
 }
 
 /// The verifier: the public key and the rules a token must meet.
@@ -63,9 +93,11 @@ impl JwtAuth {
     }
 
     fn decode(&self, token: &str) -> Result<Claims, ApiError> {
-        jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
+        let claims = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
             .map(|data| data.claims)
-            .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, format!("invalid token: {e}")))
+            .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, format!("invalid token: {e}")))?;
+        claims.check_exp()?;
+        Ok(claims)
     }
 
     /// Whether a request with this `Authorization` header may use `method path`.
@@ -141,6 +173,59 @@ mod tests {
         Claims {
             scope,
             tenant_id: tenant.map(str::to_owned),
+            exp: None,
+        }
+    }
+
+    /// A key pair made for these tests only.
+    const PRIVATE_PEM: &str = "-----BEGIN PRIVATE KEY-----
+MC4CAQAwBQYDK2VwBCIEIDeRnF7WLlHJkkR7DAdYbX2wiPqQ8FeNR1cXLAhWRkUe
+-----END PRIVATE KEY-----
+";
+    const PUBLIC_PEM: &str = "-----BEGIN PUBLIC KEY-----
+MCowBQYDK2VwAyEA755Bq0hPfuu8TeE0P289w7kdd2xzas1BHCtVjP9DsXM=
+-----END PUBLIC KEY-----
+";
+
+    fn token(claims: serde_json::Value) -> String {
+        let key = jsonwebtoken::EncodingKey::from_ed_pem(PRIVATE_PEM.as_bytes()).unwrap();
+        jsonwebtoken::encode(&jsonwebtoken::Header::new(Algorithm::EdDSA), &claims, &key).unwrap()
+    }
+
+    #[test]
+    fn exp_is_a_whole_number_or_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_path = dir.path().join("public.pem");
+        std::fs::write(&key_path, PUBLIC_PEM).unwrap();
+        let auth = JwtAuth::from_key_path(&key_path).unwrap();
+        let check = |claims: serde_json::Value| {
+            let header = format!("Bearer {}", token(claims));
+            auth.check(Some(&header), &Method::GET, "/v1/tenant")
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let admin = |exp: Option<serde_json::Value>| {
+            let mut claims = serde_json::json!({ "scope": "pageserverapi" });
+            if let Some(exp) = exp {
+                claims["exp"] = exp;
+            }
+            claims
+        };
+        assert!(check(admin(None)).is_ok());
+        assert!(check(admin(Some((now + 3600).into()))).is_ok());
+        let expired = check(admin(Some((now - 3600).into()))).unwrap_err();
+        assert_eq!(expired.status, StatusCode::UNAUTHORIZED);
+        for bad in [
+            serde_json::json!("9999999999"),
+            serde_json::json!(-1),
+            serde_json::json!(null),
+            serde_json::json!(1.5e10),
+        ] {
+            let e = check(admin(Some(bad.clone()))).unwrap_err();
+            assert_eq!(e.status, StatusCode::UNAUTHORIZED, "{bad}");
+            assert!(e.msg.contains("exp claim"), "{bad}: {}", e.msg);
         }
     }
 
