@@ -1,26 +1,34 @@
 //! The page server's settings: `<workdir>/pageserver.toml`, then `-c key=value` overrides.
 //!
-//! Every setting has a default, so an empty file (or none: a fresh work directory gets
-//! [`DEFAULT_CONFIG_TOML`] written into it) is a working configuration. Unknown keys are an
-//! error that names them, because a misspelt setting silently ignored is worse than a refusal
-//! to start. Sizes are bytes, written as integers or with a unit (`"256MiB"`); durations are
-//! written with a unit (`"10m"`, `"500ms"`).
+//! Every setting has a default, so an empty file (or none) is a working configuration. A fresh
+//! work directory gets [`DEFAULT_CONFIG_TOML`] written into it, with the values of that first
+//! start's `-c` overrides in place of the defaults ([`initial_config_file`]), so the file records
+//! the settings the directory was set up with. Unknown keys are an error that names them,
+//! because a misspelt setting silently ignored is worse than a refusal to start; so is a value
+//! out of its range. Sizes are bytes, written as integers or with a unit (`"256MiB"`, `"1TiB"`);
+//! durations are written with a unit (`"10m"`, `"500ms"`).
 
+use std::fmt::Display;
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
+use crate::page_cache::materialized::MAX_VERSIONS_PER_KEY;
+use crate::page_cache::PageCacheConfig;
 use crate::tenant::cursor_cache::CursorCacheConfig;
 use crate::tenant::timeline::TimelineConf;
 
 pub const CONFIG_FILE: &str = "pageserver.toml";
 
-/// What a fresh work directory's `pageserver.toml` says: every setting at its default, with
-/// what it means. Parsing it must give [`PageServerConf::default`] (a test checks).
-pub const DEFAULT_CONFIG_TOML: &str = r#"# Page server settings. Every key is optional; these are the defaults.
-# Override any of them for one run with `pageserver -D <workdir> -c key=value`.
+/// Every setting at its default, with what it means: a fresh work directory's `pageserver.toml`
+/// when its first start had no `-c` overrides. Parsing it must give [`PageServerConf::default`]
+/// (a test checks).
+pub const DEFAULT_CONFIG_TOML: &str = r#"# Page server settings. Every key is optional; the values below are the defaults, except
+# those marked as set with -c at the first start. Override any of them for one run with
+# `pageserver -D <workdir> -c key=value`.
 
 # This server's id, reported by GET /v1/status.
 id = 1
@@ -33,6 +41,9 @@ page_cache_size = "64MiB"
 # The percentage of the page cache that layer index blocks may hold with priority over value
 # blocks (they skip probation while below it); 0 gives them no priority.
 page_cache_index_percent = 25
+# How many reconstructed versions of one page the cache keeps as bases for later reads (0 to 8);
+# 0 turns the cache of reconstructed pages off.
+materialized_versions_per_key = 4
 
 # Freeze the open in-memory layer once it holds this many bytes of values...
 checkpoint_distance = "256MiB"
@@ -110,6 +121,7 @@ pub struct PageServerConf {
     #[serde(deserialize_with = "size")]
     pub page_cache_size: u64,
     pub page_cache_index_percent: u8,
+    pub materialized_versions_per_key: usize,
     #[serde(deserialize_with = "size")]
     pub checkpoint_distance: u64,
     #[serde(deserialize_with = "duration")]
@@ -150,6 +162,7 @@ impl Default for PageServerConf {
             listen_http_addr: SocketAddr::from(([127, 0, 0, 1], 9898)),
             page_cache_size: 64 << 20,
             page_cache_index_percent: (crate::page_cache::DEFAULT_INDEX_SHARE * 100.0) as u8,
+            materialized_versions_per_key: PageCacheConfig::default().materialized_versions_per_key,
             checkpoint_distance: timeline.checkpoint_distance,
             checkpoint_timeout: timeline.checkpoint_timeout,
             max_frozen_layers: timeline.max_frozen_layers,
@@ -243,6 +256,37 @@ impl PageServerConf {
                 self.max_file_descriptors
             ));
         }
+        in_range(
+            "materialized_versions_per_key",
+            self.materialized_versions_per_key,
+            0..=MAX_VERSIONS_PER_KEY,
+        )?;
+        // Values that would stop the server from doing its work: no ingest body fits, every
+        // batch freezes a layer, every ingest flushes, every read ahead of ingest fails at once.
+        let sizes = |n: &u64| format_size(*n);
+        in_range_shown(
+            "max_request_body_size",
+            self.max_request_body_size as u64,
+            MIN_REQUEST_BODY..=MAX_REQUEST_BODY,
+            sizes,
+        )?;
+        in_range_shown(
+            "checkpoint_distance",
+            self.checkpoint_distance,
+            MIN_CHECKPOINT_DISTANCE..=MAX_CHECKPOINT_DISTANCE,
+            sizes,
+        )?;
+        in_range(
+            "max_frozen_layers",
+            self.max_frozen_layers,
+            1..=MAX_FROZEN_LAYERS,
+        )?;
+        in_range_shown(
+            "wait_lsn_timeout",
+            self.wait_lsn_timeout,
+            MIN_WAIT_LSN_TIMEOUT..=MAX_WAIT_LSN_TIMEOUT,
+            |d| humantime::format_duration(*d).to_string(),
+        )?;
         if self.scan_cursor_idle_timeout.is_zero() {
             return invalid(
                 "scan_cursor_idle_timeout must be above zero (scan_cursor_cache_size = 0 keeps \
@@ -295,6 +339,16 @@ impl PageServerConf {
         self.max_connections.unwrap_or_else(|| {
             default_max_connections(open_files_limit(), self.max_file_descriptors)
         })
+    }
+
+    /// The page cache's settings.
+    pub fn page_cache_conf(&self) -> PageCacheConfig {
+        PageCacheConfig {
+            capacity_bytes: self.page_cache_size,
+            index_share: f64::from(self.page_cache_index_percent) / 100.0,
+            materialized_versions_per_key: self.materialized_versions_per_key,
+            ..PageCacheConfig::default()
+        }
     }
 
     pub fn cursor_cache_conf(&self) -> CursorCacheConfig {
@@ -355,6 +409,78 @@ fn parse_open_files_limit(limits: &str) -> Option<u64> {
         .ok()
 }
 
+/// The smallest `max_request_body_size`: one record (31 bytes of header) of an 8 KiB page.
+pub const MIN_REQUEST_BODY: u64 = 31 + crate::PAGE_SZ as u64;
+/// The largest `max_request_body_size`: a body is held in memory whole.
+pub const MAX_REQUEST_BODY: u64 = 4 << 30;
+/// `checkpoint_distance` from one page...
+pub const MIN_CHECKPOINT_DISTANCE: u64 = crate::PAGE_SZ as u64;
+/// ...to 1 TiB, far beyond any memory the open layer's index could use.
+pub const MAX_CHECKPOINT_DISTANCE: u64 = 1 << 40;
+pub const MAX_FROZEN_LAYERS: usize = 1000;
+pub const MIN_WAIT_LSN_TIMEOUT: Duration = Duration::from_millis(1);
+pub const MAX_WAIT_LSN_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+fn in_range<T: PartialOrd + Display>(
+    name: &str,
+    value: T,
+    range: RangeInclusive<T>,
+) -> Result<(), ConfigError> {
+    in_range_shown(name, value, range, T::to_string)
+}
+
+/// Refuses `value` outside `range`, saying what the range is.
+fn in_range_shown<T: PartialOrd>(
+    name: &str,
+    value: T,
+    range: RangeInclusive<T>,
+    show: impl Fn(&T) -> String,
+) -> Result<(), ConfigError> {
+    if range.contains(&value) {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid(format!(
+        "{name} = {} is out of range: it must be from {} to {}",
+        show(&value),
+        show(range.start()),
+        show(range.end())
+    )))
+}
+
+/// A size as it could be written in the settings: with the largest binary unit that divides it.
+pub fn format_size(bytes: u64) -> String {
+    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
+        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
+            return format!("{}{unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes}B")
+}
+
+/// What a fresh work directory's `pageserver.toml` says: [`DEFAULT_CONFIG_TOML`] with each
+/// setting given by an `overrides` entry (`key=value`, as for [`PageServerConf::load`]) set to
+/// that value, so that the file records the settings of the first start. Call it with
+/// overrides that loaded.
+pub fn initial_config_file(overrides: &[String]) -> Result<String, ConfigError> {
+    let mut lines: Vec<String> = DEFAULT_CONFIG_TOML.lines().map(str::to_owned).collect();
+    for text in overrides {
+        let (key, value) = parse_override(text)?;
+        let setting = format!("{key} = {value} # set with -c at the first start");
+        let is_setting = |line: &String| {
+            let line = line.strip_prefix("# ").unwrap_or(line);
+            line.strip_prefix(key.as_str())
+                .is_some_and(|rest| rest.starts_with(" = "))
+        };
+        match lines.iter_mut().find(|line| is_setting(line)) {
+            Some(line) => *line = setting,
+            None => lines.push(setting),
+        }
+    }
+    let mut text = lines.join("\n");
+    text.push('\n');
+    Ok(text)
+}
+
 /// `key=value` as a TOML key and value; a value that is not valid TOML is a string, so
 /// `-c listen_http_addr=127.0.0.1:0` works without shell quoting gymnastics.
 fn parse_override(text: &str) -> Result<(String, toml::Value), ConfigError> {
@@ -378,7 +504,7 @@ fn parse_override(text: &str) -> Result<(String, toml::Value), ConfigError> {
     Ok((key.to_owned(), value))
 }
 
-/// A size in bytes: an integer, or a string with a unit (B, KiB, MiB, GiB, kB, MB, GB).
+/// A size in bytes: an integer, or a string with a unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text
@@ -393,9 +519,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         "KiB" => 1 << 10,
         "MiB" => 1 << 20,
         "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
         "kB" => 1_000,
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
         other => return Err(format!("unknown size unit `{other}` in `{text}`")),
     };
     number
@@ -502,6 +630,7 @@ mod tests {
         assert!(err(&["page_cache_index_percent=101"]).contains("above 100"));
         assert!(err(&["scan_cursor_idle_timeout=0s"]).contains("above zero"));
         assert!(err(&["scan_cursor_cache_size=lots"]).contains("not a size"));
+        assert!(err(&["checkpoint_distance=2TB"]).contains("out of range"));
         std::fs::write(dir.path().join(CONFIG_FILE), "id = [").unwrap();
         assert!(err(&[]).contains(CONFIG_FILE));
     }
@@ -564,7 +693,105 @@ mod tests {
     }
 
     #[test]
+    fn values_that_break_the_server_are_refused_with_their_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |overrides: &[&str]| {
+            let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+            PageServerConf::load(dir.path(), &overrides)
+        };
+        let cases = [
+            (
+                "max_request_body_size=0",
+                "max_request_body_size = 0B is out of range: it must be from 8223B to 4GiB",
+            ),
+            (
+                "checkpoint_distance=0",
+                "checkpoint_distance = 0B is out of range: it must be from 8KiB to 1TiB",
+            ),
+            (
+                "max_frozen_layers=0",
+                "max_frozen_layers = 0 is out of range: it must be from 1 to 1000",
+            ),
+            (
+                "wait_lsn_timeout=0s",
+                "wait_lsn_timeout = 0s is out of range: it must be from 1ms to 1day",
+            ),
+            (
+                "materialized_versions_per_key=9",
+                "materialized_versions_per_key = 9 is out of range: it must be from 0 to 8",
+            ),
+        ];
+        for (setting, message) in cases {
+            let e = load(&[setting]).unwrap_err().to_string();
+            assert_eq!(e, format!("settings: {message}"), "{setting}");
+        }
+        // The ends of each range are allowed.
+        let conf = load(&[
+            "max_request_body_size=8223",
+            "checkpoint_distance=\"8KiB\"",
+            "max_frozen_layers=1",
+            "wait_lsn_timeout=1ms",
+            "materialized_versions_per_key=0",
+        ])
+        .unwrap();
+        assert_eq!(conf.page_cache_conf().materialized_versions_per_key, 0);
+        let conf = load(&[
+            "max_request_body_size=4GiB",
+            "max_buffered_request_bytes=4GiB",
+            "checkpoint_distance=1TiB",
+            "max_frozen_layers=1000",
+            "wait_lsn_timeout=1day",
+            "materialized_versions_per_key=8",
+        ])
+        .unwrap();
+        assert_eq!(conf.checkpoint_distance, 1 << 40);
+        assert_eq!(conf.page_cache_conf().materialized_versions_per_key, 8);
+    }
+
+    #[test]
+    fn the_first_file_records_the_first_starts_overrides() {
+        assert_eq!(initial_config_file(&[]).unwrap(), DEFAULT_CONFIG_TOML);
+        let overrides: Vec<String> = [
+            "id=7",
+            "listen_http_addr=127.0.0.1:0",
+            "page_cache_size=\"16MiB\"",
+            "checkpoint_timeout=1s",
+            "auth_validation_public_key_path=key.pem",
+            "id=8",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let text = initial_config_file(&overrides).unwrap();
+        assert!(
+            text.contains("\nid = 8 # set with -c at the first start\n"),
+            "{text}"
+        );
+        assert!(text.contains("\n# The largest page image or reconstructed page.\n"));
+        assert!(!text.contains("# auth_validation_public_key_path"));
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(CONFIG_FILE), &text).unwrap();
+        let recorded = PageServerConf::load(dir.path(), &[]).unwrap();
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(
+            recorded,
+            PageServerConf::load(empty.path(), &overrides).unwrap()
+        );
+        assert_eq!(recorded.id, 8);
+        assert_eq!(recorded.page_cache_size, 16 << 20);
+        assert_eq!(
+            recorded.auth_validation_public_key_path,
+            Some(PathBuf::from("key.pem"))
+        );
+    }
+
+    #[test]
     fn sizes() {
+        assert_eq!(format_size(8 << 10), "8KiB");
+        assert_eq!(format_size(3 << 40), "3TiB");
+        assert_eq!(format_size(8223), "8223B");
+        assert_eq!(parse_size("2TiB"), Ok(2 << 40));
+        assert_eq!(parse_size("1TB"), Ok(1_000_000_000_000));
         assert_eq!(parse_size("8192"), Ok(8192));
         assert_eq!(parse_size("64MiB"), Ok(64 << 20));
         assert_eq!(parse_size("1 GiB"), Ok(1 << 30));

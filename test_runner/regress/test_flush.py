@@ -4,6 +4,8 @@ failing ephemeral write does to a timeline."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fixtures.http import PageserverApiError
@@ -113,7 +115,7 @@ def test_failed_flush_keeps_layer_and_retries(pageserver_factory: PageserverFact
 @pytest.mark.needs_testing
 def test_ephemeral_write_failure_breaks_timeline_until_restart(pageserver_factory: PageserverFactory):
     ps = pageserver_factory.start()
-    ps.allowed_errors.extend(["failpoint ephemeral-write", "the timeline takes no more writes", "flush at shutdown failed"])
+    ps.allowed_errors.extend(["failpoint ephemeral-write", "the timeline takes no more writes", "flush at shutdown failed", "shut down with data not flushed"])
     timeline = TimelineHandle.create(ps)
     healthy = TimelineHandle.create(ps)
     timeline.ingest([Image(key(1), 0x10, page_of(1))])
@@ -147,6 +149,9 @@ def test_ephemeral_write_failure_breaks_timeline_until_restart(pageserver_factor
     # A graceful stop cannot flush the broken timeline: it says so and exits 1.
     assert ps.stop(expect_code=1) == 1
     assert ps.log_contains("flush at shutdown failed")
+    stop_log = ps.log_since_start()
+    assert "shut down cleanly" not in stop_log
+    assert re.search(r"ERROR .*shut down with data not flushed .*takes no more writes.*must be re-sent.*exiting with status 1", stop_log), stop_log[-2000:]
     ps.start()
     assert timeline.info()["state"] == "Active"
     timeline.recover()

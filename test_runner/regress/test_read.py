@@ -308,3 +308,20 @@ def test_read_costs_after_a_drop_match_a_fresh_server(timeline: TimelineHandle):
     index_hot = cost_of(12)
     assert index_hot == {"layers": 1, "idx_hit": 2, "idx_miss": 0, "val_hit": 0, "val_miss": 2, "ios": 1, "bytes": 2 * PAGE_SIZE, "waits": 0}
     assert http.page_cache()["miss_waits"] == 0
+
+
+@pytest.mark.parametrize("versions", [None, 0])
+def test_materialized_versions_per_key_setting(pageserver_factory: PageserverFactory, versions):
+    """A page rebuilt from an image and a delta is kept in the page cache as a base for later
+    reads, unless `materialized_versions_per_key = 0` turns that off."""
+    ps = pageserver_factory.start({"materialized_versions_per_key": versions})
+    timeline = TimelineHandle.create(ps)
+    timeline.ingest([Image(key(1), 0x10, page_of(1))])
+    timeline.ingest([delta(key(1), 0x20, (0, b"hi"))])
+    for _ in range(2):
+        timeline.check_read(key(1), 0x20)
+    materialized = ps.http.page_cache()["materialized_pages"]
+    if versions == 0:
+        assert materialized["inserts"] == 0 and materialized["accesses"] == 0, materialized
+    else:
+        assert materialized["inserts"] >= 1 and materialized["hits"] >= 1, materialized

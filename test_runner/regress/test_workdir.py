@@ -17,16 +17,22 @@ from fixtures.timeline import TimelineHandle
 FATAL = "pageserver: error:"
 
 
-def test_fresh_workdir_gets_default_settings(pageserver_factory: PageserverFactory):
+def test_fresh_workdir_gets_the_first_starts_settings(pageserver_factory: PageserverFactory):
+    """The first start writes pageserver.toml: every setting at its default, except those its -c
+    overrides set, which the file records (so it says what the server ran with)."""
     ps = pageserver_factory.create()
     assert not ps.workdir.exists()
     ps.start()
-    config = tomllib.loads((ps.workdir / "pageserver.toml").read_text())
+    text = (ps.workdir / "pageserver.toml").read_text()
+    config = tomllib.loads(text)
     assert config == {
-        "id": 1,
-        "listen_http_addr": "127.0.0.1:9898",
-        "page_cache_size": "64MiB",
+        # The harness's -c overrides.
+        "id": ps.server_id,
+        "listen_http_addr": f"127.0.0.1:{ps.port}",
+        "page_cache_size": "16MiB",
+        # The defaults.
         "page_cache_index_percent": 25,
+        "materialized_versions_per_key": 4,
         "checkpoint_distance": "256MiB",
         "checkpoint_timeout": "10m",
         "max_frozen_layers": 2,
@@ -46,11 +52,12 @@ def test_fresh_workdir_gets_default_settings(pageserver_factory: PageserverFacto
     }
     assert (ps.workdir / "tenants").is_dir()
     assert int((ps.workdir / "pageserver.pid").read_text()) == ps.pid
-    assert ps.log_contains("initialized a fresh work directory")
-    # The -c overrides win over the file, which is not rewritten.
-    assert ps.http.status()["id"] == ps.server_id
-    ps.restart()
-    assert tomllib.loads((ps.workdir / "pageserver.toml").read_text())["id"] == 1
+    assert f"id = {ps.server_id} # set with -c at the first start" in text
+    assert "# How many reconstructed versions of one page" in text, "the comments stay"
+    assert ps.log_contains("initialized a fresh work directory .* and this start's -c overrides")
+    # Later -c overrides win over the file, which is not rewritten.
+    ps.restart(overrides={"max_frozen_layers": 5})
+    assert (ps.workdir / "pageserver.toml").read_text() == text
 
 
 def test_settings_file_is_read(pageserver_factory: PageserverFactory):
@@ -74,6 +81,11 @@ def test_settings_file_is_read(pageserver_factory: PageserverFactory):
         ("checkpoint_timeout=0s", "checkpoint_timeout"),
         ("listen_http_addr=nowhere", "invalid socket address"),
         ("max_value_size=100", "smaller than a page"),
+        ("max_request_body_size=0", "max_request_body_size = 0B is out of range: it must be from 8223B to 4GiB"),
+        ("checkpoint_distance=0", "checkpoint_distance = 0B is out of range: it must be from 8KiB to 1TiB"),
+        ("max_frozen_layers=0", "max_frozen_layers = 0 is out of range: it must be from 1 to 1000"),
+        ("wait_lsn_timeout=0s", "wait_lsn_timeout = 0s is out of range: it must be from 1ms to 1day"),
+        ("materialized_versions_per_key=9", "it must be from 0 to 8"),
         ("log_format=xml", "log_format"),
         ("http_auth_type=Magic", "http_auth_type"),
         ("id=-1", "in `id`"),

@@ -1,12 +1,13 @@
 //! `pageserver -D <workdir> [-c key=value ...]`: the page server.
 //!
 //! Startup, one log line per phase with its duration: settings (a fresh work directory gets a
-//! `pageserver.toml` of defaults), the work directory lock (`pageserver.pid`, held with an
+//! `pageserver.toml` of the defaults and this first start's `-c` overrides), the work directory lock (`pageserver.pid`, held with an
 //! exclusive file lock for the life of the process, so two servers never share a directory),
 //! failpoints from `FAILPOINTS`, the page cache, loading every tenant, then the HTTP listener.
 //!
 //! SIGTERM or SIGINT: stop accepting requests, let those in flight finish, flush every open
-//! layer, exit 0 (1 if a flush failed). A `kill -9` loses only what was above each timeline's
+//! layer, exit 0 ("shut down cleanly"), or 1 if a flush failed ("shut down with data not
+//! flushed", naming the failure). A `kill -9` loses only what was above each timeline's
 //! `disk_consistent_lsn`, which clients re-send.
 
 use std::fs::File;
@@ -19,13 +20,13 @@ use std::time::{Instant, SystemTime};
 use anyhow::Context;
 use clap::Parser;
 use pageserver::config::{
-    open_files_limit, AuthType, LogFormat, PageServerConf, CONFIG_FILE, DEFAULT_CONFIG_TOML,
+    initial_config_file, open_files_limit, AuthType, LogFormat, PageServerConf, CONFIG_FILE,
 };
 use pageserver::http::auth::JwtAuth;
 use pageserver::http::body_limits::BodyBudget;
 use pageserver::http::server::{serve, ConnectionLimit, ConnectionTimeouts};
 use pageserver::http::{router, AppState};
-use pageserver::page_cache::{PageCache, PageCacheConfig};
+use pageserver::page_cache::PageCache;
 use pageserver::tenant::cursor_cache::CursorCache;
 use pageserver::tenant::mgr::TenantManager;
 
@@ -110,13 +111,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("creating work directory {}", workdir.display()))?;
     let conf = PageServerConf::load(workdir, &cli.overrides)?;
     // Only settings that work are written down.
-    let initialized = init_config_file(workdir)?;
+    let initialized = init_config_file(workdir, &cli.overrides)?;
     init_logging(conf.log_format);
     pageserver::metrics::register_all(conf.wait_lsn_timeout);
     if initialized {
         tracing::info!(
-            "initialized a fresh work directory {} with default settings",
-            workdir.display()
+            "initialized a fresh work directory {} with the default settings{}",
+            workdir.display(),
+            if cli.overrides.is_empty() {
+                ""
+            } else {
+                " and this start's -c overrides"
+            }
         );
     }
     phases.done(
@@ -144,14 +150,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         ),
     );
 
-    let cache = Arc::new(
-        PageCache::new(PageCacheConfig {
-            capacity_bytes: conf.page_cache_size,
-            index_share: f64::from(conf.page_cache_index_percent) / 100.0,
-            ..PageCacheConfig::default()
-        })
-        .context("page_cache_size")?,
-    );
+    let cache = Arc::new(PageCache::new(conf.page_cache_conf()).context("page_cache_size")?);
     phases.done(
         "page_cache",
         format_args!("{} pages of 8 KiB", cache.capacity_pages()),
@@ -264,19 +263,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
-            tracing::error!("shutdown flush failed: {e}");
+            // Not a clean shutdown: say so, and what it means for the clients.
+            tracing::error!(
+                "shut down with data not flushed after {:.1} ms: a timeline's final flush failed \
+                 ({e}); what it ingested above its disk_consistent_lsn is lost and must be \
+                 re-sent after the next start; exiting with status 1",
+                flushing.elapsed().as_secs_f64() * 1e3
+            );
             Ok(ExitCode::FAILURE)
         }
     }
 }
 
-/// Writes a settings file of defaults if there is none; returns whether it did.
-fn init_config_file(workdir: &Path) -> anyhow::Result<bool> {
+/// Writes a settings file, the defaults with `overrides` applied, if there is none; returns
+/// whether it did.
+fn init_config_file(workdir: &Path, overrides: &[String]) -> anyhow::Result<bool> {
     let config = workdir.join(CONFIG_FILE);
     if config.exists() {
         return Ok(false);
     }
-    std::fs::write(&config, DEFAULT_CONFIG_TOML)
+    std::fs::write(&config, initial_config_file(overrides)?)
         .with_context(|| format!("writing {}", config.display()))?;
     Ok(true)
 }

@@ -32,7 +32,7 @@ const SHARD_BITS: u32 = 6;
 const SHARDS: usize = 1 << SHARD_BITS;
 
 /// Most versions a directory entry can list; `materialized_versions_per_key` is capped to it.
-pub(super) const MAX_VERSIONS_PER_KEY: usize = 8;
+pub const MAX_VERSIONS_PER_KEY: usize = 8;
 
 /// The identity of a materialized page, without its LSN.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
