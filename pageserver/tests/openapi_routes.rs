@@ -193,10 +193,11 @@ fn every_route_is_documented() {
 }
 
 #[test]
-fn only_status_is_public() {
-    // The security requirement is global; the one exception is declared on GET /v1/status.
+fn auth_is_optional_and_only_status_is_public() {
+    // The security requirement is global: no credentials (auth off, the default) or a bearer
+    // token (auth on). The one exception, never needing a token, is GET /v1/status.
     let yaml = openapi_yaml();
-    assert!(yaml.contains("\nsecurity:\n  - bearerAuth: []\n"));
+    assert!(yaml.contains("\nsecurity:\n  - {}\n  - bearerAuth: []\n"));
     assert_eq!(yaml.matches("      security: []\n").count(), 1);
     let status = yaml
         .find("  /v1/status:\n    get:\n")
