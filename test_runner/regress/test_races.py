@@ -10,10 +10,14 @@ import time
 from collections import Counter
 from typing import Callable, Optional
 
+import pytest
 import requests
 
 from fixtures.http import PageserverHttpClient
+from fixtures.ingest import Image, key, page_of
 from fixtures.pageserver import Pageserver
+from fixtures.timeline import TimelineHandle
+from fixtures.utils import wait_until
 
 # Each test races for at most this many rounds, and stops early after this many seconds.
 ROUNDS = 80
@@ -155,4 +159,43 @@ def test_tenant_creation_races_its_deletion(pageserver: Pageserver):
         exists = ps.http.request("GET", f"/v1/tenant/{tenant}").status_code == 200
         assert exists == ps.tenant_dir(tenant).exists(), f"tenant listed: {exists}, directory: {not exists}"
     out.check({"create": {201, 409}, "delete": {200, 404}, "delete_timeline": {200, 404}})
+    assert leftovers(ps) == []
+
+
+@pytest.mark.needs_testing
+def test_tenant_deletion_waits_for_a_timeline_deletion_waiting_for_a_flush(pageserver: Pageserver):
+    """A timeline's deletion waits for its flush in progress; a deletion of its tenant that
+    comes meanwhile must wait for that flush too, rather than remove the directory the flush
+    is writing into (which failed the flush with a 500 naming a server path)."""
+    ps = pageserver
+    out = Outcomes(ps)
+    tl = TimelineHandle.create(ps)
+    tl.ingest([Image(key(1), 0x10, page_of(1))])
+    tl_path = f"/v1/tenant/{tl.tenant_id}/timeline/{tl.timeline_id}"
+    threads: list[threading.Thread] = []
+
+    def start(what: str, method: str, path: str) -> None:
+        client = ps.http_client()
+        t = threading.Thread(target=lambda: out.record(what, client.request(method, path)), daemon=True)
+        t.start()
+        threads.append(t)
+
+    ps.http.configure_failpoints(("layer-before-rename", "pause"))
+    try:
+        start("checkpoint", "PUT", f"{tl_path}/checkpoint")
+        tl_dir = ps.timeline_dir(tl.tenant_id, tl.timeline_id)
+        wait_until(lambda: any(p.name.endswith(".___temp") for p in tl_dir.iterdir()), what="flush in progress")
+        start("delete_timeline", "DELETE", tl_path)
+        wait_until(lambda: ps.http.request("GET", tl_path).status_code == 404, what="timeline out of the map")
+        start("delete_tenant", "DELETE", f"/v1/tenant/{tl.tenant_id}")
+        wait_until(lambda: ps.http.request("GET", f"/v1/tenant/{tl.tenant_id}").status_code == 404, what="tenant out of the map")
+        # Both deletions wait for the paused flush: the directories are still there.
+        assert tl_dir.is_dir()
+    finally:
+        ps.http.configure_failpoints(("layer-before-rename", "off"))
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), "a request hangs"
+    out.check({"checkpoint": {200, 503}, "delete_timeline": {200}, "delete_tenant": {200}})
+    assert not ps.tenant_dir(tl.tenant_id).exists()
     assert leftovers(ps) == []

@@ -115,8 +115,9 @@ struct Shared {
 struct TenantDirs {
     /// The tenant is being deleted: it takes no new timelines and deletes no more of them.
     deleting: bool,
-    /// Timelines out of the map whose directories are not removed yet.
-    removing: BTreeSet<TimelineId>,
+    /// Timelines out of the map whose directories are not removed yet (their deletion may
+    /// still be waiting for a flush in progress, which a deletion of the tenant waits for too).
+    removing: BTreeMap<TimelineId, Arc<Timeline>>,
 }
 
 /// Whether a tenant serves its data.
@@ -422,7 +423,7 @@ impl Tenant {
         if dirs.deleting {
             return Err(TenantError::TenantNotFound(self.id));
         }
-        if dirs.removing.contains(&id) {
+        if dirs.removing.contains_key(&id) {
             return Err(TenantError::TimelineBeingDeleted {
                 tenant: self.id,
                 timeline: id,
@@ -498,7 +499,7 @@ impl Tenant {
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&id)
                 .ok_or(not_found)?;
-            dirs.removing.insert(id);
+            dirs.removing.insert(id, timeline.clone());
             timeline
         };
         // Only waits for a flush in progress; errors do not matter for data being deleted.
@@ -518,10 +519,15 @@ impl Tenant {
 
     /// The tenant's part of [`TenantManager::delete_tenant`], once it is out of the map: waits
     /// for a creation or removal of a timeline directory in progress, takes no more, stops every
-    /// timeline and removes the tenant's directory.
+    /// timeline (those whose own deletion is under way too, so no flush of theirs writes into
+    /// the directory being removed) and removes the tenant's directory.
     fn delete(&self) -> Result<(), TenantError> {
-        lock(&self.dirs).deleting = true;
-        for timeline in self.list_timelines() {
+        let being_deleted: Vec<Arc<Timeline>> = {
+            let mut dirs = lock(&self.dirs);
+            dirs.deleting = true;
+            dirs.removing.values().cloned().collect()
+        };
+        for timeline in self.list_timelines().into_iter().chain(being_deleted) {
             // Only waits for a flush in progress; errors do not matter for data being deleted.
             let _ = timeline.shutdown(false);
         }

@@ -178,7 +178,9 @@ fn an_id_being_deleted_cannot_be_created() {
     let timeline_id = timeline.timeline_id();
     // Deletions in progress, as they stand between taking the id out of the map and removing
     // its directory.
-    lock(&tenant.dirs).removing.insert(timeline_id);
+    lock(&tenant.dirs)
+        .removing
+        .insert(timeline_id, timeline.clone());
     tenant.timelines.write().unwrap().remove(&timeline_id);
     assert!(matches!(
         tenant.create_timeline(Some(timeline_id)),
