@@ -96,7 +96,9 @@ def test_failed_flush_keeps_layer_and_retries(pageserver_factory: PageserverFact
     info = timeline.info()
     assert info["disk_consistent_lsn"] == "0/0"
     assert info["layers"]["frozen"] == 1 and info["layers"]["delta"] == 0, info
-    assert not any(n.endswith(".___temp") for n in timeline.dir_files())
+    # A failed attempt leaves no temporary file; the background flush loop retries every
+    # second, and a retry in progress has one of its own for a moment.
+    wait_until(lambda: not any(n.endswith(".___temp") for n in timeline.dir_files()), what="no temporary file")
     # Reads and writes go on meanwhile.
     timeline.verify()
     for _ in range(3):
