@@ -23,32 +23,9 @@ from fixtures.ingest import Image, encode_batch, key, page_of
 from fixtures.metrics import Metrics
 from fixtures.pageserver import Pageserver
 from fixtures.plugin import PageserverFactory
+from fixtures.raw_http import SOCKET_TIMEOUT, connect, read_response
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import wait_until
-
-# The longest any socket operation of these tests may block: far above every timeout the
-# servers here are given, so a server that never answers fails the test instead of hanging it.
-SOCKET_TIMEOUT = 15.0
-
-
-def connect(ps: Pageserver, timeout: float = SOCKET_TIMEOUT) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", ps.port), timeout=timeout)
-
-
-def read_response(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP/1.1 response with a Content-Length body: status, headers, body."""
-    reader = s.makefile("rb")
-    line = reader.readline()
-    if not line:
-        raise ConnectionError("the connection closed without a response")
-    status = int(line.split()[1])
-    headers = {}
-    while (line := reader.readline()) not in (b"\r\n", b""):
-        name, _, value = line.decode().partition(":")
-        headers[name.strip().lower()] = value.strip()
-    body = reader.read(int(headers.get("content-length", "0")))
-    return status, headers, body
-
 
 def json_msg(headers: dict[str, str], body: bytes) -> str:
     assert headers.get("content-type", "").startswith("application/json"), headers

@@ -13,6 +13,7 @@ from fixtures.ingest import Image, key, page_of
 from fixtures.metrics import Metrics
 from fixtures.pageserver import Pageserver
 from fixtures.plugin import PageserverFactory
+from fixtures.raw_http import connect, read_response
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
 
@@ -21,7 +22,7 @@ FUTURE = 0x100
 
 def start_waiting_read(ps: Pageserver, timeline: TimelineHandle, lsn: int) -> socket.socket:
     """Sends a GetPage at `lsn` on a connection of its own and leaves the answer unread."""
-    s = socket.create_connection(("127.0.0.1", ps.port), timeout=30.0)
+    s = connect(ps)
     s.sendall(
         f"GET /v1/tenant/{timeline.tenant_id}/timeline/{timeline.timeline_id}/page?key={key(1).hex()}&lsn={Lsn(lsn)} HTTP/1.1\r\n"
         f"Host: 127.0.0.1\r\n\r\n".encode()
@@ -29,14 +30,9 @@ def start_waiting_read(ps: Pageserver, timeline: TimelineHandle, lsn: int) -> so
     return s
 
 
-def read_response(s: socket.socket) -> tuple[int, bytes]:
-    reader = s.makefile("rb")
-    status = int(reader.readline().split()[1])
-    headers = {}
-    while (line := reader.readline()) not in (b"\r\n", b""):
-        name, _, value = line.decode().partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return status, reader.read(int(headers["content-length"]))
+def status_and_body(s: socket.socket) -> tuple[int, bytes]:
+    status, _, body = read_response(s)
+    return status, body
 
 
 def in_flight(ps: Pageserver) -> float:
@@ -71,7 +67,7 @@ def test_waiting_reads_hold_no_thread_and_leave_other_tenants_alone(pageserver: 
         # The awaited LSN arrives: every waiting read answers with the page as of it.
         waited_on.ingest([Image(key(1), FUTURE, page_of(7))])
         for s in waiters:
-            assert read_response(s) == (200, page_of(7))
+            assert status_and_body(s) == (200, page_of(7))
     finally:
         for s in waiters:
             s.close()
@@ -105,7 +101,7 @@ def test_waiters_past_the_bound_are_refused_and_hang_ups_free_their_place(pagese
     assert metrics.value("pageserver_wait_lsn_seconds_count", outcome="abandoned") == 2
     timeline.ingest([Image(key(1), FUTURE, page_of(3))])
     for s in waiters:
-        assert read_response(s) == (200, page_of(3))
+        assert status_and_body(s) == (200, page_of(3))
         s.close()
 
 
@@ -116,6 +112,6 @@ def test_shutdown_ends_waiting_reads(pageserver: Pageserver):
     wait_until(lambda: in_flight(ps) == 3, what="3 reads waiting")
     ps.stop()
     for s in waiters:
-        status, body = read_response(s)
+        status, body = status_and_body(s)
         assert status == 503 and b"shutting down" in body, (status, body)
         s.close()
