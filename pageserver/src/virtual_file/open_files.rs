@@ -153,14 +153,6 @@ impl OpenFiles {
         self.slots.len()
     }
 
-    /// Descriptors open now (a snapshot; slots change under it).
-    pub fn open_now(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| s.file.try_read().map_or(true, |f| f.is_some()))
-            .count()
-    }
-
     /// The file of `claim`, if the slot is still the claim's.
     pub(super) fn hit(&self, claim: Claim) -> Option<Held<'_>> {
         if claim == Claim::NONE {
