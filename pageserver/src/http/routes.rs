@@ -71,10 +71,11 @@ async fn read_body(mut body: Body, limit: usize) -> ApiResult<Bytes> {
     Ok(buffer.freeze())
 }
 
-/// A JSON body of type `T`; an empty body is `T::default()`.
+/// A JSON body of type `T`; an empty body is `T::default()`. Anything else must be JSON (a body
+/// of only whitespace is not: it is refused like any other body that does not parse).
 async fn json_body<T: DeserializeOwned + Default>(body: Body) -> ApiResult<T> {
     let body = read_body(body, MAX_JSON_BODY).await?;
-    if body.iter().all(u8::is_ascii_whitespace) {
+    if body.is_empty() {
         return Ok(T::default());
     }
     serde_json::from_slice(&body)
