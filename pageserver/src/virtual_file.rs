@@ -144,13 +144,15 @@ impl VirtualFile {
         }
         // From here the pin is the file's: its drop gives it back, also if creation fails.
         let file = Self::unopened(table, path, Access::ReadWrite, durable);
-        file.claim_slot(|| {
+        let (held, previous) = file.claim_slot(|| {
             OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create_new(true)
                 .open(path)
         })?;
+        drop(held);
+        file.release_previous(previous);
         Ok(file)
     }
 
@@ -180,29 +182,37 @@ impl VirtualFile {
             return op(held.file());
         }
         let write = self.access == Access::ReadWrite;
-        let held =
+        let (held, previous) =
             self.claim_slot(|| OpenOptions::new().read(true).write(write).open(&self.path))?;
-        op(held.file())
+        let result = op(held.file());
+        drop(held);
+        self.release_previous(previous);
+        result
     }
 
-    /// Opens the file with `open` into a slot of the table and claims it.
+    /// Opens the file with `open` into a slot of the table and claims it; returns the slot,
+    /// held, and the claim it replaced.
     fn claim_slot(
         &self,
         open: impl FnOnce() -> io::Result<File>,
-    ) -> io::Result<open_files::Held<'_>> {
+    ) -> io::Result<(open_files::Held<'_>, Claim)> {
         let (claim, held) = self.table.install(self.pinned, open)?;
         let previous = Claim::from_bits(self.claim.swap(claim.bits(), Ordering::AcqRel));
-        // Two threads that both missed each opened a descriptor: the one no longer claimed is
-        // closed now rather than left open until the clock comes by (for a removed file, that
-        // would keep its space in use).
-        self.table.release(previous);
         let kind = if previous == Claim::NONE {
             "first"
         } else {
             "reopen"
         };
         crate::metrics::FILE_OPENS.with_label_values(&[kind]).inc();
-        Ok(held)
+        Ok((held, previous))
+    }
+
+    /// Two threads that both missed each opened a descriptor: the one no longer claimed is
+    /// closed rather than left open until the clock comes by (for a removed file, that would
+    /// keep its space in use). Called with no slot held: a thread never waits for one slot
+    /// while holding another, so two threads releasing each other's slots cannot deadlock.
+    fn release_previous(&self, previous: Claim) {
+        self.table.release(previous);
     }
 }
 

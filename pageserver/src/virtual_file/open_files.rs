@@ -25,6 +25,10 @@
 //! the write lock of the next slot that is not pinned. Only when every slot is pinned does the
 //! I/O fail, with an error that says so, rather than open past the budget.
 //!
+//! No thread ever waits for a slot's lock while it holds another's: a file that replaced its
+//! claim closes the slot it no longer claims only after letting go of the new one. So threads
+//! taking each other's slots as victims cannot deadlock.
+//!
 //! **Pinned** slots belong to files being written for durability (layer files, the manifest):
 //! an fsync reports a write-back error only to descriptors open when it happened, so such a
 //! descriptor must stay open from the first write to its `sync_all`. They are short lived (one

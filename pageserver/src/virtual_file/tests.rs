@@ -153,9 +153,11 @@ fn many_threads_over_few_descriptors_read_right() {
             .map(|p| VirtualFile::open_in(&table, p).unwrap())
             .collect(),
     );
+    let (done, finished) = std::sync::mpsc::channel();
     let threads: Vec<_> = (0..8u64)
         .map(|t| {
             let opened = opened.clone();
+            let done = done.clone();
             std::thread::spawn(move || {
                 let mut x = t * 7919 + 1;
                 for _ in 0..2000 {
@@ -165,9 +167,18 @@ fn many_threads_over_few_descriptors_read_right() {
                     let i = (x >> 33) as usize % opened.len();
                     assert_eq!(read_byte(&opened[i], (x >> 20) % 4096), i as u8);
                 }
+                done.send(()).unwrap();
             })
         })
         .collect();
+    // A deadlock between threads that take each other's slots fails the test rather than hang
+    // it (a panicking thread drops its sender, which ends the wait too).
+    drop(done);
+    for _ in 0..threads.len() {
+        finished
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("every reader finishes: none may wait forever for a slot");
+    }
     for t in threads {
         t.join().unwrap();
     }
