@@ -39,7 +39,7 @@ use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
 use pageserver::page_cache::{PageCache, PageCacheConfig};
-use pageserver::tenant::inmemory_layer::InMemoryLayer;
+use pageserver::tenant::storage_layer::inmemory_layer::InMemoryLayer;
 use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value, DEFAULT_MAX_VALUE_SIZE};
 use utils::{Lsn, TenantId, TimelineId};

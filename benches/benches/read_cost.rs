@@ -69,9 +69,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use pageserver::io::read_cost::{self, ReadCost};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
-use pageserver::tenant::read_cost::{self, ReadCost};
-use pageserver::tenant::scan::{ScanCursor, ScanPage};
+use pageserver::tenant::timeline::scan::{ScanCursor, ScanPage};
 use pageserver::tenant::timeline::{PutRecord, Timeline, TimelineConf};
 use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value};

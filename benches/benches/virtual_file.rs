@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use pageserver::virtual_file::open_files::OpenFiles;
-use pageserver::virtual_file::{FileIo, VirtualFile};
+use pageserver::io::virtual_file::open_files::OpenFiles;
+use pageserver::io::virtual_file::{FileIo, VirtualFile};
 use pageserver::PAGE_SZ;
 
 const BLOCKS: u64 = 64;

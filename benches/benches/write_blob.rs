@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use pageserver::format::blob_io::{append_blob_to_vec, BlobHeader};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
-use pageserver::tenant::blob_io::{append_blob_to_vec, BlobHeader};
-use pageserver::tenant::ephemeral_file::EphemeralFile;
+use pageserver::tenant::storage_layer::ephemeral_file::EphemeralFile;
 use pageserver::PAGE_SZ;
 
 const SIZES: [usize; 5] = [1, 100, 1000, 8192, 20000];

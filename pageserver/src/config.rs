@@ -18,7 +18,7 @@ use serde::{Deserialize, Deserializer};
 
 use crate::page_cache::materialized::MAX_VERSIONS_PER_KEY;
 use crate::page_cache::PageCacheConfig;
-use crate::tenant::cursor_cache::CursorCacheConfig;
+use crate::tenant::timeline::scan::cursor_cache::CursorCacheConfig;
 use crate::tenant::timeline::TimelineConf;
 
 pub const CONFIG_FILE: &str = "pageserver.toml";
@@ -169,7 +169,7 @@ impl Default for PageServerConf {
             wait_lsn_timeout: Duration::from_secs(60),
             max_lsn_waiters: timeline.max_lsn_waiters,
             max_value_size: timeline.max_value_size,
-            max_file_descriptors: crate::virtual_file::DEFAULT_MAX_FILE_DESCRIPTORS,
+            max_file_descriptors: crate::io::virtual_file::DEFAULT_MAX_FILE_DESCRIPTORS,
             max_request_body_size: 64 << 20,
             http_header_read_timeout: Duration::from_secs(10),
             http_body_read_timeout: Duration::from_secs(30),
@@ -248,7 +248,7 @@ impl PageServerConf {
                 self.page_cache_index_percent
             ));
         }
-        let max_fds = crate::virtual_file::open_files::MAX_CAPACITY;
+        let max_fds = crate::io::virtual_file::open_files::MAX_CAPACITY;
         if !(8..=max_fds).contains(&self.max_file_descriptors) {
             return invalid(format!(
                 "max_file_descriptors {} is outside 8..={max_fds} (a few files are always open: \

@@ -2,18 +2,26 @@
 //! flushes them to immutable layer files, and serves "page K as of LSN L" through one shared,
 //! read-only page cache.
 //!
-//! The modules follow the data's path: [`virtual_file`] (the file I/O seam) → [`tenant::block_io`]
-//! (8 KiB blocks and leases on them) → [`tenant::blob_io`] (length-prefixed blobs spanning
-//! blocks) → [`tenant::ephemeral_file`] (the append-only file behind the in-memory layer), with
-//! [`page_cache`] shared by every reader of immutable blocks.
+//! The modules follow the data's path, lowest floor first; none imports one above it:
+//!
+//! - [`io`]: every file read and write (the fault seam, the descriptor cache), crash-safe
+//!   file creation, and the per-request read accounting;
+//! - [`page_cache`]: one cache of immutable 8 KiB pages shared by every reader;
+//! - [`format`]: blocks, blobs and the B-tree, which know bytes and nothing of layers;
+//! - [`tenant::storage_layer`]: the ephemeral file, the in-memory layer and the layer files;
+//! - [`tenant::timeline`]: a timeline's layers, ingest, GetPage@LSN, scans, flushes, the
+//!   manifest; [`tenant::tasks`]: the background loops that drive timelines;
+//!   [`tenant::mgr`]: tenants and timelines on disk;
+//! - [`http`]: the API, and the `/metrics` page that reads state at scrape time.
 
 pub mod config;
 pub mod failpoints;
+pub mod format;
 pub mod http;
+pub mod io;
 pub mod metrics;
 pub mod page_cache;
 pub mod tenant;
-pub mod virtual_file;
 
 /// The size of a block of every file we write and of every page in the page cache.
 pub const PAGE_SZ: usize = 8192;

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use bytes::Bytes;
-use pageserver::tenant::delta_layer::DeltaLayerWriter;
-use pageserver::tenant::metadata::{LayerFileEntry, TimelineMetadata};
+use pageserver::tenant::storage_layer::delta_layer::DeltaLayerWriter;
+use pageserver::tenant::timeline::metadata::{LayerFileEntry, TimelineMetadata};
 use pageserver::PAGE_SZ;
 use pageserver_api::value::Patch;
 use pageserver_api::{Key, Value};

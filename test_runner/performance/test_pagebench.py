@@ -5,7 +5,7 @@ They report, they do not pass or fail on speed: each prints pagebench's JSON sum
 it to test_output/perf/<test>.json; a test fails only if a request failed or a page was wrong.
 Results and goals are in docs/benchmarks.md. Use release builds:
 
-    cargo build --release -p pageserver --bins
+    cargo build --release -p pageserver -p pagebench --bins
     PAGESERVER_BIN=target/release/pageserver .venv/bin/pytest test_runner/performance -m performance -s
 """
 
@@ -30,7 +30,7 @@ def pagebench_binary() -> Path:
     env = os.environ.get("PAGEBENCH_BIN")
     path = Path(env) if env else REPO_ROOT / "target" / "release" / "pagebench"
     if not path.is_file():
-        pytest.skip(f"no pagebench at {path}: `cargo build --release -p pageserver --bins`")
+        pytest.skip(f"no pagebench at {path}: `cargo build --release -p pageserver -p pagebench --bins`")
     return path
 
 

@@ -25,10 +25,10 @@ use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 use pageserver::page_cache::{PageCache, PageCacheConfig, PageCacheConfigError};
-use pageserver::tenant::delta_layer::{
+use pageserver::tenant::storage_layer::delta_layer::{
     DeltaLayer, DeltaLayerError, IndexEntry, DELTA_FORMAT_VERSION, DELTA_MAGIC,
 };
-use pageserver::tenant::metadata::{
+use pageserver::tenant::timeline::metadata::{
     MetadataError, StoredMetadata, TimelineMetadata, METADATA_FILE,
 };
 use pageserver::tenant::timeline::{open_listed_layer, TimelineError};

@@ -27,8 +27,8 @@ use pageserver::http::body_limits::BodyBudget;
 use pageserver::http::server::{serve, ConnectionLimit, ConnectionTimeouts};
 use pageserver::http::{router, AppState};
 use pageserver::page_cache::PageCache;
-use pageserver::tenant::cursor_cache::CursorCache;
 use pageserver::tenant::mgr::TenantManager;
+use pageserver::tenant::timeline::scan::cursor_cache::CursorCache;
 
 const LOCK_FILE: &str = "pageserver.pid";
 
@@ -140,7 +140,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     }
 
-    pageserver::virtual_file::init(conf.max_file_descriptors);
+    pageserver::io::virtual_file::init(conf.max_file_descriptors);
     phases.done(
         "open_files",
         format_args!(

@@ -19,8 +19,8 @@ use std::time::UNIX_EPOCH;
 
 use super::AppState;
 use crate::page_cache::{KindStats, PageCache};
-use crate::tenant::cursor_cache::CursorCacheStats;
 use crate::tenant::mgr::TenantManager;
+use crate::tenant::timeline::scan::cursor_cache::CursorCacheStats;
 use crate::tenant::timeline::LayerKind;
 
 /// What `/proc/self/stat` counts CPU time in: USER_HZ, which Linux fixes at 100 per second for

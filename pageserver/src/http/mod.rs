@@ -36,8 +36,8 @@ use axum::Router;
 
 use crate::config::PageServerConf;
 use crate::page_cache::PageCache;
-use crate::tenant::cursor_cache::CursorCache;
 use crate::tenant::mgr::TenantManager;
+use crate::tenant::timeline::scan::cursor_cache::CursorCache;
 use auth::JwtAuth;
 use error::ApiError;
 

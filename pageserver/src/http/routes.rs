@@ -19,11 +19,11 @@ use utils::{Lsn, TenantId, TimelineId};
 
 use super::error::{redact_paths, ApiError};
 use super::{blocking, SharedState};
+use crate::io::read_cost;
 use crate::page_cache::KindStats;
-use crate::tenant::cursor_cache::{ScanFrom, ScanRequest, ScanToken};
 use crate::tenant::mgr::{Tenant, TenantState};
-use crate::tenant::read_cost;
 use crate::tenant::storage_layer::max_stored_value_len;
+use crate::tenant::timeline::scan::cursor_cache::{ScanFrom, ScanRequest, ScanToken};
 use crate::tenant::timeline::{LayerDescription, LayerKind, Timeline};
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -570,7 +570,7 @@ fn scan_query(uri: &Uri) -> ApiResult<ScanQuery> {
 }
 
 /// `GET .../keys`: a page of the keys in `[start, end)` with their pages as of the LSN; see
-/// docs/http-api.md and `tenant::cursor_cache`.
+/// docs/http-api.md and `timeline::scan::cursor_cache`.
 pub async fn scan_keys(
     State(state): State<SharedState>,
     Path((tenant_id, timeline_id)): Path<(String, String)>,

@@ -48,11 +48,11 @@ use std::time::Instant;
 
 use utils::{TenantId, TimelineId};
 
+use crate::io::crashsafe;
 use crate::page_cache::PageCache;
-use crate::tenant::flush_loop::{tick_for, FlushLoop, FlushWakeup};
-use crate::tenant::metadata::TimelineMetadata;
+use crate::tenant::tasks::flush::{tick_for, FlushLoop, FlushWakeup};
+use crate::tenant::timeline::metadata::TimelineMetadata;
 use crate::tenant::timeline::{Timeline, TimelineConf, TimelineError};
-use crate::virtual_file::crashsafe;
 
 pub const TENANTS_DIR: &str = "tenants";
 pub const TIMELINES_DIR: &str = "timelines";

@@ -1,6 +1,6 @@
 //! Creating a timeline, and loading one back: its manifest against the files in its directory.
 //!
-//! The manifest (`tenant::metadata`) is the layer set. Loading reconciles the directory with it:
+//! The manifest (`timeline::metadata`) is the layer set. Loading reconciles the directory with it:
 //!
 //! | found in the directory                        | what load does                          |
 //! |-----------------------------------------------|-----------------------------------------|
@@ -27,11 +27,13 @@ use utils::{Lsn, TenantId, TimelineId};
 
 use super::{LayerMap, LsnWait, Timeline, TimelineConf, TimelineError, WriterState};
 use crate::page_cache::PageCache;
-use crate::tenant::delta_layer::{
+use crate::tenant::storage_layer::delta_layer::{
     is_layer_file_name, lsn_range_of_file_name, DeltaLayer, DeltaLayerError, TEMP_SUFFIX,
 };
-use crate::tenant::ephemeral_file::remove_leftovers;
-use crate::tenant::metadata::{LayerFileEntry, StoredMetadata, TimelineMetadata, METADATA_FILE};
+use crate::tenant::storage_layer::ephemeral_file::remove_leftovers;
+use crate::tenant::timeline::metadata::{
+    LayerFileEntry, StoredMetadata, TimelineMetadata, METADATA_FILE,
+};
 
 impl Timeline {
     /// Creates an empty timeline in `dir` (which must exist and be empty).

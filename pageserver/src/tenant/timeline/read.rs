@@ -28,7 +28,7 @@ impl Timeline {
             let below_floor = |newest: Lsn| floor.is_some_and(|f| newest <= f);
             // Called once per layer asked for the key's versions.
             let mut take = |layer_records: LayerRecords| -> bool {
-                crate::tenant::read_cost::layer_visited();
+                crate::io::read_cost::layer_visited();
                 for (version, value) in layer_records.records {
                     if below_floor(version) {
                         return true;
@@ -83,7 +83,7 @@ impl Timeline {
         Ok(page)
     }
 
-    /// The next page of the key-range scan `cursor` describes: see [`crate::tenant::scan`].
+    /// The next page of the key-range scan `cursor` describes: see [`crate::tenant::timeline::scan`].
     pub fn scan_page(
         &self,
         cursor: &mut ScanCursor,

@@ -6,8 +6,8 @@ use pageserver_api::DEFAULT_MAX_VALUE_SIZE;
 use proptest::prelude::*;
 
 use super::*;
-use crate::tenant::metadata::METADATA_FILE;
 use crate::tenant::test_support::*;
+use crate::tenant::timeline::metadata::METADATA_FILE;
 
 const TENANT: TenantId = TenantId::from_bytes([1; 16]);
 const TIMELINE: TimelineId = TimelineId::from_bytes([2; 16]);
@@ -699,7 +699,7 @@ fn shutdown_flushes_and_refuses_later_puts() {
 
 #[test]
 fn read_cost_counts_layers_blocks_and_file_reads() {
-    use crate::tenant::read_cost::{measure, ReadCost};
+    use crate::io::read_cost::{measure, ReadCost};
     let (_dir, cache, tl) = fresh_timeline(64);
     tl.put_batch(&[rec(1, 10, &image(1)), rec(2, 10, &image(2))])
         .unwrap();
@@ -767,7 +767,7 @@ fn read_cost_counts_layers_blocks_and_file_reads() {
 
 #[test]
 fn a_flush_inserts_nothing_into_the_page_cache_and_hot_pages_stay() {
-    use crate::tenant::read_cost::measure;
+    use crate::io::read_cost::measure;
     let (_dir, cache, tl) = fresh_timeline(32);
     // The hot set: four pages in a delta layer (an index leaf and two blocks per page).
     let hot: Vec<PutRecord> = (0..4).map(|k| rec(k, 10, &image(k as u8))).collect();

@@ -6,8 +6,8 @@ use bytes::Bytes;
 use pageserver_api::Value;
 
 use super::*;
-use crate::tenant::metadata::store_legacy;
 use crate::tenant::test_support::*;
+use crate::tenant::timeline::metadata::store_legacy;
 use crate::tenant::timeline::PutRecord;
 use crate::PAGE_SZ;
 

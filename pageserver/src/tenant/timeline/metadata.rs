@@ -41,8 +41,9 @@ use std::path::{Path, PathBuf};
 
 use utils::{Lsn, TenantId, TimelineId};
 
-use crate::tenant::storage_layer::array_at;
-use crate::virtual_file::{crashsafe, FileIo, VirtualFile};
+use crate::format::array_at;
+use crate::io::crashsafe;
+use crate::io::virtual_file::{FileIo, VirtualFile};
 
 pub const METADATA_FILE: &str = "metadata";
 const METADATA_TEMP: &str = "metadata.___temp";

@@ -13,7 +13,7 @@
 //! or than the file has, is an error, and no buffer is sized from a header alone beyond what
 //! has actually been read.
 
-use crate::tenant::block_io::{BlockReadError, BlockReader};
+use crate::format::block_io::{BlockReadError, BlockReader};
 use crate::PAGE_SZ;
 
 /// The longest blob the format can describe: 31 bits of length.
@@ -218,7 +218,7 @@ impl Position {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tenant::block_io::BlockLease;
+    use crate::format::block_io::BlockLease;
     use proptest::prelude::*;
     use std::path::PathBuf;
 

@@ -10,8 +10,8 @@ use std::io;
 use proptest::prelude::*;
 
 use super::*;
+use crate::format::block_io::FileBlockReader;
 use crate::page_cache::{FileId, PageCache, PageCacheConfig};
-use crate::tenant::block_io::FileBlockReader;
 
 /// A delta layer key: an 18-byte page key (a page number in its last four bytes) ++ LSN.
 fn key26(page: u32, lsn: u64) -> [u8; 26] {

@@ -24,7 +24,7 @@
 //! its key map ([`InMemoryLayer::keys_at_lsn`]). A [`ScanCursor`] is the merge state between
 //! pages: the streams with their buffers, and the position just past the last key taken. The
 //! next page resumes from those buffers without seeking again; the cursor cache
-//! (`tenant::cursor_cache`) keeps cursors between requests.
+//! (`scan::cursor_cache`) keeps cursors between requests.
 //!
 //! A stream names its layer by its place in the layer map's list (newest first), which is only
 //! meaningful for one layer set: the cursor remembers the [`LayerSetId`] (the timeline's
@@ -66,8 +66,8 @@ use bytes::Bytes;
 use pageserver_api::Key;
 use utils::{Lsn, TimelineId};
 
-use crate::tenant::delta_layer::DeltaLayer;
-use crate::tenant::inmemory_layer::InMemoryLayer;
+use crate::tenant::storage_layer::delta_layer::DeltaLayer;
+use crate::tenant::storage_layer::inmemory_layer::InMemoryLayer;
 use crate::tenant::storage_layer::KeyChunk;
 use crate::tenant::timeline::{Timeline, TimelineError};
 
@@ -402,5 +402,6 @@ pub(crate) fn next_page(
     }
 }
 
+pub mod cursor_cache;
 #[cfg(test)]
 mod tests;

@@ -4,9 +4,9 @@ use std::sync::atomic::AtomicU64;
 use proptest::prelude::*;
 
 use super::*;
-use crate::tenant::blob_io::BlockCursor;
+use crate::format::blob_io::BlockCursor;
+use crate::io::virtual_file::testing::FailingWrites;
 use crate::tenant::test_support::*;
-use crate::virtual_file::testing::FailingWrites;
 
 fn blob(i: usize, len: usize) -> Vec<u8> {
     (0..len).map(|j| (i.wrapping_mul(131) ^ j) as u8).collect()
@@ -150,7 +150,7 @@ fn too_large_blob_is_refused_without_breaking_the_file() {
     let mut file = EphemeralFile::create(dir.path(), small_cache(8)).unwrap();
     // A slice longer than the format allows, without allocating it: a zero-sized element type
     // cannot be used here, so check the header path directly.
-    assert!(BlobHeader::new(crate::tenant::blob_io::MAX_BLOB_LEN + 1).is_err());
+    assert!(BlobHeader::new(crate::format::blob_io::MAX_BLOB_LEN + 1).is_err());
     let off = file.write_blob(b"still fine").unwrap();
     assert_eq!(
         BlockCursor::new(&file).read_blob(off).unwrap(),

@@ -8,8 +8,8 @@ use proptest::prelude::*;
 use utils::TenantId;
 
 use super::*;
+use crate::io::read_cost::measure;
 use crate::page_cache::PageCache;
-use crate::tenant::read_cost::measure;
 use crate::tenant::test_support::*;
 use crate::tenant::timeline::{PutRecord, TimelineConf};
 

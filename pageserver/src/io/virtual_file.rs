@@ -22,7 +22,6 @@
 //!
 //! [`crashsafe`] holds the directory fsync, through the same table.
 
-pub mod crashsafe;
 pub mod open_files;
 
 use std::fmt;

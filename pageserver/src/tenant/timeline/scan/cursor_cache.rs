@@ -45,7 +45,7 @@
 //! policy is used rather than its default TinyLFU, because every cursor is stored once and
 //! looked up once: a frequency sketch would only ever refuse the newcomers.
 //!
-//! A cursor holds no lease, lock, file or layer (see `tenant::scan`), so an idle one costs
+//! A cursor holds no lease, lock, file or layer (see `timeline::scan`), so an idle one costs
 //! memory only, and dropping one at any time is always safe.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -60,8 +60,8 @@ use moka::policy::EvictionPolicy;
 use pageserver_api::Key;
 use utils::{Lsn, TenantId, TimelineId};
 
-use crate::tenant::scan::ScanCursor;
-use crate::tenant::storage_layer::array_at;
+use crate::format::array_at;
+use crate::tenant::timeline::scan::ScanCursor;
 use crate::tenant::timeline::{Timeline, TimelineError};
 
 const TOKEN_VERSION: u8 = 1;

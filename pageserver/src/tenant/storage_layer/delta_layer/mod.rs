@@ -52,7 +52,7 @@
 //! naming the file, never a panic or a wrong page.
 //!
 //! [`DeltaLayer::keys_at_lsn`] lists the keys with a version at or below an LSN, a bounded
-//! chunk at a time, from the index alone: the key stream of a paged scan (`tenant::scan`).
+//! chunk at a time, from the index alone: the key stream of a paged scan (`timeline::scan`).
 //!
 //! # Inspection
 //!
@@ -69,17 +69,19 @@ use pageserver_api::value::ValueDecodeError;
 use pageserver_api::{Key, Value};
 use utils::{Lsn, TenantId, TimelineId};
 
-use crate::page_cache::{FileId, PageCache};
-use crate::tenant::blob_io::{BlobHeader, BlobReadError, BlockCursor};
-use crate::tenant::block_io::{
+use crate::format::array_at;
+use crate::format::blob_io::{BlobHeader, BlobReadError, BlockCursor};
+use crate::format::block_io::{
     read_range_through_cache, BlockLease, BlockReadError, BlockReader, FileBlockReader,
 };
-use crate::tenant::disk_btree::{
+use crate::format::disk_btree::{
     node_is_valid, BtreeBuildError, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
-use crate::tenant::read_cost::BlockKind;
-use crate::tenant::storage_layer::{array_at, max_stored_value_len, KeyChunk, LayerRecords};
-use crate::virtual_file::{crashsafe, FileIo, VirtualFile};
+use crate::io::crashsafe;
+use crate::io::read_cost::BlockKind;
+use crate::io::virtual_file::{FileIo, VirtualFile};
+use crate::page_cache::{FileId, PageCache};
+use crate::tenant::storage_layer::{max_stored_value_len, KeyChunk, LayerRecords};
 use crate::PAGE_SZ;
 
 pub const DELTA_MAGIC: u32 = 0x4445_4C54;
@@ -97,7 +99,7 @@ const VALUE_CRC_LEN: usize = 4;
 const WRITE_CHUNK: usize = 1 << 20;
 /// [`DeltaLayer::keys_at_lsn`] walks past this many further versions of one key, about a leaf's
 /// worth, before it descends the index to the next key instead.
-const PASS_OVER_BEFORE_SEEK: usize = crate::tenant::disk_btree::leaf_capacity(INDEX_KEY_LEN);
+const PASS_OVER_BEFORE_SEEK: usize = crate::format::disk_btree::leaf_capacity(INDEX_KEY_LEN);
 
 /// The index key of version `lsn` of `key`: byte order is (key, lsn) order.
 fn index_key(key: Key, lsn: Lsn) -> [u8; INDEX_KEY_LEN] {

@@ -4,6 +4,10 @@
 use pageserver_api::{Key, Value};
 use utils::Lsn;
 
+pub mod delta_layer;
+pub mod ephemeral_file;
+pub mod inmemory_layer;
+
 /// What one layer contributes to reconstructing a page.
 #[derive(Debug, Default)]
 pub struct LayerRecords {
@@ -14,7 +18,7 @@ pub struct LayerRecords {
 }
 
 /// A run of the keys a layer holds with a version at or below some LSN, in key order: what a
-/// scan's key stream over that layer buffers (see `tenant::scan`).
+/// scan's key stream over that layer buffers (see `timeline::scan`).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct KeyChunk {
     pub keys: Vec<Key>,
@@ -30,12 +34,4 @@ const STORED_VALUE_SLACK: usize = 64;
 /// `max_value_size`. Readers use it to refuse a corrupt length before allocating for it.
 pub fn max_stored_value_len(max_value_size: usize) -> usize {
     max_value_size.saturating_add(STORED_VALUE_SLACK)
-}
-
-/// `N` bytes of `bytes` from `off`, for decoding fixed layouts. Panics if they are not all
-/// there: callers index only into buffers whose length they have checked.
-pub(crate) fn array_at<const N: usize>(bytes: &[u8], off: usize) -> [u8; N] {
-    let mut out = [0u8; N];
-    out.copy_from_slice(&bytes[off..off + N]);
-    out
 }

@@ -12,11 +12,11 @@ use std::io;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
 
+use crate::io::read_cost::{self, BlockKind};
+use crate::io::virtual_file::FileIo;
 use crate::page_cache::{
     Arrival, BlockRead, Fetched, FileId, PageCache, PageLease, ReadThroughError,
 };
-use crate::tenant::read_cost::{self, BlockKind};
-use crate::virtual_file::FileIo;
 use crate::PAGE_SZ;
 
 /// A read-only view of one block; see the module docs.
@@ -404,7 +404,7 @@ mod tests {
 
     #[test]
     fn a_range_reads_each_run_of_missing_blocks_once() {
-        use crate::tenant::read_cost::measure;
+        use crate::io::read_cost::measure;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("six-blocks");
         let bytes: Vec<u8> = (0..6 * PAGE_SZ).map(|i| (i / 7) as u8).collect();
@@ -448,7 +448,7 @@ mod tests {
 
     #[test]
     fn a_range_waits_for_a_block_another_reader_is_reading() {
-        use crate::tenant::read_cost::measure;
+        use crate::io::read_cost::measure;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("three-blocks");
         let bytes: Vec<u8> = (0..3 * PAGE_SZ).map(|i| (i / 11) as u8).collect();

@@ -13,7 +13,7 @@
 //! ```
 //!
 //! Every change to the set of layers bumps the map's generation, which identifies the set for
-//! paged scans ([`Timeline::scan_page`], `tenant::scan`): a scan cursor resumes only on the
+//! paged scans ([`Timeline::scan_page`], `timeline::scan`): a scan cursor resumes only on the
 //! layer set its key streams were built on.
 //!
 //! GetPage@LSN walks the layers from newest to oldest, each contributing the key's versions at
@@ -86,15 +86,15 @@ use pageserver_api::{reconstruct_page, Key, RedoError, Value, ValueEncodeError};
 use utils::{Lsn, TenantId, TimelineId};
 
 use crate::page_cache::{MaterializedPageKey, PageCache};
-use crate::tenant::delta_layer::{DeltaLayer, DeltaLayerError};
-use crate::tenant::flush_loop::FlushWakeup;
-use crate::tenant::inmemory_layer::{
+use crate::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerError};
+use crate::tenant::storage_layer::inmemory_layer::{
     FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError, MAX_LSN_SPAN,
 };
-use crate::tenant::metadata::{LayerFileEntry, MetadataError, TimelineMetadata};
-use crate::tenant::scan::{self, LayerSetId, ScanCursor, ScanLayer, ScanPage};
 use crate::tenant::storage_layer::{max_stored_value_len, LayerRecords};
+use crate::tenant::tasks::flush::FlushWakeup;
+use crate::tenant::timeline::metadata::{LayerFileEntry, MetadataError, TimelineMetadata};
 use crate::PAGE_SZ;
+use scan::{LayerSetId, ScanCursor, ScanLayer, ScanPage};
 
 /// Settings a timeline needs.
 #[derive(Clone, Debug)]
@@ -223,7 +223,7 @@ struct LayerMap {
     deltas: Vec<Arc<DeltaLayer>>,
     /// Bumped whenever a layer joins or leaves the map (an open layer started, a freeze, a
     /// flush's swap): a scan cursor whose key streams were built at another generation no
-    /// longer describes these layers (see `tenant::scan`).
+    /// longer describes these layers (see `timeline::scan`).
     generation: u64,
 }
 
@@ -645,7 +645,9 @@ impl Timeline {
 mod flush;
 mod init;
 mod lsn_wait;
+pub mod metadata;
 mod read;
+pub mod scan;
 pub use init::open_listed_layer;
 use lsn_wait::LsnWait;
 #[cfg(test)]

@@ -80,10 +80,10 @@
 use std::io;
 use std::path::PathBuf;
 
-use crate::tenant::block_io::{BlockLease, BlockReadError, BlockReader};
+use crate::format::block_io::{BlockLease, BlockReadError, BlockReader};
 // Only called with offsets inside the header or inside an entry that `Node::parse` has
 // bounds-checked, so the slice always has the bytes.
-use crate::tenant::storage_layer::array_at;
+use crate::format::array_at;
 use crate::PAGE_SZ;
 
 /// The first two bytes of every B-tree node; distinct from other block kinds.

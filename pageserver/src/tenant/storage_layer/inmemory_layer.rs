@@ -72,10 +72,10 @@ use pageserver_api::value::ValueDecodeError;
 use pageserver_api::{Key, Value};
 use utils::Lsn;
 
+use crate::format::blob_io::{BlobReadError, BlockCursor};
 use crate::page_cache::PageCache;
-use crate::tenant::blob_io::{BlobReadError, BlockCursor};
-use crate::tenant::delta_layer::{DeltaLayerError, DeltaLayerWriter, WrittenLayer};
-use crate::tenant::ephemeral_file::{EphemeralFile, EphemeralWriteError};
+use crate::tenant::storage_layer::delta_layer::{DeltaLayerError, DeltaLayerWriter, WrittenLayer};
+use crate::tenant::storage_layer::ephemeral_file::{EphemeralFile, EphemeralWriteError};
 use crate::tenant::storage_layer::max_stored_value_len;
 pub use crate::tenant::storage_layer::{KeyChunk, LayerRecords};
 

@@ -26,8 +26,8 @@
 //!   file, so the borrow checker makes a write impossible while it lives:
 //!
 //! ```compile_fail
-//! # use pageserver::tenant::ephemeral_file::EphemeralFile;
-//! # use pageserver::tenant::block_io::BlockReader;
+//! # use pageserver::tenant::storage_layer::ephemeral_file::EphemeralFile;
+//! # use pageserver::format::block_io::BlockReader;
 //! # fn f(file: &mut EphemeralFile) {
 //! let tail = file.read_blk(0).unwrap();
 //! file.write_blob(b"no writes while a lease is alive").unwrap();
@@ -52,13 +52,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::page_cache::{Arrival, FileId, PageCache};
-use crate::tenant::blob_io::{BlobHeader, BlobTooLarge};
-use crate::tenant::block_io::{
+use crate::format::blob_io::{BlobHeader, BlobTooLarge};
+use crate::format::block_io::{
     block_offset, read_bypassing_cache, read_through_cache, BlockLease, BlockReadError, BlockReader,
 };
-use crate::tenant::read_cost::{self, BlockKind};
-use crate::virtual_file::{FileIo, VirtualFile};
+use crate::io::read_cost::{self, BlockKind};
+use crate::io::virtual_file::{FileIo, VirtualFile};
+use crate::page_cache::{Arrival, FileId, PageCache};
 use crate::PAGE_SZ;
 
 /// Every ephemeral file's name starts with this.

@@ -8,7 +8,7 @@
 use std::io;
 use std::path::Path;
 
-use super::{FileIo, VirtualFile};
+use crate::io::virtual_file::{FileIo, VirtualFile};
 
 /// Makes the directory entries of `dir` (creations, renames, removals) durable. The directory
 /// is opened through the table of open files, like every file of ours.

@@ -1,0 +1,3 @@
+//! The background loops that drive timelines: [`flush`] writes frozen layers to disk.
+
+pub mod flush;
