@@ -8,6 +8,8 @@
 //! | `layer-before-rename`   | a delta layer is written and fsynced, not yet renamed      |
 //! | `layer-after-rename`    | a delta layer has its final name, its directory not fsynced |
 //! | `flush-before-metadata` | a flushed layer is durable, `disk_consistent_lsn` not yet stored |
+//! | `metadata-before-rename` | the new manifest is fsynced as `metadata.___temp`, not renamed |
+//! | `metadata-after-rename` | the new manifest is `metadata`, its directory not fsynced   |
 //! | `flush-loop`            | the background flush loop, before it serves each timeline  |
 //!
 //! Actions are the `fail` crate's (`return`, `sleep(100)`, `pause`, `panic`, `off`,

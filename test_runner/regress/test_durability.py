@@ -164,7 +164,7 @@ def test_kill9_during_ingest(pageserver_factory: PageserverFactory):
 FLUSH_CRASH_POINTS = ["layer-before-rename", "layer-after-rename", "flush-before-metadata"]
 # Inside the manifest's atomic replacement. Creating a timeline stores a manifest too, so this
 # one is armed only once the timeline exists.
-MANIFEST_CRASH_POINTS = ["metadata-before-rename"]
+MANIFEST_CRASH_POINTS = ["metadata-before-rename", "metadata-after-rename"]
 
 
 @pytest.mark.needs_testing
@@ -194,8 +194,15 @@ def test_crash_during_checkpoint(pageserver_factory: PageserverFactory, failpoin
 
     ps.start()
     assert_clean_startup(ps)
-    assert timeline.lsns() == (durable, durable)
-    assert delta_files(timeline) == layers_before
+    if failpoint == "metadata-after-rename":
+        # The process died, not the machine: the rename had reached the kernel, so the flush
+        # committed (only a power loss before the directory fsync could still undo it).
+        last, now_durable = timeline.lsns()
+        assert now_durable == last > durable
+        assert len(delta_files(timeline)) == len(layers_before) + 1
+    else:
+        assert timeline.lsns() == (durable, durable)
+        assert delta_files(timeline) == layers_before
     timeline.recover()
     timeline.verify()
     timeline.checkpoint()

@@ -57,7 +57,7 @@ use crate::tenant::timeline::{Timeline, TimelineConf, TimelineError};
 pub const TENANTS_DIR: &str = "tenants";
 pub const TIMELINES_DIR: &str = "timelines";
 /// Suffix of a tenant or timeline directory still being created.
-const CREATING_SUFFIX: &str = ".___temp";
+const CREATING_SUFFIX: &str = crashsafe::TEMP_SUFFIX;
 /// Suffix of a tenant or timeline directory being deleted.
 const DELETING_SUFFIX: &str = ".___deleted";
 
@@ -94,6 +94,15 @@ pub enum TenantError {
     Io { path: PathBuf, source: io::Error },
     #[error(transparent)]
     Timeline(#[from] TimelineError),
+}
+
+impl From<crashsafe::PathError> for TenantError {
+    fn from(e: crashsafe::PathError) -> Self {
+        TenantError::Io {
+            path: e.path,
+            source: e.source,
+        }
+    }
 }
 
 fn io_error(path: &Path) -> impl FnOnce(io::Error) -> TenantError + '_ {
@@ -587,8 +596,7 @@ fn create_dir_atomically(
     std::fs::create_dir(&staging).map_err(io_error(&staging))?;
     let result = fill(&staging)
         .and_then(|()| fsync_dir(&staging))
-        .and_then(|()| std::fs::rename(&staging, &target).map_err(io_error(&target)))
-        .and_then(|()| fsync_dir(parent));
+        .and_then(|()| crashsafe::rename_durably(&staging, &target).map_err(TenantError::from));
     if let Err(e) = result {
         let _ = std::fs::remove_dir_all(&staging);
         return Err(e);
@@ -601,10 +609,7 @@ fn delete_dir_atomically(dir: &Path) -> Result<(), TenantError> {
     let mut doomed = dir.as_os_str().to_owned();
     doomed.push(DELETING_SUFFIX);
     let doomed = PathBuf::from(doomed);
-    std::fs::rename(dir, &doomed).map_err(io_error(dir))?;
-    if let Some(parent) = dir.parent() {
-        fsync_dir(parent)?;
-    }
+    crashsafe::rename_durably(dir, &doomed)?;
     std::fs::remove_dir_all(&doomed).map_err(io_error(&doomed))
 }
 

@@ -26,9 +26,10 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use utils::{Lsn, TenantId, TimelineId};
 
 use super::{LayerMap, LsnWait, Timeline, TimelineConf, TimelineError, WriterState};
+use crate::io::crashsafe::TEMP_SUFFIX;
 use crate::page_cache::PageCache;
 use crate::tenant::storage_layer::delta_layer::{
-    is_layer_file_name, lsn_range_of_file_name, DeltaLayer, DeltaLayerError, TEMP_SUFFIX,
+    is_layer_file_name, lsn_range_of_file_name, DeltaLayer, DeltaLayerError,
 };
 use crate::tenant::storage_layer::ephemeral_file::remove_leftovers;
 use crate::tenant::timeline::metadata::{

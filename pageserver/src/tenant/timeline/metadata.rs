@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use utils::{Lsn, TenantId, TimelineId};
 
 use crate::format::array_at;
-use crate::io::crashsafe;
+use crate::io::crashsafe::{PathError, StagedFile};
 use crate::io::virtual_file::{FileIo, VirtualFile};
 
 pub const METADATA_FILE: &str = "metadata";
@@ -308,28 +308,22 @@ impl TimelineMetadata {
     /// layer set.
     pub fn store(&self, dir: &Path) -> Result<(), MetadataError> {
         let bytes = self.encode()?;
-        let temp = dir.join(METADATA_TEMP);
-        let io_err = |path: &Path| {
-            let path = path.to_owned();
-            move |source| MetadataError::Io { path, source }
+        let io_err = |e: PathError| MetadataError::Io {
+            path: e.path,
+            source: e.source,
         };
         // A temporary file left by a crash is removed at load; one left by a failed store
         // earlier in this run is replaced.
-        match std::fs::remove_file(&temp) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(io_err(&temp)(e)),
-            _ => {}
-        }
-        let file = VirtualFile::create_durable(&temp).map_err(io_err(&temp))?;
-        file.write_all_at(&bytes, 0).map_err(io_err(&temp))?;
-        file.sync_all().map_err(io_err(&temp))?;
-        drop(file);
-        let path = dir.join(METADATA_FILE);
-        fail::fail_point!("metadata-before-rename", |_| Err(MetadataError::Io {
-            path: path.clone(),
-            source: io::Error::other("failpoint metadata-before-rename"),
-        }));
-        std::fs::rename(&temp, &path).map_err(io_err(&path))?;
-        crashsafe::fsync_dir(dir).map_err(io_err(dir))
+        let staged = StagedFile::create(dir, METADATA_TEMP, "metadata").map_err(io_err)?;
+        staged
+            .file()
+            .write_all_at(&bytes, 0)
+            .map_err(|source| MetadataError::Io {
+                path: staged.temp_path().to_owned(),
+                source,
+            })?;
+        staged.commit(METADATA_FILE).map_err(io_err)?;
+        Ok(())
     }
 }
 

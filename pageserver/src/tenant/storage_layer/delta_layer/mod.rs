@@ -77,7 +77,7 @@ use crate::format::block_io::{
 use crate::format::disk_btree::{
     node_is_valid, BtreeBuildError, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
-use crate::io::crashsafe;
+use crate::io::crashsafe::{PathError, StagedFile, TEMP_SUFFIX};
 use crate::io::read_cost::BlockKind;
 use crate::io::virtual_file::{FileIo, VirtualFile};
 use crate::page_cache::{FileId, PageCache};
@@ -86,9 +86,6 @@ use crate::PAGE_SZ;
 
 pub const DELTA_MAGIC: u32 = 0x4445_4C54;
 pub const DELTA_FORMAT_VERSION: u16 = 1;
-/// Suffix of a layer file being written; such a file is never a layer, and startup is to
-/// delete it.
-pub const TEMP_SUFFIX: &str = ".___temp";
 
 const INDEX_KEY_LEN: usize = 26;
 const KEY_LEN: usize = 18;
@@ -125,6 +122,15 @@ pub enum DeltaLayerError {
     Corrupt { path: PathBuf, reason: String },
     #[error("delta layer {}: {message}", path.display())]
     Usage { path: PathBuf, message: String },
+}
+
+impl From<PathError> for DeltaLayerError {
+    fn from(e: PathError) -> Self {
+        DeltaLayerError::Io {
+            path: e.path,
+            source: e.source,
+        }
+    }
 }
 
 /// An open delta layer file.

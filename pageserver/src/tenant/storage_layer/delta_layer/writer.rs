@@ -6,10 +6,8 @@ use super::*;
 
 /// Writes one delta layer file; see the module docs.
 pub struct DeltaLayerWriter {
-    dir: PathBuf,
-    temp_path: PathBuf,
-    /// Durable: its descriptor stays open until the writer is dropped.
-    file: VirtualFile,
+    /// Removed if the writer is dropped before `finish`.
+    file: StagedFile,
     tenant_id: TenantId,
     timeline_id: TimelineId,
     lsn_start: Lsn,
@@ -26,7 +24,6 @@ pub struct DeltaLayerWriter {
     /// CRC-32C of the bytes written from block 1 on, in file order (block 0, the summary,
     /// comes last and is combined in by `finish`).
     crc_after_summary: u32,
-    finished: bool,
 }
 
 /// What [`DeltaLayerWriter::finish`] made: a durable layer file under its final name.
@@ -50,24 +47,15 @@ impl DeltaLayerWriter {
     ) -> Result<DeltaLayerWriter, DeltaLayerError> {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let serial = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let temp_path = dir.join(format!(
-            "delta-{}-{serial}{TEMP_SUFFIX}",
-            std::process::id()
-        ));
+        let temp_name = format!("delta-{}-{serial}{TEMP_SUFFIX}", std::process::id());
         if lsn_start >= lsn_end {
             return Err(DeltaLayerError::Usage {
-                path: temp_path,
+                path: dir.join(temp_name),
                 message: format!("empty LSN range {lsn_start}..{lsn_end}"),
             });
         }
-        let file =
-            VirtualFile::create_durable(&temp_path).map_err(|source| DeltaLayerError::Io {
-                path: temp_path.clone(),
-                source,
-            })?;
+        let file = StagedFile::create(dir, &temp_name, "layer").map_err(DeltaLayerError::from)?;
         Ok(DeltaLayerWriter {
-            dir: dir.to_owned(),
-            temp_path,
             file,
             tenant_id,
             timeline_id,
@@ -81,20 +69,19 @@ impl DeltaLayerWriter {
             scratch: Vec::new(),
             tree: DiskBtreeBuilder::new(VecBlockSink::new()),
             crc_after_summary: 0,
-            finished: false,
         })
     }
 
     fn io_error(&self, source: io::Error) -> DeltaLayerError {
         DeltaLayerError::Io {
-            path: self.temp_path.clone(),
+            path: self.file.temp_path().to_owned(),
             source,
         }
     }
 
     fn usage(&self, message: String) -> DeltaLayerError {
         DeltaLayerError::Usage {
-            path: self.temp_path.clone(),
+            path: self.file.temp_path().to_owned(),
             message,
         }
     }
@@ -136,6 +123,7 @@ impl DeltaLayerWriter {
 
     fn flush_pending(&mut self) -> Result<(), DeltaLayerError> {
         self.file
+            .file()
             .write_all_at(&self.pending, self.pending_offset)
             .map_err(|e| self.io_error(e))?;
         self.crc_after_summary = crc32c::crc32c_append(self.crc_after_summary, &self.pending);
@@ -166,6 +154,7 @@ impl DeltaLayerWriter {
         for (i, block) in blocks.blocks().iter().enumerate() {
             let offset = (index_start + i as u64) * PAGE_SZ as u64;
             self.file
+                .file()
                 .write_all_at(block, offset)
                 .map_err(|e| self.io_error(e))?;
             self.crc_after_summary = crc32c::crc32c_append(self.crc_after_summary, &block[..]);
@@ -185,6 +174,7 @@ impl DeltaLayerWriter {
         };
         let summary_block = summary.encode();
         self.file
+            .file()
             .write_all_at(&summary_block[..], 0)
             .map_err(|e| self.io_error(e))?;
         let crc32c = crc32c::crc32c_combine(
@@ -193,38 +183,12 @@ impl DeltaLayerWriter {
             usize::try_from(size - PAGE_SZ as u64)
                 .map_err(|_| self.usage(format!("a file of {size} bytes")))?,
         );
-        // Durability: file contents, then the name, then the directory entry.
-        self.file.sync_all().map_err(|e| self.io_error(e))?;
-        let final_path = self.dir.join(summary.file_name());
-        fail::fail_point!("layer-before-rename", |_| Err(
-            self.io_error(std::io::Error::other("failpoint layer-before-rename"))
-        ));
-        std::fs::rename(&self.temp_path, &final_path).map_err(|e| self.io_error(e))?;
-        self.finished = true;
-        fail::fail_point!("layer-after-rename", |_| Err(
-            self.io_error(std::io::Error::other("failpoint layer-after-rename"))
-        ));
-        crashsafe::fsync_dir(&self.dir).map_err(|source| DeltaLayerError::Io {
-            path: self.dir.clone(),
-            source,
-        })?;
+        let path = self.file.commit(&summary.file_name())?;
         Ok(WrittenLayer {
-            path: final_path,
+            path,
             summary,
             size,
             crc32c,
         })
-    }
-}
-
-impl Drop for DeltaLayerWriter {
-    fn drop(&mut self) {
-        if !self.finished {
-            if let Err(e) = std::fs::remove_file(&self.temp_path) {
-                if e.kind() != io::ErrorKind::NotFound {
-                    tracing::error!(path = %self.temp_path.display(), "failed to remove unfinished delta layer: {e}");
-                }
-            }
-        }
     }
 }
