@@ -8,8 +8,10 @@
 
 pub mod id;
 pub mod lsn;
+pub mod wakeup;
 
 mod quote;
 
 pub use id::{TenantId, TimelineId};
 pub use lsn::Lsn;
+pub use wakeup::Wakeup;

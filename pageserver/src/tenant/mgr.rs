@@ -46,11 +46,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
-use utils::{TenantId, TimelineId};
+use utils::{TenantId, TimelineId, Wakeup};
 
 use crate::io::crashsafe;
 use crate::page_cache::PageCache;
-use crate::tenant::tasks::flush::{tick_for, FlushLoop, FlushWakeup};
+use crate::tenant::tasks::flush::{tick_for, FlushLoop};
 use crate::tenant::timeline::metadata::TimelineMetadata;
 use crate::tenant::timeline::{Timeline, TimelineConf, TimelineError};
 
@@ -116,7 +116,7 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> TenantError + '_ {
 struct Shared {
     cache: Arc<PageCache>,
     conf: TimelineConf,
-    wakeup: Arc<FlushWakeup>,
+    wakeup: Arc<Wakeup>,
 }
 
 /// What is changing in a tenant's directory; see "Creation against deletion" above.
@@ -181,7 +181,7 @@ impl TenantManager {
         let shared = Arc::new(Shared {
             cache,
             conf,
-            wakeup: Arc::new(FlushWakeup::new()),
+            wakeup: Arc::new(Wakeup::new()),
         });
         let mut report = LoadReport::default();
         let mut tenants = BTreeMap::new();

@@ -2,7 +2,7 @@
 //! files, so ingest never waits for the disk in the common case.
 //!
 //! ```text
-//!   put_batch freezes a full layer ──notify──> FlushWakeup ──> loop: for every timeline:
+//!   put_batch freezes a full layer ──notify──> Wakeup ──> loop: for every timeline:
 //!                                                 ^                freeze_if_due (age)
 //!                                 tick ───────────┘                flush_frozen
 //! ```
@@ -15,52 +15,25 @@
 //! next wakeup; each failure is logged.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use utils::Wakeup;
+
 use crate::tenant::timeline::Timeline;
-
-/// A "there may be work" flag with a condition variable; notifications never get lost, and
-/// many notifications before the loop runs count as one.
-#[derive(Default)]
-pub struct FlushWakeup {
-    pending: Mutex<bool>,
-    cond: Condvar,
-}
-
-impl FlushWakeup {
-    pub fn new() -> FlushWakeup {
-        FlushWakeup::default()
-    }
-
-    pub fn notify(&self) {
-        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.cond.notify_one();
-    }
-
-    /// Sleeps until notified or until `timeout` passes; returns whether it was notified.
-    fn wait(&self, timeout: Duration) -> bool {
-        let guard = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        let (mut pending, _) = self
-            .cond
-            .wait_timeout_while(guard, timeout, |pending| !*pending)
-            .unwrap_or_else(|e| e.into_inner());
-        std::mem::take(&mut *pending)
-    }
-}
 
 /// The running loop; stopping it (or dropping it) finishes the pass in progress and joins the
 /// thread.
 pub struct FlushLoop {
     stop: Arc<AtomicBool>,
-    wakeup: Arc<FlushWakeup>,
+    wakeup: Arc<Wakeup>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl FlushLoop {
     /// Starts the loop. `timelines` lists the timelines to serve on each pass.
-    pub fn spawn<F>(wakeup: Arc<FlushWakeup>, tick: Duration, timelines: F) -> std::io::Result<Self>
+    pub fn spawn<F>(wakeup: Arc<Wakeup>, tick: Duration, timelines: F) -> std::io::Result<Self>
     where
         F: Fn() -> Vec<Arc<Timeline>> + Send + 'static,
     {

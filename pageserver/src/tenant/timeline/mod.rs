@@ -83,7 +83,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 pub use pageserver_api::ingest::PutRecord;
 use pageserver_api::{reconstruct_page, Key, RedoError, Value, ValueEncodeError};
-use utils::{Lsn, TenantId, TimelineId};
+use utils::{Lsn, TenantId, TimelineId, Wakeup};
 
 use crate::page_cache::{MaterializedPageKey, PageCache};
 use crate::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerError};
@@ -91,7 +91,6 @@ use crate::tenant::storage_layer::inmemory_layer::{
     FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError, MAX_LSN_SPAN,
 };
 use crate::tenant::storage_layer::{max_stored_value_len, LayerRecords};
-use crate::tenant::tasks::flush::FlushWakeup;
 use crate::tenant::timeline::metadata::{LayerFileEntry, MetadataError, TimelineMetadata};
 use crate::PAGE_SZ;
 use scan::{LayerSetId, ScanCursor, ScanLayer, ScanPage};
@@ -283,7 +282,7 @@ pub struct Timeline {
     /// The durable manifest: `disk_consistent_lsn` and the layer files. Changed only under
     /// `flush_lock`, after the new one is stored.
     manifest: Mutex<TimelineMetadata>,
-    flush_wakeup: Option<Arc<FlushWakeup>>,
+    flush_wakeup: Option<Arc<Wakeup>>,
     /// Set by `shutdown`: flushes that start later do nothing (the directory may be going).
     stopped: AtomicBool,
     last_record_lsn: AtomicU64,
@@ -294,7 +293,7 @@ pub struct Timeline {
 
 impl Timeline {
     /// Wakes `wakeup` whenever a layer is frozen, so a background flush loop writes it out.
-    pub fn with_flush_wakeup(mut self, wakeup: Arc<FlushWakeup>) -> Timeline {
+    pub fn with_flush_wakeup(mut self, wakeup: Arc<Wakeup>) -> Timeline {
         self.flush_wakeup = Some(wakeup);
         self
     }
