@@ -7,6 +7,9 @@ use utils::Lsn;
 pub mod delta_layer;
 pub mod ephemeral_file;
 pub mod inmemory_layer;
+pub mod layer_name;
+
+pub use layer_name::LayerName;
 
 /// What one layer contributes to reconstructing a page.
 #[derive(Debug, Default)]

@@ -28,10 +28,9 @@ use utils::{Lsn, TenantId, TimelineId};
 use super::{LayerMap, LsnWait, Timeline, TimelineConf, TimelineError, WriterState};
 use crate::io::crashsafe::TEMP_SUFFIX;
 use crate::page_cache::PageCache;
-use crate::tenant::storage_layer::delta_layer::{
-    is_layer_file_name, lsn_range_of_file_name, DeltaLayer, DeltaLayerError,
-};
+use crate::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerError};
 use crate::tenant::storage_layer::ephemeral_file::remove_leftovers;
+use crate::tenant::storage_layer::LayerName;
 use crate::tenant::timeline::metadata::{
     LayerFileEntry, StoredMetadata, TimelineMetadata, METADATA_FILE,
 };
@@ -163,8 +162,9 @@ impl LayerOpener<'_> {
         self.sweep(|name| {
             if manifest.layer(name).is_some() {
                 None
-            } else if lsn_range_of_file_name(name).is_some_and(|lsns| lsns.start > durable)
-                && is_layer_file_name(name)
+            } else if name
+                .parse::<LayerName>()
+                .is_ok_and(|layer| layer.lsn_range().start > durable)
             {
                 Some(Unlisted::Remove(
                     "a layer file no manifest lists, above disk_consistent_lsn (its flush did not finish)",
@@ -187,9 +187,10 @@ impl LayerOpener<'_> {
         let unacknowledged = |end: Lsn| end.0.saturating_sub(1) > durable.0;
         let mut names = Vec::new();
         self.sweep(|name| {
-            if !is_layer_file_name(name) {
-                Some(Unlisted::Ignore)
-            } else if lsn_range_of_file_name(name).is_some_and(|l| unacknowledged(l.end)) {
+            let Ok(layer) = name.parse::<LayerName>() else {
+                return Some(Unlisted::Ignore);
+            };
+            if unacknowledged(layer.lsn_range().end) {
                 Some(Unlisted::Remove("a layer beyond disk_consistent_lsn"))
             } else {
                 names.push(name.to_owned());

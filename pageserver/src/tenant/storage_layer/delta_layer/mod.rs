@@ -81,6 +81,7 @@ use crate::io::crashsafe::{PathError, StagedFile, TEMP_SUFFIX};
 use crate::io::read_cost::BlockKind;
 use crate::io::virtual_file::{FileIo, VirtualFile};
 use crate::page_cache::{FileId, PageCache};
+use crate::tenant::storage_layer::layer_name::{DeltaLayerName, LayerName};
 use crate::tenant::storage_layer::{max_stored_value_len, KeyChunk, LayerRecords};
 use crate::PAGE_SZ;
 
@@ -569,7 +570,7 @@ mod inspect;
 mod summary;
 mod writer;
 pub use inspect::{IndexEntry, VerifyReport};
-pub use summary::{is_layer_file_name, lsn_range_of_file_name, Summary};
+pub use summary::Summary;
 pub use writer::{DeltaLayerWriter, WrittenLayer};
 
 #[cfg(test)]

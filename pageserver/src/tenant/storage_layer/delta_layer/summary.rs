@@ -124,37 +124,16 @@ impl Summary {
     }
 
     /// The file name that encodes the layer's key and LSN ranges.
-    pub fn file_name(&self) -> String {
-        format!(
-            "{}-{}__{:016X}-{:016X}",
-            self.key_start, self.key_end, self.lsn_start.0, self.lsn_end.0
-        )
+    /// The name of the layer this summary describes.
+    pub fn layer_name(&self) -> LayerName {
+        LayerName::Delta(DeltaLayerName {
+            key_range: self.key_start..self.key_end,
+            lsn_range: self.lsn_start..self.lsn_end,
+        })
     }
-}
 
-/// The LSN range a layer file's name claims, if the name has the layer form: lets startup set
-/// aside layers it will delete without reading them. The summary inside stays the authority
-/// for every layer that is kept.
-pub fn lsn_range_of_file_name(name: &str) -> Option<std::ops::Range<Lsn>> {
-    let (_keys, lsns) = name.split_once("__")?;
-    let (start, end) = lsns.split_once('-')?;
-    let parse = |s: &str| {
-        (s.len() == 16)
-            .then(|| u64::from_str_radix(s, 16).ok())
-            .flatten()
-    };
-    Some(Lsn(parse(start)?)..Lsn(parse(end)?))
-}
-
-/// Whether `name` has the form of a layer file's name: two keys and two LSNs
-/// (`<key>-<key>__<lsn>-<lsn>`, as [`Summary::file_name`] writes them). Startup removes such a
-/// file when the manifest does not list it, and leaves any other file alone.
-pub fn is_layer_file_name(name: &str) -> bool {
-    let Some((keys, _)) = name.split_once("__") else {
-        return false;
-    };
-    let keys_parse = keys
-        .split_once('-')
-        .is_some_and(|(a, b)| a.parse::<Key>().is_ok() && b.parse::<Key>().is_ok());
-    keys_parse && lsn_range_of_file_name(name).is_some()
+    /// [`Summary::layer_name`] as text: the file's name.
+    pub fn file_name(&self) -> String {
+        self.layer_name().to_string()
+    }
 }

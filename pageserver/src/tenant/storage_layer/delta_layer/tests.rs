@@ -213,20 +213,6 @@ fn creation_is_atomic_and_names_encode_the_ranges() {
     assert_eq!(layer.get(rel_key(3), Lsn(19)).unwrap().records.len(), 1);
 }
 
-#[test]
-fn file_names_say_their_lsn_range() {
-    let name = "000000067f00000005000040000000000001-000000067f00000005000040000000000002__0000000000000001-0000000000000011";
-    assert_eq!(lsn_range_of_file_name(name), Some(Lsn(1)..Lsn(0x11)));
-    for not_a_layer in [
-        "metadata",
-        "x__1-2",
-        "a__00000000000000zz-0000000000000011",
-        "a__0000000000000001",
-    ] {
-        assert_eq!(lsn_range_of_file_name(not_a_layer), None, "{not_a_layer}");
-    }
-}
-
 /// Twenty small images, one per key: a layer whose index is a single leaf.
 fn small_images() -> Model {
     (0..20)
