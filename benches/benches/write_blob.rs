@@ -42,7 +42,7 @@ fn write_blob(c: &mut Criterion) {
 
         group.bench_with_input(BenchmarkId::new("ephemeral", size), &blob, |b, blob| {
             b.iter_custom(|iters| {
-                let mut file = EphemeralFile::create(dir.path(), cache.clone()).expect("create");
+                let file = EphemeralFile::create(dir.path(), cache.clone()).expect("create");
                 let start = Instant::now();
                 for _ in 0..iters {
                     black_box(file.write_blob(black_box(blob)).expect("write_blob"));

@@ -1,9 +1,11 @@
 //! Block I/O: every file we write is read as a sequence of 8 KiB blocks, and a reader gets a
 //! [`BlockLease`] on one immutable block at a time.
 //!
-//! A lease is a borrow, not a copy: it pins a page in the page cache, or borrows the mutable
-//! tail of an ephemeral file (so the borrow checker forbids writes while it lives), or, when the
-//! page cache had no free slot, owns a private copy. Readers do not care which.
+//! A lease is a borrow, not a copy, wherever it can be: it pins a page in the page cache,
+//! borrows a block held in memory, shares an immutable block with its writer, or read-locks a
+//! block that its owner changes only under the lock's write side; and when the page cache had no
+//! free slot, it owns a private copy. Readers do not care which, but a `Locked` lease keeps its
+//! block's writer waiting, so whoever hands one out says how long it may be held.
 //!
 //! [`FileBlockReader`] reads an immutable file through the page cache: a hit costs no I/O, a miss
 //! reads the block from the file straight into a cache frame.
@@ -11,6 +13,7 @@
 use std::io;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLockReadGuard};
 
 use crate::io::read_cost::{self, BlockKind};
 use crate::io::virtual_file::FileIo;
@@ -23,8 +26,12 @@ use crate::PAGE_SZ;
 pub enum BlockLease<'a> {
     /// Pinned in the page cache.
     Cached(PageLease<'a>),
-    /// An ephemeral file's mutable tail; the file cannot be written while this lives.
-    Tail(&'a [u8; PAGE_SZ]),
+    /// A block in memory, borrowed: its owner cannot change it while this lives.
+    Borrowed(&'a [u8; PAGE_SZ]),
+    /// An immutable block in memory, shared with its owner.
+    Shared(Arc<[u8; PAGE_SZ]>),
+    /// A block that its owner changes in place under a write lock, read-locked while this lives.
+    Locked(RwLockReadGuard<'a, [u8; PAGE_SZ]>),
     /// Read around the page cache because it had no free slot.
     Owned(Box<[u8; PAGE_SZ]>),
 }
@@ -36,7 +43,9 @@ impl Deref for BlockLease<'_> {
     fn deref(&self) -> &[u8; PAGE_SZ] {
         match self {
             BlockLease::Cached(lease) => lease,
-            BlockLease::Tail(tail) => tail,
+            BlockLease::Borrowed(block) => block,
+            BlockLease::Shared(block) => block,
+            BlockLease::Locked(guard) => guard,
             BlockLease::Owned(page) => page,
         }
     }
@@ -46,7 +55,9 @@ impl std::fmt::Debug for BlockLease<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self {
             BlockLease::Cached(_) => "Cached",
-            BlockLease::Tail(_) => "Tail",
+            BlockLease::Borrowed(_) => "Borrowed",
+            BlockLease::Shared(_) => "Shared",
+            BlockLease::Locked(_) => "Locked",
             BlockLease::Owned(_) => "Owned",
         };
         write!(f, "BlockLease::{kind}")

@@ -218,9 +218,8 @@ impl BlockReader for VecBlockSink {
                 blkno,
                 blocks: u64::try_from(self.blocks.len()).unwrap_or(u64::MAX),
             })?;
-        // A borrowed block: the sink cannot be written while the lease lives, which is what
-        // `Tail` promises for an ephemeral file's tail.
-        Ok(BlockLease::Tail(block))
+        // The sink cannot be written while the lease borrows it.
+        Ok(BlockLease::Borrowed(block))
     }
 }
 

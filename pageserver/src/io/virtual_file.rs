@@ -239,12 +239,13 @@ impl Drop for VirtualFile {
     }
 }
 
-/// Fault injection for tests: a real file whose writes start failing on request.
+/// Fault injection for tests: real files whose writes fail, or wait, on request.
 #[cfg(test)]
 pub(crate) mod testing {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Arc;
+    use std::sync::{mpsc, Arc, Mutex};
+    use std::time::Duration;
 
     /// Fails every write from the `fail_from`-th call on (counting from 0); reads pass through.
     #[derive(Debug)]
@@ -265,6 +266,77 @@ pub(crate) mod testing {
                 let half = &buf[..buf.len() / 2];
                 FileExt::write_all_at(&self.inner, half, offset)?;
                 return Err(io::Error::other("injected write failure"));
+            }
+            FileExt::write_all_at(&self.inner, buf, offset)
+        }
+
+        fn sync_all(&self) -> io::Result<()> {
+            self.inner.sync_all()
+        }
+    }
+
+    /// A real file whose write at one offset waits until the test lets it go; every other write
+    /// and every read passes straight through. Made by [`hold_write_at`].
+    #[derive(Debug)]
+    pub(crate) struct HeldWrite {
+        inner: File,
+        offset: u64,
+        reached: mpsc::Sender<()>,
+        release: Mutex<mpsc::Receiver<()>>,
+    }
+
+    /// The test's side of a [`HeldWrite`]. Dropping it lets the write go, so a test that fails
+    /// while the write is held does not leave the writer waiting forever.
+    pub(crate) struct WriteHold {
+        reached: mpsc::Receiver<()>,
+        release: mpsc::Sender<()>,
+    }
+
+    pub(crate) fn hold_write_at(inner: File, offset: u64) -> (HeldWrite, WriteHold) {
+        let (reached_tx, reached_rx) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel();
+        let file = HeldWrite {
+            inner,
+            offset,
+            reached: reached_tx,
+            release: Mutex::new(release_rx),
+        };
+        let hold = WriteHold {
+            reached: reached_rx,
+            release: release_tx,
+        };
+        (file, hold)
+    }
+
+    impl WriteHold {
+        /// Waits until the held write has started, and fails the test after 10 s.
+        pub(crate) fn wait_until_reached(&self) {
+            self.reached
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the held write never started");
+        }
+
+        /// Lets the held write go on.
+        pub(crate) fn release(self) {
+            // Dropping the sender ends the writer's wait.
+            drop(self.release);
+        }
+    }
+
+    impl FileIo for HeldWrite {
+        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            FileExt::read_exact_at(&self.inner, buf, offset)
+        }
+
+        fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+            if offset == self.offset {
+                let _ = self.reached.send(());
+                // Ends when the test releases the write or drops its hold.
+                let _ = self
+                    .release
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .recv();
             }
             FileExt::write_all_at(&self.inner, buf, offset)
         }

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::format::blob_io::BlockCursor;
-use crate::io::virtual_file::testing::FailingWrites;
+use crate::io::virtual_file::testing::{hold_write_at, FailingWrites};
 use crate::tenant::test_support::*;
 
 fn blob(i: usize, len: usize) -> Vec<u8> {
@@ -16,7 +16,7 @@ fn blob(i: usize, len: usize) -> Vec<u8> {
 fn write_read_back_and_prewarm() {
     let dir = tempfile::tempdir().unwrap();
     let cache = small_cache(64);
-    let mut file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
+    let file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
     let mut offsets = Vec::new();
     for i in 0..100 {
         offsets.push(file.write_blob(&blob(i, 300)).unwrap());
@@ -42,9 +42,9 @@ fn write_read_back_and_prewarm() {
 #[test]
 fn tail_is_served_from_memory_and_zeroed_after_flush() {
     let dir = tempfile::tempdir().unwrap();
-    let mut file = EphemeralFile::create(dir.path(), small_cache(8)).unwrap();
+    let file = EphemeralFile::create(dir.path(), small_cache(8)).unwrap();
     file.write_blob(&[0xEE; PAGE_SZ - 4]).unwrap(); // 4-byte header: exactly one block
-    assert!(matches!(file.read_blk(1).unwrap(), BlockLease::Tail(_)));
+    assert!(matches!(file.read_blk(1).unwrap(), BlockLease::Locked(_)));
     assert!(file.read_blk(1).unwrap().iter().all(|&b| b == 0));
     assert!(matches!(file.read_blk(0).unwrap(), BlockLease::Cached(_)));
     assert!(matches!(
@@ -57,7 +57,7 @@ fn tail_is_served_from_memory_and_zeroed_after_flush() {
 fn blocks_are_read_from_disk_after_the_cache_forgets_them() {
     let dir = tempfile::tempdir().unwrap();
     let cache = small_cache(8);
-    let mut file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
+    let file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
     let offsets: Vec<_> = (0..50)
         .map(|i| file.write_blob(&blob(i, 1000)).unwrap())
         .collect();
@@ -82,7 +82,7 @@ fn failed_prewarm_is_not_fatal() {
                 .unwrap()
         })
         .collect();
-    let mut file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
+    let file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
     let offsets: Vec<_> = (0..40)
         .map(|i| file.write_blob(&blob(i, 500)).unwrap())
         .collect();
@@ -109,7 +109,7 @@ fn write_error_names_file_and_block_and_breaks_the_file() {
         fail_from: 2,
         calls: Arc::new(AtomicU64::new(0)),
     };
-    let mut file = EphemeralFile::from_parts(
+    let file = EphemeralFile::from_parts(
         FileId::next(),
         path.clone(),
         Box::new(faulty),
@@ -147,7 +147,7 @@ fn write_error_names_file_and_block_and_breaks_the_file() {
 #[test]
 fn too_large_blob_is_refused_without_breaking_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let mut file = EphemeralFile::create(dir.path(), small_cache(8)).unwrap();
+    let file = EphemeralFile::create(dir.path(), small_cache(8)).unwrap();
     // A slice longer than the format allows, without allocating it: a zero-sized element type
     // cannot be used here, so check the header path directly.
     assert!(BlobHeader::new(crate::format::blob_io::MAX_BLOB_LEN + 1).is_err());
@@ -203,7 +203,7 @@ proptest! {
     fn interleaved_writes_and_reads_match_a_model(ops in prop::collection::vec(op(), 1..120)) {
         let dir = tempfile::tempdir().unwrap();
         let cache = small_cache(6);
-        let mut file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
+        let file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
         let mut model: Vec<(u64, Vec<u8>)> = Vec::new();
         let mut expected_len = 0u64;
         for op in ops {
@@ -231,4 +231,139 @@ proptest! {
             prop_assert_eq!(&cursor.read_blob(*offset).unwrap(), data);
         }
     }
+}
+
+#[test]
+fn is_send_and_sync() {
+    fn shared_between_threads<T: Send + Sync>() {}
+    shared_between_threads::<EphemeralFile>();
+}
+
+/// How long a test waits for something that should happen at once before it fails.
+const DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[test]
+fn reads_do_not_wait_for_a_block_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ephemeral-held");
+    let inner = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .unwrap();
+    let (held, hold) = hold_write_at(inner, block_offset(1));
+    let cache = small_cache(16);
+    let file = EphemeralFile::from_parts(FileId::next(), path, Box::new(held), cache.clone());
+    // Block 0 full and written, block 1 partly filled.
+    let mut written = Vec::new();
+    while file.len() < PAGE_SZ as u64 + 3000 {
+        let data = blob(written.len(), 1000);
+        written.push((file.write_blob(&data).unwrap(), data));
+    }
+    let (in_block_0, _) = written[0].clone();
+    let (in_block_1, _) = *written
+        .iter()
+        .find(|(offset, _)| *offset >= PAGE_SZ as u64)
+        .unwrap();
+    // Block 0 is read from disk below, not from the pre-warmed page.
+    cache.drop_unpinned();
+
+    // From block 1 into block 2: its write fills block 1, whose write is held.
+    let spanning = blob(99, PAGE_SZ);
+    let spanning_at = file.len();
+    std::thread::scope(|s| {
+        // Moved in here: a failing assertion drops it, which releases the writer.
+        let hold = hold;
+        let file = &file;
+        let writer = s.spawn(|| file.write_blob(&spanning));
+        hold.wait_until_reached();
+        // The whole blob is readable before its block is written.
+        assert_eq!(file.len(), spanning_at + 4 + PAGE_SZ as u64);
+
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        s.spawn(move || {
+            let cursor = BlockCursor::new(file);
+            let read = |offset| cursor.read_blob(offset).unwrap();
+            let leases = (1..=2)
+                .map(|blkno| format!("{:?}", file.read_blk(blkno).unwrap()))
+                .collect::<Vec<_>>();
+            let _ = done_tx.send((
+                read(in_block_1),
+                read(in_block_0),
+                read(spanning_at),
+                leases,
+            ));
+        });
+        let (sealed, earlier, across_to_tail, leases) = done_rx
+            .recv_timeout(DEADLINE)
+            .expect("the reads finished while the block write was held");
+        assert!(!writer.is_finished(), "the block write is still held");
+        let expected = |offset| &written.iter().find(|(o, _)| *o == offset).unwrap().1;
+        assert_eq!(&sealed, expected(in_block_1));
+        assert_eq!(&earlier, expected(in_block_0));
+        assert_eq!(across_to_tail, spanning);
+        assert_eq!(leases, ["BlockLease::Shared", "BlockLease::Locked"]);
+
+        hold.release();
+        assert_eq!(writer.join().unwrap().unwrap(), spanning_at);
+    });
+
+    // Written and pre-warmed: block 1 now comes from the page cache.
+    assert!(matches!(file.read_blk(1).unwrap(), BlockLease::Cached(_)));
+    cache.drop_unpinned();
+    let cursor = BlockCursor::new(&file);
+    for (offset, data) in &written {
+        assert_eq!(&cursor.read_blob(*offset).unwrap(), data);
+    }
+    assert_eq!(cursor.read_blob(spanning_at).unwrap(), spanning);
+}
+
+#[test]
+fn concurrent_readers_see_every_acknowledged_blob() {
+    // One writer appends blobs of every size class; readers read back random acknowledged
+    // ones while it writes, with a cache small enough that most blocks come from disk.
+    let dir = tempfile::tempdir().unwrap();
+    let cache = small_cache(4);
+    let file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
+    let acknowledged: std::sync::RwLock<Vec<(u64, usize, usize)>> = Default::default();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let checks = AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for seed in 0..2 {
+            let (file, acknowledged, done, checks) = (&file, &acknowledged, &done, &checks);
+            s.spawn(move || {
+                let mut rng = fastrand::Rng::with_seed(seed);
+                let cursor = BlockCursor::new(file);
+                while !done.load(std::sync::atomic::Ordering::Acquire) {
+                    let pick = {
+                        let acknowledged = acknowledged.read().unwrap();
+                        if acknowledged.is_empty() {
+                            continue;
+                        }
+                        acknowledged[rng.usize(..acknowledged.len())]
+                    };
+                    let (offset, i, len) = pick;
+                    assert_eq!(cursor.read_blob(offset).unwrap(), blob(i, len), "blob {i}");
+                    checks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        let mut rng = fastrand::Rng::with_seed(7);
+        for i in 0..1500 {
+            let len = match rng.u8(..4) {
+                0 => rng.usize(..128),
+                1 => rng.usize(128..PAGE_SZ),
+                2 => rng.usize(..3 * PAGE_SZ),
+                _ => PAGE_SZ - 4,
+            };
+            let offset = file.write_blob(&blob(i, len)).unwrap();
+            acknowledged.write().unwrap().push((offset, i, len));
+            if i % 100 == 0 {
+                cache.drop_unpinned();
+            }
+        }
+        done.store(true, std::sync::atomic::Ordering::Release);
+    });
+    assert!(checks.into_inner() > 0);
 }
