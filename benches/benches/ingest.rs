@@ -66,7 +66,7 @@ fn new_layer(dir: &Path, cache: &Arc<PageCache>) -> InMemoryLayer {
 
 /// A frozen layer of `FLUSH_VALUES` copies of `value`, two versions per key.
 fn frozen_layer(dir: &Path, cache: &Arc<PageCache>, value: &Value) -> InMemoryLayer {
-    let mut layer = new_layer(dir, cache);
+    let layer = new_layer(dir, cache);
     for i in 0..FLUSH_VALUES {
         let lsn = Lsn(START_LSN.0 + u64::from(i));
         layer
@@ -92,7 +92,7 @@ fn ingest(c: &mut Criterion) {
         group.throughput(Throughput::Bytes(size as u64));
         group.bench_with_input(BenchmarkId::new("put", label), &value, |b, value| {
             b.iter_custom(|iters| {
-                let mut layer = new_layer(dir.path(), &cache);
+                let layer = new_layer(dir.path(), &cache);
                 let start = Instant::now();
                 for i in 0..iters {
                     let lsn = Lsn(START_LSN.0 + i);

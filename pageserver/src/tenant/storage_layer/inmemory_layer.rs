@@ -62,11 +62,42 @@
 //! A layer covers `[start_lsn, end_lsn)`. Puts must come in non-decreasing LSN order, within
 //! that range and within `2^32` LSNs of `start_lsn`; the same key at the same LSN twice is
 //! refused, since reconstruction would be ambiguous. A refused put changes nothing.
+//!
+//! # Concurrency
+//!
+//! Every method takes `&self`: the open layer is shared, one writer putting while readers get.
+//!
+//! ```text
+//!   put:  [put mutex: validate ─ serialize ─ append blob (file I/O) ─ [index write: insert]]
+//!   get:  [index read: walk the chain, collect (lsn, offset, will_init)] ─ read the blobs
+//! ```
+//!
+//! * **The put mutex** serializes puts and `freeze`: validation, the blob's append and the
+//!   index insert happen as one step, so two concurrent puts stay correct (of two puts of the
+//!   same version, one is refused as a duplicate) and a refused put still changes nothing.
+//!   Readers never take it.
+//! * **The index lock** (a read-write lock over the key map and the entry chunks) is taken for
+//!   writing only for the in-memory insert of one entry, after its blob is in the ephemeral
+//!   file: the index is published record by record, and every entry a reader finds points at
+//!   bytes it can read. The insert may rehash the key map as it grows (memory work, amortized).
+//! * **Readers** hold the index's read lock only while walking it, never across file I/O:
+//!   `get` collects the (LSN, offset, `will_init`) of the versions it needs, releases the lock,
+//!   then reads the blobs through the ephemeral file, which never makes a reader wait for a
+//!   block write (see [`EphemeralFile`]). `keys_at_lsn` and `iter_sorted` read only the index
+//!   under it.
+//! * `last_lsn`, `len` and `distinct_keys` are atomics, stored under the index's write lock
+//!   right after the insert, so under the read lock they match the index (`keys_at_lsn` relies
+//!   on that for `last_lsn`); `end_lsn` is set once. Reading them waits for nothing.
+//!
+//! A reader walking the index sees a put entirely or not at all: the entry and its key's new
+//! head appear together under the write lock. A `get` while a put is appending its blob sees
+//! the layer as it was before that put.
 
-use std::collections::{hash_map, BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap};
 use std::mem::size_of;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use pageserver_api::value::ValueDecodeError;
 use pageserver_api::{Key, Value};
@@ -267,16 +298,64 @@ pub enum FreezeError {
 pub struct InMemoryLayer {
     file: EphemeralFile,
     start_lsn: Lsn,
-    end_lsn: Option<Lsn>,
-    /// The highest LSN put so far (`start_lsn` while empty).
-    last_lsn: Lsn,
-    heads: HashMap<Key, u32>,
-    /// `heads` in key order, built by the first scan of the layer once it is frozen.
+    end_lsn: OnceLock<Lsn>,
+    /// The highest LSN indexed (`start_lsn` while empty).
+    last_lsn: AtomicU64,
+    /// Entries in the index.
+    len: AtomicUsize,
+    /// Keys in the index.
+    distinct_keys: AtomicUsize,
+    index: RwLock<Index>,
+    /// The index's heads in key order, built by the first scan of the layer once it is frozen.
     sorted_heads: OnceLock<Vec<(Key, u32)>>,
-    entries: Entries,
-    /// Reused for serializing values.
-    scratch: Vec<u8>,
+    /// Serializes puts and `freeze`; holds the buffer values are serialized into.
+    put_lock: Mutex<Vec<u8>>,
     max_value_size: usize,
+}
+
+/// The layer's index: see the module documentation.
+#[derive(Default)]
+struct Index {
+    heads: HashMap<Key, u32>,
+    entries: Entries,
+}
+
+impl Index {
+    /// Whether the chain starting at entry `head` holds a version at or below `bound` (see
+    /// [`InMemoryLayer::version_bound`]; `None`: every version is).
+    fn has_version_at_or_below(&self, head: u32, bound: Option<u32>) -> bool {
+        let Some(bound) = bound else {
+            return true;
+        };
+        let mut next = head;
+        while next != NONE {
+            let entry = self.entries.get(next);
+            if entry.lsn_delta <= bound {
+                return true;
+            }
+            next = entry.older;
+        }
+        false
+    }
+
+    /// The chain starting at entry `head`, newest first.
+    fn chain(&self, head: u32) -> Vec<Entry> {
+        let mut chain = Vec::new();
+        let mut next = head;
+        while next != NONE {
+            let entry = self.entries.get(next);
+            chain.push(entry);
+            next = entry.older;
+        }
+        chain
+    }
+}
+
+/// What `get` takes from the index to read one version.
+struct VersionRef {
+    lsn: Lsn,
+    offset: u64,
+    will_init: bool,
 }
 
 impl InMemoryLayer {
@@ -288,17 +367,29 @@ impl InMemoryLayer {
         start_lsn: Lsn,
         max_value_size: usize,
     ) -> std::io::Result<InMemoryLayer> {
-        Ok(InMemoryLayer {
-            file: EphemeralFile::create(timeline_dir, cache)?,
+        let file = EphemeralFile::create(timeline_dir, cache)?;
+        Ok(Self::with_file(file, start_lsn, max_value_size))
+    }
+
+    /// A new, empty layer starting at `start_lsn`, its values in `file`, which must be empty.
+    pub(crate) fn with_file(
+        file: EphemeralFile,
+        start_lsn: Lsn,
+        max_value_size: usize,
+    ) -> InMemoryLayer {
+        debug_assert!(file.is_empty());
+        InMemoryLayer {
+            file,
             start_lsn,
-            end_lsn: None,
-            last_lsn: start_lsn,
-            heads: HashMap::new(),
+            end_lsn: OnceLock::new(),
+            last_lsn: AtomicU64::new(start_lsn.0),
+            len: AtomicUsize::new(0),
+            distinct_keys: AtomicUsize::new(0),
+            index: RwLock::new(Index::default()),
             sorted_heads: OnceLock::new(),
-            entries: Entries::default(),
-            scratch: Vec::new(),
+            put_lock: Mutex::new(Vec::new()),
             max_value_size,
-        })
+        }
     }
 
     pub fn start_lsn(&self) -> Lsn {
@@ -307,12 +398,12 @@ impl InMemoryLayer {
 
     /// The exclusive end of the layer's range once frozen.
     pub fn end_lsn(&self) -> Option<Lsn> {
-        self.end_lsn
+        self.end_lsn.get().copied()
     }
 
     /// The highest LSN put so far.
     pub fn last_lsn(&self) -> Lsn {
-        self.last_lsn
+        Lsn(self.last_lsn.load(Ordering::Acquire))
     }
 
     /// Whether `lsn` lies within the span this layer can index: at or above `start_lsn` and
@@ -326,11 +417,11 @@ impl InMemoryLayer {
 
     /// Number of values indexed.
     pub fn len(&self) -> usize {
-        self.entries.len
+        self.len.load(Ordering::Acquire)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.len == 0
+        self.len() == 0
     }
 
     /// Bytes of values written to the ephemeral file (what `checkpoint_distance` compares with).
@@ -339,23 +430,28 @@ impl InMemoryLayer {
     }
 
     pub fn distinct_keys(&self) -> usize {
-        self.heads.len()
+        self.distinct_keys.load(Ordering::Acquire)
     }
 
     /// Heap bytes held by the index, by capacity: the entry chunks, the vector of chunk
     /// pointers, the key map with its control bytes, and its sorted copy once a scan made one.
     pub fn index_bytes(&self) -> usize {
-        self.entries.heap_bytes()
-            + hash_map_heap_bytes(self.heads.capacity(), size_of::<(Key, u32)>())
+        let index = self.read_index();
+        index.entries.heap_bytes()
+            + hash_map_heap_bytes(index.heads.capacity(), size_of::<(Key, u32)>())
             + self
                 .sorted_heads
                 .get()
                 .map_or(0, |sorted| sorted.capacity() * size_of::<(Key, u32)>())
     }
 
-    /// Adds version `lsn` of `key`.
-    pub fn put(&mut self, key: Key, lsn: Lsn, value: &Value) -> Result<(), PutError> {
-        if let Some(end) = self.end_lsn {
+    /// Adds version `lsn` of `key`. Concurrent puts are serialized; readers are not blocked
+    /// while the value is written to the ephemeral file.
+    pub fn put(&self, key: Key, lsn: Lsn, value: &Value) -> Result<(), PutError> {
+        // Nothing under the lock leaves the layer inconsistent if it panics: the index is only
+        // changed under its own lock, in one step.
+        let mut scratch = self.put_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(end) = self.end_lsn() {
             return Err(PutError::Frozen { end });
         }
         if lsn < self.start_lsn {
@@ -364,12 +460,10 @@ impl InMemoryLayer {
                 start: self.start_lsn,
             });
         }
-        if lsn < self.last_lsn {
-            return Err(PutError::LsnBackwards {
-                key,
-                lsn,
-                last: self.last_lsn,
-            });
+        // Only puts change it, and we hold the put lock.
+        let last = self.last_lsn();
+        if lsn < last {
+            return Err(PutError::LsnBackwards { key, lsn, last });
         }
         // At or above start_lsn, checked above.
         let Ok(lsn_delta) = u32::try_from(lsn.0 - self.start_lsn.0) else {
@@ -378,28 +472,24 @@ impl InMemoryLayer {
                 start: self.start_lsn,
             });
         };
-        let index = u32::try_from(self.entries.len)
-            .ok()
-            .filter(|i| *i != NONE)
-            .ok_or(PutError::Full { max: NONE as usize })?;
-        self.scratch.clear();
+        scratch.clear();
         value
-            .serialize_into(&mut self.scratch)
+            .serialize_into(&mut scratch)
             .map_err(|e| PutError::Encode {
                 key,
                 lsn,
                 reason: e.to_string(),
             })?;
-        if self.scratch.len() > self.max_stored_len() {
+        if scratch.len() > self.max_stored_len() {
             return Err(PutError::TooLarge {
                 key,
                 lsn,
-                len: self.scratch.len(),
+                len: scratch.len(),
                 max: self.max_stored_len(),
             });
         }
-        // The blob goes at the end of the file: build its entry (all but the link to the key's
-        // previous version) before writing, so a position it cannot hold changes nothing.
+        // The blob goes at the end of the file: build its entry before writing, so a position
+        // it cannot hold changes nothing.
         let offset = self.file.len();
         let mut entry = Entry::new(lsn_delta, NONE, offset, value.will_init()).ok_or(
             PutError::FileTooLong {
@@ -407,51 +497,70 @@ impl InMemoryLayer {
                 max: MAX_OFFSET,
             },
         )?;
-        // One hash of the key for both the lookup and the insert. Looking up a new key may
-        // grow the map's capacity, never its contents; after that only a failed file write
-        // can refuse the put.
-        let head_slot = self.heads.entry(key);
-        let head = match &head_slot {
-            hash_map::Entry::Occupied(slot) => *slot.get(),
-            hash_map::Entry::Vacant(_) => NONE,
+        let (number, head) = {
+            let index = self.read_index();
+            let number = u32::try_from(index.entries.len)
+                .ok()
+                .filter(|i| *i != NONE)
+                .ok_or(PutError::Full { max: NONE as usize })?;
+            let head = index.heads.get(&key).copied().unwrap_or(NONE);
+            if head != NONE && index.entries.get(head).lsn_delta == lsn_delta {
+                return Err(PutError::Duplicate { key, lsn });
+            }
+            (number, head)
         };
-        if head != NONE && self.entries.get(head).lsn_delta == lsn_delta {
-            return Err(PutError::Duplicate { key, lsn });
-        }
         entry.older = head;
-        let written_at = self.file.write_blob(&self.scratch)?;
+        // With no index lock held: readers go on while the blob's blocks are written. After
+        // this only the insert is left, which cannot fail.
+        let written_at = self.file.write_blob(&scratch)?;
         debug_assert_eq!(written_at, offset, "blobs are appended at the file's end");
-        self.entries.push(entry);
-        head_slot.insert_entry(index);
-        self.last_lsn = lsn;
+        let mut index = self.write_index();
+        index.entries.push(entry);
+        index.heads.insert(key, number);
+        self.len.store(index.entries.len, Ordering::Release);
+        self.distinct_keys
+            .store(index.heads.len(), Ordering::Release);
+        self.last_lsn.store(lsn.0, Ordering::Release);
         Ok(())
     }
 
     /// The versions of `key` at or below `lsn` that reconstruction needs, newest first, down to
-    /// the first one that needs no older history.
+    /// the first one that needs no older history. Reads the values with no lock held.
     pub fn get(&self, key: Key, lsn: Lsn) -> Result<LayerRecords, GetError> {
+        let versions = {
+            let index = self.read_index();
+            let mut versions = Vec::new();
+            let mut next = index.heads.get(&key).copied().unwrap_or(NONE);
+            while next != NONE {
+                let entry = index.entries.get(next);
+                next = entry.older;
+                let version_lsn = self.entry_lsn(entry);
+                if version_lsn > lsn {
+                    continue;
+                }
+                versions.push(VersionRef {
+                    lsn: version_lsn,
+                    offset: entry.offset(),
+                    will_init: entry.will_init(),
+                });
+                if entry.will_init() {
+                    break;
+                }
+            }
+            versions
+        };
         let mut result = LayerRecords::default();
         let cursor = self.cursor();
         let mut buf = Vec::new();
-        let mut next = self.heads.get(&key).copied().unwrap_or(NONE);
-        while next != NONE {
-            let entry = self.entries.get(next);
-            next = entry.older;
-            let version_lsn = self.entry_lsn(entry);
-            if version_lsn > lsn {
-                continue;
-            }
-            cursor.read_blob_into_buf(entry.offset(), &mut buf)?;
+        for version in versions {
+            cursor.read_blob_into_buf(version.offset, &mut buf)?;
             let value = Value::deserialize(&buf).map_err(|source| GetError::Corrupt {
                 key,
-                lsn: version_lsn,
+                lsn: version.lsn,
                 source,
             })?;
-            result.records.push((version_lsn, value));
-            if entry.will_init() {
-                result.complete = true;
-                break;
-            }
+            result.records.push((version.lsn, value));
+            result.complete = version.will_init;
         }
         Ok(result)
     }
@@ -473,16 +582,20 @@ impl InMemoryLayer {
             return chunk;
         }
         let in_range = |key: &Key| from <= *key && *key < end;
-        if self.end_lsn.is_some() {
+        // Only the index is read under its lock, no values: a put's insert waits at most for
+        // this pass over the keys.
+        let index = self.read_index();
+        let bound = self.version_bound(lsn);
+        if self.end_lsn().is_some() {
             let sorted = self.sorted_heads.get_or_init(|| {
                 let mut sorted: Vec<(Key, u32)> =
-                    self.heads.iter().map(|(k, h)| (*k, *h)).collect();
+                    index.heads.iter().map(|(k, h)| (*k, *h)).collect();
                 sorted.sort_unstable_by_key(|(k, _)| *k);
                 sorted
             });
             let first = sorted.partition_point(|(k, _)| *k < from);
             for (key, head) in sorted[first..].iter().take_while(|(k, _)| in_range(k)) {
-                if self.has_version_at_or_below(*head, lsn) {
+                if index.has_version_at_or_below(*head, bound) {
                     chunk.keys.push(*key);
                     if chunk.keys.len() == max_keys {
                         // `key` < `end` <= Key::MAX, so it has a successor.
@@ -495,7 +608,7 @@ impl InMemoryLayer {
         }
         // The `max_keys` smallest qualifying keys, largest on top so it is the one replaced.
         let mut smallest: BinaryHeap<Key> = BinaryHeap::with_capacity(max_keys + 1);
-        for (key, head) in &self.heads {
+        for (key, head) in &index.heads {
             if !in_range(key)
                 || smallest
                     .peek()
@@ -503,7 +616,7 @@ impl InMemoryLayer {
             {
                 continue;
             }
-            if self.has_version_at_or_below(*head, lsn) {
+            if index.has_version_at_or_below(*head, bound) {
                 smallest.push(*key);
                 if smallest.len() > max_keys {
                     smallest.pop();
@@ -518,53 +631,50 @@ impl InMemoryLayer {
         chunk
     }
 
-    /// Whether the chain starting at entry `head` holds a version at or below `lsn`.
-    fn has_version_at_or_below(&self, head: u32, lsn: Lsn) -> bool {
-        // Every version is at or below the newest one put.
-        if lsn >= self.last_lsn {
-            return true;
+    /// `lsn` (at or above `start_lsn`) as an entry's `lsn_delta` to compare with, or `None`
+    /// when every indexed version is at or below it. Called under the index's read lock, so
+    /// `last_lsn` matches the index.
+    fn version_bound(&self, lsn: Lsn) -> Option<u32> {
+        if lsn >= self.last_lsn() {
+            return None;
         }
-        let mut next = head;
-        while next != NONE {
-            let entry = self.entries.get(next);
-            if self.entry_lsn(entry) <= lsn {
-                return true;
-            }
-            next = entry.older;
-        }
-        false
+        // Below `last_lsn`, which is less than 2^32 past `start_lsn`.
+        u32::try_from(lsn.0 - self.start_lsn.0).ok()
     }
 
-    /// Closes the layer's range at `end_lsn` (exclusive): no more puts.
-    pub fn freeze(&mut self, end_lsn: Lsn) -> Result<(), FreezeError> {
-        if let Some(end) = self.end_lsn {
+    /// Closes the layer's range at `end_lsn` (exclusive): no more puts. Waits for a put under
+    /// way to finish.
+    pub fn freeze(&self, end_lsn: Lsn) -> Result<(), FreezeError> {
+        let _puts = self.put_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(end) = self.end_lsn() {
             return Err(FreezeError::AlreadyFrozen { end });
         }
-        if !self.is_empty() && end_lsn <= self.last_lsn {
-            return Err(FreezeError::EndTooLow {
-                end: end_lsn,
-                last: self.last_lsn,
-            });
+        let last = self.last_lsn();
+        if !self.is_empty() && end_lsn <= last {
+            return Err(FreezeError::EndTooLow { end: end_lsn, last });
         }
-        self.end_lsn = Some(end_lsn);
+        // Cannot be set already: only freeze sets it, under the put lock.
+        let _ = self.end_lsn.set(end_lsn);
         Ok(())
     }
 
     /// Every indexed value in (key, lsn) order, read back through the ephemeral file's block
     /// reader: the input of a delta layer writer. Blocks the page cache does not hold are read
-    /// without being inserted: a flush must not push out what readers use.
+    /// without being inserted: a flush must not push out what readers use. The index's read
+    /// lock is held only to list the keys and then to walk each key's chain, never while
+    /// values are read; on an open layer, the scan covers the versions put before it started.
     pub fn iter_sorted(&self) -> impl Iterator<Item = Result<(Key, Lsn, Value), GetError>> + '_ {
-        let mut keys: Vec<(Key, u32)> = self.heads.iter().map(|(k, h)| (*k, *h)).collect();
+        let mut keys: Vec<(Key, u32)> = self
+            .read_index()
+            .heads
+            .iter()
+            .map(|(k, h)| (*k, *h))
+            .collect();
         keys.sort_unstable_by_key(|(k, _)| *k);
         keys.into_iter().flat_map(move |(key, head)| {
-            // The chain runs newest to oldest; emit oldest first.
-            let mut chain = Vec::new();
-            let mut next = head;
-            while next != NONE {
-                let entry = self.entries.get(next);
-                chain.push(entry);
-                next = entry.older;
-            }
+            // Entries never change once inserted, so the chain from the head listed above is
+            // the key's versions as of then. It runs newest to oldest; emit oldest first.
+            let chain = self.read_index().chain(head);
             chain.into_iter().rev().map(move |entry| {
                 let lsn = self.entry_lsn(entry);
                 let reader = self.file.bypassing_cache();
@@ -587,7 +697,7 @@ impl InMemoryLayer {
         tenant_id: utils::TenantId,
         timeline_id: utils::TimelineId,
     ) -> Result<Option<WrittenLayer>, WriteToDiskError> {
-        let Some(end_lsn) = self.end_lsn else {
+        let Some(end_lsn) = self.end_lsn() else {
             return Err(WriteToDiskError::NotFrozen);
         };
         if self.is_empty() {
@@ -618,6 +728,16 @@ impl InMemoryLayer {
 
     fn cursor(&self) -> BlockCursor<'_, EphemeralFile> {
         BlockCursor::new(&self.file).with_max_blob_len(self.max_stored_len())
+    }
+
+    fn read_index(&self) -> RwLockReadGuard<'_, Index> {
+        // A panic while inserting (only an allocation failure could cause one) leaves at worst
+        // an entry no head points to yet: readers walk from heads, so that is never seen.
+        self.index.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write_index(&self) -> RwLockWriteGuard<'_, Index> {
+        self.index.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -43,7 +43,7 @@ fn model_strategy() -> impl Strategy<Value = Model> {
 
 /// Writes the model through an InMemoryLayer into a delta layer; returns both.
 fn write(dir: &Path, cache: &Arc<PageCache>, model: &Model) -> (InMemoryLayer, PathBuf) {
-    let mut layer =
+    let layer =
         InMemoryLayer::create(dir, cache.clone(), Lsn(100), DEFAULT_MAX_VALUE_SIZE).unwrap();
     // Puts must come in LSN order, not key order.
     let mut by_lsn: Vec<_> = model.iter().collect();

@@ -27,7 +27,7 @@ fn layer(dir: &Path) -> InMemoryLayer {
 #[test]
 fn get_collects_down_to_the_base_newest_first() {
     let dir = tempfile::tempdir().unwrap();
-    let mut l = layer(dir.path());
+    let l = layer(dir.path());
     l.put(rel_key(1), Lsn(10), &image(1, PAGE_SZ)).unwrap();
     l.put(rel_key(1), Lsn(20), &delta(false, 0, b"a")).unwrap();
     l.put(rel_key(2), Lsn(25), &image(2, PAGE_SZ)).unwrap();
@@ -54,7 +54,7 @@ fn get_collects_down_to_the_base_newest_first() {
 #[test]
 fn incomplete_history_asks_older_layers() {
     let dir = tempfile::tempdir().unwrap();
-    let mut l = layer(dir.path());
+    let l = layer(dir.path());
     l.put(rel_key(1), Lsn(10), &delta(false, 0, b"x")).unwrap();
     let got = l.get(rel_key(1), Lsn(10)).unwrap();
     assert_eq!(got.records.len(), 1);
@@ -68,7 +68,7 @@ fn incomplete_history_asks_older_layers() {
 #[test]
 fn refused_puts_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut l = layer(dir.path());
+    let l = layer(dir.path());
     l.put(rel_key(1), Lsn(20), &image(1, 100)).unwrap();
     let before = (l.len(), l.bytes_written(), l.last_lsn());
 
@@ -95,7 +95,7 @@ fn refused_puts_change_nothing() {
 #[test]
 fn frozen_layer_refuses_puts_but_serves_reads() {
     let dir = tempfile::tempdir().unwrap();
-    let mut l = layer(dir.path());
+    let l = layer(dir.path());
     l.put(rel_key(1), Lsn(20), &image(1, 100)).unwrap();
     assert!(matches!(
         l.freeze(Lsn(20)),
@@ -120,7 +120,7 @@ fn index_stays_compact() {
     // (the common case for hot pages) and with one version per key (a bulk load).
     let dir = tempfile::tempdir().unwrap();
     let small = |n: u32| delta(false, n % 64, &n.to_be_bytes());
-    let mut many_versions = layer(dir.path());
+    let many_versions = layer(dir.path());
     let mut lsn = 10;
     for round in 0..16 {
         for k in 0..10_000 {
@@ -131,7 +131,7 @@ fn index_stays_compact() {
         }
     }
     let per_value_16 = many_versions.index_bytes() as f64 / many_versions.len() as f64;
-    let mut one_version = layer(dir.path());
+    let one_version = layer(dir.path());
     for k in 0..160_000 {
         one_version
             .put(rel_key(k), Lsn(10 + u64::from(k)), &small(k))
@@ -149,7 +149,7 @@ fn index_stays_compact() {
 #[test]
 fn index_bytes_counts_whole_chunks_and_map_buckets() {
     let dir = tempfile::tempdir().unwrap();
-    let mut l = layer(dir.path());
+    let l = layer(dir.path());
     assert_eq!(l.index_bytes(), 0);
     l.put(rel_key(1), Lsn(10), &image(1, 10)).unwrap();
     // One whole chunk, the chunk pointer vector, and a map of 4 buckets (the smallest).
@@ -191,7 +191,7 @@ fn entries_hold_every_position_the_file_can_reach() {
 #[test]
 fn a_layer_spans_fewer_than_2_pow_32_lsns() {
     let dir = tempfile::tempdir().unwrap();
-    let mut l = layer(dir.path());
+    let l = layer(dir.path());
     let last_holdable = Lsn(10 + MAX_LSN_SPAN - 1);
     let first_beyond = Lsn(10 + MAX_LSN_SPAN);
     assert!(!l.can_hold_lsn(Lsn(9)), "below start_lsn");
@@ -229,7 +229,7 @@ fn a_layer_spans_fewer_than_2_pow_32_lsns() {
 fn a_layer_starting_near_the_top_of_the_lsn_space() {
     let dir = tempfile::tempdir().unwrap();
     let start = Lsn(u64::MAX - 5);
-    let mut l =
+    let l =
         InMemoryLayer::create(dir.path(), small_cache(8), start, DEFAULT_MAX_VALUE_SIZE).unwrap();
     assert!(l.can_hold_lsn(Lsn::MAX));
     l.put(rel_key(1), start, &image(1, 10)).unwrap();
@@ -245,7 +245,7 @@ fn chains_cross_chunk_boundaries() {
     // Enough values for four chunks, spread over a few keys so every chain runs through
     // several chunks; gets at sampled LSNs walk the chains, the sorted scan reads everything.
     let dir = tempfile::tempdir().unwrap();
-    let mut l = layer(dir.path());
+    let l = layer(dir.path());
     let keys = 7u32;
     let n = 3 * CHUNK_ENTRIES as u64 + 5;
     let lsn_of = |i: u64| Lsn(10 + 2 * i);
@@ -318,7 +318,7 @@ proptest! {
     #[test]
     fn matches_a_btreemap_model(ops in prop::collection::vec(op(), 1..150)) {
         let dir = tempfile::tempdir().unwrap();
-        let mut l = layer(dir.path());
+        let l = layer(dir.path());
         let mut model: BTreeMap<(Key, Lsn), Value> = BTreeMap::new();
         let mut lsn = 10u64;
         for op in ops {
