@@ -359,3 +359,5 @@ proptest! {
         prop_assert_eq!(scanned, expected);
     }
 }
+
+mod concurrent;
