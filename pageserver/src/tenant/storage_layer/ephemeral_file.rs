@@ -67,7 +67,31 @@
 //! on it (a writer waiting for the lock would be let in first, and wait for that lease). The
 //! sealed copy and cached pages hold no lock at all. The invariant that replaces "no write while
 //! a lease lives": a lease on the tail delays the next append into the tail by as long as it is
-//! held, and delays nothing else; a lease on any other block delays nothing.
+//! held, and delays nothing else; a lease on any other block delays nothing. No lease sees its
+//! block change:
+//!
+//! ```
+//! # use std::sync::Arc;
+//! # use pageserver::format::block_io::BlockReader;
+//! # use pageserver::page_cache::{PageCache, PageCacheConfig};
+//! # use pageserver::tenant::storage_layer::ephemeral_file::EphemeralFile;
+//! # use pageserver::PAGE_SZ;
+//! # let dir = tempfile::tempdir().unwrap();
+//! # let config = PageCacheConfig { capacity_bytes: 64 * PAGE_SZ as u64, ..Default::default() };
+//! # let cache = Arc::new(PageCache::new(config).unwrap());
+//! let file = EphemeralFile::create(dir.path(), cache).unwrap();
+//! // A 4-byte header and the blob: block 0 is full and written, block 1 is the tail.
+//! file.write_blob(&[7; PAGE_SZ]).unwrap();
+//! let block_0 = file.read_blk(0).unwrap();
+//! // Writes go on while a lease on an earlier block lives, and do not change it.
+//! file.write_blob(&[8; 3 * PAGE_SZ]).unwrap();
+//! assert_eq!(block_0[PAGE_SZ - 1], 7);
+//! // A lease on the tail is read-locked: this thread lets it go before its next write.
+//! let tail = file.read_blk(4).unwrap();
+//! assert_eq!(tail[0], 8);
+//! drop(tail);
+//! file.write_blob(b"appended after the lease").unwrap();
+//! ```
 //!
 //! # Failure
 //!
