@@ -108,6 +108,46 @@ def test_concurrent_ingest_reads_and_checkpoints(pageserver_factory: PageserverF
         tl.verify()
 
 
+@pytest.mark.needs_testing
+def test_reads_do_not_wait_for_a_batch_paused_in_a_file_write(pageserver_factory: PageserverFactory):
+    """A batch stalls inside an ephemeral file write (the failpoint pauses it). Meanwhile the
+    layer listing and GetPage answer at once, from the versions the batch has not touched, and
+    none of the stalled batch's versions is visible; the batch completes once released."""
+    ps = pageserver_factory.start()
+    tl = TimelineHandle.create(ps)
+    tl.ingest([Image(key(1), 0x10, page_of(1))])
+    tl.checkpoint()
+    ps.http.configure_failpoints(("ephemeral-write", "pause"))
+    # A small first version is stored in the file's in-memory tail (no write); the full pages
+    # after it fill the tail, whose write pauses.
+    batch = [Image(key(2), 0x20, b"small")] + [Image(key(3 + i), 0x20, page_of(3 + i)) for i in range(3)]
+    failures = Failures()
+    done = threading.Event()
+
+    def ingest() -> None:
+        tl.ingest(batch, http=ps.http_client())
+        done.set()
+
+    t = failures.run(ingest)
+    client = ps.http_client(timeout=10)
+
+    def open_layer_has_a_value() -> bool:
+        layers = client.layers(tl.tenant_id, tl.timeline_id)
+        return any(layer["kind"] == "open" and layer["values"] >= 1 for layer in layers)
+
+    wait_until(open_layer_has_a_value, what="the batch's first version stored in the open layer")
+    for _ in range(20):
+        assert tl.get(key(1), 0x10, http=client) == page_of(1)
+        assert tl.get(key(2), 0x10, http=client) is None
+    assert tl.get(key(1), "latest", http=client) == page_of(1)
+    assert not done.is_set() and not failures.errors, "the batch went through a paused write"
+    ps.http.configure_failpoints(("ephemeral-write", "off"))
+    t.join(30)
+    failures.check()
+    assert done.is_set()
+    tl.verify()
+
+
 def test_read_waiting_for_lsn_is_woken_by_ingest(timeline: TimelineHandle):
     """A read at an LSN not yet ingested waits for it (wait_lsn_timeout is 60 s by default) and
     answers as soon as a batch brings it."""

@@ -1,15 +1,96 @@
-//! What every kind of layer shares: the records it hands to page reconstruction, the chunks of
-//! keys it hands to a scan, and the bound on a stored value's size.
+//! Layers: the in-memory layer over its ephemeral file, and the layer files. [`Layer`] is what
+//! every kind answers a read with, so GetPage and scans walk any mix of kinds in one loop:
+//!
+//! - the LSN range its versions lie in and the key range they cover, so a walk skips a layer
+//!   that cannot hold a key without any I/O;
+//! - a key's versions at or below an LSN, newest first, down to one that needs no older
+//!   history ([`LayerRecords`]);
+//! - the keys in a range with a version at or below an LSN, a chunk at a time ([`KeyChunk`]).
+
+use std::ops::Range;
+use std::sync::Arc;
 
 use pageserver_api::{Key, Value};
 use utils::Lsn;
+
+use delta_layer::{DeltaLayer, DeltaLayerError};
+use inmemory_layer::{GetError, InMemoryLayer};
 
 pub mod delta_layer;
 pub mod ephemeral_file;
 pub mod inmemory_layer;
 pub mod layer_name;
+pub mod merge_iter;
 
 pub use layer_name::LayerName;
+
+/// One layer, of any kind, as a read sees it. Cloning it clones an `Arc`.
+#[derive(Clone)]
+pub enum Layer {
+    /// The open layer or a frozen one.
+    InMemory(Arc<InMemoryLayer>),
+    Delta(Arc<DeltaLayer>),
+}
+
+/// A read of one layer failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerReadError {
+    #[error(transparent)]
+    InMemory(#[from] GetError),
+    #[error(transparent)]
+    Delta(#[from] DeltaLayerError),
+}
+
+impl Layer {
+    /// The LSNs its versions lie in. An in-memory layer's ends after its newest version so
+    /// far (the open layer's grows with every put).
+    pub fn lsn_range(&self) -> Range<Lsn> {
+        match self {
+            Layer::InMemory(l) => l.start_lsn()..Lsn(l.last_lsn().0 + 1),
+            Layer::Delta(l) => l.summary().lsn_start..l.summary().lsn_end,
+        }
+    }
+
+    /// The keys its versions are of. An in-memory layer may hold any key.
+    pub fn key_range(&self) -> Range<Key> {
+        match self {
+            Layer::InMemory(_) => Key::MIN..Key::MAX,
+            Layer::Delta(l) => l.summary().key_start..l.summary().key_end,
+        }
+    }
+
+    /// Whether it can hold a version at or below `lsn` of a key in `keys`: a read skips a
+    /// layer that cannot, without touching it.
+    pub fn may_hold(&self, keys: &Range<Key>, lsn: Lsn) -> bool {
+        let own = self.key_range();
+        let empty = matches!(self, Layer::InMemory(l) if l.is_empty());
+        !empty && self.lsn_range().start <= lsn && own.start < keys.end && keys.start < own.end
+    }
+
+    /// `key`'s versions at or below `lsn`, newest first, down to the first that needs no older
+    /// history.
+    pub fn get(&self, key: Key, lsn: Lsn) -> Result<LayerRecords, LayerReadError> {
+        Ok(match self {
+            Layer::InMemory(l) => l.get(key, lsn)?,
+            Layer::Delta(l) => l.get(key, lsn)?,
+        })
+    }
+
+    /// The keys in `[from, end)` with a version at or below `lsn`, in key order, at most
+    /// `max_keys` of them.
+    pub fn keys_at_lsn(
+        &self,
+        from: Key,
+        end: Key,
+        lsn: Lsn,
+        max_keys: usize,
+    ) -> Result<KeyChunk, LayerReadError> {
+        Ok(match self {
+            Layer::InMemory(l) => l.keys_at_lsn(from, end, lsn, max_keys),
+            Layer::Delta(l) => l.keys_at_lsn(from, end, lsn, max_keys)?,
+        })
+    }
+}
 
 /// What one layer contributes to reconstructing a page.
 #[derive(Debug, Default)]

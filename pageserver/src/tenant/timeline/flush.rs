@@ -8,17 +8,17 @@ impl Timeline {
     /// Freezes the open layer if it has reached `checkpoint_timeout` by `now`. Returns whether
     /// frozen layers wait for a flush.
     pub fn freeze_if_due(&self, now: Instant) -> Result<bool, TimelineError> {
-        let writer = self.writer();
-        let mut map = self.map_mut();
-        let due = map.open_since.is_some_and(|since| {
+        let mut writer = self.writer();
+        let due = writer.open_since.is_some_and(|since| {
             now.saturating_duration_since(since) >= self.conf.checkpoint_timeout
         });
         // A broken timeline's open layer may hold part of a batch above last_record_lsn,
         // which must never become durable.
         if due && !writer.stopping && self.broken.get().is_none() {
-            self.freeze_open(&mut map, Lsn(self.last_record_lsn().0 + 1))?;
+            let end = Lsn(self.last_record_lsn().0 + 1);
+            self.update_layer_map(|map| self.freeze_open(&mut writer, map, end))?;
         }
-        Ok(!map.frozen.is_empty())
+        Ok(!self.layer_map().frozen.is_empty())
     }
 
     /// Writes every frozen layer to a delta layer file, oldest first, advancing
@@ -34,7 +34,7 @@ impl Timeline {
         while self.disk_consistent_lsn() < target && !self.stopped.load(Ordering::Acquire) {
             // Only flushers remove frozen layers, and flush_lock admits one: the oldest stays
             // the oldest while it is written.
-            let Some(frozen) = self.map().frozen.first().cloned() else {
+            let Some(frozen) = self.layer_map().frozen.first().cloned() else {
                 break;
             };
             let started = Instant::now();
@@ -66,16 +66,16 @@ impl Timeline {
             // The commit point: from here the layer is the timeline's.
             manifest.store(&self.dir)?;
             *self.manifest() = manifest;
-            let mut map = self.map_mut();
-            map.frozen.remove(0);
-            if let Some(delta) = &delta {
-                map.deltas.push(delta.clone());
-            }
-            map.generation += 1;
-            // Before the map is released: a put that finds no layer left starts the next one
-            // at disk_consistent_lsn + 1, which must not reach back into this one.
-            self.disk_consistent_lsn.store(durable.0, Ordering::Release);
-            drop(map);
+            self.update_layer_map(|map| {
+                map.frozen.remove(0);
+                if let Some(delta) = &delta {
+                    map.deltas.push(delta.clone());
+                }
+                // Under the map's lock: a put that finds no layer left starts the next one at
+                // disk_consistent_lsn + 1, which must not reach back into this one.
+                self.disk_consistent_lsn.store(durable.0, Ordering::Release);
+                Ok::<_, TimelineError>(())
+            })?;
             crate::metrics::LAYER_FLUSHES.inc();
             crate::metrics::LAYER_FLUSH_SECONDS.observe(started.elapsed().as_secs_f64());
             if let Some(delta) = &delta {
@@ -102,15 +102,16 @@ impl Timeline {
             return Err(TimelineError::ShuttingDown);
         }
         let target = {
-            let _writer = self.writer();
+            let mut writer = self.writer();
             if let Some(reason) = self.broken_reason() {
                 // Its open layer holds versions of a half-stored batch above
                 // last_record_lsn: freezing it would make them durable.
                 return Err(TimelineError::Broken { reason });
             }
-            let mut map = self.map_mut();
             let last_record = self.last_record_lsn();
-            self.freeze_open(&mut map, Lsn(last_record.0 + 1))?;
+            self.update_layer_map(|map| {
+                self.freeze_open(&mut writer, map, Lsn(last_record.0 + 1))
+            })?;
             last_record
         };
         self.flush_frozen_until(target)

@@ -98,10 +98,10 @@ impl Timeline {
             dir: dir.to_owned(),
             cache,
             conf,
-            layers: RwLock::new(LayerMap {
+            layers: RwLock::new(Arc::new(LayerMap {
                 deltas,
                 ..LayerMap::default()
-            }),
+            })),
             write_lock: Mutex::new(WriterState::default()),
             broken: OnceLock::new(),
             flush_lock: Mutex::new(()),

@@ -12,13 +12,15 @@
 //!   open InMemoryLayer -> frozen InMemoryLayers -> delta layer files (by LSN range)
 //! ```
 //!
-//! Every change to the set of layers bumps the map's generation, which identifies the set for
-//! paged scans ([`Timeline::scan_page`], `timeline::scan`): a scan cursor resumes only on the
-//! layer set its key streams were built on.
+//! The map is an immutable snapshot (`layer_map.rs`): a read clones the current one and walks
+//! it without a lock; a freeze or a flush's swap publishes a new one. Each new map has a new
+//! version, which identifies the layer set for paged scans ([`Timeline::scan_page`],
+//! `timeline::scan`): a scan cursor resumes only on the layer set its key streams were built on.
 //!
-//! GetPage@LSN walks the layers from newest to oldest, each contributing the key's versions at
-//! or below the LSN, until one reaches a base (an image or a `will_init` delta), and redoes the
-//! page. A materialized page in the page cache at or below the LSN serves as the base when there
+//! GetPage@LSN walks the layers from newest to oldest through one interface (`Layer`), skipping
+//! without I/O those that hold nothing at or below the LSN or not the key, each other one
+//! contributing the key's versions at or below the LSN, until one reaches a base (an image or a
+//! `will_init` delta), and redoes the page. A materialized page in the page cache at or below the LSN serves as the base when there
 //! is one: only newer versions are collected and applied on top of it. Those pages are keyed by
 //! the timeline's incarnation, so a reloaded timeline never builds on a page that an earlier
 //! incarnation reconstructed from versions a crash discarded.
@@ -55,7 +57,7 @@
 //! background flush loop), on [`Timeline::checkpoint`], and on shutdown. Writing frozen layers
 //! to disk ([`Timeline::flush_frozen`]) holds only `flush_lock`, so puts go on into a new open
 //! layer meanwhile; readers see a frozen layer until its delta layer replaces it in one swap
-//! under the map lock. When more than `max_frozen_layers` wait, the putting thread flushes them
+//! of the map snapshot. When more than `max_frozen_layers` wait, the putting thread flushes them
 //! itself before returning: ingest slows to the disk's pace instead of filling memory and the
 //! ephemeral files without bound.
 //!
@@ -68,11 +70,13 @@
 //!
 //! # Locks
 //!
-//! `write_lock` (puts, freezes) before `flush_lock` (writing frozen layers) before the layer
-//! map's `RwLock`. The map's write lock is held briefly for a freeze or a layer swap, and for
-//! as long as a batch is stored into the open layer (its ephemeral file writes included), so
-//! a read waits for the batch in progress; a flush holds it only for the swap. `wait_lsn`
-//! takes no lock: it is a future watching `last_record_lsn` (`timeline/lsn_wait.rs`).
+//! `write_lock` (puts, freezes) before `flush_lock` (writing frozen layers) before the lock on
+//! the layer map snapshot. That last one is held only to clone the snapshot or to publish a
+//! new one (memory work: a freeze, a new open layer, a flush's swap), never across file I/O.
+//! A batch is stored into the open layer with no map lock at all: each version becomes
+//! readable as soon as its bytes are stored, so reads never wait for a batch, not even for its
+//! ephemeral file writes. `wait_lsn` takes no lock: it is a future watching `last_record_lsn`
+//! (`timeline/lsn_wait.rs`).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -90,10 +94,10 @@ use crate::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerError};
 use crate::tenant::storage_layer::inmemory_layer::{
     FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError, MAX_LSN_SPAN,
 };
-use crate::tenant::storage_layer::{max_stored_value_len, LayerRecords};
+use crate::tenant::storage_layer::{max_stored_value_len, LayerReadError};
 use crate::tenant::timeline::metadata::{LayerFileEntry, MetadataError, TimelineMetadata};
 use crate::PAGE_SZ;
-use scan::{LayerSetId, ScanCursor, ScanLayer, ScanPage};
+use scan::{ScanCursor, ScanPage};
 
 /// Settings a timeline needs.
 #[derive(Clone, Debug)]
@@ -211,19 +215,13 @@ pub enum TimelineError {
     },
 }
 
-#[derive(Default)]
-struct LayerMap {
-    open: Option<InMemoryLayer>,
-    /// When the open layer got its first version (what `checkpoint_timeout` measures).
-    open_since: Option<Instant>,
-    /// Oldest first.
-    frozen: Vec<Arc<InMemoryLayer>>,
-    /// Oldest first (by LSN range).
-    deltas: Vec<Arc<DeltaLayer>>,
-    /// Bumped whenever a layer joins or leaves the map (an open layer started, a freeze, a
-    /// flush's swap): a scan cursor whose key streams were built at another generation no
-    /// longer describes these layers (see `timeline::scan`).
-    generation: u64,
+impl From<LayerReadError> for TimelineError {
+    fn from(e: LayerReadError) -> Self {
+        match e {
+            LayerReadError::InMemory(e) => TimelineError::Get(e),
+            LayerReadError::Delta(e) => TimelineError::Layer(e),
+        }
+    }
 }
 
 /// What the layer map holds, for inspection.
@@ -260,6 +258,8 @@ pub enum LayerKind {
 #[derive(Default)]
 struct WriterState {
     stopping: bool,
+    /// When the open layer got its first version (what `checkpoint_timeout` measures).
+    open_since: Option<Instant>,
 }
 
 /// See the module documentation.
@@ -273,7 +273,8 @@ pub struct Timeline {
     dir: PathBuf,
     cache: Arc<PageCache>,
     conf: TimelineConf,
-    layers: RwLock<LayerMap>,
+    /// The current layer map; see `layer_map.rs`. Held only to clone or replace the `Arc`.
+    layers: RwLock<Arc<LayerMap>>,
     write_lock: Mutex<WriterState>,
     /// Why the timeline refuses writes, once it does (never cleared: only a load recovers).
     /// Apart from `write_lock` so that describing the timeline never waits for a put.
@@ -334,7 +335,7 @@ impl Timeline {
     }
 
     pub fn layer_counts(&self) -> LayerCounts {
-        let map = self.map();
+        let map = self.layer_map();
         LayerCounts {
             open_values: map.open.as_ref().map_or(0, |l| l.len()),
             frozen: map.frozen.len(),
@@ -344,7 +345,7 @@ impl Timeline {
 
     /// Every layer, newest first.
     pub fn layers(&self) -> Vec<LayerDescription> {
-        let map = self.map();
+        let map = self.layer_map();
         let in_memory = |kind, l: &InMemoryLayer| LayerDescription {
             kind,
             lsn_start: l.start_lsn(),
@@ -386,7 +387,7 @@ impl Timeline {
     /// batch is validated first: a refused batch changes nothing. Returns once every version is
     /// readable.
     pub fn put_batch(&self, records: &[PutRecord]) -> Result<(), TimelineError> {
-        let writer = self.writer();
+        let mut writer = self.writer();
         if writer.stopping {
             return Err(TimelineError::ShuttingDown);
         }
@@ -398,44 +399,10 @@ impl Timeline {
         };
         self.validate_batch(records)?;
 
-        let mut map = self.map_mut();
-        if map
-            .open
-            .as_ref()
-            .is_some_and(|open| !open.can_hold_lsn(last.lsn))
-        {
-            self.freeze_open(&mut map, first.lsn)?;
-        }
-        if map.open.is_none() {
-            // The open layer starts where the newest frozen or flushed one ended, so the
-            // layers' ranges tile the LSN space; unless the batch jumps too far ahead for a
-            // layer from there to hold it, and then it starts at the batch (no version lies
-            // in the gap).
-            let previous_end = map
-                .frozen
-                .last()
-                .and_then(|l| l.end_lsn())
-                .unwrap_or(Lsn(self.disk_consistent_lsn().0 + 1));
-            let start = if last.lsn.0 - previous_end.0 < MAX_LSN_SPAN {
-                previous_end
-            } else {
-                first.lsn
-            };
-            let layer = InMemoryLayer::create(
-                &self.dir,
-                self.cache.clone(),
-                start,
-                self.conf.max_value_size,
-            )
-            .map_err(|source| TimelineError::Io {
-                path: self.dir.clone(),
-                source,
-            })?;
-            map.open = Some(layer);
-            map.open_since = Some(Instant::now());
-            map.generation += 1;
-        }
-        let open = map.open.as_mut().expect("created above");
+        let open = self.open_layer_for(&mut writer, first.lsn, last.lsn)?;
+        // No lock on the layer map from here: readers go on while the batch is stored, and
+        // each version is readable as soon as it is (a read at or below last_record_lsn does
+        // not see the ones above it).
         for record in records {
             if let Err(e) = open.put(record.key, record.lsn, &record.value) {
                 // No resume LSN in the reason: frozen layers may still flush and move it.
@@ -451,11 +418,12 @@ impl Timeline {
         }
         let full = open.bytes_written() >= self.conf.checkpoint_distance;
         self.advance_last_record_lsn(last.lsn);
-        if full {
-            self.freeze_open(&mut map, Lsn(last.lsn.0 + 1))?;
-        }
-        let backlog = map.frozen.len() > self.conf.max_frozen_layers;
-        drop(map);
+        let backlog = if full {
+            self.update_layer_map(|map| self.freeze_open(&mut writer, map, Lsn(last.lsn.0 + 1)))?;
+            self.layer_map().frozen.len() > self.conf.max_frozen_layers
+        } else {
+            false
+        };
         if backlog {
             // Still holding write_lock: other writers wait too, which is the point. The batch
             // is stored and readable whatever happens here, so a failed flush is not this
@@ -471,6 +439,55 @@ impl Timeline {
         }
         drop(writer);
         Ok(())
+    }
+
+    /// The open layer a batch from `first` to `last` goes into: the current one if it can hold
+    /// `last`, else a new one (the current one frozen first). Callers hold `write_lock`.
+    fn open_layer_for(
+        &self,
+        writer: &mut WriterState,
+        first: Lsn,
+        last: Lsn,
+    ) -> Result<Arc<InMemoryLayer>, TimelineError> {
+        if let Some(open) = &self.layer_map().open {
+            if open.can_hold_lsn(last) {
+                return Ok(open.clone());
+            }
+        }
+        self.update_layer_map(|map| {
+            if map.open.is_some() {
+                self.freeze_open(writer, map, first)?;
+            }
+            // The open layer starts where the newest frozen or flushed one ended, so the
+            // layers' ranges tile the LSN space; unless the batch jumps too far ahead for a
+            // layer from there to hold it, and then it starts at the batch (no version lies
+            // in the gap). disk_consistent_lsn is read under the map's lock, which a flush
+            // holds while it moves both.
+            let previous_end = map
+                .frozen
+                .last()
+                .and_then(|l| l.end_lsn())
+                .unwrap_or(Lsn(self.disk_consistent_lsn().0 + 1));
+            let start = if last.0 - previous_end.0 < MAX_LSN_SPAN {
+                previous_end
+            } else {
+                first
+            };
+            let layer = InMemoryLayer::create(
+                &self.dir,
+                self.cache.clone(),
+                start,
+                self.conf.max_value_size,
+            )
+            .map_err(|source| TimelineError::Io {
+                path: self.dir.clone(),
+                source,
+            })?;
+            let layer = Arc::new(layer);
+            map.open = Some(layer.clone());
+            writer.open_since = Some(Instant::now());
+            Ok(layer)
+        })
     }
 
     /// Checks everything about a batch that can be checked before storing any of it.
@@ -577,21 +594,25 @@ impl Timeline {
         self.lsn_wait.advanced(lsn);
     }
 
-    /// Moves the open layer, if it holds anything, to the frozen queue with `end` as its
-    /// exclusive end. Callers hold `write_lock`.
-    fn freeze_open(&self, map: &mut LayerMap, end: Lsn) -> Result<(), FreezeError> {
-        let Some(open) = map.open.as_mut() else {
+    /// Moves the open layer, if it holds anything, to the frozen queue of `map` with `end` as
+    /// its exclusive end. Callers hold `write_lock`.
+    fn freeze_open(
+        &self,
+        writer: &mut WriterState,
+        map: &mut LayerMap,
+        end: Lsn,
+    ) -> Result<(), FreezeError> {
+        let Some(open) = map.open.take() else {
             return Ok(());
         };
-        if !open.is_empty() {
-            open.freeze(end)?;
-        }
-        map.open_since = None;
-        map.generation += 1;
-        let open = map.open.take().expect("checked above");
+        writer.open_since = None;
         // An empty layer is just dropped: its successor starts at the same LSN.
         if !open.is_empty() {
-            map.frozen.push(Arc::new(open));
+            if let Err(e) = open.freeze(end) {
+                map.open = Some(open);
+                return Err(e);
+            }
+            map.frozen.push(open);
             if let Some(wakeup) = &self.flush_wakeup {
                 wakeup.notify();
             }
@@ -632,22 +653,39 @@ impl Timeline {
         self.write_lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn map(&self) -> std::sync::RwLockReadGuard<'_, LayerMap> {
-        self.layers.read().unwrap_or_else(|e| e.into_inner())
+    /// The current layer map: a snapshot that no change affects (see `layer_map.rs`).
+    fn layer_map(&self) -> Arc<LayerMap> {
+        self.layers
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
-    fn map_mut(&self) -> std::sync::RwLockWriteGuard<'_, LayerMap> {
-        self.layers.write().unwrap_or_else(|e| e.into_inner())
+    /// Changes the layer map: `change` edits a copy of the current one, which replaces it
+    /// (with a new version) unless `change` fails. Changes are serialized by the map's lock,
+    /// held for the edit: keep it to memory work.
+    fn update_layer_map<T, E>(
+        &self,
+        change: impl FnOnce(&mut LayerMap) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut current = self.layers.write().unwrap_or_else(|e| e.into_inner());
+        let mut next = LayerMap::clone(&current);
+        let result = change(&mut next)?;
+        next.version = current.version + 1;
+        *current = Arc::new(next);
+        Ok(result)
     }
 }
 
 mod flush;
 mod init;
+mod layer_map;
 mod lsn_wait;
 pub mod metadata;
 mod read;
 pub mod scan;
 pub use init::open_listed_layer;
+use layer_map::LayerMap;
 use lsn_wait::LsnWait;
 #[cfg(test)]
 mod tests;

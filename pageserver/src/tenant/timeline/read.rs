@@ -3,6 +3,8 @@
 //! layers a paged scan merges.
 
 use super::*;
+use crate::tenant::storage_layer::Layer;
+use scan::LayerSetId;
 
 impl Timeline {
     /// Page `key` as of `lsn`; `None` if it has no version at or below `lsn`.
@@ -21,43 +23,34 @@ impl Timeline {
         let floor = cached.as_ref().map(|(l, _)| *l);
 
         let mut records: Vec<(Lsn, Value)> = Vec::new();
-        {
-            let map = self.map();
-            // A layer whose newest version is at or below the cached page's LSN has nothing
-            // to add, and neither has any older layer.
-            let below_floor = |newest: Lsn| floor.is_some_and(|f| newest <= f);
-            // Called once per layer asked for the key's versions.
-            let mut take = |layer_records: LayerRecords| -> bool {
-                crate::io::read_cost::layer_visited();
-                for (version, value) in layer_records.records {
-                    if below_floor(version) {
-                        return true;
-                    }
-                    records.push((version, value));
-                }
-                layer_records.complete
-            };
-            let mut complete = false;
-            if let Some(open) = map.open.as_ref().filter(|l| !l.is_empty()) {
-                complete = below_floor(open.last_lsn()) || take(open.get(key, lsn)?);
+        let map = self.layer_map();
+        let keys = key..key.next();
+        for layer in map.newest_first() {
+            if !layer.may_hold(&keys, lsn) {
+                // Nothing at or below lsn, or not this key: skipped without I/O.
+                continue;
             }
-            for frozen in map.frozen.iter().rev() {
-                if complete {
+            // A layer whose newest version is at or below the cached page's has nothing to
+            // add, and neither has any older layer.
+            let newest = Lsn(layer.lsn_range().end.0 - 1);
+            if floor.is_some_and(|f| newest <= f) {
+                break;
+            }
+            crate::io::read_cost::layer_visited();
+            let found = layer.get(key, lsn)?;
+            let mut complete = found.complete;
+            for (version, value) in found.records {
+                if floor.is_some_and(|f| version <= f) {
+                    complete = true;
                     break;
                 }
-                complete = below_floor(frozen.last_lsn()) || take(frozen.get(key, lsn)?);
+                records.push((version, value));
             }
-            for delta in map.deltas.iter().rev() {
-                if complete {
-                    break;
-                }
-                let summary = delta.summary();
-                if summary.lsn_start > lsn {
-                    continue;
-                }
-                complete = below_floor(Lsn(summary.lsn_end.0 - 1)) || take(delta.get(key, lsn)?);
+            if complete {
+                break;
             }
         }
+        drop(map);
         if let Some((cached_lsn, lease)) = &cached {
             if records.is_empty() {
                 return Ok(Some(Bytes::copy_from_slice(&lease[..])));
@@ -92,21 +85,13 @@ impl Timeline {
         scan::next_page(self, cursor, limit)
     }
 
-    /// Runs `read` under the layer map's read lock with every layer, newest first, and the id
-    /// of that layer set.
-    pub(crate) fn with_scan_layers<T>(
-        &self,
-        read: impl FnOnce(LayerSetId, &[ScanLayer<'_>]) -> T,
-    ) -> T {
-        let map = self.map();
-        let mut layers = Vec::with_capacity(1 + map.frozen.len() + map.deltas.len());
-        layers.extend(map.open.iter().map(ScanLayer::InMemory));
-        layers.extend(map.frozen.iter().rev().map(|l| ScanLayer::InMemory(l)));
-        layers.extend(map.deltas.iter().rev().map(|l| ScanLayer::Delta(l)));
+    /// Every layer, newest first, and the id of that layer set: what a scan merges.
+    pub(crate) fn scan_layers(&self) -> (LayerSetId, Vec<Layer>) {
+        let map = self.layer_map();
         let id = LayerSetId {
             incarnation: self.cache_scope,
-            generation: map.generation,
+            version: map.version,
         };
-        read(id, &layers)
+        (id, map.newest_first().collect())
     }
 }

@@ -567,9 +567,11 @@ impl DeltaLayer {
 }
 
 mod inspect;
+mod stream;
 mod summary;
 mod writer;
 pub use inspect::{IndexEntry, VerifyReport};
+pub use stream::{DeltaStream, STREAM_INDEX_CHUNK, STREAM_WINDOW};
 pub use summary::Summary;
 pub use writer::{DeltaLayerWriter, WrittenLayer};
 

@@ -58,17 +58,17 @@
 //! # Cost
 //!
 //! The merge finds the least head with a pass over the streams: a scan merges a few layers, and
-//! each page it yields costs a walk of the same layers anyway. Reconstruction takes the layer
-//! map's read lock per key, as a point read does, and the merge takes it for the keys of one
-//! page at a time, so a long page never holds off ingest for its whole length.
+//! each page it yields costs a walk of the same layers anyway. Each round of a page takes a
+//! snapshot of the layer map and merges on it, and each key is then read as a point read
+//! reads it; no lock is held while the layers are read, so a scan never holds off ingest.
 
 use bytes::Bytes;
 use pageserver_api::Key;
 use utils::{Lsn, TimelineId};
 
-use crate::tenant::storage_layer::delta_layer::DeltaLayer;
-use crate::tenant::storage_layer::inmemory_layer::InMemoryLayer;
-use crate::tenant::storage_layer::KeyChunk;
+use crate::tenant::storage_layer::Layer;
+#[cfg(doc)]
+use crate::tenant::storage_layer::{delta_layer::DeltaLayer, inmemory_layer::InMemoryLayer};
 use crate::tenant::timeline::{Timeline, TimelineError};
 
 /// The most keys one stream buffers.
@@ -88,45 +88,12 @@ struct ChunkSizes {
     most: usize,
 }
 
-/// One layer as a scan reads it.
-#[derive(Clone, Copy)]
-pub enum ScanLayer<'a> {
-    InMemory(&'a InMemoryLayer),
-    Delta(&'a DeltaLayer),
-}
-
-impl ScanLayer<'_> {
-    /// Whether the layer can hold a version at or below `lsn` of a key in `[from, end)`.
-    fn may_hold(&self, from: Key, end: Key, lsn: Lsn) -> bool {
-        match self {
-            ScanLayer::InMemory(layer) => !layer.is_empty() && layer.start_lsn() <= lsn,
-            ScanLayer::Delta(layer) => {
-                let summary = layer.summary();
-                summary.lsn_start <= lsn && summary.key_start < end && from < summary.key_end
-            }
-        }
-    }
-
-    fn keys_at_lsn(
-        &self,
-        from: Key,
-        end: Key,
-        lsn: Lsn,
-        max_keys: usize,
-    ) -> Result<KeyChunk, TimelineError> {
-        match self {
-            ScanLayer::InMemory(layer) => Ok(layer.keys_at_lsn(from, end, lsn, max_keys)),
-            ScanLayer::Delta(layer) => Ok(layer.keys_at_lsn(from, end, lsn, max_keys)?),
-        }
-    }
-}
-
 /// Which set of layers a cursor's streams describe: the timeline's incarnation (a reload or a
 /// timeline created again under the same id starts a new one) and the layer map's generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LayerSetId {
     pub(crate) incarnation: TimelineId,
-    pub(crate) generation: u64,
+    pub(crate) version: u64,
 }
 
 /// The keys of one layer, a buffered chunk at a time.
@@ -147,7 +114,7 @@ impl KeyStream {
     /// The stream's next key, reading a chunk from `layer` if the buffer is drained.
     fn head(
         &mut self,
-        layer: &ScanLayer<'_>,
+        layer: &Layer,
         end: Key,
         lsn: Lsn,
         sizes: ChunkSizes,
@@ -274,7 +241,7 @@ impl ScanCursor {
 
     /// Makes the streams describe `layers`: keeps them if they were built on `layer_set`,
     /// otherwise builds them from the cursor's position. Returns whether they were kept.
-    fn position(&mut self, layer_set: LayerSetId, layers: &[ScanLayer<'_>]) -> bool {
+    fn position(&mut self, layer_set: LayerSetId, layers: &[Layer]) -> bool {
         if self
             .positioned
             .as_ref()
@@ -285,7 +252,7 @@ impl ScanCursor {
         let streams = layers
             .iter()
             .enumerate()
-            .filter(|(_, layer)| layer.may_hold(self.from, self.end, self.lsn))
+            .filter(|(_, layer)| layer.may_hold(&(self.from..self.end), self.lsn))
             .map(|(index, _)| KeyStream {
                 layer: index,
                 keys: Vec::new(),
@@ -314,11 +281,7 @@ impl ScanCursor {
     }
 
     /// The least key any stream holds next, reading chunks where buffers are drained.
-    fn peek(
-        &mut self,
-        layers: &[ScanLayer<'_>],
-        sizes: ChunkSizes,
-    ) -> Result<Option<Key>, TimelineError> {
+    fn peek(&mut self, layers: &[Layer], sizes: ChunkSizes) -> Result<Option<Key>, TimelineError> {
         let Some(positioned) = &mut self.positioned else {
             return Ok(None);
         };
@@ -332,11 +295,7 @@ impl ScanCursor {
     }
 
     /// Takes the next key of the merge.
-    fn take(
-        &mut self,
-        layers: &[ScanLayer<'_>],
-        sizes: ChunkSizes,
-    ) -> Result<Option<Key>, TimelineError> {
+    fn take(&mut self, layers: &[Layer], sizes: ChunkSizes) -> Result<Option<Key>, TimelineError> {
         let Some(key) = self.peek(layers, sizes)? else {
             return Ok(None);
         };
@@ -370,23 +329,22 @@ pub(crate) fn next_page(
     let mut resumed = None;
     loop {
         let wanted = limit - entries.len();
-        let (keys, more) = timeline.with_scan_layers(|layer_set, layers| {
-            let kept = cursor.position(layer_set, layers);
-            // A later round of the same page may find a newer layer set (a flush finished
-            // meanwhile); what the caller wants to know is whether the page began resumed.
-            resumed.get_or_insert(kept);
-            let sizes = cursor.chunk_sizes(limit);
-            let mut keys = Vec::with_capacity(wanted);
-            while keys.len() < wanted {
-                match cursor.take(layers, sizes)? {
-                    Some(key) => keys.push(key),
-                    None => break,
-                }
+        let (layer_set, layers) = timeline.scan_layers();
+        let kept = cursor.position(layer_set, &layers);
+        // A later round of the same page may find a newer layer set (a flush finished
+        // meanwhile); what the caller wants to know is whether the page began resumed.
+        resumed.get_or_insert(kept);
+        let sizes = cursor.chunk_sizes(limit);
+        let mut keys = Vec::with_capacity(wanted);
+        while keys.len() < wanted {
+            match cursor.take(&layers, sizes)? {
+                Some(key) => keys.push(key),
+                None => break,
             }
-            let more = cursor.peek(layers, sizes)?.is_some();
-            Ok::<_, TimelineError>((keys, more))
-        })?;
-        // Outside the layer map lock: each read takes it for itself, as a point read does.
+        }
+        let more = cursor.peek(&layers, sizes)?.is_some();
+        drop(layers);
+        // Each key is read as a point read reads it, on the layer set of the moment.
         for key in keys {
             if let Some(page) = timeline.get_page(key, lsn)? {
                 entries.push((key, page));
