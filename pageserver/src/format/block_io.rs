@@ -93,8 +93,10 @@ pub trait BlockReader {
     }
 }
 
-/// A check of a block's contents; see [`FileBlockReader::index_blocks`].
-pub type BlockCheck = fn(&[u8; PAGE_SZ]) -> bool;
+/// A check of a block's contents, made before a block read from a file is cached (see
+/// [`FileBlockReader::index_blocks`]). A closure, so that it can carry what the block must
+/// match, such as the checksum a layer stores for it elsewhere.
+pub type BlockCheck<'a> = &'a dyn Fn(&[u8; PAGE_SZ]) -> bool;
 
 /// The byte offset of block `blkno`.
 pub fn block_offset(blkno: u32) -> u64 {
@@ -114,7 +116,7 @@ pub(crate) fn read_through_cache<'c>(
     blkno: u32,
     arrival: Arrival,
     kind: BlockKind,
-    check: Option<BlockCheck>,
+    check: Option<BlockCheck<'_>>,
 ) -> Result<BlockLease<'c>, BlockReadError> {
     let io_error = |source: io::Error| block_read_error(path, blkno, source);
     let read = cache.read_file_page_traced(file_id, blkno, arrival, |frame| {
@@ -298,7 +300,7 @@ pub struct FileBlockReader<'a> {
     kind: BlockKind,
     bypass: bool,
     /// Blocks read from the file are cached only if they pass this.
-    check: Option<BlockCheck>,
+    check: Option<BlockCheck<'a>>,
 }
 
 impl<'a> FileBlockReader<'a> {
@@ -336,7 +338,7 @@ impl<'a> FileBlockReader<'a> {
     /// block is a verified one and its readers need not verify it again on every hit
     /// ([`BlockReader::cached_blocks_verified`]). Index blocks must be read only through readers
     /// made by this, with the same check, or that promise would not hold.
-    pub fn index_blocks(mut self, check: BlockCheck) -> Self {
+    pub fn index_blocks(mut self, check: BlockCheck<'a>) -> Self {
         self.kind = BlockKind::Index;
         self.file_id = self.file_id.index_blocks();
         self.check = Some(check);

@@ -431,7 +431,7 @@ impl DeltaLayer {
         };
         let blocks = reader();
         let index = IndexBlocks {
-            inner: reader().index_blocks(node_is_valid::<INDEX_KEY_LEN>),
+            inner: reader().index_blocks(&node_is_valid::<INDEX_KEY_LEN>),
             start: self.summary.index_start_blk,
             path: &self.path,
         };
