@@ -19,6 +19,7 @@ use inmemory_layer::{GetError, InMemoryLayer};
 pub mod delta_layer;
 pub mod ephemeral_file;
 pub mod inmemory_layer;
+mod layer_file;
 pub mod layer_name;
 pub mod merge_iter;
 

@@ -2,7 +2,6 @@
 //! index entries, one entry's value, and [`DeltaLayer::verify`], which reads every index node
 //! and every value and checks everything the format promises.
 
-use super::summary::summary_off;
 use super::*;
 
 /// One entry of a delta layer's index as stored, for tools that inspect a file.
@@ -88,7 +87,7 @@ impl DeltaLayer {
     pub fn read_entry(&self, entry: &IndexEntry) -> Result<Value, DeltaLayerError> {
         if entry.offset > u64::MAX >> 1 {
             return Err(DeltaLayerError::Usage {
-                path: self.path.clone(),
+                path: self.path().to_owned(),
                 message: format!("no index entry can hold offset {}", entry.offset),
             });
         }
@@ -116,7 +115,7 @@ impl DeltaLayer {
     ///
     /// Values are read one at a time, so memory does not grow with the file.
     pub fn verify(&self) -> Result<VerifyReport, DeltaLayerError> {
-        self.verify_summary_block()?;
+        self.file.check_unread_bytes(&summary::LAYOUT)?;
         let s = self.summary;
         let mut report = VerifyReport {
             index_blocks: u64::from(s.index_root_blk) + 1,
@@ -184,45 +183,6 @@ impl DeltaLayer {
                 )));
             }
         }
-        // The file's length against the index's end was checked by `open`: a file that
-        // changed size since is not the file that was opened.
-        let io_err = |source| DeltaLayerError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        let len = self.file.metadata().map_err(io_err)?.len();
-        if len != self.file_size {
-            return Err(self.corrupt(format!(
-                "file is {len} bytes now, {} when it was opened",
-                self.file_size
-            )));
-        }
         Ok(report)
-    }
-
-    /// Checks the bytes of block 0 that decoding the summary does not look at.
-    fn verify_summary_block(&self) -> Result<(), DeltaLayerError> {
-        use summary_off::*;
-        let mut block = vec![0u8; PAGE_SZ];
-        self.file
-            .read_exact_at(&mut block, 0)
-            .map_err(|source| DeltaLayerError::Io {
-                path: self.path.clone(),
-                source,
-            })?;
-        let reserved = [
-            RESERVED_1..RESERVED_1 + 2,
-            RESERVED_2..RESERVED_2 + 4,
-            END..PAGE_SZ,
-        ];
-        for range in reserved {
-            if let Some(at) = block[range.clone()].iter().position(|b| *b != 0) {
-                return Err(self.corrupt(format!(
-                    "summary block byte {} is not zero (reserved)",
-                    range.start + at
-                )));
-            }
-        }
-        Ok(())
     }
 }

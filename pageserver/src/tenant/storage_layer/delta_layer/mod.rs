@@ -69,18 +69,18 @@ use pageserver_api::value::ValueDecodeError;
 use pageserver_api::{Key, Value};
 use utils::{Lsn, TenantId, TimelineId};
 
-use crate::format::array_at;
 use crate::format::blob_io::{BlobHeader, BlobReadError, BlockCursor};
-use crate::format::block_io::{
-    read_range_through_cache, BlockLease, BlockReadError, BlockReader, FileBlockReader,
-};
+use crate::format::block_io::{read_range_through_cache, FileBlockReader};
 use crate::format::disk_btree::{
     node_is_valid, BtreeBuildError, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
-use crate::io::crashsafe::{PathError, StagedFile, TEMP_SUFFIX};
+use crate::io::crashsafe::PathError;
 use crate::io::read_cost::BlockKind;
-use crate::io::virtual_file::{FileIo, VirtualFile};
-use crate::page_cache::{FileId, PageCache};
+use crate::page_cache::PageCache;
+use crate::tenant::storage_layer::layer_file::{
+    u32_at, u64_at, Access, IndexBlocks, LayerFile, LayerFileError, LayerFileWriter, SummaryHead,
+    SummaryLayout,
+};
 use crate::tenant::storage_layer::layer_name::{DeltaLayerName, LayerName};
 use crate::tenant::storage_layer::{max_stored_value_len, KeyChunk, LayerRecords};
 use crate::PAGE_SZ;
@@ -93,8 +93,6 @@ const KEY_LEN: usize = 18;
 const WILL_INIT_BIT: u64 = 1;
 /// The CRC-32C that follows each stored value.
 const VALUE_CRC_LEN: usize = 4;
-/// Values are written in chunks of this size rather than one syscall per value.
-const WRITE_CHUNK: usize = 1 << 20;
 /// [`DeltaLayer::keys_at_lsn`] walks past this many further versions of one key, about a leaf's
 /// worth, before it descends the index to the next key instead.
 const PASS_OVER_BEFORE_SEEK: usize = crate::format::disk_btree::leaf_capacity(INDEX_KEY_LEN);
@@ -125,58 +123,28 @@ pub enum DeltaLayerError {
     Usage { path: PathBuf, message: String },
 }
 
+impl From<LayerFileError> for DeltaLayerError {
+    fn from(e: LayerFileError) -> Self {
+        match e {
+            LayerFileError::Io { path, source } => DeltaLayerError::Io { path, source },
+            LayerFileError::Corrupt { path, reason } => DeltaLayerError::Corrupt { path, reason },
+            LayerFileError::Usage { path, message } => DeltaLayerError::Usage { path, message },
+        }
+    }
+}
+
 impl From<PathError> for DeltaLayerError {
     fn from(e: PathError) -> Self {
-        DeltaLayerError::Io {
-            path: e.path,
-            source: e.source,
-        }
+        LayerFileError::from(e).into()
     }
 }
 
 /// An open delta layer file.
 pub struct DeltaLayer {
-    path: PathBuf,
-    /// Opened again on use when its descriptor was taken (see `virtual_file`).
-    file: VirtualFile,
-    file_id: FileId,
+    file: LayerFile,
     summary: Summary,
-    cache: Arc<PageCache>,
     /// The longest value blob (serialized value and its checksum) a read accepts.
     max_blob_len: usize,
-    /// The file's size when opened (layer files never change).
-    file_size: u64,
-}
-
-/// How a read uses the page cache; see `DeltaLayer::with_index`.
-#[derive(Clone, Copy)]
-enum Access {
-    Point,
-    Scan,
-}
-
-/// Reads the index's blocks, numbered from the index's first block.
-struct IndexBlocks<'a> {
-    inner: FileBlockReader<'a>,
-    start: u32,
-    path: &'a Path,
-}
-
-impl BlockReader for IndexBlocks<'_> {
-    fn read_blk(&self, blkno: u32) -> Result<BlockLease<'_>, BlockReadError> {
-        let absolute = self
-            .start
-            .checked_add(blkno)
-            .ok_or_else(|| BlockReadError::PastEnd {
-                path: self.path.to_owned(),
-                blkno,
-            })?;
-        self.inner.read_blk(absolute)
-    }
-
-    fn cached_blocks_verified(&self) -> bool {
-        self.inner.cached_blocks_verified()
-    }
 }
 
 impl DeltaLayer {
@@ -187,32 +155,12 @@ impl DeltaLayer {
         cache: Arc<PageCache>,
         max_value_size: usize,
     ) -> Result<DeltaLayer, DeltaLayerError> {
-        let io_err = |source| DeltaLayerError::Io {
-            path: path.to_owned(),
-            source,
-        };
-        let file = VirtualFile::open(path).map_err(io_err)?;
-        let len = file.metadata().map_err(io_err)?.len();
-        if len < PAGE_SZ as u64 {
-            return Err(DeltaLayerError::Corrupt {
-                path: path.to_owned(),
-                reason: format!("file of {len} bytes has no summary block"),
-            });
-        }
-        let mut block = Box::new([0u8; PAGE_SZ]);
-        file.read_exact_at(&mut block[..], 0).map_err(io_err)?;
-        let summary = Summary::decode(&block, len).map_err(|reason| DeltaLayerError::Corrupt {
-            path: path.to_owned(),
-            reason,
-        })?;
+        let (file, block) = LayerFile::open(path, cache)?;
+        let summary = Summary::decode(&block, file.size()).map_err(|e| file.corrupt(e))?;
         Ok(DeltaLayer {
-            path: path.to_owned(),
             file,
-            file_id: FileId::next(),
             summary,
-            cache,
             max_blob_len: max_stored_value_len(max_value_size).saturating_add(VALUE_CRC_LEN),
-            file_size: len,
         })
     }
 
@@ -223,22 +171,7 @@ impl DeltaLayer {
     /// CRC-32C of the whole file, read straight from the file (not through the page cache: a
     /// bulk read must not push out the hot set).
     pub fn file_crc32c(&self) -> Result<u32, DeltaLayerError> {
-        let mut crc = 0;
-        let mut buf = vec![0u8; WRITE_CHUNK];
-        let mut offset = 0;
-        while offset < self.file_size {
-            let n = usize::try_from((self.file_size - offset).min(WRITE_CHUNK as u64))
-                .expect("at most WRITE_CHUNK");
-            self.file
-                .read_exact_at(&mut buf[..n], offset)
-                .map_err(|source| DeltaLayerError::Io {
-                    path: self.path.clone(),
-                    source,
-                })?;
-            crc = crc32c::crc32c_append(crc, &buf[..n]);
-            offset += n as u64;
-        }
-        Ok(crc)
+        Ok(self.file.crc32c()?)
     }
 
     /// Checks that this is the file its name says, of the timeline it is found in: the name
@@ -250,40 +183,22 @@ impl DeltaLayer {
         timeline_id: TimelineId,
     ) -> Result<(), DeltaLayerError> {
         let s = &self.summary;
-        let name = self.path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if name != s.file_name() {
-            return Err(self.corrupt(format!(
-                "its summary describes layer {}, not the one its name says",
-                s.file_name()
-            )));
-        }
-        if (s.tenant_id, s.timeline_id) != (tenant_id, timeline_id) {
-            return Err(self.corrupt(format!(
-                "it belongs to timeline {} of tenant {}, not timeline {timeline_id} of tenant {tenant_id}",
-                s.timeline_id, s.tenant_id
-            )));
-        }
-        Ok(())
+        Ok(self
+            .file
+            .check_identity(&s.layer_name(), &s.head(), tenant_id, timeline_id)?)
     }
 
     pub fn path(&self) -> &Path {
-        &self.path
+        self.file.path()
     }
 
     /// The file's size in bytes.
     pub fn file_size(&self) -> u64 {
-        self.file_size
+        self.file.size()
     }
 
     fn corrupt(&self, reason: impl std::fmt::Display) -> DeltaLayerError {
-        DeltaLayerError::Corrupt {
-            path: self.path.clone(),
-            reason: reason.to_string(),
-        }
-    }
-
-    fn blocks(&self) -> FileBlockReader<'_> {
-        FileBlockReader::new(&self.file, self.file_id, &self.path, &self.cache)
+        self.file.corrupt(reason).into()
     }
 
     fn check_offset(&self, key: Key, lsn: Lsn, offset: u64) -> Result<(), DeltaLayerError> {
@@ -331,10 +246,10 @@ impl DeltaLayer {
             )));
         }
         let bytes = read_range_through_cache(
-            &self.cache,
-            &self.file,
-            self.file_id,
-            &self.path,
+            self.file.cache(),
+            self.file.file(),
+            self.file.file_id(),
+            self.file.path(),
             offset..end,
             BlockKind::Value,
         )
@@ -360,7 +275,10 @@ impl DeltaLayer {
     fn cached_value_end(&self, offset: u64) -> Option<u64> {
         let blkno = u32::try_from(offset / PAGE_SZ as u64).ok()?;
         let in_block = (offset % PAGE_SZ as u64) as usize;
-        let block = self.cache.peek_file_page(self.file_id, blkno)?;
+        let block = self
+            .file
+            .cache()
+            .peek_file_page(self.file.file_id(), blkno)?;
         let (header_len, blob_len) = BlobHeader::parse(&block[in_block..])?;
         offset.checked_add((header_len + blob_len) as u64)
     }
@@ -414,9 +332,8 @@ impl DeltaLayer {
         Ok(value)
     }
 
-    /// Runs `read` with the layer's index and a cursor over its value blocks. A `Scan` reads
-    /// blocks the page cache lacks without inserting them: a pass over the whole layer must
-    /// not push out what point reads use.
+    /// Runs `read` with the layer's index and a cursor over its value blocks, reading through
+    /// the page cache as `access` says.
     fn with_index<T>(
         &self,
         access: Access,
@@ -425,16 +342,12 @@ impl DeltaLayer {
             &BlockCursor<'_, FileBlockReader<'_>>,
         ) -> Result<T, DeltaLayerError>,
     ) -> Result<T, DeltaLayerError> {
-        let reader = || match access {
-            Access::Point => self.blocks(),
-            Access::Scan => self.blocks().bypassing_cache(),
-        };
-        let blocks = reader();
-        let index = IndexBlocks {
-            inner: reader().index_blocks(&node_is_valid::<INDEX_KEY_LEN>),
-            start: self.summary.index_start_blk,
-            path: &self.path,
-        };
+        let blocks = self.file.blocks(access);
+        let index = self.file.index(
+            access,
+            self.summary.index_start_blk,
+            &node_is_valid::<INDEX_KEY_LEN>,
+        );
         let tree = DiskBtreeReader::new(self.summary.index_root_blk, &index);
         let cursor = BlockCursor::new(&blocks).with_max_blob_len(self.max_blob_len);
         read(&tree, &cursor)

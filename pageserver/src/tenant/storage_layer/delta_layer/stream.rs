@@ -92,13 +92,7 @@ impl DeltaStream<'_> {
                 )));
             }
             self.window.resize(read, 0);
-            self.layer
-                .file
-                .read_exact_at(&mut self.window, offset)
-                .map_err(|source| DeltaLayerError::Io {
-                    path: self.layer.path.clone(),
-                    source,
-                })?;
+            self.layer.file.read_exact_at(&mut self.window, offset)?;
             self.window_start = offset;
         }
         let start = (offset - self.window_start) as usize;

@@ -7,6 +7,7 @@ use pageserver_api::DEFAULT_MAX_VALUE_SIZE;
 use proptest::prelude::*;
 
 use super::*;
+use crate::io::crashsafe::TEMP_SUFFIX;
 use crate::tenant::storage_layer::inmemory_layer::InMemoryLayer;
 use crate::tenant::test_support::*;
 
