@@ -337,10 +337,18 @@ impl<'a> FileBlockReader<'a> {
     /// A block read from the file is cached only if it passes `check`, so every cached index
     /// block is a verified one and its readers need not verify it again on every hit
     /// ([`BlockReader::cached_blocks_verified`]). Index blocks must be read only through readers
-    /// made by this, with the same check, or that promise would not hold.
+    /// made by this, each block always with the same check, or that promise would not hold.
     pub fn index_blocks(mut self, check: BlockCheck<'a>) -> Self {
         self.kind = BlockKind::Index;
         self.file_id = self.file_id.index_blocks();
+        self.verified_by(check)
+    }
+
+    /// Caches a block read from the file only if it passes `check`; one that fails is handed
+    /// out uncached ([`BlockLease::Owned`]), for its reader to check and report. So a
+    /// [`BlockLease::Cached`] block passed `check`, provided every reader of these blocks that
+    /// may insert them checks them the same way.
+    pub fn verified_by(mut self, check: BlockCheck<'a>) -> Self {
         self.check = Some(check);
         self
     }
