@@ -18,6 +18,7 @@ use inmemory_layer::{GetError, InMemoryLayer};
 
 pub mod delta_layer;
 pub mod ephemeral_file;
+pub mod image_layer;
 pub mod inmemory_layer;
 mod layer_file;
 pub mod layer_name;
