@@ -7,6 +7,8 @@
 //! | `ephemeral-write`       | before an ephemeral file block is written                  |
 //! | `layer-before-rename`   | a delta layer is written and fsynced, not yet renamed      |
 //! | `layer-after-rename`    | a delta layer has its final name, its directory not fsynced |
+//! | `image-layer-before-rename` | an image layer is written and fsynced, not yet renamed |
+//! | `image-layer-after-rename` | an image layer has its final name, its directory not fsynced |
 //! | `flush-before-metadata` | a flushed layer is durable, `disk_consistent_lsn` not yet stored |
 //! | `metadata-before-rename` | the new manifest is fsynced as `metadata.___temp`, not renamed |
 //! | `metadata-after-rename` | the new manifest is `metadata`, its directory not fsynced   |

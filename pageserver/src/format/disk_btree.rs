@@ -1,4 +1,5 @@
-//! An on-disk B-tree mapping fixed-length keys to `u64` values: the index of a delta layer file.
+//! An on-disk B-tree mapping fixed-length keys to `u64` values: the index of a layer file (an
+//! image layer's maps the 18-byte page key to where its image lies).
 //!
 //! A delta layer stores its page versions as blobs and, after them, this tree mapping
 //! `page key ++ big-endian LSN` (18 + 8 = 26 bytes) to the blob's offset. Comparing those keys
