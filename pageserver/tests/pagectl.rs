@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 
 use bytes::Bytes;
 use pageserver::tenant::storage_layer::delta_layer::DeltaLayerWriter;
-use pageserver::tenant::timeline::metadata::{LayerFileEntry, TimelineMetadata};
+use pageserver::tenant::timeline::metadata::{LayerFileEntry, LayerLevel, TimelineMetadata};
 use pageserver::PAGE_SZ;
 use pageserver_api::value::Patch;
 use pageserver_api::{Key, Value};
@@ -405,6 +405,7 @@ fn verify_checks_a_layer_against_the_manifest_beside_it() {
         name: name.clone(),
         size: bytes.len() as u64,
         crc32c: crc32c::crc32c(&bytes),
+        level: LayerLevel::L0,
     };
     let mut manifest = TimelineMetadata::empty(TENANT, TIMELINE);
     manifest.disk_consistent_lsn = Lsn(LSN_END.0 - 1);
@@ -639,20 +640,23 @@ fn metadata_is_read_from_a_timeline_dir_or_its_file() {
         name: format!("{}-{}__0000000000001000-0000000000002000", k1(), k2()),
         size: 40960,
         crc32c: 0x1234_5678,
+        level: LayerLevel::L0,
     });
     manifest.store(dir.path()).unwrap();
     let expected = [
         format!("file:                {}", file.display()),
-        "format:              2".to_owned(),
+        "format:              3".to_owned(),
         format!("tenant:              {TENANT}"),
         format!("timeline:            {TIMELINE}"),
         "disk_consistent_lsn: 0/16B5A50".to_owned(),
+        "gc_cutoff_lsn:       0/0".to_owned(),
         "layers:              1".to_owned(),
         format!(
-            "layer {}-{}__0000000000001000-0000000000002000 size=40960 crc32c=0x12345678",
+            "layer {}-{}__0000000000001000-0000000000002000 level=L0 size=40960 crc32c=0x12345678",
             k1(),
             k2()
         ),
+        "retired:             0".to_owned(),
     ];
     for path in [dir.path(), &file] {
         let out = pagectl([OsStr::new("metadata"), path.as_os_str()]);

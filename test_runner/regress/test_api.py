@@ -147,9 +147,10 @@ def test_timeline_lifecycle(pageserver: Pageserver):
         "disk_consistent_lsn": "0/0",
         "state": "Active",
         "broken_reason": None,
-        "layers": {"open": 0, "frozen": 0, "delta": 0},
+        "layers": {"open": 0, "frozen": 0, "delta": 0, "l0": 0, "l1": 0, "image": 0},
         "in_memory_bytes": 0,
         "delta_layer_bytes": 0,
+        "image_layer_bytes": 0,
     }
     other = http.timeline_create(TENANT)["timeline_id"]
     assert len(other) == 32 and other != TIMELINE
@@ -279,15 +280,15 @@ def test_layer_listing(timeline: TimelineHandle):
     assert open_layer["kind"] == "open"
     assert open_layer["lsn_start"] == "0/1"
     assert open_layer["lsn_end"] is None
-    assert open_layer["file_name"] is None
+    assert open_layer["file_name"] is None and open_layer["level"] is None
     assert open_layer["values"] == 3
     assert open_layer["size_bytes"] >= 3 * 8192
 
     info = timeline.checkpoint()
-    assert info["layers"] == {"open": 0, "frozen": 0, "delta": 1}
+    assert info["layers"] == {"open": 0, "frozen": 0, "delta": 1, "l0": 1, "l1": 0, "image": 0}
     assert info["in_memory_bytes"] == 0
     (delta,) = http.layers(timeline.tenant_id, timeline.timeline_id)
-    assert delta["kind"] == "delta"
+    assert (delta["kind"], delta["level"]) == ("delta", "L0")
     assert (delta["lsn_start"], delta["lsn_end"]) == ("0/1", "0/21")
     assert delta["values"] == 3
     path = timeline.ps.timeline_dir(timeline.tenant_id, timeline.timeline_id) / delta["file_name"]
@@ -303,7 +304,7 @@ def test_layer_listing(timeline: TimelineHandle):
 def test_checkpoint_of_empty_timeline(timeline: TimelineHandle):
     info = timeline.checkpoint()
     assert info["disk_consistent_lsn"] == "0/0"
-    assert info["layers"] == {"open": 0, "frozen": 0, "delta": 0}
+    assert info["layers"] == {"open": 0, "frozen": 0, "delta": 0, "l0": 0, "l1": 0, "image": 0}
     assert timeline.dir_files() == ["metadata"]
 
 

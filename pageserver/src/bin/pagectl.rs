@@ -475,17 +475,31 @@ fn metadata(path: &Path, out: &mut impl Write) -> Result<(), Error> {
             writeln!(out, "disk_consistent_lsn: {disk_consistent_lsn}")?;
         }
         StoredMetadata::Manifest(m) => {
-            writeln!(out, "format:              2")?;
+            // The file loaded, so it has its version at bytes 4..6.
+            let path = dir.join(METADATA_FILE);
+            let bytes = std::fs::read(&path).map_err(|e| Error::Path {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            let version = bytes
+                .get(4..6)
+                .map_or(0, |v| u16::from_be_bytes([v[0], v[1]]));
+            writeln!(out, "format:              {version}")?;
             writeln!(out, "tenant:              {}", m.tenant_id)?;
             writeln!(out, "timeline:            {}", m.timeline_id)?;
             writeln!(out, "disk_consistent_lsn: {}", m.disk_consistent_lsn)?;
+            writeln!(out, "gc_cutoff_lsn:       {}", m.gc_cutoff_lsn)?;
             writeln!(out, "layers:              {}", m.layers.len())?;
             for l in &m.layers {
                 writeln!(
                     out,
-                    "layer {} size={} crc32c={:#010x}",
-                    l.name, l.size, l.crc32c
+                    "layer {} level={} size={} crc32c={:#010x}",
+                    l.name, l.level, l.size, l.crc32c
                 )?;
+            }
+            writeln!(out, "retired:             {}", m.retired.len())?;
+            for name in &m.retired {
+                writeln!(out, "retired {name}")?;
             }
         }
     }

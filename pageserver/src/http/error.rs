@@ -138,6 +138,7 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         | Freeze(_)
         | Flush(_)
         | Layer(_)
+        | ImageLayer(_)
         | Metadata(_)
         | LayerSet { .. }
         | Redo { .. }

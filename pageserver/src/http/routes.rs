@@ -23,6 +23,7 @@ use crate::io::read_cost;
 use crate::page_cache::KindStats;
 use crate::tenant::mgr::{Tenant, TenantState};
 use crate::tenant::storage_layer::max_stored_value_len;
+use crate::tenant::timeline::metadata::LayerLevel;
 use crate::tenant::timeline::scan::cursor_cache::{ScanFrom, ScanRequest, ScanToken};
 use crate::tenant::timeline::{LayerDescription, LayerKind, Timeline};
 
@@ -101,7 +102,9 @@ fn layer_json(layer: &LayerDescription) -> JsonValue {
             LayerKind::Open => "open",
             LayerKind::Frozen => "frozen",
             LayerKind::Delta => "delta",
+            LayerKind::Image => "image",
         },
+        "level": layer.level.map(|l| l.to_string()),
         "lsn_start": layer.lsn_start.to_string(),
         "lsn_end": layer.lsn_end.map(|l| l.to_string()),
         "size_bytes": layer.size_bytes,
@@ -132,9 +135,13 @@ fn timeline_json(timeline: &Timeline) -> JsonValue {
             "open": count(LayerKind::Open),
             "frozen": count(LayerKind::Frozen),
             "delta": count(LayerKind::Delta),
+            "l0": layers.iter().filter(|l| l.level == Some(LayerLevel::L0)).count(),
+            "l1": layers.iter().filter(|l| l.level == Some(LayerLevel::L1)).count(),
+            "image": count(LayerKind::Image),
         },
         "in_memory_bytes": bytes(&[LayerKind::Open, LayerKind::Frozen]),
         "delta_layer_bytes": bytes(&[LayerKind::Delta]),
+        "image_layer_bytes": bytes(&[LayerKind::Image]),
     })
 }
 

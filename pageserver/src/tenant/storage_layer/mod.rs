@@ -14,6 +14,7 @@ use pageserver_api::{Key, Value};
 use utils::Lsn;
 
 use delta_layer::{DeltaLayer, DeltaLayerError};
+use image_layer::{ImageLayer, ImageLayerError};
 use inmemory_layer::{GetError, InMemoryLayer};
 
 pub mod delta_layer;
@@ -32,6 +33,7 @@ pub enum Layer {
     /// The open layer or a frozen one.
     InMemory(Arc<InMemoryLayer>),
     Delta(Arc<DeltaLayer>),
+    Image(Arc<ImageLayer>),
 }
 
 /// A read of one layer failed.
@@ -41,6 +43,8 @@ pub enum LayerReadError {
     InMemory(#[from] GetError),
     #[error(transparent)]
     Delta(#[from] DeltaLayerError),
+    #[error(transparent)]
+    Image(#[from] ImageLayerError),
 }
 
 impl Layer {
@@ -50,6 +54,7 @@ impl Layer {
         match self {
             Layer::InMemory(l) => l.start_lsn()..Lsn(l.last_lsn().0 + 1),
             Layer::Delta(l) => l.summary().lsn_start..l.summary().lsn_end,
+            Layer::Image(l) => l.summary().lsn..Lsn(l.summary().lsn.0 + 1),
         }
     }
 
@@ -58,6 +63,7 @@ impl Layer {
         match self {
             Layer::InMemory(_) => Key::MIN..Key::MAX,
             Layer::Delta(l) => l.summary().key_start..l.summary().key_end,
+            Layer::Image(l) => l.summary().key_start..l.summary().key_end,
         }
     }
 
@@ -75,6 +81,7 @@ impl Layer {
         Ok(match self {
             Layer::InMemory(l) => l.get(key, lsn)?,
             Layer::Delta(l) => l.get(key, lsn)?,
+            Layer::Image(l) => l.get(key, lsn)?,
         })
     }
 
@@ -90,6 +97,7 @@ impl Layer {
         Ok(match self {
             Layer::InMemory(l) => l.keys_at_lsn(from, end, lsn, max_keys),
             Layer::Delta(l) => l.keys_at_lsn(from, end, lsn, max_keys)?,
+            Layer::Image(l) => l.keys_at_lsn(from, end, lsn, max_keys)?,
         })
     }
 }

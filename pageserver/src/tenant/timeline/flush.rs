@@ -54,6 +54,7 @@ impl Timeline {
                         name: written.summary.file_name(),
                         size: written.size,
                         crc32c: written.crc32c,
+                        level: LayerLevel::L0,
                     });
                     Some(Arc::new(delta))
                 }
@@ -69,7 +70,7 @@ impl Timeline {
             self.update_layer_map(|map| {
                 map.frozen.remove(0);
                 if let Some(delta) = &delta {
-                    map.deltas.push(delta.clone());
+                    map.l0.push(delta.clone());
                 }
                 // Under the map's lock: a put that finds no layer left starts the next one at
                 // disk_consistent_lsn + 1, which must not reach back into this one.

@@ -30,9 +30,10 @@ use crate::io::crashsafe::TEMP_SUFFIX;
 use crate::page_cache::PageCache;
 use crate::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerError};
 use crate::tenant::storage_layer::ephemeral_file::remove_leftovers;
-use crate::tenant::storage_layer::LayerName;
+use crate::tenant::storage_layer::image_layer::ImageLayer;
+use crate::tenant::storage_layer::{Layer, LayerName};
 use crate::tenant::timeline::metadata::{
-    LayerFileEntry, StoredMetadata, TimelineMetadata, METADATA_FILE,
+    LayerFileEntry, LayerLevel, StoredMetadata, TimelineMetadata, METADATA_FILE,
 };
 
 impl Timeline {
@@ -70,7 +71,7 @@ impl Timeline {
             cache: &cache,
             max_value_size: conf.max_value_size,
         };
-        let (manifest, mut deltas) = match stored {
+        let (manifest, map) = match stored {
             StoredMetadata::Manifest(manifest) => {
                 if (manifest.tenant_id, manifest.timeline_id) != (tenant_id, timeline_id) {
                     return Err(TimelineError::LayerSet {
@@ -81,14 +82,14 @@ impl Timeline {
                         ),
                     });
                 }
-                let deltas = opener.open_listed(&manifest)?;
-                (manifest, deltas)
+                let mut manifest = manifest;
+                let map = opener.open_listed(&mut manifest)?;
+                (manifest, map)
             }
             StoredMetadata::Legacy {
                 disk_consistent_lsn,
             } => opener.upgrade_legacy(disk_consistent_lsn)?,
         };
-        deltas.sort_by_key(|l| (l.summary().lsn_end, l.summary().lsn_start));
         let durable = manifest.disk_consistent_lsn;
         let lsn_wait = LsnWait::new(durable, conf.max_lsn_waiters);
         Ok(Timeline {
@@ -98,10 +99,7 @@ impl Timeline {
             dir: dir.to_owned(),
             cache,
             conf,
-            layers: RwLock::new(Arc::new(LayerMap {
-                deltas,
-                ..LayerMap::default()
-            })),
+            layers: RwLock::new(Arc::new(map)),
             write_lock: Mutex::new(WriterState::default()),
             broken: OnceLock::new(),
             flush_lock: Mutex::new(()),
@@ -131,19 +129,28 @@ enum Unlisted {
 }
 
 impl LayerOpener<'_> {
-    /// Opens every layer the manifest lists, after removing the layer files it does not.
-    fn open_listed(
-        &self,
-        manifest: &TimelineMetadata,
-    ) -> Result<Vec<Arc<DeltaLayer>>, TimelineError> {
+    /// Opens every layer the manifest lists, then removes the layer files it does not and
+    /// the retired ones (storing a manifest without the retired names).
+    fn open_listed(&self, manifest: &mut TimelineMetadata) -> Result<LayerMap, TimelineError> {
         let durable = manifest.disk_consistent_lsn;
-        let mut deltas = Vec::with_capacity(manifest.layers.len());
+        let mut map = LayerMap::default();
         for entry in &manifest.layers {
-            let layer = open_listed_layer(self.dir, &entry.name, manifest, |path| {
-                DeltaLayer::open(path, self.cache.clone(), self.max_value_size)
-            })?;
-            let lsn_end = layer.summary().lsn_end;
-            // lsn_end is above lsn_start (the summary checks it), so this cannot wrap.
+            let layer = match entry.level {
+                LayerLevel::Image => {
+                    let path = check_listed(self.dir, &entry.name, manifest)?;
+                    let image = ImageLayer::open(&path, self.cache.clone(), self.max_value_size)?;
+                    image.check_identity(manifest.tenant_id, manifest.timeline_id)?;
+                    Layer::Image(Arc::new(image))
+                }
+                LayerLevel::L0 | LayerLevel::L1 => {
+                    let delta = open_listed_layer(self.dir, &entry.name, manifest, |path| {
+                        DeltaLayer::open(path, self.cache.clone(), self.max_value_size)
+                    })?;
+                    Layer::Delta(Arc::new(delta))
+                }
+            };
+            let lsn_end = layer.lsn_range().end;
+            // lsn_end is above the start (the summaries check it), so this cannot wrap.
             if lsn_end.0 - 1 > durable.0 {
                 return Err(TimelineError::LayerSet {
                     file: entry.name.clone(),
@@ -153,15 +160,25 @@ impl LayerOpener<'_> {
                     ),
                 });
             }
-            deltas.push(Arc::new(layer));
+            match (entry.level, layer) {
+                (LayerLevel::L0, Layer::Delta(delta)) => map.l0.push(delta),
+                (_, layer) => map.below_l0.push(layer),
+            }
         }
+        map.l0
+            .sort_by_key(|l| (l.summary().lsn_end, l.summary().lsn_start));
+        map.sort_below_l0();
         // Only once the listed set is whole: a load that is refused deletes nothing. A flush
         // that crashed before its manifest leaves a layer starting above disk_consistent_lsn;
-        // an unlisted layer of older versions is no flush's (renamed, restored by hand) and is
-        // left for whoever put it there.
+        // a retired file was replaced by a committed change; an unlisted layer of older
+        // versions is neither (renamed, restored by hand) and is left for whoever put it there.
         self.sweep(|name| {
             if manifest.layer(name).is_some() {
                 None
+            } else if manifest.retired.iter().any(|r| r == name) {
+                Some(Unlisted::Remove(
+                    "a retired layer file (a committed compaction or GC replaced it)",
+                ))
             } else if name
                 .parse::<LayerName>()
                 .is_ok_and(|layer| layer.lsn_range().start > durable)
@@ -173,15 +190,16 @@ impl LayerOpener<'_> {
                 Some(Unlisted::Ignore)
             }
         })?;
-        Ok(deltas)
+        if !manifest.retired.is_empty() {
+            manifest.retired.clear();
+            manifest.store(self.dir)?;
+        }
+        Ok(map)
     }
 
     /// A format 1 directory: the layer files at or below `disk_consistent_lsn` are the set.
     /// Stores the manifest of that set before returning it.
-    fn upgrade_legacy(
-        &self,
-        durable: Lsn,
-    ) -> Result<(TimelineMetadata, Vec<Arc<DeltaLayer>>), TimelineError> {
+    fn upgrade_legacy(&self, durable: Lsn) -> Result<(TimelineMetadata, LayerMap), TimelineError> {
         // Written, but the metadata update that would acknowledge it was lost: removed without
         // being read, so a layer torn by the crash cannot fail the load.
         let unacknowledged = |end: Lsn| end.0.saturating_sub(1) > durable.0;
@@ -213,6 +231,7 @@ impl LayerOpener<'_> {
                 name,
                 size: layer.file_size(),
                 crc32c: layer.file_crc32c()?,
+                level: LayerLevel::L0,
             });
             deltas.push(Arc::new(layer));
         }
@@ -223,7 +242,12 @@ impl LayerOpener<'_> {
             layers = manifest.layers.len(),
             "replaced format 1 metadata with a manifest of the timeline's layer files"
         );
-        Ok((manifest, deltas))
+        deltas.sort_by_key(|l: &Arc<DeltaLayer>| (l.summary().lsn_end, l.summary().lsn_start));
+        let map = LayerMap {
+            l0: deltas,
+            ..LayerMap::default()
+        };
+        Ok((manifest, map))
     }
 
     /// Goes through the directory: removes temporary files, and for every other entry but the
@@ -293,6 +317,19 @@ pub fn open_listed_layer(
     manifest: &TimelineMetadata,
     open: impl FnOnce(&Path) -> Result<DeltaLayer, DeltaLayerError>,
 ) -> Result<DeltaLayer, TimelineError> {
+    let path = check_listed(dir, name, manifest)?;
+    let layer = open(&path)?;
+    layer.check_identity(manifest.tenant_id, manifest.timeline_id)?;
+    Ok(layer)
+}
+
+/// Checks that `manifest` lists layer file `name` and that it exists in `dir` with the listed
+/// size; returns its path.
+fn check_listed(
+    dir: &Path,
+    name: &str,
+    manifest: &TimelineMetadata,
+) -> Result<std::path::PathBuf, TimelineError> {
     let refused = |reason: String| TimelineError::LayerSet {
         file: name.to_owned(),
         reason,
@@ -315,9 +352,7 @@ pub fn open_listed_layer(
             entry.size
         )));
     }
-    let layer = open(&path)?;
-    layer.check_identity(manifest.tenant_id, manifest.timeline_id)?;
-    Ok(layer)
+    Ok(path)
 }
 
 #[cfg(test)]

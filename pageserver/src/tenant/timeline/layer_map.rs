@@ -1,9 +1,17 @@
 //! The layer map: the layers a timeline reads, as an immutable snapshot.
 //!
 //! ```text
-//!   newest                                                        oldest
-//!   open InMemoryLayer -> frozen InMemoryLayers -> delta layer files (by LSN range)
+//!   newest                                                                      oldest
+//!   open InMemoryLayer -> frozen InMemoryLayers -> L0 deltas -> L1 deltas and images
 //! ```
+//!
+//! L0 delta layers are the flushes' output: one per flush, their LSN ranges tiling the newest
+//! history above the L1s. Below them lie what compaction and image creation write: runs of L1
+//! delta layers (one LSN range, each a part of the key space) and image layers (every page of a
+//! key range at one LSN). They are kept newest first: by the end of their LSN range, and an
+//! image before the deltas that end where it does (it is their keys' pages as of their last
+//! LSN). That order is a valid walk for any key because no L1 straddles an image's LSN: images
+//! are made only at the LSN where the L1s end, and only L0s above it are compacted later.
 //!
 //! A reader takes the current snapshot (`Arc<LayerMap>`: the timeline's lock on it is held only
 //! to clone the `Arc`) and walks it with no lock at all, however long its file reads take.
@@ -22,14 +30,17 @@ use std::sync::Arc;
 use crate::tenant::storage_layer::delta_layer::DeltaLayer;
 use crate::tenant::storage_layer::inmemory_layer::InMemoryLayer;
 use crate::tenant::storage_layer::Layer;
+use crate::tenant::timeline::metadata::LayerLevel;
 
 #[derive(Clone, Default)]
 pub(crate) struct LayerMap {
     pub(crate) open: Option<Arc<InMemoryLayer>>,
     /// Oldest first.
     pub(crate) frozen: Vec<Arc<InMemoryLayer>>,
-    /// Oldest first (by LSN range).
-    pub(crate) deltas: Vec<Arc<DeltaLayer>>,
+    /// L0 delta layers, oldest first (by LSN range).
+    pub(crate) l0: Vec<Arc<DeltaLayer>>,
+    /// L1 delta layers and image layers, newest first (see the module documentation).
+    pub(crate) below_l0: Vec<Layer>,
     /// Changes with every new map: a scan cursor whose key streams were built on another
     /// version no longer describes these layers (see `timeline::scan`).
     pub(crate) version: u64,
@@ -40,7 +51,36 @@ impl LayerMap {
     pub(crate) fn newest_first(&self) -> impl Iterator<Item = Layer> + '_ {
         let open = self.open.iter().cloned().map(Layer::InMemory);
         let frozen = self.frozen.iter().rev().cloned().map(Layer::InMemory);
-        let deltas = self.deltas.iter().rev().cloned().map(Layer::Delta);
-        open.chain(frozen).chain(deltas)
+        let l0 = self.l0.iter().rev().cloned().map(Layer::Delta);
+        open.chain(frozen)
+            .chain(l0)
+            .chain(self.below_l0.iter().cloned())
+    }
+
+    /// Every layer file, newest first, with its level.
+    pub(crate) fn files(&self) -> Vec<(LayerLevel, Layer)> {
+        let l0 = self
+            .l0
+            .iter()
+            .rev()
+            .map(|l| (LayerLevel::L0, Layer::Delta(l.clone())));
+        let below = self.below_l0.iter().map(|layer| match layer {
+            Layer::Image(_) => (LayerLevel::Image, layer.clone()),
+            _ => (LayerLevel::L1, layer.clone()),
+        });
+        l0.chain(below).collect()
+    }
+
+    /// Puts `below_l0` in walk order: by the end of the LSN range, newest first, an image
+    /// before the deltas ending where it does; then by key range, for a stable listing.
+    pub(crate) fn sort_below_l0(&mut self) {
+        self.below_l0.sort_by(|a, b| {
+            let (ra, rb) = (a.lsn_range(), b.lsn_range());
+            let image_first = |l: &Layer| !matches!(l, Layer::Image(_));
+            rb.end
+                .cmp(&ra.end)
+                .then(image_first(a).cmp(&image_first(b)))
+                .then(a.key_range().start.cmp(&b.key_range().start))
+        });
     }
 }

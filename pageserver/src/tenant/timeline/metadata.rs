@@ -9,25 +9,38 @@
 //! another size, or whose summary names other ranges or another timeline, makes the timeline
 //! refuse to load rather than answer from a set it cannot vouch for.
 //!
-//! # Format 2 (current)
+//! # Format 3 (current)
 //!
 //! ```text
 //! offset size field
 //!      0    4 magic                 0x544C4D44 ("TLMD")
-//!      4    2 format version        2
+//!      4    2 format version        3
 //!      6    2 reserved              0
 //!      8   16 tenant id
 //!     24   16 timeline id
 //!     40    8 disk_consistent_lsn
-//!     48    4 layer count N
-//!     52      N layer entries, sorted by name, no name twice:
+//!     48    8 gc_cutoff_lsn         reads below it are refused (0: none)
+//!     56    4 layer count N
+//!     60      N layer entries, sorted by name, no name twice:
 //!               name length:u16  name (ASCII, a file name)  size:u64  CRC-32C of the file:u32
+//!               level:u8 (0: L0 delta, 1: L1 delta, 2: image; an image name has level 2
+//!               and a delta name level 0 or 1)
+//!       …     4 retired count M
+//!             M retired names, sorted, no name twice and none listed above:
+//!               name length:u16  name
 //!    end-4    4 CRC-32C of every byte before it
 //! ```
 //!
-//! Format 1 (20 bytes: magic, version 1, reserved, `disk_consistent_lsn`, CRC-32C) predates the
-//! manifest; it still loads ([`StoredMetadata::Legacy`]) and the timeline replaces it with a
-//! format 2 file at once (`tenant::timeline::init`).
+//! *Retired* files are layer files a committed change replaced (a compaction's inputs, what GC
+//! removed). They are deleted only after a manifest without them among the layers is durable,
+//! and only once no reader uses them; until they are gone the manifest names them, so a crash
+//! in between leaves files that the next load knows to delete, never files it must guess about.
+//!
+//! Format 2 (no `gc_cutoff_lsn`, no levels, no retired list) was written before compaction: its
+//! layers are all L0 deltas. Format 1 (20 bytes: magic, version 1, reserved,
+//! `disk_consistent_lsn`, CRC-32C) predates the manifest; it still loads
+//! ([`StoredMetadata::Legacy`]) and the timeline replaces it with a manifest at once
+//! (`tenant::timeline::init`). Both still load; the next store writes format 3.
 //!
 //! # Atomic replacement
 //!
@@ -44,17 +57,18 @@ use utils::{Lsn, TenantId, TimelineId};
 use crate::format::array_at;
 use crate::io::crashsafe::{PathError, StagedFile};
 use crate::io::virtual_file::{FileIo, VirtualFile};
+use crate::tenant::storage_layer::LayerName;
 
 pub const METADATA_FILE: &str = "metadata";
 const METADATA_TEMP: &str = "metadata.___temp";
 const MAGIC: u32 = 0x544C_4D44;
 const VERSION_LEGACY: u16 = 1;
-const VERSION: u16 = 2;
+const VERSION_2: u16 = 2;
+const VERSION: u16 = 3;
 const LEGACY_LEN: usize = 20;
-const HEADER_LEN: usize = 52;
+const HEADER_2_LEN: usize = 52;
+const HEADER_LEN: usize = 60;
 const CRC_LEN: usize = 4;
-/// A layer entry without its name: name length, size, CRC-32C.
-const ENTRY_FIXED_LEN: usize = 2 + 8 + 4;
 /// Far beyond any real manifest (a million layers); a longer file is corrupt, and is refused
 /// before it is read into memory.
 const MAX_FILE_LEN: u64 = 256 << 20;
@@ -66,11 +80,66 @@ mod off {
     pub const TENANT: usize = 8;
     pub const TIMELINE: usize = 24;
     pub const DISK_CONSISTENT_LSN: usize = 40;
-    pub const LAYER_COUNT: usize = 48;
-    pub const LAYERS: usize = 52;
+    /// Format 3.
+    pub const GC_CUTOFF_LSN: usize = 48;
+    pub const LAYER_COUNT: usize = 56;
+    pub const LAYERS: usize = 60;
+    /// Format 2.
+    pub const LAYER_COUNT_2: usize = 48;
+    pub const LAYERS_2: usize = 52;
     /// Format 1: the LSN and the checksum.
     pub const LEGACY_LSN: usize = 8;
     pub const LEGACY_CRC: usize = 16;
+}
+
+/// What a layer file is to the timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerLevel {
+    /// A delta layer a flush wrote: one per flush, LSN ranges tiling the newest history.
+    L0,
+    /// A delta layer compaction wrote from L0s: a run of them shares an LSN range, each a
+    /// part of the key space.
+    L1,
+    /// An image layer.
+    Image,
+}
+
+impl LayerLevel {
+    fn code(self) -> u8 {
+        match self {
+            LayerLevel::L0 => 0,
+            LayerLevel::L1 => 1,
+            LayerLevel::Image => 2,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<LayerLevel> {
+        Some(match code {
+            0 => LayerLevel::L0,
+            1 => LayerLevel::L1,
+            2 => LayerLevel::Image,
+            _ => return None,
+        })
+    }
+
+    /// Whether a file of this name can be a layer of this level.
+    fn fits(self, name: &str) -> bool {
+        match name.parse::<LayerName>() {
+            Ok(LayerName::Image(_)) => self == LayerLevel::Image,
+            Ok(LayerName::Delta(_)) => self != LayerLevel::Image,
+            Err(_) => false,
+        }
+    }
+}
+
+impl std::fmt::Display for LayerLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LayerLevel::L0 => "L0",
+            LayerLevel::L1 => "L1",
+            LayerLevel::Image => "image",
+        })
+    }
 }
 
 /// One layer file the timeline owns.
@@ -82,6 +151,7 @@ pub struct LayerFileEntry {
     pub size: u64,
     /// CRC-32C of the whole file.
     pub crc32c: u32,
+    pub level: LayerLevel,
 }
 
 /// The manifest: see the module documentation.
@@ -90,8 +160,12 @@ pub struct TimelineMetadata {
     pub tenant_id: TenantId,
     pub timeline_id: TimelineId,
     pub disk_consistent_lsn: Lsn,
+    /// Reads below it are refused: GC may have removed what they need.
+    pub gc_cutoff_lsn: Lsn,
     /// Sorted by name.
     pub layers: Vec<LayerFileEntry>,
+    /// Files replaced by a committed change and still to delete; sorted, none in `layers`.
+    pub retired: Vec<String>,
 }
 
 /// What a timeline directory's `metadata` file holds.
@@ -132,6 +206,30 @@ pub fn check_layer_name(name: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
+/// Appends a name as its length (u16) and its bytes.
+fn push_name(b: &mut Vec<u8>, name: &str) -> Result<(), &'static str> {
+    check_layer_name(name)?;
+    let len = u16::try_from(name.len()).map_err(|_| "name too long")?;
+    b.extend_from_slice(&len.to_be_bytes());
+    b.extend_from_slice(name.as_bytes());
+    Ok(())
+}
+
+/// The name at `at` (length, then bytes) and where it ends; `body_len` bounds it.
+fn read_name(b: &[u8], at: usize, body_len: usize) -> Result<(&str, usize), String> {
+    if at + 2 > body_len {
+        return Err("runs past the end of the file".to_owned());
+    }
+    let name_end = at + 2 + usize::from(u16::from_be_bytes(array_at(b, at)));
+    if name_end > body_len {
+        return Err("runs past the end of the file".to_owned());
+    }
+    let name = std::str::from_utf8(&b[at + 2..name_end])
+        .map_err(|_| "the name is not UTF-8".to_owned())?;
+    check_layer_name(name).map_err(|reason| format!("name {name:?}: {reason}"))?;
+    Ok((name, name_end))
+}
+
 impl TimelineMetadata {
     /// An empty timeline's manifest.
     pub fn empty(tenant_id: TenantId, timeline_id: TimelineId) -> TimelineMetadata {
@@ -139,7 +237,9 @@ impl TimelineMetadata {
             tenant_id,
             timeline_id,
             disk_consistent_lsn: Lsn::INVALID,
+            gc_cutoff_lsn: Lsn::INVALID,
             layers: Vec::new(),
+            retired: Vec::new(),
         }
     }
 
@@ -153,6 +253,7 @@ impl TimelineMetadata {
 
     /// Lists `entry`, keeping the list sorted (replacing an entry of the same name).
     pub fn add_layer(&mut self, entry: LayerFileEntry) {
+        self.retired.retain(|r| *r != entry.name);
         match self
             .layers
             .binary_search_by(|l| l.name.as_str().cmp(&entry.name))
@@ -162,42 +263,72 @@ impl TimelineMetadata {
         }
     }
 
+    /// Moves layer `name` from the layers to the retired files; `false` if it is not listed.
+    pub fn retire_layer(&mut self, name: &str) -> bool {
+        let Ok(i) = self.layers.binary_search_by(|l| l.name.as_str().cmp(name)) else {
+            return false;
+        };
+        self.layers.remove(i);
+        if let Err(at) = self.retired.binary_search_by(|r| r.as_str().cmp(name)) {
+            self.retired.insert(at, name.to_owned());
+        }
+        true
+    }
+
     fn encode(&self) -> Result<Vec<u8>, MetadataError> {
-        let names: usize = self.layers.iter().map(|l| l.name.len()).sum();
-        let mut b =
-            Vec::with_capacity(HEADER_LEN + self.layers.len() * ENTRY_FIXED_LEN + names + CRC_LEN);
+        let names: usize = self.layers.iter().map(|l| l.name.len() + 15).sum::<usize>()
+            + self.retired.iter().map(|r| r.len() + 2).sum::<usize>();
+        let mut b = Vec::with_capacity(HEADER_LEN + names + 4 + CRC_LEN);
         b.extend_from_slice(&MAGIC.to_be_bytes());
         b.extend_from_slice(&VERSION.to_be_bytes());
         b.extend_from_slice(&[0, 0]);
         b.extend_from_slice(self.tenant_id.as_bytes());
         b.extend_from_slice(self.timeline_id.as_bytes());
         b.extend_from_slice(&self.disk_consistent_lsn.0.to_be_bytes());
-        let count = u32::try_from(self.layers.len()).map_err(|_| MetadataError::BadLayerName {
-            name: String::new(),
-            reason: "more than 2^32 layers",
-        })?;
-        b.extend_from_slice(&count.to_be_bytes());
+        b.extend_from_slice(&self.gc_cutoff_lsn.0.to_be_bytes());
+        let count = |n: usize| {
+            u32::try_from(n).map_err(|_| MetadataError::BadLayerName {
+                name: String::new(),
+                reason: "more than 2^32 names",
+            })
+        };
+        b.extend_from_slice(&count(self.layers.len())?.to_be_bytes());
         for (i, layer) in self.layers.iter().enumerate() {
             let bad = |reason| MetadataError::BadLayerName {
                 name: layer.name.clone(),
                 reason,
             };
-            check_layer_name(&layer.name).map_err(bad)?;
             if i > 0 && self.layers[i - 1].name >= layer.name {
                 return Err(bad("the layer list is not sorted by name, or names repeat"));
             }
-            let len = u16::try_from(layer.name.len()).map_err(|_| bad("name too long"))?;
-            b.extend_from_slice(&len.to_be_bytes());
-            b.extend_from_slice(layer.name.as_bytes());
+            if !layer.level.fits(&layer.name) {
+                return Err(bad("the name is not a layer of its level"));
+            }
+            push_name(&mut b, &layer.name).map_err(bad)?;
             b.extend_from_slice(&layer.size.to_be_bytes());
             b.extend_from_slice(&layer.crc32c.to_be_bytes());
+            b.push(layer.level.code());
+        }
+        b.extend_from_slice(&count(self.retired.len())?.to_be_bytes());
+        for (i, name) in self.retired.iter().enumerate() {
+            let bad = |reason| MetadataError::BadLayerName {
+                name: name.clone(),
+                reason,
+            };
+            if i > 0 && self.retired[i - 1] >= *name {
+                return Err(bad("the retired list is not sorted, or names repeat"));
+            }
+            if self.layer(name).is_some() {
+                return Err(bad("a retired file is still listed as a layer"));
+            }
+            push_name(&mut b, name).map_err(bad)?;
         }
         let crc = crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_be_bytes());
         Ok(b)
     }
 
-    /// Parses either format; every byte is untrusted.
+    /// Parses any format; every byte is untrusted.
     fn decode(b: &[u8]) -> Result<StoredMetadata, String> {
         let u16_at = |o: usize| u16::from_be_bytes(array_at(b, o));
         let u32_at = |o: usize| u32::from_be_bytes(array_at(b, o));
@@ -212,7 +343,8 @@ impl TimelineMetadata {
         let version = u16_at(off::VERSION);
         let (body_len, min_len) = match version {
             VERSION_LEGACY => (off::LEGACY_CRC, LEGACY_LEN),
-            VERSION => (b.len().saturating_sub(CRC_LEN), HEADER_LEN + CRC_LEN),
+            VERSION_2 => (b.len().saturating_sub(CRC_LEN), HEADER_2_LEN + CRC_LEN),
+            VERSION => (b.len().saturating_sub(CRC_LEN), HEADER_LEN + 4 + CRC_LEN),
             _ => return Err(format!("unsupported format version {version}")),
         };
         if b.len() < min_len || (version == VERSION_LEGACY && b.len() != LEGACY_LEN) {
@@ -236,51 +368,90 @@ impl TimelineMetadata {
                 disk_consistent_lsn: Lsn(u64_at(off::LEGACY_LSN)),
             });
         }
-        let count = u32_at(off::LAYER_COUNT);
-        // Every entry takes at least its fixed part and one byte of name.
-        let room = (body_len - off::LAYERS) / (ENTRY_FIXED_LEN + 1);
+        let v3 = version == VERSION;
+        let (count_at, mut at) = if v3 {
+            (off::LAYER_COUNT, off::LAYERS)
+        } else {
+            (off::LAYER_COUNT_2, off::LAYERS_2)
+        };
+        // The fixed part of an entry after its name: size, CRC, and (format 3) level.
+        let fixed = if v3 { 13 } else { 12 };
+        let count = u32_at(count_at);
+        // Every entry takes at least its fixed parts and one byte of name.
+        let room = (body_len - at) / (2 + 1 + fixed);
         if usize::try_from(count).map_or(true, |c| c > room) {
             return Err(format!("{count} layers cannot fit in {} bytes", b.len()));
         }
         let mut layers: Vec<LayerFileEntry> = Vec::with_capacity(count as usize);
-        let mut at = off::LAYERS;
         for i in 0..count {
-            let truncated = || format!("layer entry {i} runs past the end of the file");
-            if at + ENTRY_FIXED_LEN > body_len {
-                return Err(truncated());
+            let (name, name_end) = read_name(b, at, body_len)
+                .map_err(|reason| format!("layer entry {i}: {reason}"))?;
+            if name_end + fixed > body_len {
+                return Err(format!("layer entry {i} runs past the end of the file"));
             }
-            let name_len = usize::from(u16_at(at));
-            let name_end = at + 2 + name_len;
-            if name_end + 12 > body_len {
-                return Err(truncated());
-            }
-            let name = std::str::from_utf8(&b[at + 2..name_end])
-                .map_err(|_| format!("layer entry {i}: the name is not UTF-8"))?;
-            check_layer_name(name)
-                .map_err(|reason| format!("layer entry {i}: name {name:?}: {reason}"))?;
             if layers.last().is_some_and(|prev| prev.name.as_str() >= name) {
                 return Err(format!(
                     "layer entry {i}: {name:?} is out of order or listed twice"
+                ));
+            }
+            let level = if v3 {
+                let code = b[name_end + 12];
+                LayerLevel::from_code(code)
+                    .ok_or_else(|| format!("layer entry {i}: unknown level {code}"))?
+            } else {
+                LayerLevel::L0
+            };
+            if !level.fits(name) {
+                return Err(format!(
+                    "layer entry {i}: {name:?} is not the name of a layer of level {level}"
                 ));
             }
             layers.push(LayerFileEntry {
                 name: name.to_owned(),
                 size: u64_at(name_end),
                 crc32c: u32_at(name_end + 8),
+                level,
             });
-            at = name_end + 12;
+            at = name_end + fixed;
+        }
+        let mut retired: Vec<String> = Vec::new();
+        if v3 {
+            if at + 4 > body_len {
+                return Err("the retired count runs past the end of the file".to_owned());
+            }
+            let count = u32_at(at);
+            at += 4;
+            if usize::try_from(count).map_or(true, |c| c > (body_len - at) / 3) {
+                return Err(format!(
+                    "{count} retired names cannot fit in {} bytes",
+                    b.len()
+                ));
+            }
+            for i in 0..count {
+                let (name, name_end) = read_name(b, at, body_len)
+                    .map_err(|reason| format!("retired name {i}: {reason}"))?;
+                if retired.last().is_some_and(|prev| prev.as_str() >= name) {
+                    return Err(format!(
+                        "retired name {i}: {name:?} is out of order or listed twice"
+                    ));
+                }
+                if layers.iter().any(|l| l.name == name) {
+                    return Err(format!("retired name {i}: {name:?} is also a layer"));
+                }
+                retired.push(name.to_owned());
+                at = name_end;
+            }
         }
         if at != body_len {
-            return Err(format!(
-                "{} bytes follow the last layer entry",
-                body_len - at
-            ));
+            return Err(format!("{} bytes follow the last entry", body_len - at));
         }
         Ok(StoredMetadata::Manifest(TimelineMetadata {
             tenant_id: TenantId::from_bytes(array_at(b, off::TENANT)),
             timeline_id: TimelineId::from_bytes(array_at(b, off::TIMELINE)),
             disk_consistent_lsn: Lsn(u64_at(off::DISK_CONSISTENT_LSN)),
+            gc_cutoff_lsn: Lsn(if v3 { u64_at(off::GC_CUTOFF_LSN) } else { 0 }),
             layers,
+            retired,
         }))
     }
 

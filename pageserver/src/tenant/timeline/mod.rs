@@ -91,11 +91,14 @@ use utils::{Lsn, TenantId, TimelineId, Wakeup};
 
 use crate::page_cache::{MaterializedPageKey, PageCache};
 use crate::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerError};
+use crate::tenant::storage_layer::image_layer::ImageLayerError;
 use crate::tenant::storage_layer::inmemory_layer::{
     FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError, MAX_LSN_SPAN,
 };
-use crate::tenant::storage_layer::{max_stored_value_len, LayerReadError};
-use crate::tenant::timeline::metadata::{LayerFileEntry, MetadataError, TimelineMetadata};
+use crate::tenant::storage_layer::{max_stored_value_len, Layer, LayerReadError};
+use crate::tenant::timeline::metadata::{
+    LayerFileEntry, LayerLevel, MetadataError, TimelineMetadata,
+};
 use crate::PAGE_SZ;
 use scan::{ScanCursor, ScanPage};
 
@@ -199,6 +202,8 @@ pub enum TimelineError {
     #[error(transparent)]
     Layer(#[from] DeltaLayerError),
     #[error(transparent)]
+    ImageLayer(#[from] ImageLayerError),
+    #[error(transparent)]
     Metadata(#[from] MetadataError),
     #[error("layer file {file} of the timeline: {reason}; the timeline does not serve from a layer set it cannot vouch for")]
     LayerSet { file: String, reason: String },
@@ -220,6 +225,7 @@ impl From<LayerReadError> for TimelineError {
         match e {
             LayerReadError::InMemory(e) => TimelineError::Get(e),
             LayerReadError::Delta(e) => TimelineError::Layer(e),
+            LayerReadError::Image(e) => TimelineError::ImageLayer(e),
         }
     }
 }
@@ -229,7 +235,11 @@ impl From<LayerReadError> for TimelineError {
 pub struct LayerCounts {
     pub open_values: usize,
     pub frozen: usize,
+    /// Delta layer files: `l0 + l1`.
     pub deltas: usize,
+    pub l0: usize,
+    pub l1: usize,
+    pub images: usize,
 }
 
 /// One layer of the map, for inspection (the HTTP API's layer listing, `pagectl`).
@@ -243,8 +253,10 @@ pub struct LayerDescription {
     pub size_bytes: u64,
     /// Versions held, where cheaply known.
     pub values: u64,
-    /// The layer file's name, for delta layers.
+    /// The layer file's name, for layer files.
     pub file_name: Option<String>,
+    /// For layer files.
+    pub level: Option<LayerLevel>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,6 +264,7 @@ pub enum LayerKind {
     Open,
     Frozen,
     Delta,
+    Image,
 }
 
 /// What only the writer (the holder of `write_lock`) looks at.
@@ -336,10 +349,19 @@ impl Timeline {
 
     pub fn layer_counts(&self) -> LayerCounts {
         let map = self.layer_map();
+        let images = map
+            .below_l0
+            .iter()
+            .filter(|l| matches!(l, Layer::Image(_)))
+            .count();
+        let l1 = map.below_l0.len() - images;
         LayerCounts {
             open_values: map.open.as_ref().map_or(0, |l| l.len()),
             frozen: map.frozen.len(),
-            deltas: map.deltas.len(),
+            deltas: map.l0.len() + l1,
+            l0: map.l0.len(),
+            l1,
+            images,
         }
     }
 
@@ -353,6 +375,7 @@ impl Timeline {
             size_bytes: l.bytes_written(),
             values: l.len() as u64,
             file_name: None,
+            level: None,
         };
         let open = map.open.iter().map(|l| in_memory(LayerKind::Open, l));
         let frozen = map
@@ -360,18 +383,34 @@ impl Timeline {
             .iter()
             .rev()
             .map(|l| in_memory(LayerKind::Frozen, l));
-        let deltas = map.deltas.iter().rev().map(|l| {
-            let summary = l.summary();
+        let files = map.files().into_iter().map(|(level, layer)| {
+            let lsns = layer.lsn_range();
+            let (kind, size_bytes, values, file_name) = match &layer {
+                Layer::Delta(l) => (
+                    LayerKind::Delta,
+                    l.file_size(),
+                    l.summary().entries,
+                    l.summary().file_name(),
+                ),
+                Layer::Image(l) => (
+                    LayerKind::Image,
+                    l.file_size(),
+                    l.summary().entries,
+                    l.summary().layer_name().to_string(),
+                ),
+                Layer::InMemory(_) => unreachable!("layer files only"),
+            };
             LayerDescription {
-                kind: LayerKind::Delta,
-                lsn_start: summary.lsn_start,
-                lsn_end: Some(summary.lsn_end),
-                size_bytes: l.file_size(),
-                values: summary.entries,
-                file_name: Some(summary.file_name()),
+                kind,
+                lsn_start: lsns.start,
+                lsn_end: Some(lsns.end),
+                size_bytes,
+                values,
+                file_name: Some(file_name),
+                level: Some(level),
             }
         });
-        open.chain(frozen).chain(deltas).collect()
+        open.chain(frozen).chain(files).collect()
     }
 
     /// Ingests one version: a batch of one record.

@@ -3,7 +3,6 @@
 //! layers a paged scan merges.
 
 use super::*;
-use crate::tenant::storage_layer::Layer;
 use scan::LayerSetId;
 
 impl Timeline {

@@ -272,3 +272,68 @@ fn the_manifest_is_the_commit_point_of_a_flush() {
         StoredMetadata::Manifest(manifest)
     );
 }
+
+/// Two layers replaced by an image of their keys, as a committed compaction or GC leaves
+/// them: the manifest lists the image and names the two as retired. Load removes the retired
+/// files, stores a manifest without them, and reads come from the image and the L0 above it.
+#[test]
+fn retired_files_are_removed_at_load_and_an_image_layer_serves_reads() {
+    use crate::tenant::storage_layer::image_layer::ImageLayerWriter;
+    use crate::tenant::timeline::metadata::{LayerFileEntry, LayerLevel, StoredMetadata};
+    let dir = tempfile::tempdir().unwrap();
+    let layers = three_layers(dir.path(), TENANT);
+    let mut writer = ImageLayerWriter::new(
+        dir.path(),
+        TENANT,
+        TIMELINE,
+        rel_key(0)..rel_key(10),
+        Lsn(0x20),
+    )
+    .unwrap();
+    for k in 0..4u8 {
+        writer
+            .put_image(rel_key(k.into()), &[16 + k; PAGE_SZ])
+            .unwrap();
+    }
+    let written = writer.finish().unwrap();
+    let StoredMetadata::Manifest(mut manifest) = TimelineMetadata::load(dir.path()).unwrap() else {
+        panic!("a manifest");
+    };
+    for old in &layers[..2] {
+        assert!(manifest.retire_layer(file_name(old)));
+    }
+    manifest.add_layer(LayerFileEntry {
+        name: written.summary.file_name(),
+        size: written.size,
+        crc32c: written.crc32c,
+        level: LayerLevel::Image,
+    });
+    manifest.store(dir.path()).unwrap();
+
+    let tl = load(dir.path()).unwrap();
+    for old in &layers[..2] {
+        assert!(!old.exists(), "{} is retired", old.display());
+    }
+    let StoredMetadata::Manifest(stored) = TimelineMetadata::load(dir.path()).unwrap() else {
+        panic!("a manifest");
+    };
+    assert!(stored.retired.is_empty());
+    let counts = tl.layer_counts();
+    assert_eq!((counts.l0, counts.l1, counts.images), (1, 0, 1));
+    // At 0x30 from the L0 (keys 0..4 and 9); at 0x20 from the image; key 9 had no page then.
+    for k in 0..4u8 {
+        let at_30 = tl.get_page(rel_key(k.into()), Lsn(0x30)).unwrap().unwrap();
+        assert_eq!(at_30[0], 32 + k);
+        let at_20 = tl.get_page(rel_key(k.into()), Lsn(0x20)).unwrap().unwrap();
+        assert_eq!(at_20[0], 16 + k);
+    }
+    assert_eq!(tl.get_page(rel_key(9), Lsn(0x20)).unwrap(), None);
+    assert_eq!(
+        tl.get_page(rel_key(9), Lsn(0x30)).unwrap().unwrap()[0],
+        0x99
+    );
+    // A key in the image's range without a page: the image says so, and the walk stops there.
+    let (page, cost) = crate::io::read_cost::measure(|| tl.get_page(rel_key(7), Lsn(0x30)));
+    assert_eq!(page.unwrap(), None);
+    assert_eq!(cost.layers, 2, "the L0, then the image: {cost}");
+}

@@ -5,15 +5,41 @@ use super::*;
 const TENANT: TenantId = TenantId::from_bytes([7; 16]);
 const TIMELINE: TimelineId = TimelineId::from_bytes([9; 16]);
 
+/// The name of a delta layer (or, with `image`, an image layer) of keys `i..i+1`.
+fn layer_name(i: u32, image: bool) -> String {
+    use crate::tenant::storage_layer::layer_name::{DeltaLayerName, ImageLayerName};
+    use pageserver_api::Key;
+    let key_range = Key::rel_block(1663, 5, 16384, 0, i)..Key::rel_block(1663, 5, 16384, 0, i + 1);
+    if image {
+        LayerName::Image(ImageLayerName {
+            key_range,
+            lsn: Lsn(0x20),
+        })
+    } else {
+        LayerName::Delta(DeltaLayerName {
+            key_range,
+            lsn_range: Lsn(1)..Lsn(0x20),
+        })
+    }
+    .to_string()
+}
+
+/// A manifest of `layers` layers of every level, one retired file and a GC cutoff.
 fn manifest(layers: usize) -> TimelineMetadata {
     let mut m = TimelineMetadata::empty(TENANT, TIMELINE);
     m.disk_consistent_lsn = Lsn(0x016B_5A50);
-    for i in 0..layers {
+    m.gc_cutoff_lsn = Lsn(0x0100_0000);
+    for i in 0..layers as u32 {
+        let level = [LayerLevel::L0, LayerLevel::L1, LayerLevel::Image][i as usize % 3];
         m.add_layer(LayerFileEntry {
-            name: format!("{i:036X}-{:036X}__{:016X}-{:016X}", i + 1, 1, 0x20),
-            size: 8192 * (i as u64 + 3),
-            crc32c: 0xDEAD_0000 + i as u32,
+            name: layer_name(i, level == LayerLevel::Image),
+            size: 8192 * (u64::from(i) + 3),
+            crc32c: 0xDEAD_0000 + i,
+            level,
         });
+    }
+    if layers > 0 {
+        m.retired.push(layer_name(1000, false));
     }
     m
 }
@@ -112,31 +138,119 @@ fn forged_entries_with_valid_checksums_are_refused() {
     );
 
     // The two entries swapped: out of order.
-    let first_len = 2 + two.layers[0].name.len() + 12;
+    let entry_len = |l: &LayerFileEntry| 2 + l.name.len() + 13;
+    let (first_len, second_len) = (entry_len(&two.layers[0]), entry_len(&two.layers[1]));
+    let entries_end = off::LAYERS + first_len + second_len;
     let mut swapped = body[..off::LAYERS].to_vec();
-    swapped.extend_from_slice(&body[off::LAYERS + first_len..]);
+    swapped.extend_from_slice(&body[off::LAYERS + first_len..entries_end]);
     swapped.extend_from_slice(&body[off::LAYERS..off::LAYERS + first_len]);
+    swapped.extend_from_slice(&body[entries_end..]);
     assert_eq!(swapped.len(), body.len());
     expect_corrupt(dir.path(), &sealed(swapped), "entries out of order");
 
+    // The first entry (an L0 delta) claims to be an image, or a level that does not exist.
+    let level_at = off::LAYERS + first_len - 1;
+    for (code, what) in [(2u8, "a delta listed as an image"), (7, "an unknown level")] {
+        let mut bad = body.clone();
+        bad[level_at] = code;
+        expect_corrupt(dir.path(), &sealed(bad), what);
+    }
+
+    // The retired file is also listed as a layer.
+    let mut retired_is_layer = two.clone();
+    retired_is_layer.retired = vec![two.layers[0].name.clone()];
+    assert!(matches!(
+        retired_is_layer.encode(),
+        Err(MetadataError::BadLayerName { .. })
+    ));
+    let mut forged = body[..entries_end].to_vec();
+    forged.extend_from_slice(&1u32.to_be_bytes());
+    forged.extend_from_slice(&body[off::LAYERS..off::LAYERS + 2 + two.layers[0].name.len()]);
+    expect_corrupt(
+        dir.path(),
+        &sealed(forged),
+        "a retired file that is a layer",
+    );
+
     let mut dot_dot = manifest(0).encode().unwrap();
-    dot_dot.truncate(dot_dot.len() - CRC_LEN);
+    dot_dot.truncate(dot_dot.len() - CRC_LEN - 4);
     dot_dot[off::LAYER_COUNT..off::LAYER_COUNT + 4].copy_from_slice(&1u32.to_be_bytes());
     dot_dot.extend_from_slice(&2u16.to_be_bytes());
     dot_dot.extend_from_slice(b"..");
-    dot_dot.extend_from_slice(&[0; 12]);
+    dot_dot.extend_from_slice(&[0; 13]);
+    dot_dot.extend_from_slice(&0u32.to_be_bytes());
     expect_corrupt(dir.path(), &sealed(dot_dot), "a name that climbs");
+}
+
+#[test]
+fn format_2_files_load_with_every_layer_an_l0() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = [layer_name(1, false), layer_name(2, false)];
+    let mut b = Vec::new();
+    b.extend_from_slice(&MAGIC.to_be_bytes());
+    b.extend_from_slice(&VERSION_2.to_be_bytes());
+    b.extend_from_slice(&[0, 0]);
+    b.extend_from_slice(TENANT.as_bytes());
+    b.extend_from_slice(TIMELINE.as_bytes());
+    b.extend_from_slice(&0x42u64.to_be_bytes());
+    b.extend_from_slice(&2u32.to_be_bytes());
+    for name in &names {
+        b.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        b.extend_from_slice(name.as_bytes());
+        b.extend_from_slice(&8192u64.to_be_bytes());
+        b.extend_from_slice(&7u32.to_be_bytes());
+    }
+    std::fs::write(dir.path().join(METADATA_FILE), sealed(b)).unwrap();
+    let StoredMetadata::Manifest(m) = TimelineMetadata::load(dir.path()).unwrap() else {
+        panic!("a format 2 manifest");
+    };
+    assert_eq!(m.disk_consistent_lsn, Lsn(0x42));
+    assert_eq!(m.gc_cutoff_lsn, Lsn(0));
+    assert!(m.retired.is_empty());
+    assert_eq!(m.layers.len(), 2);
+    assert!(m
+        .layers
+        .iter()
+        .all(|l| l.level == LayerLevel::L0 && l.size == 8192));
+}
+
+#[test]
+fn retiring_a_layer_moves_it_to_the_retired_files() {
+    let mut m = manifest(3);
+    let name = m.layers[0].name.clone();
+    assert!(m.retire_layer(&name));
+    assert!(!m.retire_layer(&name));
+    assert!(m.layer(&name).is_none());
+    assert!(m.retired.contains(&name));
+    let dir = tempfile::tempdir().unwrap();
+    m.store(dir.path()).unwrap();
+    assert_eq!(
+        TimelineMetadata::load(dir.path()).unwrap(),
+        StoredMetadata::Manifest(m.clone())
+    );
+    // Listed again (a layer of that name written anew): no longer retired.
+    let entry = LayerFileEntry {
+        name: name.clone(),
+        size: 1,
+        crc32c: 2,
+        level: LayerLevel::L0,
+    };
+    m.add_layer(entry);
+    assert!(!m.retired.contains(&name));
 }
 
 #[test]
 fn names_that_are_not_plain_file_names_cannot_be_stored() {
     let dir = tempfile::tempdir().unwrap();
-    for name in ["", "a/b", "..", METADATA_FILE, "sp ace"] {
+    let image = layer_name(3, true);
+    for name in ["", "a/b", "..", METADATA_FILE, "sp ace", "x__y", &image] {
         let mut m = manifest(0);
+        // An image name is a fine name, but not of an L1 delta.
         m.layers.push(LayerFileEntry {
             name: name.to_owned(),
             size: 1,
             crc32c: 1,
+            level: LayerLevel::L1,
         });
         let err = m.store(dir.path()).unwrap_err();
         assert!(
@@ -155,12 +269,14 @@ fn add_layer_keeps_the_list_sorted_and_replaces_by_name() {
             name: name.to_owned(),
             size: 1,
             crc32c: 0,
+            level: LayerLevel::L0,
         });
     }
     m.add_layer(LayerFileEntry {
         name: "b".to_owned(),
         size: 2,
         crc32c: 0,
+        level: LayerLevel::L0,
     });
     let names: Vec<&str> = m.layers.iter().map(|l| l.name.as_str()).collect();
     assert_eq!(names, ["a", "b", "c"]);
@@ -172,14 +288,23 @@ proptest! {
     #[test]
     fn any_manifest_round_trips(
         lsn: u64,
-        entries in proptest::collection::btree_map("[0-9A-Za-z_.-]{3,80}", (any::<u64>(), any::<u32>()), 0..40),
+        gc_cutoff: u64,
+        entries in proptest::collection::btree_map(0u32..10_000, (any::<u64>(), any::<u32>(), 0u8..4), 0..40),
     ) {
         let dir = tempfile::tempdir().unwrap();
         let mut m = TimelineMetadata::empty(TENANT, TIMELINE);
         m.disk_consistent_lsn = Lsn(lsn);
-        for (name, (size, crc32c)) in entries {
-            if check_layer_name(&name).is_ok() {
-                m.add_layer(LayerFileEntry { name, size, crc32c });
+        m.gc_cutoff_lsn = Lsn(gc_cutoff);
+        for (i, (size, crc32c, level)) in entries {
+            // Level 3 stands for a retired file.
+            match LayerLevel::from_code(level) {
+                Some(level) => m.add_layer(LayerFileEntry {
+                    name: layer_name(i, level == LayerLevel::Image),
+                    size,
+                    crc32c,
+                    level,
+                }),
+                None => m.retired.push(layer_name(i, false)),
             }
         }
         m.store(dir.path()).unwrap();
