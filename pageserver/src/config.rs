@@ -51,6 +51,8 @@ checkpoint_distance = "256MiB"
 checkpoint_timeout = "10m"
 # When more frozen layers than this wait for the disk, ingest flushes them itself.
 max_frozen_layers = 2
+# Compaction writes L1 delta layers of about this many bytes each.
+compaction_target_size = "128MiB"
 
 # A read at an LSN not yet ingested waits this long for it, then fails.
 wait_lsn_timeout = "60s"
@@ -127,6 +129,8 @@ pub struct PageServerConf {
     #[serde(deserialize_with = "duration")]
     pub checkpoint_timeout: Duration,
     pub max_frozen_layers: usize,
+    #[serde(deserialize_with = "size")]
+    pub compaction_target_size: u64,
     #[serde(deserialize_with = "duration")]
     pub wait_lsn_timeout: Duration,
     pub max_lsn_waiters: usize,
@@ -166,6 +170,7 @@ impl Default for PageServerConf {
             checkpoint_distance: timeline.checkpoint_distance,
             checkpoint_timeout: timeline.checkpoint_timeout,
             max_frozen_layers: timeline.max_frozen_layers,
+            compaction_target_size: timeline.compaction_target_size,
             wait_lsn_timeout: Duration::from_secs(60),
             max_lsn_waiters: timeline.max_lsn_waiters,
             max_value_size: timeline.max_value_size,
@@ -282,6 +287,12 @@ impl PageServerConf {
             1..=MAX_FROZEN_LAYERS,
         )?;
         in_range_shown(
+            "compaction_target_size",
+            self.compaction_target_size,
+            MIN_CHECKPOINT_DISTANCE..=MAX_CHECKPOINT_DISTANCE,
+            sizes,
+        )?;
+        in_range_shown(
             "wait_lsn_timeout",
             self.wait_lsn_timeout,
             MIN_WAIT_LSN_TIMEOUT..=MAX_WAIT_LSN_TIMEOUT,
@@ -365,6 +376,7 @@ impl PageServerConf {
             checkpoint_timeout: self.checkpoint_timeout,
             max_frozen_layers: self.max_frozen_layers,
             max_lsn_waiters: self.max_lsn_waiters,
+            compaction_target_size: self.compaction_target_size,
         }
     }
 }

@@ -12,6 +12,8 @@
 //! | `flush-before-metadata` | a flushed layer is durable, `disk_consistent_lsn` not yet stored |
 //! | `metadata-before-rename` | the new manifest is fsynced as `metadata.___temp`, not renamed |
 //! | `metadata-after-rename` | the new manifest is `metadata`, its directory not fsynced   |
+//! | `compaction-before-manifest` | a compaction's L1 outputs are durable, its manifest not stored |
+//! | `compaction-after-manifest` | a compaction's manifest is durable, the layer map unchanged |
 //! | `flush-loop`            | the background flush loop, before it serves each timeline  |
 //!
 //! Actions are the `fail` crate's (`return`, `sleep(100)`, `pause`, `panic`, `off`,

@@ -90,6 +90,24 @@ pub static LAYER_FLUSH_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
         "Bytes of delta layer files written by flushes",
     )
 });
+pub static COMPACTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_compactions_total",
+        "L0 compactions completed (each merges two or more L0 layers into L1 layers)",
+    )
+});
+pub static COMPACTION_BYTES_READ: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_compaction_read_bytes_total",
+        "Bytes of L0 layer files merged by compactions",
+    )
+});
+pub static COMPACTION_BYTES_WRITTEN: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_compaction_written_bytes_total",
+        "Bytes of L1 layer files written by compactions",
+    )
+});
 pub static BACKPRESSURE_FLUSHES: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "pageserver_ingest_backpressure_flushes_total",
@@ -263,6 +281,9 @@ pub fn register_all(wait_lsn_timeout: Duration) {
         &EPHEMERAL_WRITES,
         &LAYER_FLUSHES,
         &LAYER_FLUSH_BYTES,
+        &COMPACTIONS,
+        &COMPACTION_BYTES_READ,
+        &COMPACTION_BYTES_WRITTEN,
         &BACKPRESSURE_FLUSHES,
         &INGEST_RECORDS,
         &INGEST_BYTES,

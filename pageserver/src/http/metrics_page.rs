@@ -389,6 +389,7 @@ fn render_timelines(out: &mut String, tenants: &TenantManager) {
             (LayerKind::Open, "open"),
             (LayerKind::Frozen, "frozen"),
             (LayerKind::Delta, "delta"),
+            (LayerKind::Image, "image"),
         ] {
             let (count, bytes) = layers
                 .iter()

@@ -81,6 +81,10 @@ pub const ROUTES: &[(&str, &str)] = &[
         "PUT",
         "/v1/tenant/{tenant_id}/timeline/{timeline_id}/checkpoint",
     ),
+    (
+        "PUT",
+        "/v1/tenant/{tenant_id}/timeline/{timeline_id}/compact",
+    ),
     ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/layer"),
     ("GET", "/v1/page_cache"),
     ("POST", "/v1/page_cache/drop"),
@@ -124,6 +128,10 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/tenant/{tenant_id}/timeline/{timeline_id}/checkpoint",
             put(checkpoint),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}/compact",
+            put(compact),
         )
         .route(
             "/v1/tenant/{tenant_id}/timeline/{timeline_id}/layer",

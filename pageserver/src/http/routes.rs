@@ -647,6 +647,26 @@ pub async fn checkpoint(
     Ok(Json(timeline_json(&timeline)))
 }
 
+pub async fn compact(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+) -> ApiResult<Json<JsonValue>> {
+    let timeline = timeline_of(&state, &ids)?;
+    let (timeline, outcome) = blocking(move || {
+        let outcome = timeline.compact_l0(2)?;
+        Ok((timeline, outcome))
+    })
+    .await?;
+    let mut info = timeline_json(&timeline);
+    info["compaction"] = json!({
+        "inputs": outcome.inputs,
+        "outputs": outcome.outputs,
+        "bytes_read": outcome.bytes_read,
+        "bytes_written": outcome.bytes_written,
+    });
+    Ok(Json(info))
+}
+
 pub async fn layer_list(
     State(state): State<SharedState>,
     Path(ids): Path<(String, String)>,

@@ -181,6 +181,28 @@ pub(crate) struct LayerFile {
     cache: Arc<PageCache>,
     /// The file's size when opened (layer files never change).
     size: u64,
+    /// Set once a committed manifest no longer lists the file: the last user removes it.
+    retired: std::sync::atomic::AtomicBool,
+}
+
+impl Drop for LayerFile {
+    fn drop(&mut self) {
+        if !self.retired.load(std::sync::atomic::Ordering::Acquire) {
+            return;
+        }
+        let removed = std::fs::remove_file(&self.path).and_then(|()| {
+            let dir = self.path.parent().unwrap_or(Path::new("."));
+            crate::io::crashsafe::fsync_dir(dir)
+        });
+        match removed {
+            Ok(()) => tracing::debug!(path = %self.path.display(), "removed a retired layer file"),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            // The manifest still names it as retired: the next load removes it.
+            Err(e) => {
+                tracing::warn!(path = %self.path.display(), "removing a retired layer file failed: {e}")
+            }
+        }
+    }
 }
 
 impl LayerFile {
@@ -209,6 +231,7 @@ impl LayerFile {
             file_id: FileId::next(),
             cache,
             size,
+            retired: std::sync::atomic::AtomicBool::new(false),
         };
         Ok((layer, block))
     }
@@ -219,6 +242,14 @@ impl LayerFile {
 
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Marks the file as replaced by a committed change: it is removed from the directory
+    /// when this, its last user, is dropped. Readers that still hold the layer (a snapshot of
+    /// the layer map taken before the change) go on reading it until then.
+    pub fn retire(&self) {
+        self.retired
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     pub fn file(&self) -> &VirtualFile {

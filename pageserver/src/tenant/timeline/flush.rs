@@ -41,32 +41,34 @@ impl Timeline {
             let end = frozen.end_lsn().expect("frozen layers have an end");
             let written = frozen.write_to_disk(&self.dir, self.tenant_id, self.timeline_id)?;
             let durable = Lsn(end.0 - 1);
-            let mut manifest = self.manifest().clone();
-            manifest.disk_consistent_lsn = durable;
-            let delta = match written {
+            let (delta, entry) = match written {
                 Some(written) => {
                     let delta = DeltaLayer::open(
                         &written.path,
                         self.cache.clone(),
                         self.conf.max_value_size,
                     )?;
-                    manifest.add_layer(LayerFileEntry {
+                    let entry = LayerFileEntry {
                         name: written.summary.file_name(),
                         size: written.size,
                         crc32c: written.crc32c,
                         level: LayerLevel::L0,
-                    });
-                    Some(Arc::new(delta))
+                    };
+                    (Some(Arc::new(delta)), Some(entry))
                 }
-                None => None,
+                None => (None, None),
             };
             fail::fail_point!("flush-before-metadata", |_| Err(TimelineError::Io {
                 path: self.dir.clone(),
                 source: std::io::Error::other("failpoint flush-before-metadata"),
             }));
             // The commit point: from here the layer is the timeline's.
-            manifest.store(&self.dir)?;
-            *self.manifest() = manifest;
+            self.commit_manifest(|manifest| {
+                manifest.disk_consistent_lsn = durable;
+                if let Some(entry) = entry {
+                    manifest.add_layer(entry);
+                }
+            })?;
             self.update_layer_map(|map| {
                 map.frozen.remove(0);
                 if let Some(delta) = &delta {

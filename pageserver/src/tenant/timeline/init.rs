@@ -7,6 +7,8 @@
 //! | a listed layer file, of the listed size, whose summary names this tenant, timeline and the ranges its name says | opens it |
 //! | a listed layer file that is missing, of another size, or another layer | refuses to load, naming the file (the tenant is broken) |
 //! | a layer-named file the manifest does not list, starting above `disk_consistent_lsn` | removes it (after the listed layers pass): a flush wrote it, and crashed before its manifest was stored |
+//! | an unlisted delta layer spanning exactly two or more consecutive listed L0s | removes it: a compaction wrote it, and crashed before its manifest was stored |
+//! | a file the manifest names as retired | removes it, then stores the manifest without the name: a committed compaction or GC replaced it |
 //! | `*.___temp`, ephemeral files                  | removes them                            |
 //! | anything else (an unlisted layer of older versions included) | logs it by name and leaves it alone |
 //!
@@ -103,6 +105,7 @@ impl Timeline {
             write_lock: Mutex::new(WriterState::default()),
             broken: OnceLock::new(),
             flush_lock: Mutex::new(()),
+            compaction_lock: Mutex::new(()),
             manifest: Mutex::new(manifest),
             flush_wakeup: None,
             stopped: AtomicBool::new(false),
@@ -170,8 +173,15 @@ impl LayerOpener<'_> {
         map.sort_below_l0();
         // Only once the listed set is whole: a load that is refused deletes nothing. A flush
         // that crashed before its manifest leaves a layer starting above disk_consistent_lsn;
-        // a retired file was replaced by a committed change; an unlisted layer of older
-        // versions is neither (renamed, restored by hand) and is left for whoever put it there.
+        // a compaction that crashed before its manifest leaves layers spanning two or more
+        // listed L0s exactly; a retired file was replaced by a committed change. Any other
+        // unlisted layer (a copy of a listed one, renamed, restored by hand) is left for
+        // whoever put it there.
+        let l0_lsns: Vec<std::ops::Range<Lsn>> = map
+            .l0
+            .iter()
+            .map(|l| l.summary().lsn_start..l.summary().lsn_end)
+            .collect();
         self.sweep(|name| {
             if manifest.layer(name).is_some() {
                 None
@@ -179,15 +189,18 @@ impl LayerOpener<'_> {
                 Some(Unlisted::Remove(
                     "a retired layer file (a committed compaction or GC replaced it)",
                 ))
-            } else if name
-                .parse::<LayerName>()
-                .is_ok_and(|layer| layer.lsn_range().start > durable)
-            {
-                Some(Unlisted::Remove(
-                    "a layer file no manifest lists, above disk_consistent_lsn (its flush did not finish)",
-                ))
             } else {
-                Some(Unlisted::Ignore)
+                match name.parse::<LayerName>() {
+                    Ok(layer) if layer.lsn_range().start > durable => Some(Unlisted::Remove(
+                        "a layer file no manifest lists, above disk_consistent_lsn (its flush did not finish)",
+                    )),
+                    Ok(layer) if is_uncommitted_compaction(&l0_lsns, &layer.lsn_range()) => {
+                        Some(Unlisted::Remove(
+                            "a layer file no manifest lists, spanning listed L0 layers (a compaction's output that was never committed)",
+                        ))
+                    }
+                    _ => Some(Unlisted::Ignore),
+                }
             }
         })?;
         if !manifest.retired.is_empty() {
@@ -321,6 +334,25 @@ pub fn open_listed_layer(
     let layer = open(&path)?;
     layer.check_identity(manifest.tenant_id, manifest.timeline_id)?;
     Ok(layer)
+}
+
+/// Whether `range` is exactly the LSN range of two or more consecutive L0 layers of `l0`
+/// (sorted, tiling): what an L0 compaction's outputs span.
+fn is_uncommitted_compaction(l0: &[std::ops::Range<Lsn>], range: &std::ops::Range<Lsn>) -> bool {
+    let Some(first) = l0.iter().position(|r| r.start == range.start) else {
+        return false;
+    };
+    let mut end = range.start;
+    for (n, r) in l0[first..].iter().enumerate() {
+        if r.start != end {
+            return false;
+        }
+        end = r.end;
+        if end == range.end {
+            return n >= 1;
+        }
+    }
+    false
 }
 
 /// Checks that `manifest` lists layer file `name` and that it exists in `dir` with the listed

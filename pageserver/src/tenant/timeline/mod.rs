@@ -90,7 +90,7 @@ use pageserver_api::{reconstruct_page, Key, RedoError, Value, ValueEncodeError};
 use utils::{Lsn, TenantId, TimelineId, Wakeup};
 
 use crate::page_cache::{MaterializedPageKey, PageCache};
-use crate::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerError};
+use crate::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerError, WrittenLayer};
 use crate::tenant::storage_layer::image_layer::ImageLayerError;
 use crate::tenant::storage_layer::inmemory_layer::{
     FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError, MAX_LSN_SPAN,
@@ -115,6 +115,8 @@ pub struct TimelineConf {
     pub max_frozen_layers: usize,
     /// Reads that may wait for an LSN at once; more are refused.
     pub max_lsn_waiters: usize,
+    /// Compaction writes L1 layers of about this many bytes each.
+    pub compaction_target_size: u64,
 }
 
 impl Default for TimelineConf {
@@ -125,6 +127,7 @@ impl Default for TimelineConf {
             checkpoint_timeout: Duration::from_secs(600),
             max_frozen_layers: 2,
             max_lsn_waiters: 1024,
+            compaction_target_size: 128 * 1024 * 1024,
         }
     }
 }
@@ -293,8 +296,10 @@ pub struct Timeline {
     /// Apart from `write_lock` so that describing the timeline never waits for a put.
     broken: OnceLock<String>,
     flush_lock: Mutex<()>,
-    /// The durable manifest: `disk_consistent_lsn` and the layer files. Changed only under
-    /// `flush_lock`, after the new one is stored.
+    /// Held by a compaction: one at a time.
+    compaction_lock: Mutex<()>,
+    /// The durable manifest: `disk_consistent_lsn` and the layer files. Held while a new one
+    /// is stored (`commit_manifest`), and replaced once it is.
     manifest: Mutex<TimelineMetadata>,
     flush_wakeup: Option<Arc<Wakeup>>,
     /// Set by `shutdown`: flushes that start later do nothing (the directory may be going).
@@ -683,6 +688,23 @@ impl Timeline {
         self.manifest.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Changes the manifest and stores it: the commit point of a change to the layer set. The
+    /// manifest's lock is held throughout, so that commits (a flush's, a compaction's) never
+    /// work from the same old manifest. Retired files already removed are dropped from the
+    /// list first.
+    fn commit_manifest(
+        &self,
+        change: impl FnOnce(&mut TimelineMetadata),
+    ) -> Result<(), TimelineError> {
+        let mut current = self.manifest();
+        let mut next = current.clone();
+        change(&mut next);
+        next.retired.retain(|name| self.dir.join(name).exists());
+        next.store(&self.dir)?;
+        *current = next;
+        Ok(())
+    }
+
     /// The layer files of the timeline as its durable manifest lists them.
     pub fn manifest_snapshot(&self) -> TimelineMetadata {
         self.manifest().clone()
@@ -716,6 +738,7 @@ impl Timeline {
     }
 }
 
+mod compaction;
 mod flush;
 mod init;
 mod layer_map;
@@ -723,6 +746,7 @@ mod lsn_wait;
 pub mod metadata;
 mod read;
 pub mod scan;
+pub use compaction::{CompactionOutcome, MAX_COMPACTION_INPUTS};
 pub use init::open_listed_layer;
 use layer_map::LayerMap;
 use lsn_wait::LsnWait;

@@ -197,6 +197,12 @@ impl DeltaLayer {
         self.file.size()
     }
 
+    /// Marks the file as replaced by a committed manifest: it is removed once the last reader
+    /// lets go of this layer.
+    pub fn retire(&self) {
+        self.file.retire()
+    }
+
     fn corrupt(&self, reason: impl std::fmt::Display) -> DeltaLayerError {
         self.file.corrupt(reason).into()
     }

@@ -57,6 +57,11 @@ impl DeltaLayerWriter {
         }
     }
 
+    /// Bytes of values written so far (the file will be this plus its index and summary).
+    pub fn values_bytes(&self) -> u64 {
+        self.file.offset()
+    }
+
     /// Appends version `lsn` of `key`. Calls must come in strictly increasing (key, lsn) order.
     pub fn put_value(&mut self, key: Key, lsn: Lsn, value: &Value) -> Result<(), DeltaLayerError> {
         if lsn < self.lsn_start || lsn >= self.lsn_end {

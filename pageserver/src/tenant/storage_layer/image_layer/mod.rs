@@ -220,6 +220,12 @@ impl ImageLayer {
         self.file.size()
     }
 
+    /// Marks the file as replaced by a committed manifest: it is removed once the last reader
+    /// lets go of this layer.
+    pub fn retire(&self) {
+        self.file.retire()
+    }
+
     /// CRC-32C of the whole file, read straight from the file (not through the page cache: a
     /// bulk read must not push out the hot set).
     pub fn file_crc32c(&self) -> Result<u32, ImageLayerError> {

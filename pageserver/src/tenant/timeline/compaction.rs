@@ -1,0 +1,195 @@
+//! L0 → L1 compaction: the oldest L0 delta layers merged into L1 delta layers, each a part of
+//! the key space, so that a read visits one L1 per compacted LSN range instead of every L0.
+//!
+//! ```text
+//!   L0 [a,b)  L0 [b,c)  L0 [c,d)         (each over the whole key space it was written with)
+//!        \        |        /
+//!         MergeIter of DeltaStreams      (one version pending per input, ~1 MiB buffer each)
+//!                 |
+//!   L1 [a,d) keys k0..k1 | L1 [a,d) keys k1..k2 | ...   (cut at compaction_target_size,
+//!                                                        never inside one key's versions)
+//! ```
+//!
+//! # Steps, and what a crash after each leaves
+//!
+//! 1. The outputs are written, each durable under its final name (`StagedFile`). A crash
+//!    here leaves unlisted files of LSNs at or below `disk_consistent_lsn`: the next load logs
+//!    them and leaves them alone, and the timeline reads the L0s as before.
+//! 2. One manifest lists the outputs as L1 and names the inputs as retired: the commit point
+//!    (failpoint `compaction-before-manifest` just before it).
+//! 3. The layer map swaps the inputs for the outputs (failpoint `compaction-after-manifest`
+//!    just before it). A crash here: the next load opens the L1s and removes the retired L0s.
+//! 4. The inputs are marked retired; each file is removed when the last reader of an older
+//!    layer map snapshot lets go of it.
+//!
+//! Reads never wait for any of it: they go on against the snapshot they took.
+//!
+//! # Invariants
+//!
+//! - Only the oldest L0s are compacted, at least two at a time, so the outputs' LSN range
+//!   starts where the L1s end and is never any single L0's (an output never takes an input's
+//!   name).
+//! - An output holds every version of each of its keys in the inputs: a key's versions are
+//!   never split between two outputs, so a read visits exactly one of them.
+//! - Memory: the inputs' stream buffers, one pending version each, and the index of the output
+//!   being written (at most about 34 bytes per version of one output).
+
+use super::*;
+use crate::tenant::storage_layer::delta_layer::DeltaLayerWriter;
+use crate::tenant::storage_layer::merge_iter::{MergeError, MergeIter};
+
+/// The most L0s one compaction merges: bounds its memory to this many stream buffers.
+pub const MAX_COMPACTION_INPUTS: usize = 32;
+
+/// What one compaction did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CompactionOutcome {
+    /// L0 layers merged (0: there was nothing to do).
+    pub inputs: usize,
+    /// L1 layers written.
+    pub outputs: usize,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+}
+
+impl Timeline {
+    /// Merges the oldest L0 layers into L1 layers if there are at least `min_inputs` (and at
+    /// least two) of them. One compaction runs at a time per timeline; flushes and reads go on.
+    pub fn compact_l0(&self, min_inputs: usize) -> Result<CompactionOutcome, TimelineError> {
+        let _compacting = self
+            .compaction_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(TimelineError::ShuttingDown);
+        }
+        let inputs: Vec<Arc<DeltaLayer>> = {
+            let map = self.layer_map();
+            if map.l0.len() < min_inputs.max(2) {
+                return Ok(CompactionOutcome::default());
+            }
+            map.l0.iter().take(MAX_COMPACTION_INPUTS).cloned().collect()
+        };
+        let started = Instant::now();
+        let lsn_start = inputs[0].summary().lsn_start;
+        let lsn_end = inputs.last().expect("two or more").summary().lsn_end;
+        let written = self.write_l1(&inputs, lsn_start, lsn_end)?;
+        let outputs = written
+            .iter()
+            .map(|w| DeltaLayer::open(&w.path, self.cache.clone(), self.conf.max_value_size))
+            .collect::<Result<Vec<_>, _>>()?;
+
+        fail::fail_point!("compaction-before-manifest", |_| Err(TimelineError::Io {
+            path: self.dir.clone(),
+            source: std::io::Error::other("failpoint compaction-before-manifest"),
+        }));
+        self.commit_manifest(|manifest| {
+            for input in &inputs {
+                manifest.retire_layer(&input.summary().file_name());
+            }
+            for w in &written {
+                manifest.add_layer(LayerFileEntry {
+                    name: w.summary.file_name(),
+                    size: w.size,
+                    crc32c: w.crc32c,
+                    level: LayerLevel::L1,
+                });
+            }
+        })?;
+        fail::fail_point!("compaction-after-manifest", |_| Err(TimelineError::Io {
+            path: self.dir.clone(),
+            source: std::io::Error::other("failpoint compaction-after-manifest"),
+        }));
+        self.update_layer_map(|map| {
+            map.l0
+                .retain(|l| !inputs.iter().any(|input| Arc::ptr_eq(l, input)));
+            map.below_l0
+                .extend(outputs.into_iter().map(|l| Layer::Delta(Arc::new(l))));
+            map.sort_below_l0();
+            Ok::<_, TimelineError>(())
+        })?;
+        for input in &inputs {
+            input.retire();
+        }
+        let outcome = CompactionOutcome {
+            inputs: inputs.len(),
+            outputs: written.len(),
+            bytes_read: inputs.iter().map(|l| l.file_size()).sum(),
+            bytes_written: written.iter().map(|w| w.size).sum(),
+        };
+        crate::metrics::COMPACTION_BYTES_READ.inc_by(outcome.bytes_read);
+        crate::metrics::COMPACTION_BYTES_WRITTEN.inc_by(outcome.bytes_written);
+        crate::metrics::COMPACTIONS.inc();
+        tracing::info!(
+            tenant = %self.tenant_id,
+            timeline = %self.timeline_id,
+            inputs = outcome.inputs,
+            outputs = outcome.outputs,
+            bytes_read = outcome.bytes_read,
+            bytes_written = outcome.bytes_written,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "compacted L0 layers {lsn_start}..{lsn_end} into L1 layers"
+        );
+        Ok(outcome)
+    }
+
+    /// Streams the inputs' versions in (key, LSN) order into L1 files of about
+    /// `compaction_target_size` bytes each, cut only between keys. Files written before an
+    /// error are removed.
+    fn write_l1(
+        &self,
+        inputs: &[Arc<DeltaLayer>],
+        lsn_start: Lsn,
+        lsn_end: Lsn,
+    ) -> Result<Vec<WrittenLayer>, TimelineError> {
+        let mut done: Vec<WrittenLayer> = Vec::new();
+        let result = (|| {
+            let merge = MergeIter::new(inputs.iter().map(|l| l.stream()).collect());
+            let mut writer: Option<DeltaLayerWriter> = None;
+            let mut last_key = None;
+            for version in merge {
+                let (key, lsn, value) = version.map_err(|e| match e {
+                    MergeError::Input(e) => TimelineError::Layer(e),
+                    e @ MergeError::OutOfOrder { .. } => TimelineError::LayerSet {
+                        file: "the L0 layers being compacted".to_owned(),
+                        reason: e.to_string(),
+                    },
+                })?;
+                if last_key != Some(key) {
+                    if let Some(full) =
+                        writer.take_if(|w| w.values_bytes() >= self.conf.compaction_target_size)
+                    {
+                        done.push(full.finish()?);
+                    }
+                }
+                let w = match &mut writer {
+                    Some(w) => w,
+                    None => writer.insert(DeltaLayerWriter::new(
+                        &self.dir,
+                        self.tenant_id,
+                        self.timeline_id,
+                        lsn_start,
+                        lsn_end,
+                    )?),
+                };
+                w.put_value(key, lsn, &value)?;
+                last_key = Some(key);
+            }
+            if let Some(w) = writer {
+                done.push(w.finish()?);
+            }
+            Ok::<_, TimelineError>(())
+        })();
+        if let Err(e) = result {
+            // Not listed anywhere yet: nothing else knows these files.
+            for w in &done {
+                let _ = std::fs::remove_file(&w.path);
+            }
+            return Err(e);
+        }
+        Ok(done)
+    }
+}
+
+#[cfg(test)]
+mod tests;
