@@ -53,6 +53,13 @@ checkpoint_timeout = "10m"
 max_frozen_layers = 2
 # Compaction writes L1 delta layers of about this many bytes each.
 compaction_target_size = "128MiB"
+# The background loop compacts a timeline's L0 delta layers once this many wait (0 turns
+# background compaction, and the backpressure below, off)...
+compaction_threshold = 4
+# ...each ingest batch waits a little for it (10 ms per L0 past this, at most 100 ms)...
+l0_slowdown_threshold = 8
+# ...and at this many, batches wait until compaction catches up (a 503 after 60 s).
+l0_stop_threshold = 12
 
 # A read at an LSN not yet ingested waits this long for it, then fails.
 wait_lsn_timeout = "60s"
@@ -131,6 +138,9 @@ pub struct PageServerConf {
     pub max_frozen_layers: usize,
     #[serde(deserialize_with = "size")]
     pub compaction_target_size: u64,
+    pub compaction_threshold: usize,
+    pub l0_slowdown_threshold: usize,
+    pub l0_stop_threshold: usize,
     #[serde(deserialize_with = "duration")]
     pub wait_lsn_timeout: Duration,
     pub max_lsn_waiters: usize,
@@ -171,6 +181,9 @@ impl Default for PageServerConf {
             checkpoint_timeout: timeline.checkpoint_timeout,
             max_frozen_layers: timeline.max_frozen_layers,
             compaction_target_size: timeline.compaction_target_size,
+            compaction_threshold: timeline.compaction_threshold,
+            l0_slowdown_threshold: timeline.l0_slowdown_threshold,
+            l0_stop_threshold: timeline.l0_stop_threshold,
             wait_lsn_timeout: Duration::from_secs(60),
             max_lsn_waiters: timeline.max_lsn_waiters,
             max_value_size: timeline.max_value_size,
@@ -292,6 +305,23 @@ impl PageServerConf {
             MIN_CHECKPOINT_DISTANCE..=MAX_CHECKPOINT_DISTANCE,
             sizes,
         )?;
+        if self.compaction_threshold != 0 {
+            in_range(
+                "compaction_threshold",
+                self.compaction_threshold,
+                2..=crate::tenant::timeline::MAX_COMPACTION_INPUTS,
+            )?;
+        }
+        in_range(
+            "l0_slowdown_threshold",
+            self.l0_slowdown_threshold,
+            self.compaction_threshold..=MAX_L0_THRESHOLD,
+        )?;
+        in_range(
+            "l0_stop_threshold",
+            self.l0_stop_threshold,
+            self.l0_slowdown_threshold..=MAX_L0_THRESHOLD,
+        )?;
         in_range_shown(
             "wait_lsn_timeout",
             self.wait_lsn_timeout,
@@ -377,6 +407,9 @@ impl PageServerConf {
             max_frozen_layers: self.max_frozen_layers,
             max_lsn_waiters: self.max_lsn_waiters,
             compaction_target_size: self.compaction_target_size,
+            compaction_threshold: self.compaction_threshold,
+            l0_slowdown_threshold: self.l0_slowdown_threshold,
+            l0_stop_threshold: self.l0_stop_threshold,
         }
     }
 }
@@ -426,6 +459,8 @@ pub const MIN_REQUEST_BODY: u64 = 31 + crate::PAGE_SZ as u64;
 /// The largest `max_request_body_size`: a body is held in memory whole.
 pub const MAX_REQUEST_BODY: u64 = 4 << 30;
 /// `checkpoint_distance` from one page...
+/// The most L0 layers `l0_slowdown_threshold` and `l0_stop_threshold` may allow.
+pub const MAX_L0_THRESHOLD: usize = 1000;
 pub const MIN_CHECKPOINT_DISTANCE: u64 = crate::PAGE_SZ as u64;
 /// ...to 1 TiB, far beyond any memory the open layer's index could use.
 pub const MAX_CHECKPOINT_DISTANCE: u64 = 1 << 40;

@@ -108,6 +108,15 @@ pub static COMPACTION_BYTES_WRITTEN: LazyLock<IntCounter> = LazyLock::new(|| {
         "Bytes of L1 layer files written by compactions",
     )
 });
+pub static INGEST_L0_WAIT_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "pageserver_ingest_l0_wait_seconds",
+        "Time batches waited for L0 compaction before being stored (reason: slowdown, stop)",
+        &["reason"],
+        LATENCY_BUCKETS.to_vec()
+    )
+    .expect("metric names are unique")
+});
 pub static BACKPRESSURE_FLUSHES: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "pageserver_ingest_backpressure_flushes_total",
@@ -306,6 +315,9 @@ pub fn register_all(wait_lsn_timeout: Duration) {
         WAIT_LSN_SECONDS.with_label_values(&[outcome]);
     }
     LazyLock::force(&LAYER_FLUSH_SECONDS);
+    for reason in ["slowdown", "stop"] {
+        INGEST_L0_WAIT_SECONDS.with_label_values(&[reason]);
+    }
     for outcome in ["ok", "not_found", "error"] {
         GETPAGE_SECONDS.with_label_values(&[outcome]);
     }

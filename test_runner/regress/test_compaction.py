@@ -3,15 +3,21 @@ step (the process killed at each failpoint of a compaction restarts with the mod
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import requests
 
 from fixtures.ingest import Workload, key
 from fixtures.plugin import PageserverFactory
 from fixtures.timeline import TimelineHandle
+from fixtures.threads import Failures
+from fixtures.utils import wait_until
 
 CONNECTION_LOST = (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError)
 KEYS = [key(i) for i in range(24)]
+# Compaction only when asked for (PUT .../compact), never in the background.
+ON_REQUEST = {"compaction_target_size": "64KiB", "compaction_threshold": 0}
 
 
 def l0_rounds(timeline: TimelineHandle, work: Workload, rounds: int) -> None:
@@ -27,7 +33,7 @@ def layer_files(timeline: TimelineHandle) -> list[str]:
 
 
 def test_compaction_over_http(pageserver_factory: PageserverFactory):
-    ps = pageserver_factory.start({"compaction_target_size": "64KiB"})
+    ps = pageserver_factory.start(ON_REQUEST)
     timeline = TimelineHandle.create(ps)
     work = Workload(5, KEYS)
     l0_rounds(timeline, work, 6)
@@ -74,7 +80,7 @@ COMPACTION_CRASH_POINTS = [
 @pytest.mark.needs_testing
 @pytest.mark.parametrize("failpoint", COMPACTION_CRASH_POINTS)
 def test_crash_during_compaction(pageserver_factory: PageserverFactory, failpoint: str):
-    ps = pageserver_factory.start({"compaction_target_size": "64KiB"})
+    ps = pageserver_factory.start(ON_REQUEST)
     timeline = TimelineHandle.create(ps)
     work = Workload(6, KEYS)
     l0_rounds(timeline, work, 4)
@@ -101,4 +107,89 @@ def test_crash_during_compaction(pageserver_factory: PageserverFactory, failpoin
     assert timeline.info()["layers"]["l0"] == 0
     timeline.verify()
     ps.restart()
+    timeline.verify()
+
+
+BACKGROUND = {
+    "checkpoint_distance": "32KiB",
+    "compaction_target_size": "64KiB",
+    "compaction_threshold": 2,
+    "l0_slowdown_threshold": 3,
+    "l0_stop_threshold": 5,
+}
+
+
+def test_background_compaction_keeps_l0_bounded(pageserver_factory: PageserverFactory):
+    """Ingest that flushes by size on its own: the background loop compacts as L0s appear, the
+    L0 count never passes l0_stop_threshold, and every answer stays the model's."""
+    ps = pageserver_factory.start(BACKGROUND)
+    timeline = TimelineHandle.create(ps)
+    work = Workload(7, KEYS)
+    most_l0 = 0
+    for _ in range(150):
+        timeline.ingest(work.batch())
+        most_l0 = max(most_l0, timeline.info()["layers"]["l0"])
+    assert most_l0 <= BACKGROUND["l0_stop_threshold"], most_l0
+    info = wait_until(
+        lambda: (i := timeline.info())["layers"]["l1"] > 0 and i["layers"]["l0"] < 2 and i,
+        what="background compaction below compaction_threshold",
+    )
+    assert info["layers"]["l1"] >= 1
+    timeline.verify()
+    metrics = ps.http.metrics_text()
+    assert "pageserver_compactions_total 0" not in metrics
+    ps.restart()
+    timeline.verify()
+
+
+@pytest.mark.needs_testing
+def test_ingest_stops_at_the_l0_limit_until_compaction_runs(pageserver_factory: PageserverFactory):
+    """With the compaction loop failing (a failpoint panics each pass), L0s pile up to
+    l0_stop_threshold; the next batch waits, with a log line, and goes through as soon as
+    compaction runs again."""
+    ps = pageserver_factory.start(BACKGROUND, env={"FAILPOINTS": "compaction-loop=panic"})
+    ps.allowed_errors.extend(["a compaction-loop pass panicked", "panicked at", "ingest stopped: "])
+    timeline = TimelineHandle.create(ps)
+    work = Workload(8, KEYS)
+    while timeline.info()["layers"]["l0"] < BACKGROUND["l0_stop_threshold"]:
+        timeline.ingest(work.batch())
+        timeline.checkpoint()
+    failures = Failures()
+    done = threading.Event()
+
+    def held_batch() -> None:
+        timeline.ingest(work.batch(), http=ps.http_client())
+        done.set()
+
+    t = failures.run(held_batch)
+    wait_until(lambda: ps.log_contains("ingest stopped: 5 L0 layers"), what="the stop logged")
+    assert not done.is_set() and not failures.errors
+    # Reads and the layer listing are not held.
+    assert timeline.info()["layers"]["l0"] == BACKGROUND["l0_stop_threshold"]
+    timeline.verify()
+    ps.http.configure_failpoints(("compaction-loop", "off"))
+    t.join(60)
+    failures.check()
+    assert done.is_set()
+    assert ps.log_contains("ingest resumed after waiting for compaction")
+    assert 'pageserver_ingest_l0_wait_seconds_count{reason="stop"} 1' in ps.http.metrics_text()
+    timeline.verify()
+
+
+@pytest.mark.needs_testing
+def test_kill_during_background_compaction(pageserver_factory: PageserverFactory):
+    """The process dies inside a background compaction, right after its manifest is durable;
+    the restart finishes it (retired L0s removed) and loses nothing."""
+    ps = pageserver_factory.start(BACKGROUND, env={"FAILPOINTS": "compaction-after-manifest=exit"})
+    timeline = TimelineHandle.create(ps)
+    work = Workload(9, KEYS)
+    for _ in range(200):
+        try:
+            timeline.ingest(work.batch())
+        except CONNECTION_LOST:
+            break
+    assert ps.wait_for_exit() == 1
+    ps.start()
+    timeline.recover()
+    assert timeline.info()["layers"]["l1"] >= 1
     timeline.verify()

@@ -14,33 +14,10 @@ from fixtures.http import PageserverApiError
 from fixtures.ingest import Image, Workload, key, page_of
 from fixtures.plugin import PageserverFactory
 from fixtures.timeline import TimelineHandle
+from fixtures.threads import Failures
 from fixtures.utils import Lsn, wait_until
 
 DURATION = 4.0  # seconds of concurrent traffic per test
-
-
-class Failures:
-    """Collects exceptions from worker threads; the test fails with the first."""
-
-    def __init__(self) -> None:
-        self.errors: list[BaseException] = []
-        self.stop = threading.Event()
-
-    def run(self, fn, *args):
-        def body():
-            try:
-                fn(*args)
-            except BaseException as e:  # noqa: BLE001 - re-raised by check()
-                self.errors.append(e)
-                self.stop.set()
-
-        t = threading.Thread(target=body, daemon=True)
-        t.start()
-        return t
-
-    def check(self) -> None:
-        if self.errors:
-            raise self.errors[0]
 
 
 def test_concurrent_ingest_reads_and_checkpoints(pageserver_factory: PageserverFactory):

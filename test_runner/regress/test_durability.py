@@ -17,7 +17,7 @@ import requests
 from fixtures.http import PageserverApiError
 from fixtures.ingest import Image, Workload, key, page_of
 from fixtures.pageserver import Pageserver
-from fixtures.plugin import PageserverFactory
+from fixtures.plugin import NO_BACKGROUND_COMPACTION, PageserverFactory
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn
 
@@ -61,7 +61,7 @@ def test_graceful_shutdown_flushes_everything(pageserver_factory: PageserverFact
 
 
 def test_checkpoint_then_restart(pageserver_factory: PageserverFactory):
-    ps = pageserver_factory.start({"checkpoint_distance": "64KiB"})
+    ps = pageserver_factory.start({"checkpoint_distance": "64KiB", **NO_BACKGROUND_COMPACTION})
     timelines = [TimelineHandle.create(ps) for _ in range(2)]
     # A second timeline of the first tenant, too.
     tl_id = ps.http.timeline_create(timelines[0].tenant_id)["timeline_id"]

@@ -9,7 +9,7 @@ import os
 from fixtures.ingest import Image, key, page_of
 from fixtures.metrics import Metrics
 from fixtures.pageserver import Pageserver
-from fixtures.plugin import PageserverFactory
+from fixtures.plugin import NO_BACKGROUND_COMPACTION, PageserverFactory
 from fixtures.timeline import TimelineHandle
 
 PROCESS_LIMIT = 128
@@ -21,7 +21,7 @@ def open_descriptors(ps: Pageserver) -> int:
 
 
 def test_more_layers_than_the_process_may_open(pageserver_factory: PageserverFactory):
-    ps = pageserver_factory.create({"max_file_descriptors": 32})
+    ps = pageserver_factory.create({"max_file_descriptors": 32, **NO_BACKGROUND_COMPACTION})
     ps.open_files_limit = PROCESS_LIMIT
     ps.start()
     timeline = TimelineHandle.create(ps)

@@ -13,7 +13,7 @@ from fixtures.http import PageserverApiError, api_error
 from fixtures.ingest import Image, Workload, delta, key, page_of, rel_key
 from fixtures.metrics import Metrics
 from fixtures.pageserver import Pageserver
-from fixtures.plugin import PageserverFactory
+from fixtures.plugin import NO_BACKGROUND_COMPACTION, PageserverFactory
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
 
@@ -346,10 +346,12 @@ def test_an_lsn_not_yet_ingested_waits_then_fails(pageserver_factory: Pageserver
     assert [k for k, _ in entries_of(r.json())] == [key(1)]
 
 
-def test_read_cost_of_a_resumed_page_and_a_reseeked_one(pageserver: Pageserver):
+def test_read_cost_of_a_resumed_page_and_a_reseeked_one(pageserver_factory: PageserverFactory):
     """X-Read-Cost is on every page. With everything cached, the page a kept cursor resumes
     reads fewer index blocks than the same page re-seeked from the token (its cursor taken by
-    the first use), and both give the same entries."""
+    the first use), and both give the same entries. (No background compaction: it would change
+    the layer set between the pages, and every cursor would re-seek.)"""
+    pageserver = pageserver_factory.start(NO_BACKGROUND_COMPACTION)
     timeline = TimelineHandle.create(pageserver)
     for layer in range(4):
         timeline.ingest([Image(key(i), 0x10 + layer, page_of(i, 200)) for i in range(layer, 400, 4)])

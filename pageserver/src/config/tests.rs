@@ -157,6 +157,18 @@ fn values_that_break_the_server_are_refused_with_their_range() {
             "materialized_versions_per_key=9",
             "materialized_versions_per_key = 9 is out of range: it must be from 0 to 8",
         ),
+        (
+            "compaction_threshold=1",
+            "compaction_threshold = 1 is out of range: it must be from 2 to 32",
+        ),
+        (
+            "l0_slowdown_threshold=3",
+            "l0_slowdown_threshold = 3 is out of range: it must be from 4 to 1000",
+        ),
+        (
+            "l0_stop_threshold=7",
+            "l0_stop_threshold = 7 is out of range: it must be from 8 to 1000",
+        ),
     ];
     for (setting, message) in cases {
         let e = load(&[setting]).unwrap_err().to_string();
@@ -169,9 +181,11 @@ fn values_that_break_the_server_are_refused_with_their_range() {
         "max_frozen_layers=1",
         "wait_lsn_timeout=1ms",
         "materialized_versions_per_key=0",
+        "compaction_threshold=0",
     ])
     .unwrap();
     assert_eq!(conf.page_cache_conf().materialized_versions_per_key, 0);
+    assert_eq!(conf.timeline_conf().compaction_threshold, 0);
     let conf = load(&[
         "max_request_body_size=4GiB",
         "max_buffered_request_bytes=4GiB",

@@ -131,6 +131,7 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         LsnNotYetIngested { .. }
         | WaitLsnTimeout { .. }
         | TooManyLsnWaiters { .. }
+        | IngestStopped { .. }
         | Broken { .. }
         | ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         Put(_)

@@ -50,7 +50,8 @@ use utils::{TenantId, TimelineId, Wakeup};
 
 use crate::io::crashsafe;
 use crate::page_cache::PageCache;
-use crate::tenant::tasks::flush::{tick_for, FlushLoop};
+use crate::tenant::tasks::flush::tick_for;
+use crate::tenant::tasks::{compaction, flush, BackgroundLoop};
 use crate::tenant::timeline::metadata::TimelineMetadata;
 use crate::tenant::timeline::{Timeline, TimelineConf, TimelineError};
 
@@ -116,7 +117,10 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> TenantError + '_ {
 struct Shared {
     cache: Arc<PageCache>,
     conf: TimelineConf,
+    /// Wakes the flush loop.
     wakeup: Arc<Wakeup>,
+    /// Wakes the compaction loop.
+    compaction_wakeup: Arc<Wakeup>,
 }
 
 /// What is changing in a tenant's directory; see "Creation against deletion" above.
@@ -164,7 +168,8 @@ pub struct TenantManager {
     tenants: Arc<RwLock<BTreeMap<TenantId, Arc<Tenant>>>>,
     /// Held while a tenant directory is created; holds the tenants being deleted.
     tenant_dirs: Mutex<BTreeSet<TenantId>>,
-    flush_loop: Mutex<Option<FlushLoop>>,
+    flush_loop: Mutex<Option<BackgroundLoop>>,
+    compaction_loop: Mutex<Option<BackgroundLoop>>,
 }
 
 impl TenantManager {
@@ -182,6 +187,7 @@ impl TenantManager {
             cache,
             conf,
             wakeup: Arc::new(Wakeup::new()),
+            compaction_wakeup: Arc::new(Wakeup::new()),
         });
         let mut report = LoadReport::default();
         let mut tenants = BTreeMap::new();
@@ -199,7 +205,12 @@ impl TenantManager {
             tenants.insert(id, Arc::new(tenant));
         }
         let tenants = Arc::new(RwLock::new(tenants));
-        let flush_loop = FlushLoop::spawn(shared.wakeup.clone(), tick, {
+        let flush_loop = flush::spawn(shared.wakeup.clone(), tick, {
+            let tenants = tenants.clone();
+            move || all_timelines(&tenants)
+        })
+        .map_err(io_error(&tenants_dir))?;
+        let compaction_loop = compaction::spawn(shared.compaction_wakeup.clone(), tick, {
             let tenants = tenants.clone();
             move || all_timelines(&tenants)
         })
@@ -211,6 +222,7 @@ impl TenantManager {
                 tenants,
                 tenant_dirs: Mutex::new(BTreeSet::new()),
                 flush_loop: Mutex::new(Some(flush_loop)),
+                compaction_loop: Mutex::new(Some(compaction_loop)),
             },
             report,
         ))
@@ -320,6 +332,11 @@ impl TenantManager {
     /// Graceful shutdown: stops the flush loop, then makes everything ingested durable and
     /// refuses further puts. Returns the first flush error after trying every timeline.
     pub fn shutdown(&self) -> Result<(), TenantError> {
+        // A compaction in progress stops early once its timeline shuts down below.
+        let compaction_loop = lock(&self.compaction_loop).take();
+        if let Some(compaction_loop) = &compaction_loop {
+            compaction_loop.request_stop();
+        }
         if let Some(flush_loop) = lock(&self.flush_loop).take() {
             flush_loop.stop();
         }
@@ -333,6 +350,9 @@ impl TenantManager {
                 );
                 first_error.get_or_insert(TenantError::Timeline(e));
             }
+        }
+        if let Some(compaction_loop) = compaction_loop {
+            compaction_loop.stop();
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -384,7 +404,9 @@ impl Tenant {
                         elapsed_ms = started.elapsed().as_millis() as u64,
                         "loaded timeline"
                     );
-                    let timeline = timeline.with_flush_wakeup(shared.wakeup.clone());
+                    let timeline = timeline
+                        .with_flush_wakeup(shared.wakeup.clone())
+                        .with_compaction_wakeup(shared.compaction_wakeup.clone());
                     timelines.insert(timeline_id, Arc::new(timeline));
                 }
                 Err(e) => {
@@ -458,7 +480,8 @@ impl Tenant {
             self.shared.cache.clone(),
             self.shared.conf.clone(),
         )?
-        .with_flush_wakeup(self.shared.wakeup.clone());
+        .with_flush_wakeup(self.shared.wakeup.clone())
+        .with_compaction_wakeup(self.shared.compaction_wakeup.clone());
         let timeline = Arc::new(timeline);
         self.timelines
             .write()

@@ -303,6 +303,8 @@ fn the_flush_loop_flushes_by_checkpoint_distance_while_ingest_continues() {
         // Never by age in this test, and no inline flushes: only the loop writes layers.
         checkpoint_timeout: Duration::from_secs(3600),
         max_frozen_layers: usize::MAX,
+        // Every flushed layer stays an L0, to be counted.
+        compaction_threshold: 0,
         ..TimelineConf::default()
     };
     let mgr = load(workdir.path(), conf);
@@ -321,6 +323,39 @@ fn the_flush_loop_flushes_by_checkpoint_distance_while_ingest_continues() {
     for k in 0..7u32 {
         let newest = (1..=40u64).rev().find(|l| *l as u32 % 7 == k).unwrap();
         let page = timeline.get_page(rel_key(k), Lsn(40)).unwrap().unwrap();
+        assert_eq!(page[0], newest as u8);
+    }
+}
+
+#[test]
+fn the_compaction_loop_merges_l0s_as_flushes_add_them() {
+    let workdir = tempfile::tempdir().unwrap();
+    let conf = TimelineConf {
+        checkpoint_distance: 4 * PAGE_SZ as u64,
+        checkpoint_timeout: Duration::from_secs(3600),
+        compaction_threshold: 3,
+        l0_slowdown_threshold: 5,
+        l0_stop_threshold: 6,
+        ..TimelineConf::default()
+    };
+    let mgr = load(workdir.path(), conf);
+    let timeline = new_timeline(&mgr);
+    let mut most_l0 = 0;
+    for lsn in 1..=200u64 {
+        timeline
+            .put(rel_key(lsn as u32 % 7), Lsn(lsn), &image(lsn as u8))
+            .unwrap();
+        most_l0 = most_l0.max(timeline.layer_counts().l0);
+    }
+    // The bound: l0_stop_threshold + max_frozen_layers.
+    assert!(most_l0 <= 6 + 2, "{most_l0} L0 layers at once");
+    eventually("the loop compacted below the threshold", || {
+        let counts = timeline.layer_counts();
+        counts.frozen == 0 && counts.l0 < 3 && counts.l1 > 0
+    });
+    for k in 0..7u32 {
+        let newest = (1..=200u64).rev().find(|l| *l as u32 % 7 == k).unwrap();
+        let page = timeline.get_page(rel_key(k), Lsn(200)).unwrap().unwrap();
         assert_eq!(page[0], newest as u8);
     }
 }

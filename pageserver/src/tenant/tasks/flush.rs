@@ -14,78 +14,24 @@
 //! [`crate::tenant::timeline`]). A failed flush leaves its layer frozen and is retried on the
 //! next wakeup; each failure is logged.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use utils::Wakeup;
 
+use super::BackgroundLoop;
 use crate::tenant::timeline::Timeline;
 
-/// The running loop; stopping it (or dropping it) finishes the pass in progress and joins the
-/// thread.
-pub struct FlushLoop {
-    stop: Arc<AtomicBool>,
+/// Starts the flush loop. `timelines` lists the timelines to serve on each pass.
+pub fn spawn<F>(
     wakeup: Arc<Wakeup>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl FlushLoop {
-    /// Starts the loop. `timelines` lists the timelines to serve on each pass.
-    pub fn spawn<F>(wakeup: Arc<Wakeup>, tick: Duration, timelines: F) -> std::io::Result<Self>
-    where
-        F: Fn() -> Vec<Arc<Timeline>> + Send + 'static,
-    {
-        let stop = Arc::new(AtomicBool::new(false));
-        let thread = std::thread::Builder::new()
-            .name("flush-loop".into())
-            .spawn({
-                let stop = stop.clone();
-                let wakeup = wakeup.clone();
-                move || {
-                    while !stop.load(Ordering::Acquire) {
-                        wakeup.wait(tick);
-                        if stop.load(Ordering::Acquire) {
-                            break;
-                        }
-                        // A panic in one pass (a bug, or a failpoint) must not end background
-                        // flushing for good: log it and go on with the next pass.
-                        let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            run_pass(&timelines())
-                        }));
-                        if pass.is_err() {
-                            tracing::error!("a flush loop pass panicked; the loop goes on");
-                        }
-                    }
-                }
-            })?;
-        Ok(FlushLoop {
-            stop,
-            wakeup,
-            thread: Some(thread),
-        })
-    }
-
-    pub fn stop(mut self) {
-        self.stop_and_join();
-    }
-
-    fn stop_and_join(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        self.wakeup.notify();
-        if let Some(thread) = self.thread.take() {
-            if thread.join().is_err() {
-                tracing::error!("the flush loop panicked");
-            }
-        }
-    }
-}
-
-impl Drop for FlushLoop {
-    fn drop(&mut self) {
-        self.stop_and_join();
-    }
+    tick: Duration,
+    timelines: F,
+) -> std::io::Result<BackgroundLoop>
+where
+    F: Fn() -> Vec<Arc<Timeline>> + Send + 'static,
+{
+    BackgroundLoop::spawn("flush-loop", wakeup, tick, move || run_pass(&timelines()))
 }
 
 /// The tick for a `checkpoint_timeout`: a quarter of it (a layer is frozen within a quarter of

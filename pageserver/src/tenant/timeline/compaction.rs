@@ -111,6 +111,7 @@ impl Timeline {
         for input in &inputs {
             input.retire();
         }
+        self.l0_count_changed();
         let outcome = CompactionOutcome {
             inputs: inputs.len(),
             outputs: written.len(),
@@ -147,7 +148,10 @@ impl Timeline {
             let merge = MergeIter::new(inputs.iter().map(|l| l.stream()).collect());
             let mut writer: Option<DeltaLayerWriter> = None;
             let mut last_key = None;
-            for version in merge {
+            for (n, version) in merge.enumerate() {
+                if n % 4096 == 0 && self.shutting_down.load(Ordering::Acquire) {
+                    return Err(TimelineError::ShuttingDown);
+                }
                 let (key, lsn, value) = version.map_err(|e| match e {
                     MergeError::Input(e) => TimelineError::Layer(e),
                     e @ MergeError::OutOfOrder { .. } => TimelineError::LayerSet {

@@ -79,6 +79,12 @@ impl Timeline {
                 self.disk_consistent_lsn.store(durable.0, Ordering::Release);
                 Ok::<_, TimelineError>(())
             })?;
+            if let Some(compaction) = &self.compaction_wakeup {
+                let threshold = self.conf.compaction_threshold;
+                if threshold != 0 && self.layer_map().l0.len() >= threshold {
+                    compaction.notify();
+                }
+            }
             crate::metrics::LAYER_FLUSHES.inc();
             crate::metrics::LAYER_FLUSH_SECONDS.observe(started.elapsed().as_secs_f64());
             if let Some(delta) = &delta {
@@ -124,6 +130,8 @@ impl Timeline {
     /// ingested before the call durable. Waits for a flush in progress either way; flushes
     /// after it do nothing.
     pub fn shutdown(&self, flush: bool) -> Result<(), TimelineError> {
+        self.shutting_down.store(true, Ordering::Release);
+        self.l0_count_changed();
         self.writer().stopping = true;
         // No read waits for an LSN that will not come.
         self.cancel_lsn_waits();

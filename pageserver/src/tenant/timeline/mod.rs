@@ -61,6 +61,21 @@
 //! itself before returning: ingest slows to the disk's pace instead of filling memory and the
 //! ephemeral files without bound.
 //!
+//! # Backpressure on L0 layers
+//!
+//! Each flush adds an L0 layer, and a read may visit every one; the background compaction loop
+//! (`tenant::tasks::compaction`, woken by a flush that reaches `compaction_threshold`) merges
+//! them into L1s. If it falls behind, ingest waits for it instead of letting reads slow down
+//! without bound: with `l0_slowdown_threshold` L0s a batch first waits 10 ms per L0 past it (at
+//! most 100 ms) or until a compaction finishes; with `l0_stop_threshold` it waits until
+//! compaction brings the count below that (refused with a 503 after `L0_STOP_MAX_WAIT`), with
+//! a log line and the `pageserver_ingest_l0_wait_seconds` histogram. The wait happens outside
+//! `write_lock` (nothing else waits behind a held batch) and the count is checked again under
+//! it, so one batch at a time goes through on the room there is. A batch can flush at most
+//! `max_frozen_layers + 1` layers itself, so the L0 count stays at or below
+//! `l0_stop_threshold + max_frozen_layers`. With `compaction_threshold = 0` there is no loop
+//! and no backpressure.
+//!
 //! # Failure
 //!
 //! An error while storing a validated batch (an ephemeral file write failed) leaves part of the
@@ -102,6 +117,13 @@ use crate::tenant::timeline::metadata::{
 use crate::PAGE_SZ;
 use scan::{ScanCursor, ScanPage};
 
+/// How much longer a batch waits per L0 layer past `l0_slowdown_threshold`.
+const L0_SLOWDOWN_STEP: Duration = Duration::from_millis(10);
+/// The longest a batch waits at slowdown.
+const L0_SLOWDOWN_MAX: Duration = Duration::from_millis(100);
+/// The longest a batch waits at `l0_stop_threshold` before it is refused.
+pub const L0_STOP_MAX_WAIT: Duration = Duration::from_secs(60);
+
 /// Settings a timeline needs.
 #[derive(Clone, Debug)]
 pub struct TimelineConf {
@@ -117,6 +139,13 @@ pub struct TimelineConf {
     pub max_lsn_waiters: usize,
     /// Compaction writes L1 layers of about this many bytes each.
     pub compaction_target_size: u64,
+    /// The background loop compacts once this many L0 layers wait; 0: never (and no L0
+    /// backpressure).
+    pub compaction_threshold: usize,
+    /// With this many L0 layers, each batch waits a little for compaction first.
+    pub l0_slowdown_threshold: usize,
+    /// With this many L0 layers, batches wait until compaction brings the count below it.
+    pub l0_stop_threshold: usize,
 }
 
 impl Default for TimelineConf {
@@ -128,6 +157,9 @@ impl Default for TimelineConf {
             max_frozen_layers: 2,
             max_lsn_waiters: 1024,
             compaction_target_size: 128 * 1024 * 1024,
+            compaction_threshold: 4,
+            l0_slowdown_threshold: 8,
+            l0_stop_threshold: 12,
         }
     }
 }
@@ -192,6 +224,12 @@ pub enum TimelineError {
     Broken { reason: String },
     #[error("the timeline is shutting down")]
     ShuttingDown,
+    #[error("ingest is stopped: {l0} L0 layers wait for compaction (l0_stop_threshold is {limit}), and none was compacted in {waited:?}; try again later")]
+    IngestStopped {
+        l0: usize,
+        limit: usize,
+        waited: Duration,
+    },
     #[error("{limit} reads already wait for an LSN on this timeline; try again later")]
     TooManyLsnWaiters { limit: usize },
     #[error(transparent)]
@@ -302,6 +340,14 @@ pub struct Timeline {
     /// is stored (`commit_manifest`), and replaced once it is.
     manifest: Mutex<TimelineMetadata>,
     flush_wakeup: Option<Arc<Wakeup>>,
+    /// Wakes the background compaction loop; without one there is no L0 backpressure (nothing
+    /// would lower the count).
+    compaction_wakeup: Option<Arc<Wakeup>>,
+    /// Notified whenever a compaction lowers the L0 count, for batches held by backpressure.
+    l0_lock: Mutex<()>,
+    l0_changed: std::sync::Condvar,
+    /// Set when shutdown begins: held batches and a compaction in progress give up.
+    shutting_down: AtomicBool,
     /// Set by `shutdown`: flushes that start later do nothing (the directory may be going).
     stopped: AtomicBool,
     last_record_lsn: AtomicU64,
@@ -314,6 +360,13 @@ impl Timeline {
     /// Wakes `wakeup` whenever a layer is frozen, so a background flush loop writes it out.
     pub fn with_flush_wakeup(mut self, wakeup: Arc<Wakeup>) -> Timeline {
         self.flush_wakeup = Some(wakeup);
+        self
+    }
+
+    /// Wakes `wakeup` whenever a flush adds an L0 layer past `compaction_threshold`, and turns
+    /// on the backpressure that waits for the loop it wakes.
+    pub fn with_compaction_wakeup(mut self, wakeup: Arc<Wakeup>) -> Timeline {
+        self.compaction_wakeup = Some(wakeup);
         self
     }
 
@@ -431,7 +484,18 @@ impl Timeline {
     /// batch is validated first: a refused batch changes nothing. Returns once every version is
     /// readable.
     pub fn put_batch(&self, records: &[PutRecord]) -> Result<(), TimelineError> {
-        let mut writer = self.writer();
+        // Held outside write_lock, so that a held batch keeps no checkpoint, flush or shutdown
+        // waiting; then checked again under it, so that batches that waited together do not
+        // all go through on the same room.
+        let mut writer = loop {
+            if !records.is_empty() {
+                self.wait_for_l0_room()?;
+            }
+            let writer = self.writer();
+            if records.is_empty() || !self.l0_stopped() {
+                break writer;
+            }
+        };
         if writer.stopping {
             return Err(TimelineError::ShuttingDown);
         }
@@ -532,6 +596,89 @@ impl Timeline {
             writer.open_since = Some(Instant::now());
             Ok(layer)
         })
+    }
+
+    /// Backpressure on the L0 count, when a compaction loop serves this timeline: with
+    /// `l0_slowdown_threshold` L0 layers a batch first waits a little (longer the more L0s) or
+    /// until a compaction finishes; with `l0_stop_threshold` it waits until compaction brings
+    /// the count below that, for at most `L0_STOP_MAX_WAIT`, then is refused (503).
+    fn wait_for_l0_room(&self) -> Result<(), TimelineError> {
+        let Some(compaction) = &self.compaction_wakeup else {
+            return Ok(());
+        };
+        let conf = &self.conf;
+        if conf.compaction_threshold == 0 {
+            return Ok(());
+        }
+        let l0 = self.layer_map().l0.len();
+        if l0 < conf.l0_slowdown_threshold {
+            return Ok(());
+        }
+        compaction.notify();
+        let started = Instant::now();
+        let guard = self.l0_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if l0 < conf.l0_stop_threshold {
+            let excess = (l0 + 1 - conf.l0_slowdown_threshold) as u32;
+            let delay = (L0_SLOWDOWN_STEP * excess).min(L0_SLOWDOWN_MAX);
+            let _ = self.l0_changed.wait_timeout(guard, delay);
+            crate::metrics::INGEST_L0_WAIT_SECONDS
+                .with_label_values(&["slowdown"])
+                .observe(started.elapsed().as_secs_f64());
+            return Ok(());
+        }
+        tracing::warn!(
+            tenant = %self.tenant_id,
+            timeline = %self.timeline_id,
+            "ingest stopped: {l0} L0 layers wait for compaction (l0_stop_threshold {})",
+            conf.l0_stop_threshold
+        );
+        let mut guard = guard;
+        let outcome = loop {
+            let now = self.layer_map().l0.len();
+            if now < conf.l0_stop_threshold {
+                break Ok(());
+            }
+            if self.shutting_down.load(Ordering::Acquire) {
+                break Err(TimelineError::ShuttingDown);
+            }
+            if started.elapsed() >= L0_STOP_MAX_WAIT {
+                break Err(TimelineError::IngestStopped {
+                    l0: now,
+                    limit: conf.l0_stop_threshold,
+                    waited: started.elapsed(),
+                });
+            }
+            compaction.notify();
+            guard = self
+                .l0_changed
+                .wait_timeout(guard, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        };
+        let waited = started.elapsed();
+        crate::metrics::INGEST_L0_WAIT_SECONDS
+            .with_label_values(&["stop"])
+            .observe(waited.as_secs_f64());
+        tracing::info!(
+            tenant = %self.tenant_id,
+            timeline = %self.timeline_id,
+            waited_ms = waited.as_millis() as u64,
+            "ingest resumed after waiting for compaction"
+        );
+        outcome
+    }
+
+    /// Whether the L0 count is at `l0_stop_threshold` (with backpressure on).
+    fn l0_stopped(&self) -> bool {
+        self.compaction_wakeup.is_some()
+            && self.conf.compaction_threshold != 0
+            && self.layer_map().l0.len() >= self.conf.l0_stop_threshold
+    }
+
+    /// Tells batches held by backpressure that the L0 count may have dropped.
+    fn l0_count_changed(&self) {
+        let _guard = self.l0_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.l0_changed.notify_all();
     }
 
     /// Checks everything about a batch that can be checked before storing any of it.

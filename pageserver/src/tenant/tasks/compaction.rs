@@ -1,0 +1,60 @@
+//! The background compaction loop: one thread that merges L0 layers into L1 layers whenever a
+//! timeline has `compaction_threshold` of them.
+//!
+//! ```text
+//!   flush adds an L0 ──notify──> Wakeup ──> loop: for every timeline:
+//!                                  ^          while L0s >= compaction_threshold: compact_l0
+//!                  tick ───────────┘
+//! ```
+//!
+//! It has its own thread and nothing else ever queues in front of it (no image creation, no
+//! GC, no flush): L0 compaction is what ingest backpressure waits for (see "Backpressure" in the
+//! `timeline` module documentation), so it must never wait behind slower work. A failed
+//! compaction changes nothing and is retried on the next wakeup; each failure is logged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use utils::Wakeup;
+
+use super::BackgroundLoop;
+use crate::tenant::timeline::{Timeline, TimelineError};
+
+/// Starts the compaction loop. `timelines` lists the timelines to serve on each pass.
+pub fn spawn<F>(
+    wakeup: Arc<Wakeup>,
+    tick: Duration,
+    timelines: F,
+) -> std::io::Result<BackgroundLoop>
+where
+    F: Fn() -> Vec<Arc<Timeline>> + Send + 'static,
+{
+    BackgroundLoop::spawn("compaction-loop", wakeup, tick, move || {
+        run_pass(&timelines())
+    })
+}
+
+fn run_pass(timelines: &[Arc<Timeline>]) {
+    for timeline in timelines {
+        fail::fail_point!("compaction-loop");
+        let threshold = timeline.conf().compaction_threshold;
+        if threshold == 0 {
+            continue;
+        }
+        // Until the timeline is below the threshold, or a compaction makes no progress.
+        loop {
+            match timeline.compact_l0(threshold) {
+                Ok(outcome) if outcome.inputs > 0 => continue,
+                Ok(_) | Err(TimelineError::ShuttingDown) => break,
+                Err(e) => {
+                    tracing::error!(
+                        tenant = %timeline.tenant_id(),
+                        timeline = %timeline.timeline_id(),
+                        "background compaction failed, will retry: {e}"
+                    );
+                    break;
+                }
+            }
+        }
+    }
+}
