@@ -205,16 +205,17 @@ impl TenantManager {
             tenants.insert(id, Arc::new(tenant));
         }
         let tenants = Arc::new(RwLock::new(tenants));
-        let flush_loop = flush::spawn(shared.wakeup.clone(), tick, {
+        let flush_loop = BackgroundLoop::spawn("flush-loop", shared.wakeup.clone(), tick, {
             let tenants = tenants.clone();
-            move || all_timelines(&tenants)
+            move || flush::run_pass(&all_timelines(&tenants))
         })
         .map_err(io_error(&tenants_dir))?;
-        let compaction_loop = compaction::spawn(shared.compaction_wakeup.clone(), tick, {
-            let tenants = tenants.clone();
-            move || all_timelines(&tenants)
-        })
-        .map_err(io_error(&tenants_dir))?;
+        let compaction_loop =
+            BackgroundLoop::spawn("compaction-loop", shared.compaction_wakeup.clone(), tick, {
+                let tenants = tenants.clone();
+                move || compaction::run_pass(&all_timelines(&tenants))
+            })
+            .map_err(io_error(&tenants_dir))?;
         Ok((
             TenantManager {
                 tenants_dir,

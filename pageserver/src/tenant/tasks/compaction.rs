@@ -13,28 +13,11 @@
 //! compaction changes nothing and is retried on the next wakeup; each failure is logged.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use utils::Wakeup;
-
-use super::BackgroundLoop;
 use crate::tenant::timeline::{Timeline, TimelineError};
 
-/// Starts the compaction loop. `timelines` lists the timelines to serve on each pass.
-pub fn spawn<F>(
-    wakeup: Arc<Wakeup>,
-    tick: Duration,
-    timelines: F,
-) -> std::io::Result<BackgroundLoop>
-where
-    F: Fn() -> Vec<Arc<Timeline>> + Send + 'static,
-{
-    BackgroundLoop::spawn("compaction-loop", wakeup, tick, move || {
-        run_pass(&timelines())
-    })
-}
-
-fn run_pass(timelines: &[Arc<Timeline>]) {
+/// One pass over `timelines`: what the loop runs at each wakeup and tick.
+pub fn run_pass(timelines: &[Arc<Timeline>]) {
     for timeline in timelines {
         fail::fail_point!("compaction-loop");
         let threshold = timeline.conf().compaction_threshold;

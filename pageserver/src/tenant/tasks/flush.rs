@@ -17,22 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use utils::Wakeup;
-
-use super::BackgroundLoop;
 use crate::tenant::timeline::Timeline;
-
-/// Starts the flush loop. `timelines` lists the timelines to serve on each pass.
-pub fn spawn<F>(
-    wakeup: Arc<Wakeup>,
-    tick: Duration,
-    timelines: F,
-) -> std::io::Result<BackgroundLoop>
-where
-    F: Fn() -> Vec<Arc<Timeline>> + Send + 'static,
-{
-    BackgroundLoop::spawn("flush-loop", wakeup, tick, move || run_pass(&timelines()))
-}
 
 /// The tick for a `checkpoint_timeout`: a quarter of it (a layer is frozen within a quarter of
 /// the timeout after it is due), but never longer than a second nor shorter than 10 ms.
@@ -40,7 +25,8 @@ pub fn tick_for(checkpoint_timeout: Duration) -> Duration {
     (checkpoint_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
-fn run_pass(timelines: &[Arc<Timeline>]) {
+/// One pass over `timelines`: what the loop runs at each wakeup and tick.
+pub fn run_pass(timelines: &[Arc<Timeline>]) {
     let now = Instant::now();
     for timeline in timelines {
         fail::fail_point!("flush-loop");
