@@ -382,7 +382,8 @@ impl TimelineMetadata {
         if usize::try_from(count).map_or(true, |c| c > room) {
             return Err(format!("{count} layers cannot fit in {} bytes", b.len()));
         }
-        let mut layers: Vec<LayerFileEntry> = Vec::with_capacity(count as usize);
+        // Grown as entries are read: a count that fits is still not proof of a real file.
+        let mut layers: Vec<LayerFileEntry> = Vec::with_capacity((count as usize).min(1024));
         for i in 0..count {
             let (name, name_end) = read_name(b, at, body_len)
                 .map_err(|reason| format!("layer entry {i}: {reason}"))?;
@@ -435,7 +436,11 @@ impl TimelineMetadata {
                         "retired name {i}: {name:?} is out of order or listed twice"
                     ));
                 }
-                if layers.iter().any(|l| l.name == name) {
+                // Sorted by name: one search, not a pass over every layer per retired name.
+                if layers
+                    .binary_search_by(|l| l.name.as_str().cmp(name))
+                    .is_ok()
+                {
                     return Err(format!("retired name {i}: {name:?} is also a layer"));
                 }
                 retired.push(name.to_owned());
