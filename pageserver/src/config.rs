@@ -60,6 +60,14 @@ compaction_threshold = 4
 l0_slowdown_threshold = 8
 # ...and at this many, batches wait until compaction catches up (a 503 after 60 s).
 l0_stop_threshold = 12
+# A key range gets new image layers (its pages at the LSN where the L1 layers end) once this
+# many L1 layers stack over a key above its newest image (0 turns image creation off)...
+image_creation_threshold = 3
+# ...or once the L1 bytes above its image reach this percentage of the image's size.
+image_creation_delta_percent = 100
+# Garbage collection keeps this much history (an LSN distance) below the last ingested LSN;
+# reads below the GC cutoff are refused, and layers only such reads need are removed.
+gc_horizon = "64MiB"
 
 # A read at an LSN not yet ingested waits this long for it, then fails.
 wait_lsn_timeout = "60s"
@@ -141,6 +149,10 @@ pub struct PageServerConf {
     pub compaction_threshold: usize,
     pub l0_slowdown_threshold: usize,
     pub l0_stop_threshold: usize,
+    pub image_creation_threshold: usize,
+    pub image_creation_delta_percent: u32,
+    #[serde(deserialize_with = "size")]
+    pub gc_horizon: u64,
     #[serde(deserialize_with = "duration")]
     pub wait_lsn_timeout: Duration,
     pub max_lsn_waiters: usize,
@@ -184,6 +196,9 @@ impl Default for PageServerConf {
             compaction_threshold: timeline.compaction_threshold,
             l0_slowdown_threshold: timeline.l0_slowdown_threshold,
             l0_stop_threshold: timeline.l0_stop_threshold,
+            image_creation_threshold: timeline.image_creation_threshold,
+            image_creation_delta_percent: timeline.image_creation_delta_percent,
+            gc_horizon: timeline.gc_horizon,
             wait_lsn_timeout: Duration::from_secs(60),
             max_lsn_waiters: timeline.max_lsn_waiters,
             max_value_size: timeline.max_value_size,
@@ -322,6 +337,18 @@ impl PageServerConf {
             self.l0_stop_threshold,
             self.l0_slowdown_threshold..=MAX_L0_THRESHOLD,
         )?;
+        if self.image_creation_threshold != 0 {
+            in_range(
+                "image_creation_threshold",
+                self.image_creation_threshold,
+                1..=MAX_L0_THRESHOLD,
+            )?;
+        }
+        in_range(
+            "image_creation_delta_percent",
+            self.image_creation_delta_percent,
+            1..=MAX_IMAGE_CREATION_DELTA_PERCENT,
+        )?;
         in_range_shown(
             "wait_lsn_timeout",
             self.wait_lsn_timeout,
@@ -410,6 +437,9 @@ impl PageServerConf {
             compaction_threshold: self.compaction_threshold,
             l0_slowdown_threshold: self.l0_slowdown_threshold,
             l0_stop_threshold: self.l0_stop_threshold,
+            image_creation_threshold: self.image_creation_threshold,
+            image_creation_delta_percent: self.image_creation_delta_percent,
+            gc_horizon: self.gc_horizon,
         }
     }
 }
@@ -461,6 +491,8 @@ pub const MAX_REQUEST_BODY: u64 = 4 << 30;
 /// `checkpoint_distance` from one page...
 /// The most L0 layers `l0_slowdown_threshold` and `l0_stop_threshold` may allow.
 pub const MAX_L0_THRESHOLD: usize = 1000;
+/// The most `image_creation_delta_percent` may be: 100 times the image's size.
+pub const MAX_IMAGE_CREATION_DELTA_PERCENT: u32 = 10_000;
 pub const MIN_CHECKPOINT_DISTANCE: u64 = crate::PAGE_SZ as u64;
 /// ...to 1 TiB, far beyond any memory the open layer's index could use.
 pub const MAX_CHECKPOINT_DISTANCE: u64 = 1 << 40;

@@ -108,6 +108,30 @@ pub static COMPACTION_BYTES_WRITTEN: LazyLock<IntCounter> = LazyLock::new(|| {
         "Bytes of L1 layer files written by compactions",
     )
 });
+pub static IMAGE_LAYERS_CREATED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_image_layers_created_total",
+        "Image layers written by image creation",
+    )
+});
+pub static IMAGE_BYTES_WRITTEN: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_image_written_bytes_total",
+        "Bytes of image layer files written by image creation",
+    )
+});
+pub static GC_LAYERS_REMOVED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_gc_layers_removed_total",
+        "Layer files garbage collection removed from the layer set",
+    )
+});
+pub static GC_BYTES_REMOVED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_gc_removed_bytes_total",
+        "Bytes of layer files garbage collection removed from the layer set",
+    )
+});
 pub static INGEST_L0_WAIT_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
     register_histogram_vec!(
         "pageserver_ingest_l0_wait_seconds",
@@ -293,6 +317,10 @@ pub fn register_all(wait_lsn_timeout: Duration) {
         &COMPACTIONS,
         &COMPACTION_BYTES_READ,
         &COMPACTION_BYTES_WRITTEN,
+        &IMAGE_LAYERS_CREATED,
+        &IMAGE_BYTES_WRITTEN,
+        &GC_LAYERS_REMOVED,
+        &GC_BYTES_REMOVED,
         &BACKPRESSURE_FLUSHES,
         &INGEST_RECORDS,
         &INGEST_BYTES,

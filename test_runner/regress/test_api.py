@@ -145,6 +145,7 @@ def test_timeline_lifecycle(pageserver: Pageserver):
         "timeline_id": TIMELINE,
         "last_record_lsn": "0/0",
         "disk_consistent_lsn": "0/0",
+        "gc_cutoff_lsn": "0/0",
         "state": "Active",
         "broken_reason": None,
         "layers": {"open": 0, "frozen": 0, "delta": 0, "l0": 0, "l1": 0, "image": 0},

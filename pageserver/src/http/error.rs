@@ -127,6 +127,8 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         | PageTooLarge { .. }
         | Reserved { .. }
         | BatchSpanTooWide { .. } => StatusCode::BAD_REQUEST,
+        // That history is gone for good.
+        BelowGcCutoff { .. } => StatusCode::GONE,
         // Retrying later may succeed.
         LsnNotYetIngested { .. }
         | WaitLsnTimeout { .. }

@@ -85,6 +85,7 @@ pub const ROUTES: &[(&str, &str)] = &[
         "PUT",
         "/v1/tenant/{tenant_id}/timeline/{timeline_id}/compact",
     ),
+    ("PUT", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/gc"),
     ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/layer"),
     ("GET", "/v1/page_cache"),
     ("POST", "/v1/page_cache/drop"),
@@ -133,6 +134,7 @@ pub fn router(state: SharedState) -> Router {
             "/v1/tenant/{tenant_id}/timeline/{timeline_id}/compact",
             put(compact),
         )
+        .route("/v1/tenant/{tenant_id}/timeline/{timeline_id}/gc", put(gc))
         .route(
             "/v1/tenant/{tenant_id}/timeline/{timeline_id}/layer",
             get(layer_list),

@@ -129,6 +129,7 @@ fn timeline_json(timeline: &Timeline) -> JsonValue {
         "timeline_id": timeline.timeline_id().to_string(),
         "last_record_lsn": timeline.last_record_lsn().to_string(),
         "disk_consistent_lsn": timeline.disk_consistent_lsn().to_string(),
+        "gc_cutoff_lsn": timeline.gc_cutoff_lsn().to_string(),
         "state": if broken.is_some() { "Broken" } else { "Active" },
         "broken_reason": broken,
         "layers": {
@@ -647,22 +648,71 @@ pub async fn checkpoint(
     Ok(Json(timeline_json(&timeline)))
 }
 
+/// `force_images=true|false`: whether image creation images every piece with history above
+/// its image, triggers or not.
+fn compact_query(uri: &Uri) -> ApiResult<bool> {
+    let mut force = false;
+    for (_, value) in query_params(uri, &["force_images"], "force_images")? {
+        force = match value.as_str() {
+            "true" => true,
+            "false" => false,
+            _ => {
+                return Err(ApiError::bad_request(
+                    "query parameter force_images: expected true or false",
+                ))
+            }
+        };
+    }
+    Ok(force)
+}
+
 pub async fn compact(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+    uri: Uri,
+) -> ApiResult<Json<JsonValue>> {
+    let force_images = compact_query(&uri)?;
+    let timeline = timeline_of(&state, &ids)?;
+    let (timeline, compaction, images) = blocking(move || {
+        let compaction = timeline.compact_l0(2)?;
+        let images = timeline.create_images(force_images)?;
+        Ok((timeline, compaction, images))
+    })
+    .await?;
+    let mut info = timeline_json(&timeline);
+    info["compaction"] = json!({
+        "inputs": compaction.inputs,
+        "outputs": compaction.outputs,
+        "bytes_read": compaction.bytes_read,
+        "bytes_written": compaction.bytes_written,
+    });
+    info["image_creation"] = json!({
+        "lsn": images.lsn.map(|l| l.to_string()),
+        "pieces": images.pieces,
+        "pieces_imaged": images.pieces_imaged,
+        "layers_written": images.layers_written,
+        "images": images.images,
+        "bytes_written": images.bytes_written,
+    });
+    Ok(Json(info))
+}
+
+pub async fn gc(
     State(state): State<SharedState>,
     Path(ids): Path<(String, String)>,
 ) -> ApiResult<Json<JsonValue>> {
     let timeline = timeline_of(&state, &ids)?;
     let (timeline, outcome) = blocking(move || {
-        let outcome = timeline.compact_l0(2)?;
+        // No branches yet: no LSN to retain.
+        let outcome = timeline.gc(&[])?;
         Ok((timeline, outcome))
     })
     .await?;
     let mut info = timeline_json(&timeline);
-    info["compaction"] = json!({
-        "inputs": outcome.inputs,
-        "outputs": outcome.outputs,
-        "bytes_read": outcome.bytes_read,
-        "bytes_written": outcome.bytes_written,
+    info["gc"] = json!({
+        "cutoff": outcome.cutoff.to_string(),
+        "layers_removed": outcome.layers_removed,
+        "bytes_removed": outcome.bytes_removed,
     });
     Ok(Json(info))
 }

@@ -51,7 +51,7 @@ use utils::{TenantId, TimelineId, Wakeup};
 use crate::io::crashsafe;
 use crate::page_cache::PageCache;
 use crate::tenant::tasks::flush::tick_for;
-use crate::tenant::tasks::{compaction, flush, BackgroundLoop};
+use crate::tenant::tasks::{compaction, flush, images_and_gc, BackgroundLoop};
 use crate::tenant::timeline::metadata::TimelineMetadata;
 use crate::tenant::timeline::{Timeline, TimelineConf, TimelineError};
 
@@ -170,6 +170,7 @@ pub struct TenantManager {
     tenant_dirs: Mutex<BTreeSet<TenantId>>,
     flush_loop: Mutex<Option<BackgroundLoop>>,
     compaction_loop: Mutex<Option<BackgroundLoop>>,
+    images_gc_loop: Mutex<Option<BackgroundLoop>>,
 }
 
 impl TenantManager {
@@ -210,12 +211,20 @@ impl TenantManager {
             move || flush::run_pass(&all_timelines(&tenants))
         })
         .map_err(io_error(&tenants_dir))?;
+        let images_gc_wakeup = Arc::new(Wakeup::new());
         let compaction_loop =
             BackgroundLoop::spawn("compaction-loop", shared.compaction_wakeup.clone(), tick, {
                 let tenants = tenants.clone();
-                move || compaction::run_pass(&all_timelines(&tenants))
+                let again = shared.compaction_wakeup.clone();
+                let images_gc_wakeup = images_gc_wakeup.clone();
+                move || compaction::run_pass(&all_timelines(&tenants), &again, &images_gc_wakeup)
             })
             .map_err(io_error(&tenants_dir))?;
+        let images_gc_loop = BackgroundLoop::spawn("images-gc-loop", images_gc_wakeup, tick, {
+            let tenants = tenants.clone();
+            move || images_and_gc::run_pass(&all_timelines(&tenants))
+        })
+        .map_err(io_error(&tenants_dir))?;
         Ok((
             TenantManager {
                 tenants_dir,
@@ -224,6 +233,7 @@ impl TenantManager {
                 tenant_dirs: Mutex::new(BTreeSet::new()),
                 flush_loop: Mutex::new(Some(flush_loop)),
                 compaction_loop: Mutex::new(Some(compaction_loop)),
+                images_gc_loop: Mutex::new(Some(images_gc_loop)),
             },
             report,
         ))
@@ -333,10 +343,12 @@ impl TenantManager {
     /// Graceful shutdown: stops the flush loop, then makes everything ingested durable and
     /// refuses further puts. Returns the first flush error after trying every timeline.
     pub fn shutdown(&self) -> Result<(), TenantError> {
-        // A compaction in progress stops early once its timeline shuts down below.
+        // A compaction or image creation in progress stops early once its timeline shuts
+        // down below.
         let compaction_loop = lock(&self.compaction_loop).take();
-        if let Some(compaction_loop) = &compaction_loop {
-            compaction_loop.request_stop();
+        let images_gc_loop = lock(&self.images_gc_loop).take();
+        for background in [&compaction_loop, &images_gc_loop].into_iter().flatten() {
+            background.request_stop();
         }
         if let Some(flush_loop) = lock(&self.flush_loop).take() {
             flush_loop.stop();
@@ -352,8 +364,8 @@ impl TenantManager {
                 first_error.get_or_insert(TenantError::Timeline(e));
             }
         }
-        if let Some(compaction_loop) = compaction_loop {
-            compaction_loop.stop();
+        for background in [compaction_loop, images_gc_loop].into_iter().flatten() {
+            background.stop();
         }
         first_error.map_or(Ok(()), Err)
     }

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!   flush adds an L0 ──notify──> Wakeup ──> loop: for every timeline:
-//!                                  ^          while L0s >= compaction_threshold: compact_l0
+//!                                  ^          if L0s >= compaction_threshold: compact_l0
 //!                  tick ───────────┘
 //! ```
 //!
@@ -14,29 +14,35 @@
 
 use std::sync::Arc;
 
+use utils::Wakeup;
+
 use crate::tenant::timeline::{Timeline, TimelineError};
 
-/// One pass over `timelines`: what the loop runs at each wakeup and tick.
-pub fn run_pass(timelines: &[Arc<Timeline>]) {
+/// One pass over `timelines`: what the loop runs at each wakeup and tick. Each timeline gets
+/// at most one compaction per pass, so one that ingests as fast as it is compacted cannot keep
+/// the others waiting; the pass wakes `again` (its own loop) when one is still over its
+/// threshold, and `after_compaction` (the image creation and GC loop) once L1s were added.
+pub fn run_pass(timelines: &[Arc<Timeline>], again: &Wakeup, after_compaction: &Wakeup) {
     for timeline in timelines {
         fail::fail_point!("compaction-loop");
         let threshold = timeline.conf().compaction_threshold;
         if threshold == 0 {
             continue;
         }
-        // Until the timeline is below the threshold, or a compaction makes no progress.
-        loop {
-            match timeline.compact_l0(threshold) {
-                Ok(outcome) if outcome.inputs > 0 => continue,
-                Ok(_) | Err(TimelineError::ShuttingDown) => break,
-                Err(e) => {
-                    tracing::error!(
-                        tenant = %timeline.tenant_id(),
-                        timeline = %timeline.timeline_id(),
-                        "background compaction failed, will retry: {e}"
-                    );
-                    break;
+        match timeline.compact_l0(threshold) {
+            Ok(outcome) if outcome.inputs > 0 => {
+                after_compaction.notify();
+                if timeline.layer_counts().l0 >= threshold {
+                    again.notify();
                 }
+            }
+            Ok(_) | Err(TimelineError::ShuttingDown) => {}
+            Err(e) => {
+                tracing::error!(
+                    tenant = %timeline.tenant_id(),
+                    timeline = %timeline.timeline_id(),
+                    "background compaction failed, will retry: {e}"
+                );
             }
         }
     }

@@ -1,5 +1,6 @@
 //! The background loops that drive timelines: [`flush`] writes frozen layers to disk,
-//! [`compaction`] merges L0 layers into L1 layers. Each is one thread running passes over every
+//! [`compaction`] merges L0 layers into L1 layers, [`images_and_gc`] writes image layers and
+//! removes what GC may. Each is one thread running passes over every
 //! timeline ([`BackgroundLoop`]); timelines wake it through a `utils::Wakeup` and know nothing
 //! else of it.
 
@@ -12,6 +13,7 @@ use utils::Wakeup;
 
 pub mod compaction;
 pub mod flush;
+pub mod images_and_gc;
 
 /// A thread that runs `pass` whenever its wakeup is notified and at least once per tick;
 /// stopping it (or dropping it) finishes the pass in progress and joins the thread.

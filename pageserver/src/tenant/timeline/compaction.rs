@@ -12,9 +12,9 @@
 //!
 //! # Steps, and what a crash after each leaves
 //!
-//! 1. The outputs are written, each durable under its final name (`StagedFile`). A crash
-//!    here leaves unlisted files of LSNs at or below `disk_consistent_lsn`: the next load logs
-//!    them and leaves them alone, and the timeline reads the L0s as before.
+//! 1. The outputs are written, each durable under its final name (`StagedFile`). An error
+//!    from here to the commit removes them; a crash leaves unlisted files spanning listed L0s
+//!    exactly, which the next load removes, and the timeline reads the L0s as before.
 //! 2. One manifest lists the outputs as L1 and names the inputs as retired: the commit point
 //!    (failpoint `compaction-before-manifest` just before it).
 //! 3. The layer map swaps the inputs for the outputs (failpoint `compaction-after-manifest`
@@ -74,27 +74,33 @@ impl Timeline {
         let lsn_start = inputs[0].summary().lsn_start;
         let lsn_end = inputs.last().expect("two or more").summary().lsn_end;
         let written = self.write_l1(&inputs, lsn_start, lsn_end)?;
-        let outputs = written
-            .iter()
-            .map(|w| DeltaLayer::open(&w.path, self.cache.clone(), self.conf.max_value_size))
-            .collect::<Result<Vec<_>, _>>()?;
-
-        fail::fail_point!("compaction-before-manifest", |_| Err(TimelineError::Io {
-            path: self.dir.clone(),
-            source: std::io::Error::other("failpoint compaction-before-manifest"),
-        }));
-        self.commit_manifest(|manifest| {
-            for input in &inputs {
-                manifest.retire_layer(&input.summary().file_name());
-            }
-            for w in &written {
-                manifest.add_layer(LayerFileEntry {
-                    name: w.summary.file_name(),
-                    size: w.size,
-                    crc32c: w.crc32c,
-                    level: LayerLevel::L1,
-                });
-            }
+        let committed = (|| {
+            let outputs = written
+                .iter()
+                .map(|w| DeltaLayer::open(&w.path, self.cache.clone(), self.conf.max_value_size))
+                .collect::<Result<Vec<_>, _>>()?;
+            fail::fail_point!("compaction-before-manifest", |_| Err(TimelineError::Io {
+                path: self.dir.clone(),
+                source: std::io::Error::other("failpoint compaction-before-manifest"),
+            }));
+            self.check_not_shutting_down()?;
+            self.commit_manifest(|manifest| {
+                for input in &inputs {
+                    manifest.retire_layer(&input.summary().file_name());
+                }
+                for w in &written {
+                    manifest.add_layer(LayerFileEntry {
+                        name: w.summary.file_name(),
+                        size: w.size,
+                        crc32c: w.crc32c,
+                        level: LayerLevel::L1,
+                    });
+                }
+            })?;
+            Ok::<_, TimelineError>(outputs)
+        })();
+        let outputs = committed.inspect_err(|_| {
+            self.remove_uncommitted(written.iter().map(|w| w.path.clone()));
         })?;
         fail::fail_point!("compaction-after-manifest", |_| Err(TimelineError::Io {
             path: self.dir.clone(),

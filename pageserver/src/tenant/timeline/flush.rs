@@ -127,8 +127,8 @@ impl Timeline {
     }
 
     /// Stops the timeline: refuses puts from now on and, with `flush`, makes everything
-    /// ingested before the call durable. Waits for a flush in progress either way; flushes
-    /// after it do nothing.
+    /// ingested before the call durable. Waits for a flush, compaction, image creation or GC
+    /// in progress either way; those starting after it do nothing.
     pub fn shutdown(&self, flush: bool) -> Result<(), TimelineError> {
         self.shutting_down.store(true, Ordering::Release);
         self.l0_count_changed();
@@ -138,6 +138,15 @@ impl Timeline {
         let result = if flush { self.checkpoint() } else { Ok(()) };
         self.stopped.store(true, Ordering::Release);
         drop(self.flush_lock.lock().unwrap_or_else(|e| e.into_inner()));
+        // A compaction, image creation or GC in progress sees `shutting_down` and gives up
+        // before its commit; once these are free none is left to store a manifest in a
+        // directory that may be about to go.
+        drop(
+            self.compaction_lock
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        drop(self.image_lock.lock().unwrap_or_else(|e| e.into_inner()));
         result
     }
 }

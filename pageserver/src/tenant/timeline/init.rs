@@ -8,6 +8,7 @@
 //! | a listed layer file that is missing, of another size, or another layer | refuses to load, naming the file (the tenant is broken) |
 //! | a layer-named file the manifest does not list, starting above `disk_consistent_lsn` | removes it (after the listed layers pass): a flush wrote it, and crashed before its manifest was stored |
 //! | an unlisted delta layer spanning exactly two or more consecutive listed L0s | removes it: a compaction wrote it, and crashed before its manifest was stored |
+//! | an unlisted image layer at the last LSN of a listed L1 layer | removes it: an image creation wrote it, and crashed before its manifest was stored |
 //! | a file the manifest names as retired | removes it, then stores the manifest without the name: a committed compaction or GC replaced it |
 //! | `*.___temp`, ephemeral files                  | removes them                            |
 //! | anything else (an unlisted layer of older versions included) | logs it by name and leaves it alone |
@@ -93,6 +94,8 @@ impl Timeline {
             } => opener.upgrade_legacy(disk_consistent_lsn)?,
         };
         let durable = manifest.disk_consistent_lsn;
+        let mut map = map;
+        map.gc_cutoff = manifest.gc_cutoff_lsn;
         let lsn_wait = LsnWait::new(durable, conf.max_lsn_waiters);
         Ok(Timeline {
             tenant_id,
@@ -106,6 +109,7 @@ impl Timeline {
             broken: OnceLock::new(),
             flush_lock: Mutex::new(()),
             compaction_lock: Mutex::new(()),
+            image_lock: Mutex::new(()),
             manifest: Mutex::new(manifest),
             flush_wakeup: None,
             compaction_wakeup: None,
@@ -186,6 +190,12 @@ impl LayerOpener<'_> {
             .iter()
             .map(|l| l.summary().lsn_start..l.summary().lsn_end)
             .collect();
+        let l1_ends: Vec<Lsn> = map
+            .below_l0
+            .iter()
+            .filter(|l| matches!(l, Layer::Delta(_)))
+            .map(|l| l.lsn_range().end)
+            .collect();
         self.sweep(|name| {
             if manifest.layer(name).is_some() {
                 None
@@ -201,6 +211,13 @@ impl LayerOpener<'_> {
                     Ok(layer) if is_uncommitted_compaction(&l0_lsns, &layer.lsn_range()) => {
                         Some(Unlisted::Remove(
                             "a layer file no manifest lists, spanning listed L0 layers (a compaction's output that was never committed)",
+                        ))
+                    }
+                    Ok(layer @ LayerName::Image(_))
+                        if l1_ends.contains(&layer.lsn_range().end) =>
+                    {
+                        Some(Unlisted::Remove(
+                            "an image layer no manifest lists, at the last LSN of listed L1 layers (an image creation's output that was never committed)",
                         ))
                     }
                     _ => Some(Unlisted::Ignore),

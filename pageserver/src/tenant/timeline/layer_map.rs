@@ -15,9 +15,9 @@
 //!
 //! A reader takes the current snapshot (`Arc<LayerMap>`: the timeline's lock on it is held only
 //! to clone the `Arc`) and walks it with no lock at all, however long its file reads take.
-//! Every change to the set of layers (an open layer started, a freeze, a flush's swap) builds
-//! a new map from the current one and publishes it in one swap, under the timeline's lock on
-//! the snapshot, which also orders such changes: two of them never work from the same old map.
+//! Every change to the set of layers (an open layer started, a freeze, a flush, a compaction,
+//! an image creation, GC) builds a new map from the current one and publishes it in one swap,
+//! under the timeline's lock on the snapshot, which also orders such changes: two of them never work from the same old map.
 //! A reader keeps the layers of its snapshot alive (an `Arc` each) until it lets go, so a layer
 //! replaced meanwhile is still readable, and its file is removed only after the last reader.
 //!
@@ -26,6 +26,8 @@
 //! for a batch, and sees no version above `last_record_lsn` because it reads at or below it.
 
 use std::sync::Arc;
+
+use utils::Lsn;
 
 use crate::tenant::storage_layer::delta_layer::DeltaLayer;
 use crate::tenant::storage_layer::inmemory_layer::InMemoryLayer;
@@ -41,6 +43,9 @@ pub(crate) struct LayerMap {
     pub(crate) l0: Vec<Arc<DeltaLayer>>,
     /// L1 delta layers and image layers, newest first (see the module documentation).
     pub(crate) below_l0: Vec<Layer>,
+    /// Reads below this LSN are refused: GC may have removed what they need (see `gc.rs`). It
+    /// lives in the snapshot so that a read checks it against the very layers it walks.
+    pub(crate) gc_cutoff: Lsn,
     /// Changes with every new map: a scan cursor whose key streams were built on another
     /// version no longer describes these layers (see `timeline::scan`).
     pub(crate) version: u64,
@@ -55,6 +60,12 @@ impl LayerMap {
         open.chain(frozen)
             .chain(l0)
             .chain(self.below_l0.iter().cloned())
+    }
+
+    /// Where the L1 layers (and images) end: the end of the newest one's LSN range. `None`
+    /// when there are none.
+    pub(crate) fn l1_end(&self) -> Option<Lsn> {
+        self.below_l0.iter().map(|l| l.lsn_range().end).max()
     }
 
     /// Every layer file, newest first, with its level.

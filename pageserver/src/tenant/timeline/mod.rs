@@ -4,8 +4,9 @@
 //! The struct, its settings and errors live here; `ingest.rs` holds batches and freezes,
 //! `layer_map.rs` the snapshot of layers, `read.rs` GetPage@LSN and the scan layers,
 //! `lsn_wait.rs` the wait for an LSN, `flush.rs` flushes, checkpoints and shutdown,
-//! `compaction.rs` L0 → L1 compaction, `metadata.rs` the manifest, `init.rs` creation and
-//! loading against the manifest.
+//! `compaction.rs` L0 → L1 compaction, `image_creation.rs` image layers, `gc.rs` garbage
+//! collection and the GC cutoff, `metadata.rs` the manifest, `init.rs` creation and loading
+//! against the manifest.
 //!
 //! # Layer map
 //!
@@ -96,6 +97,7 @@
 //! (`timeline/lsn_wait.rs`).
 
 use std::collections::HashSet;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
@@ -148,6 +150,13 @@ pub struct TimelineConf {
     pub l0_slowdown_threshold: usize,
     /// With this many L0 layers, batches wait until compaction brings the count below it.
     pub l0_stop_threshold: usize,
+    /// A key range gets new images once this many L1 layers stack over a key above its
+    /// newest image; 0: never.
+    pub image_creation_threshold: usize,
+    /// ...or once the L1 bytes above its image reach this percentage of the image's size.
+    pub image_creation_delta_percent: u32,
+    /// The LSN distance of history GC keeps below the last ingested LSN.
+    pub gc_horizon: u64,
 }
 
 impl Default for TimelineConf {
@@ -162,6 +171,9 @@ impl Default for TimelineConf {
             compaction_threshold: 4,
             l0_slowdown_threshold: 8,
             l0_stop_threshold: 12,
+            image_creation_threshold: 3,
+            image_creation_delta_percent: 100,
+            gc_horizon: 64 * 1024 * 1024,
         }
     }
 }
@@ -214,6 +226,8 @@ pub enum TimelineError {
     Reserved { index: usize, what: String },
     #[error("LSN {lsn} is beyond the last ingested LSN {last_record}")]
     LsnNotYetIngested { lsn: Lsn, last_record: Lsn },
+    #[error("LSN {lsn} is below the GC cutoff {cutoff}: history older than the cutoff is no longer kept (read at {cutoff} or later)")]
+    BelowGcCutoff { lsn: Lsn, cutoff: Lsn },
     #[error(
         "timed out after {timeout:?} waiting for LSN {lsn}; the last ingested LSN is {last_record}"
     )]
@@ -338,6 +352,9 @@ pub struct Timeline {
     flush_lock: Mutex<()>,
     /// Held by a compaction: one at a time.
     compaction_lock: Mutex<()>,
+    /// Held by image creation and by GC: one of them at a time, never waited for by L0
+    /// compaction.
+    image_lock: Mutex<()>,
     /// The durable manifest: `disk_consistent_lsn` and the layer files. Held while a new one
     /// is stored (`commit_manifest`), and replaced once it is.
     manifest: Mutex<TimelineMetadata>,
@@ -514,6 +531,31 @@ impl Timeline {
         Ok(())
     }
 
+    /// Removes the files of `paths` that the manifest does not list: new layer files of a
+    /// change that failed before (or in) its commit, which nothing else knows. Best effort: a
+    /// file left behind is unlisted, and the next load judges it.
+    fn remove_uncommitted(&self, paths: impl IntoIterator<Item = PathBuf>) {
+        let manifest = self.manifest();
+        for path in paths {
+            let listed = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| manifest.layer(n).is_some());
+            if !listed {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+
+    /// Refuses to commit a compaction, image creation or GC once shutdown began: the
+    /// directory may be about to be deleted (see [`Timeline::shutdown`]).
+    fn check_not_shutting_down(&self) -> Result<(), TimelineError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(TimelineError::ShuttingDown);
+        }
+        Ok(())
+    }
+
     /// The layer files of the timeline as its durable manifest lists them.
     pub fn manifest_snapshot(&self) -> TimelineMetadata {
         self.manifest().clone()
@@ -549,6 +591,8 @@ impl Timeline {
 
 mod compaction;
 mod flush;
+mod gc;
+mod image_creation;
 mod ingest;
 mod init;
 mod layer_map;
@@ -556,7 +600,11 @@ mod lsn_wait;
 pub mod metadata;
 mod read;
 pub mod scan;
+#[cfg(test)]
+mod test_model;
 pub use compaction::{CompactionOutcome, MAX_COMPACTION_INPUTS};
+pub use gc::GcOutcome;
+pub use image_creation::ImageCreationOutcome;
 pub use init::open_listed_layer;
 use layer_map::LayerMap;
 use lsn_wait::LsnWait;

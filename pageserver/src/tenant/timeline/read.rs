@@ -12,6 +12,10 @@ impl Timeline {
         if lsn > last_record {
             return Err(TimelineError::LsnNotYetIngested { lsn, last_record });
         }
+        // The snapshot first: the cutoff is checked against the very layers walked, so GC
+        // cannot remove what this read needs between the check and the walk.
+        let map = self.layer_map();
+        refuse_below_cutoff(&map, lsn)?;
         let mat_key = MaterializedPageKey {
             tenant_id: self.tenant_id,
             timeline_id: self.cache_scope,
@@ -22,7 +26,6 @@ impl Timeline {
         let floor = cached.as_ref().map(|(l, _)| *l);
 
         let mut records: Vec<(Lsn, Value)> = Vec::new();
-        let map = self.layer_map();
         let keys = key..key.next();
         for layer in map.newest_first() {
             if !layer.may_hold(&keys, lsn) {
@@ -84,13 +87,32 @@ impl Timeline {
         scan::next_page(self, cursor, limit)
     }
 
-    /// Every layer, newest first, and the id of that layer set: what a scan merges.
-    pub(crate) fn scan_layers(&self) -> (LayerSetId, Vec<Layer>) {
+    /// Every layer, newest first, and the id of that layer set: what a scan at `lsn` merges.
+    /// Refused below the GC cutoff of that set.
+    pub(crate) fn scan_layers(&self, lsn: Lsn) -> Result<(LayerSetId, Vec<Layer>), TimelineError> {
         let map = self.layer_map();
+        refuse_below_cutoff(&map, lsn)?;
         let id = LayerSetId {
             incarnation: self.cache_scope,
             version: map.version,
         };
-        (id, map.newest_first().collect())
+        Ok((id, map.newest_first().collect()))
     }
+
+    /// The GC cutoff: reads below it are refused.
+    pub fn gc_cutoff_lsn(&self) -> Lsn {
+        self.layer_map().gc_cutoff
+    }
+}
+
+/// A read at `lsn` on `map` is refused below its GC cutoff: the layers it would need may be
+/// gone, and a page from what is left could be wrong.
+fn refuse_below_cutoff(map: &LayerMap, lsn: Lsn) -> Result<(), TimelineError> {
+    if lsn < map.gc_cutoff {
+        return Err(TimelineError::BelowGcCutoff {
+            lsn,
+            cutoff: map.gc_cutoff,
+        });
+    }
+    Ok(())
 }

@@ -136,6 +136,32 @@ impl ImageLayerWriter {
         u32::try_from(blkno).map_err(|_| self.usage(format!("{what} at block {blkno}: too far")))
     }
 
+    /// Whether no image was put yet.
+    pub fn is_empty(&self) -> bool {
+        self.last_key.is_none()
+    }
+
+    /// The bytes of images and padding written so far: where a writer that cuts its output
+    /// into layers of a target size looks.
+    pub fn values_bytes(&self) -> u64 {
+        self.file.offset()
+    }
+
+    /// [`finish`](Self::finish), with the layer's key range ending at `end` instead: a writer
+    /// that learns where a layer ends only when the first key past it arrives. `end` must be
+    /// above every key put and within the range the writer was made with.
+    pub fn finish_before(mut self, end: Key) -> Result<WrittenLayer, ImageLayerError> {
+        let below_last = self.last_key.is_some_and(|last| end <= last);
+        if below_last || end <= self.key_range.start || end > self.key_range.end {
+            return Err(self.usage(format!(
+                "key range end {end} is not above the last key put, or outside {}..{}",
+                self.key_range.start, self.key_range.end
+            )));
+        }
+        self.key_range.end = end;
+        self.finish()
+    }
+
     /// Writes the checksum table, the index and the summary, makes the file durable under its
     /// final name, and returns what the manifest needs to list it.
     pub fn finish(mut self) -> Result<WrittenLayer, ImageLayerError> {

@@ -329,7 +329,7 @@ pub(crate) fn next_page(
     let mut resumed = None;
     loop {
         let wanted = limit - entries.len();
-        let (layer_set, layers) = timeline.scan_layers();
+        let (layer_set, layers) = timeline.scan_layers(lsn)?;
         let kept = cursor.position(layer_set, &layers);
         // A later round of the same page may find a newer layer set (a flush finished
         // meanwhile); what the caller wants to know is whether the page began resumed.

@@ -1,0 +1,198 @@
+//! Garbage collection: the history older than `gc_horizon` below the last ingested LSN is
+//! given up, and the layers that only reads of it need are removed.
+//!
+//! # The cutoff
+//!
+//! Reads below the GC cutoff are refused ([`TimelineError::BelowGcCutoff`], a 410 over HTTP,
+//! naming the cutoff). A GC pass moves it to `last_record_lsn - gc_horizon`, but never below
+//! where it is (it only rises) and never above the last LSN of the L1 layers: images are only
+//! ever made there (see `image_creation.rs`), so a cutoff above it would refuse reads without
+//! letting anything more be removed, and image creation reads at it.
+//!
+//! # What is removed
+//!
+//! An L1 delta layer or an image layer (never an L0: L0s lie above the L1s, so above the
+//! cutoff) is removed when both hold:
+//!
+//! - its whole LSN range is at or below the cutoff, and
+//! - newer image layers at or below the cutoff cover its key range: images at or after its
+//!   last LSN (for an image, after its LSN), whose key ranges together hold all of its own.
+//!
+//! A read at the cutoff or above then reaches one of those images first, for every key the
+//! removed layer held, and stops there (an image layer answers for every key in its range): it
+//! never needed the removed layer. GC takes a list of LSNs to *retain* (branch points): a layer
+//! that a read at a retained LSN would reach is kept, by the same rule with the retained LSN in
+//! place of the cutoff.
+//!
+//! # Steps, and what a crash after each leaves
+//!
+//! 1. One manifest with the new cutoff names the removed layers as retired (failpoint
+//!    `gc-before-manifest` just before): the commit point. A crash after it: the next load
+//!    removes the retired files and starts with the new cutoff.
+//! 2. The layer map drops them and takes the new cutoff in one swap (failpoint
+//!    `gc-after-manifest` just before). A read that began on the older snapshot goes on with
+//!    it; each file is deleted when its last reader lets go.
+//!
+//! GC holds `image_lock`: it never runs during an image creation, whose reads must find the
+//! layers it planned with.
+
+use super::*;
+
+/// What one GC pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcOutcome {
+    /// The cutoff after the pass.
+    pub cutoff: Lsn,
+    pub layers_removed: usize,
+    pub bytes_removed: u64,
+}
+
+/// Whether the key ranges of `covers` together hold all of `keys`.
+pub(crate) fn covered(keys: &Range<Key>, mut covers: Vec<Range<Key>>) -> bool {
+    covers.sort_unstable_by_key(|r| r.start);
+    let mut reached = keys.start;
+    for r in covers {
+        if reached >= keys.end {
+            break;
+        }
+        if r.start > reached {
+            return false;
+        }
+        reached = reached.max(r.end);
+    }
+    reached >= keys.end
+}
+
+/// Whether `layer` may be removed under `cutoff` and `retain`, given the image layers of the
+/// same map (see the module documentation).
+fn removable(layer: &Layer, images: &[(Range<Key>, Lsn)], cutoff: Lsn, retain: &[Lsn]) -> bool {
+    let lsns = layer.lsn_range();
+    let last = Lsn(lsns.end.0 - 1);
+    if last > cutoff {
+        return false;
+    }
+    let is_image = matches!(layer, Layer::Image(_));
+    let keys = layer.key_range();
+    // Images newer than the layer's history and at or below `upto`, together covering it.
+    let covered_upto = |upto: Lsn| {
+        let covers = images
+            .iter()
+            .filter(|(_, lsn)| *lsn <= upto && if is_image { *lsn > last } else { *lsn >= last })
+            .map(|(r, _)| r.clone())
+            .collect();
+        covered(&keys, covers)
+    };
+    covered_upto(cutoff)
+        && retain
+            .iter()
+            .filter(|r| **r >= lsns.start && **r < cutoff)
+            .all(|r| covered_upto(*r))
+}
+
+impl Timeline {
+    /// Raises the GC cutoff to `gc_horizon` below the last ingested LSN (see the module
+    /// documentation) and removes the layers only reads below it, and at none of `retain`,
+    /// would need.
+    pub fn gc(&self, retain: &[Lsn]) -> Result<GcOutcome, TimelineError> {
+        let _gc = self.image_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(TimelineError::ShuttingDown);
+        }
+        let map = self.layer_map();
+        let old = map.gc_cutoff;
+        let wanted = Lsn(self
+            .last_record_lsn()
+            .0
+            .saturating_sub(self.conf.gc_horizon));
+        let cutoff = match map.l1_end() {
+            Some(end) => old.max(wanted.min(Lsn(end.0 - 1))),
+            None => old,
+        };
+        let images: Vec<(Range<Key>, Lsn)> = map
+            .below_l0
+            .iter()
+            .filter(|l| matches!(l, Layer::Image(_)))
+            .map(|l| (l.key_range(), l.lsn_range().start))
+            .collect();
+        let removed: Vec<Layer> = map
+            .below_l0
+            .iter()
+            .filter(|l| removable(l, &images, cutoff, retain))
+            .cloned()
+            .collect();
+        drop(map);
+        let mut outcome = GcOutcome {
+            cutoff,
+            ..GcOutcome::default()
+        };
+        if cutoff == old && removed.is_empty() {
+            return Ok(outcome);
+        }
+        let name = |l: &Layer| match l {
+            Layer::Delta(d) => d.summary().file_name(),
+            Layer::Image(i) => i.summary().layer_name().to_string(),
+            Layer::InMemory(_) => unreachable!("GC looks at layer files only"),
+        };
+        fail::fail_point!("gc-before-manifest", |_| Err(TimelineError::Io {
+            path: self.dir.clone(),
+            source: std::io::Error::other("failpoint gc-before-manifest"),
+        }));
+        self.check_not_shutting_down()?;
+        self.commit_manifest(|manifest| {
+            manifest.gc_cutoff_lsn = cutoff;
+            for layer in &removed {
+                manifest.retire_layer(&name(layer));
+            }
+        })?;
+        fail::fail_point!("gc-after-manifest", |_| Err(TimelineError::Io {
+            path: self.dir.clone(),
+            source: std::io::Error::other("failpoint gc-after-manifest"),
+        }));
+        self.update_layer_map(|map| {
+            map.gc_cutoff = map.gc_cutoff.max(cutoff);
+            map.below_l0
+                .retain(|l| !removed.iter().any(|r| same_layer(l, r)));
+            Ok::<_, TimelineError>(())
+        })?;
+        for layer in &removed {
+            outcome.bytes_removed += match layer {
+                Layer::Delta(d) => {
+                    d.retire();
+                    d.file_size()
+                }
+                Layer::Image(i) => {
+                    i.retire();
+                    i.file_size()
+                }
+                Layer::InMemory(_) => 0,
+            };
+        }
+        outcome.layers_removed = removed.len();
+        crate::metrics::GC_LAYERS_REMOVED.inc_by(outcome.layers_removed as u64);
+        crate::metrics::GC_BYTES_REMOVED.inc_by(outcome.bytes_removed);
+        if removed.is_empty() {
+            tracing::debug!(tenant = %self.tenant_id, timeline = %self.timeline_id, "GC cutoff {old} -> {cutoff}");
+        } else {
+            tracing::info!(
+                tenant = %self.tenant_id,
+                timeline = %self.timeline_id,
+                layers_removed = outcome.layers_removed,
+                bytes_removed = outcome.bytes_removed,
+                "GC cutoff {old} -> {cutoff}, removed layers"
+            );
+        }
+        Ok(outcome)
+    }
+}
+
+fn same_layer(a: &Layer, b: &Layer) -> bool {
+    match (a, b) {
+        (Layer::Delta(a), Layer::Delta(b)) => Arc::ptr_eq(a, b),
+        (Layer::Image(a), Layer::Image(b)) => Arc::ptr_eq(a, b),
+        (Layer::InMemory(a), Layer::InMemory(b)) => Arc::ptr_eq(a, b),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,315 @@
+//! Image creation: every page of a key range as of the LSN where the L1 layers end, written as
+//! image layers, so that a read of those keys stops there instead of walking every L1 below.
+//!
+//! ```text
+//!   LSN ^                                         L0 L0 L0            (above: not imaged yet)
+//!       |  ----------------- B (where the L1s end) ------------------
+//!       |  [image @ B-1: k0..k1][image @ B-1: k1..k2]     <- written here, for pieces that
+//!       |  L1 ... L1  L1 ... L1  L1 ... L1                   triggered
+//!       |  L1 ... L1  L1 ... L1
+//!       |  [ older image k0..k1 ][ older image k1..k2 ][ older image k2..MAX ]
+//!       +-------------------------------------------------------------> key
+//! ```
+//!
+//! # Pieces and triggers
+//!
+//! The key space is cut into *pieces* by the images there are: each piece is a key range whose
+//! newest image is one layer (or none: at first, the one piece `[Key::MIN, Key::MAX)`). A piece
+//! gets new images when
+//!
+//! - `image_creation_threshold` or more L1 layers above its image hold versions of its keys
+//!   over some one key (they stack: a read of that key visits each), or
+//! - the bytes of those versions reach `image_creation_delta_percent` of its image's size (the
+//!   history above the image is worth as much as the image: reads replay more, and GC cannot
+//!   drop the older layers until an image covers them).
+//!
+//! Both are measured from the layers' indexes alone (two descents per layer and piece, see
+//! [`DeltaLayer::value_bytes_in`]): no value is read to decide. A piece's new images tile
+//! exactly its key range (the last one ends where the piece does, the first starts where it
+//! starts, each is cut at `compaction_target_size` between keys), so the images there are
+//! always cover every key, from `Key::MIN` to `Key::MAX`, with no gap.
+//!
+//! # The LSN, and why no L1 straddles it
+//!
+//! Images are made at `B - 1`, the last LSN of the newest L1 layers: every version at or below
+//! it is in an L1 or an older layer, and compaction only ever adds L1s starting at `B` or later.
+//! So an image's LSN is never inside an L1's LSN range, which is what lets the layer map walk
+//! images and L1s in one order (see `layer_map.rs`). `B - 1` is never below the GC cutoff,
+//! which GC keeps at or below it (see `gc.rs`).
+//!
+//! # Reading the pages
+//!
+//! A piece's pages are read with the paged scan of `[start, end)` at `B - 1`
+//! ([`Timeline::scan_page`]): the same pages a client scan returns, byte for byte. A key whose
+//! versions hold no base has no page and no image (a read of it answers "no page" either way).
+//!
+//! # Steps, and what a crash after each leaves
+//!
+//! 1. The images are written, each durable under its final name. An error from here to the
+//!    commit removes them; a crash leaves unlisted image layers at the last LSN of a listed
+//!    L1, which the next load removes.
+//! 2. One manifest lists them at level `Image` (failpoint `image-creation-before-manifest`
+//!    just before): the commit point.
+//! 3. The layer map takes them (failpoint `image-creation-after-manifest` just before).
+//!
+//! Nothing is replaced, so nothing is retired: the layers an image makes unnecessary are GC's
+//! to remove. Image creation and GC take `image_lock` (one at a time); L0 compaction never
+//! waits for either, and ingest and reads go on throughout.
+
+use super::*;
+use crate::tenant::storage_layer::image_layer::{ImageLayer, ImageLayerWriter};
+
+/// Keys a scan page of image creation reads at a time.
+const SCAN_PAGE_KEYS: usize = 256;
+
+/// What one image creation did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageCreationOutcome {
+    /// The LSN the images were made at (`None`: no L1 layers, nothing to image).
+    pub lsn: Option<Lsn>,
+    /// Pieces of the key space looked at.
+    pub pieces: usize,
+    /// Pieces that triggered and got new images.
+    pub pieces_imaged: usize,
+    /// Image layers written.
+    pub layers_written: usize,
+    pub images: u64,
+    pub bytes_written: u64,
+}
+
+/// A key range whose newest image is one layer, or which has none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub keys: Range<Key>,
+    /// The index of its newest image among those given to [`pieces`].
+    pub image: Option<usize>,
+}
+
+/// Cuts `[Key::MIN, Key::MAX)` into pieces by the newest image over each key: `images` are
+/// the key range and LSN of each image layer.
+pub(crate) fn pieces(images: &[(Range<Key>, Lsn)]) -> Vec<Piece> {
+    let mut bounds: Vec<Key> = images
+        .iter()
+        .flat_map(|(keys, _)| [keys.start, keys.end])
+        .chain([Key::MIN, Key::MAX])
+        .collect();
+    bounds.sort_unstable();
+    bounds.dedup();
+    let mut out: Vec<Piece> = Vec::new();
+    for w in bounds.windows(2) {
+        let (start, end) = (w[0], w[1]);
+        let newest = images
+            .iter()
+            .enumerate()
+            .filter(|(_, (keys, _))| keys.start <= start && end <= keys.end)
+            .max_by_key(|(_, (_, lsn))| *lsn)
+            .map(|(i, _)| i);
+        match out.last_mut() {
+            Some(last) if last.image == newest => last.keys.end = end,
+            _ => out.push(Piece {
+                keys: start..end,
+                image: newest,
+            }),
+        }
+    }
+    out
+}
+
+/// The most of `ranges` that hold any one key.
+pub(crate) fn max_stack(ranges: &[Range<Key>]) -> usize {
+    let mut events: Vec<(Key, i32)> = ranges
+        .iter()
+        .filter(|r| r.start < r.end)
+        .flat_map(|r| [(r.start, 1), (r.end, -1)])
+        .collect();
+    // At one key, ends before starts: [a, b) and [b, c) never stack.
+    events.sort_unstable();
+    let (mut depth, mut most) = (0i32, 0i32);
+    for (_, step) in events {
+        depth += step;
+        most = most.max(depth);
+    }
+    most as usize
+}
+
+impl Timeline {
+    /// Writes image layers for the pieces of the key space whose history above their newest
+    /// image triggers it (see the module documentation); `force` images every piece that has
+    /// any L1 history above its image. One image creation or GC runs at a time per timeline.
+    pub fn create_images(&self, force: bool) -> Result<ImageCreationOutcome, TimelineError> {
+        let _images = self.image_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(TimelineError::ShuttingDown);
+        }
+        let started = Instant::now();
+        let map = self.layer_map();
+        let mut outcome = ImageCreationOutcome::default();
+        let Some(l1_end) = map.l1_end() else {
+            return Ok(outcome);
+        };
+        let lsn = Lsn(l1_end.0 - 1);
+        outcome.lsn = Some(lsn);
+        let images: Vec<&Arc<ImageLayer>> = map
+            .below_l0
+            .iter()
+            .filter_map(|l| match l {
+                Layer::Image(image) => Some(image),
+                _ => None,
+            })
+            .collect();
+        let ranges: Vec<(Range<Key>, Lsn)> = images
+            .iter()
+            .map(|i| (i.summary().key_start..i.summary().key_end, i.summary().lsn))
+            .collect();
+        let all = pieces(&ranges);
+        outcome.pieces = all.len();
+        let threshold = self.conf.image_creation_threshold;
+        let mut due = Vec::new();
+        for piece in &all {
+            let image = piece.image.map(|i| images[i]);
+            let above = image.map_or(Lsn(0), |i| i.summary().lsn);
+            let mut stacked = Vec::new();
+            let mut delta_bytes = 0u64;
+            for layer in &map.below_l0 {
+                let Layer::Delta(delta) = layer else { continue };
+                let s = delta.summary();
+                let keys = s.key_start.max(piece.keys.start)..s.key_end.min(piece.keys.end);
+                // No L1 straddles an image's LSN: one starting above it lies wholly above.
+                let is_above = image.is_none() || s.lsn_start > above;
+                if !is_above || keys.start >= keys.end {
+                    continue;
+                }
+                let bytes = delta.value_bytes_in(keys.clone())?;
+                if bytes > 0 {
+                    stacked.push(keys);
+                    delta_bytes += bytes;
+                }
+            }
+            if stacked.is_empty() {
+                continue;
+            }
+            let by_count = threshold != 0 && max_stack(&stacked) >= threshold;
+            let by_size = threshold != 0
+                && image.is_some_and(|i| {
+                    delta_bytes * 100
+                        >= i.file_size() * u64::from(self.conf.image_creation_delta_percent)
+                });
+            if force || by_count || by_size {
+                due.push(piece.keys.clone());
+            }
+        }
+        drop(map);
+        let mut written = Vec::new();
+        let result = (|| {
+            for keys in &due {
+                self.image_piece(keys.clone(), lsn, &mut written)?;
+            }
+            Ok::<_, TimelineError>(())
+        })();
+        if result.is_ok() && written.is_empty() {
+            return Ok(outcome);
+        }
+        let committed = result.and_then(|()| {
+            let opened = written
+                .iter()
+                .map(|w| {
+                    let image =
+                        ImageLayer::open(&w.path, self.cache.clone(), self.conf.max_value_size)?;
+                    Ok::<_, TimelineError>(Arc::new(image))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            fail::fail_point!("image-creation-before-manifest", |_| Err(
+                TimelineError::Io {
+                    path: self.dir.clone(),
+                    source: std::io::Error::other("failpoint image-creation-before-manifest"),
+                }
+            ));
+            self.check_not_shutting_down()?;
+            self.commit_manifest(|manifest| {
+                for w in &written {
+                    manifest.add_layer(LayerFileEntry {
+                        name: w.summary.layer_name().to_string(),
+                        size: w.size,
+                        crc32c: w.crc32c,
+                        level: LayerLevel::Image,
+                    });
+                }
+            })?;
+            Ok(opened)
+        });
+        let opened = committed.inspect_err(|_| {
+            self.remove_uncommitted(written.iter().map(|w| w.path.clone()));
+        })?;
+        fail::fail_point!("image-creation-after-manifest", |_| Err(
+            TimelineError::Io {
+                path: self.dir.clone(),
+                source: std::io::Error::other("failpoint image-creation-after-manifest"),
+            }
+        ));
+        self.update_layer_map(|map| {
+            map.below_l0.extend(opened.into_iter().map(Layer::Image));
+            map.sort_below_l0();
+            Ok::<_, TimelineError>(())
+        })?;
+        outcome.pieces_imaged = due.len();
+        outcome.layers_written = written.len();
+        outcome.images = written.iter().map(|w| w.summary.entries).sum();
+        outcome.bytes_written = written.iter().map(|w| w.size).sum();
+        crate::metrics::IMAGE_BYTES_WRITTEN.inc_by(outcome.bytes_written);
+        crate::metrics::IMAGE_LAYERS_CREATED.inc_by(outcome.layers_written as u64);
+        tracing::info!(
+            tenant = %self.tenant_id,
+            timeline = %self.timeline_id,
+            pieces = outcome.pieces,
+            pieces_imaged = outcome.pieces_imaged,
+            layers = outcome.layers_written,
+            images = outcome.images,
+            bytes_written = outcome.bytes_written,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "created image layers at {lsn}"
+        );
+        Ok(outcome)
+    }
+
+    /// Writes the pages of `keys` at `lsn` as image layers of about `compaction_target_size`
+    /// bytes each, tiling `keys` exactly; adds each finished one to `written`.
+    fn image_piece(
+        &self,
+        keys: Range<Key>,
+        lsn: Lsn,
+        written: &mut Vec<crate::tenant::storage_layer::image_layer::WrittenLayer>,
+    ) -> Result<(), TimelineError> {
+        let new_writer = |start: Key| {
+            ImageLayerWriter::new(
+                &self.dir,
+                self.tenant_id,
+                self.timeline_id,
+                start..keys.end,
+                lsn,
+            )
+        };
+        let mut writer = new_writer(keys.start)?;
+        let mut cursor = ScanCursor::new(keys.start, keys.end, lsn);
+        loop {
+            if self.shutting_down.load(Ordering::Acquire) {
+                return Err(TimelineError::ShuttingDown);
+            }
+            let page = self.scan_page(&mut cursor, SCAN_PAGE_KEYS)?;
+            for (key, image) in page.entries {
+                if writer.values_bytes() >= self.conf.compaction_target_size {
+                    let full = std::mem::replace(&mut writer, new_writer(key)?);
+                    written.push(full.finish_before(key)?);
+                }
+                writer.put_image(key, &image)?;
+            }
+            if !page.more {
+                break;
+            }
+        }
+        written.push(writer.finish()?);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
