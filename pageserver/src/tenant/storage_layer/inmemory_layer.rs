@@ -56,7 +56,7 @@
 //! ```text
 //!   open --freeze(end_lsn)--> frozen --(delta layer written)--> dropped
 //!    put, get,                 get, iter_sorted,
-//!    keys_at_lsn (a pass)      keys_at_lsn (sorted once)
+//!    versions_at_lsn (a pass)  versions_at_lsn (sorted once)
 //! ```
 //!
 //! A layer covers `[start_lsn, end_lsn)`. Puts must come in non-decreasing LSN order, within
@@ -83,17 +83,17 @@
 //! * **Readers** hold the index's read lock only while walking it, never across file I/O:
 //!   `get` collects the (LSN, offset, `will_init`) of the versions it needs, releases the lock,
 //!   then reads the blobs through the ephemeral file, which never makes a reader wait for a
-//!   block write (see [`EphemeralFile`]). `keys_at_lsn` and `iter_sorted` read only the index
+//!   block write (see [`EphemeralFile`]). `versions_at_lsn` and `iter_sorted` read only the index
 //!   under it.
 //! * `last_lsn`, `len` and `distinct_keys` are atomics, stored under the index's write lock
-//!   right after the insert, so under the read lock they match the index (`keys_at_lsn` relies
+//!   right after the insert, so under the read lock they match the index (`versions_at_lsn` relies
 //!   on that for `last_lsn`); `end_lsn` is set once. Reading them waits for nothing.
 //!
 //! A reader walking the index sees a put entirely or not at all: the entry and its key's new
 //! head appear together under the write lock. A `get` while a put is appending its blob sees
 //! the layer as it was before that put.
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::mem::size_of;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -108,7 +108,7 @@ use crate::page_cache::PageCache;
 use crate::tenant::storage_layer::delta_layer::{DeltaLayerError, DeltaLayerWriter, WrittenLayer};
 use crate::tenant::storage_layer::ephemeral_file::{EphemeralFile, EphemeralWriteError};
 use crate::tenant::storage_layer::max_stored_value_len;
-pub use crate::tenant::storage_layer::{KeyChunk, LayerRecords};
+pub use crate::tenant::storage_layer::{LayerRecords, VersionChunk};
 
 /// A layer holds LSNs in `[start_lsn, start_lsn + MAX_LSN_SPAN)`: entries store the LSN as a
 /// 32-bit offset from `start_lsn`.
@@ -565,72 +565,6 @@ impl InMemoryLayer {
         Ok(result)
     }
 
-    /// The keys in `[from, end)` with a version at or below `lsn`, in key order, at most
-    /// `max_keys` of them (at least one is asked for): a scan's next chunk of this layer.
-    ///
-    /// The key map is a hash map, so key order costs something. A frozen layer never changes:
-    /// its first scan sorts the keys once and keeps them (24 bytes a key, counted in
-    /// [`Self::index_bytes`]), and every chunk after that is a binary search and a walk. The
-    /// open layer still takes puts, so each chunk is one pass over all its keys keeping the
-    /// `max_keys` smallest in range: O(keys × log max_keys) per chunk, with no memory held
-    /// between chunks. (Keys added after a chunk has passed them cannot matter to the scan: a
-    /// scan reads at or below `last_record_lsn`, and puts only add versions above it.)
-    pub fn keys_at_lsn(&self, from: Key, end: Key, lsn: Lsn, max_keys: usize) -> KeyChunk {
-        let max_keys = max_keys.max(1);
-        let mut chunk = KeyChunk::default();
-        if from >= end || lsn < self.start_lsn || self.is_empty() {
-            return chunk;
-        }
-        let in_range = |key: &Key| from <= *key && *key < end;
-        // Only the index is read under its lock, no values: a put's insert waits at most for
-        // this pass over the keys.
-        let index = self.read_index();
-        let bound = self.version_bound(lsn);
-        if self.end_lsn().is_some() {
-            let sorted = self.sorted_heads.get_or_init(|| {
-                let mut sorted: Vec<(Key, u32)> =
-                    index.heads.iter().map(|(k, h)| (*k, *h)).collect();
-                sorted.sort_unstable_by_key(|(k, _)| *k);
-                sorted
-            });
-            let first = sorted.partition_point(|(k, _)| *k < from);
-            for (key, head) in sorted[first..].iter().take_while(|(k, _)| in_range(k)) {
-                if index.has_version_at_or_below(*head, bound) {
-                    chunk.keys.push(*key);
-                    if chunk.keys.len() == max_keys {
-                        // `key` < `end` <= Key::MAX, so it has a successor.
-                        chunk.resume = Some(key.next());
-                        break;
-                    }
-                }
-            }
-            return chunk;
-        }
-        // The `max_keys` smallest qualifying keys, largest on top so it is the one replaced.
-        let mut smallest: BinaryHeap<Key> = BinaryHeap::with_capacity(max_keys + 1);
-        for (key, head) in &index.heads {
-            if !in_range(key)
-                || smallest
-                    .peek()
-                    .is_some_and(|top| smallest.len() == max_keys && key > top)
-            {
-                continue;
-            }
-            if index.has_version_at_or_below(*head, bound) {
-                smallest.push(*key);
-                if smallest.len() > max_keys {
-                    smallest.pop();
-                }
-            }
-        }
-        let full = smallest.len() == max_keys;
-        chunk.keys = smallest.into_sorted_vec();
-        if full {
-            chunk.resume = chunk.keys.last().map(Key::next);
-        }
-        chunk
-    }
-
     /// `lsn` (at or above `start_lsn`) as an entry's `lsn_delta` to compare with, or `None`
     /// when every indexed version is at or below it. Called under the index's read lock, so
     /// `last_lsn` matches the index.
@@ -740,6 +674,8 @@ impl InMemoryLayer {
         self.index.write().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+mod versions;
 
 #[cfg(test)]
 mod tests;

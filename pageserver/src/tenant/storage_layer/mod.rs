@@ -5,7 +5,9 @@
 //!   that cannot hold a key without any I/O;
 //! - a key's versions at or below an LSN, newest first, down to one that needs no older
 //!   history ([`LayerRecords`]);
-//! - the keys in a range with a version at or below an LSN, a chunk at a time ([`KeyChunk`]).
+//! - the versions in a range at or below an LSN that reconstruction needs, in key order, a
+//!   chunk at a time, as references to where their values lie ([`VersionChunk`]), and the value
+//!   one such reference names ([`Layer::read_version`]): what a paged scan merges.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -45,6 +47,8 @@ pub enum LayerReadError {
     Delta(#[from] DeltaLayerError),
     #[error(transparent)]
     Image(#[from] ImageLayerError),
+    #[error("the value of key {key} at {lsn} was looked for in a layer of another kind")]
+    WrongLayer { key: Key, lsn: Lsn },
 }
 
 impl Layer {
@@ -85,20 +89,43 @@ impl Layer {
         })
     }
 
-    /// The keys in `[from, end)` with a version at or below `lsn`, in key order, at most
-    /// `max_keys` of them.
-    pub fn keys_at_lsn(
+    /// The versions of the keys in `[from, end)` at or below `lsn` that reconstruction needs,
+    /// in key order, a chunk of at most `max_keys` keys: see [`VersionChunk`].
+    pub fn versions_at_lsn(
         &self,
         from: Key,
         end: Key,
         lsn: Lsn,
         max_keys: usize,
-    ) -> Result<KeyChunk, LayerReadError> {
+    ) -> Result<VersionChunk, LayerReadError> {
         Ok(match self {
-            Layer::InMemory(l) => l.keys_at_lsn(from, end, lsn, max_keys),
-            Layer::Delta(l) => l.keys_at_lsn(from, end, lsn, max_keys)?,
-            Layer::Image(l) => l.keys_at_lsn(from, end, lsn, max_keys)?,
+            Layer::InMemory(l) => l.versions_at_lsn(from, end, lsn, max_keys),
+            Layer::Delta(l) => l.versions_at_lsn(from, end, lsn, max_keys)?,
+            Layer::Image(l) => l.versions_at_lsn(from, end, lsn, max_keys)?,
         })
+    }
+
+    /// The value of a version this layer listed in a [`VersionChunk`], read and checked as
+    /// [`Layer::get`] reads and checks it. A reference the layer did not hand out (from another
+    /// kind of layer) is a usage error, never a wrong value.
+    pub fn read_version(&self, version: &VersionRef) -> Result<Value, LayerReadError> {
+        let (key, lsn) = (version.key, version.lsn);
+        Ok(match (self, version.at) {
+            (Layer::InMemory(l), ValueAt::InMemory { offset }) => {
+                l.read_version(key, lsn, offset)?
+            }
+            (Layer::Delta(l), ValueAt::Delta { entry, end }) => {
+                l.read_version(key, lsn, entry, end)?
+            }
+            (Layer::Image(l), ValueAt::Image { stored }) => l.read_version(key, stored)?,
+            _ => return Err(LayerReadError::WrongLayer { key, lsn }),
+        })
+    }
+
+    /// Whether the layer answers for every key of its range at its LSN, holding an entry or
+    /// not (an image layer): a read at or above that LSN needs nothing older for such a key.
+    pub fn is_authoritative_for(&self, key: Key) -> bool {
+        matches!(self, Layer::Image(_)) && self.key_range().contains(&key)
     }
 }
 
@@ -111,13 +138,60 @@ pub struct LayerRecords {
     pub complete: bool,
 }
 
-/// A run of the keys a layer holds with a version at or below some LSN, in key order: what a
-/// scan's key stream over that layer buffers (see `timeline::scan`).
+/// Where a version's value lies in its layer: what a scan buffers instead of the value, so
+/// that a version a newer base makes useless is never read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueAt {
+    /// A delta layer's index entry (blob offset << 1 | will_init) and the byte where the blob
+    /// ends (where the next entry's begins, or the end of the values).
+    Delta { entry: u64, end: u64 },
+    /// An image layer's index entry (offset << 25 | length).
+    Image { stored: u64 },
+    /// The offset of an in-memory layer's blob in its ephemeral file.
+    InMemory { offset: u64 },
+}
+
+/// One version of a key that a layer holds, without its value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VersionRef {
+    pub key: Key,
+    pub lsn: Lsn,
+    /// Needs no older history (an image, or a delta that initializes the page).
+    pub will_init: bool,
+    pub at: ValueAt,
+}
+
+/// A run of a layer's versions at or below some LSN, for the keys in a range, in key order:
+/// what a scan's stream over that layer buffers (see `timeline::scan`).
+///
+/// A key's versions are the ones [`Layer::get`] would return for it at that LSN: newest first,
+/// down to the first that needs no older history (or the oldest the layer holds), and never
+/// split between chunks. A key with no version at or below the LSN is not listed. A chunk ends
+/// after `max_keys` keys, or once it holds [`CHUNK_VERSIONS_PER_KEY`] times that many versions
+/// (after a whole key: a key with a longer history than that comes whole, in a chunk of its
+/// own at worst).
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct KeyChunk {
-    pub keys: Vec<Key>,
+pub struct VersionChunk {
+    pub versions: Vec<VersionRef>,
     /// Where the next chunk starts; `None` when the range holds no more such keys.
     pub resume: Option<Key>,
+}
+
+/// See [`VersionChunk`].
+pub const CHUNK_VERSIONS_PER_KEY: usize = 4;
+
+impl VersionChunk {
+    /// The keys listed, in order, each once.
+    pub fn keys(&self) -> Vec<Key> {
+        let mut keys: Vec<Key> = self.versions.iter().map(|v| v.key).collect();
+        keys.dedup();
+        keys
+    }
+
+    /// Whether a chunk asked for `max_keys` keys is full after holding `keys` whole keys.
+    pub(crate) fn is_full(&self, keys: usize, max_keys: usize) -> bool {
+        keys >= max_keys || self.versions.len() >= max_keys.saturating_mul(CHUNK_VERSIONS_PER_KEY)
+    }
 }
 
 /// A stored value (its serialized form) may exceed `max_value_size` by this much: its kind

@@ -18,7 +18,7 @@
 //! The map is an immutable snapshot (`layer_map.rs`): a read clones the current one and walks
 //! it without a lock; a freeze or a flush's swap publishes a new one. Each new map has a new
 //! version, which identifies the layer set for paged scans ([`Timeline::scan_page`],
-//! `timeline::scan`): a scan cursor resumes only on the layer set its key streams were built on.
+//! `timeline::scan`): a scan cursor resumes only on the layer set its version streams were built on.
 //!
 //! GetPage@LSN walks the layers from newest to oldest through one interface (`Layer`), skipping
 //! without I/O those that hold nothing at or below the LSN or not the key, each other one
@@ -283,6 +283,10 @@ impl From<LayerReadError> for TimelineError {
             LayerReadError::InMemory(e) => TimelineError::Get(e),
             LayerReadError::Delta(e) => TimelineError::Layer(e),
             LayerReadError::Image(e) => TimelineError::ImageLayer(e),
+            e @ LayerReadError::WrongLayer { .. } => TimelineError::LayerSet {
+                file: "a layer a scan read".to_owned(),
+                reason: e.to_string(),
+            },
         }
     }
 }

@@ -51,8 +51,10 @@
 //! trusted: a bad magic, version, checksum, range or offset is a [`DeltaLayerError::Corrupt`]
 //! naming the file, never a panic or a wrong page.
 //!
-//! [`DeltaLayer::keys_at_lsn`] lists the keys with a version at or below an LSN, a bounded
-//! chunk at a time, from the index alone: the key stream of a paged scan (`timeline::scan`).
+//! [`DeltaLayer::versions_at_lsn`] lists, from the index alone, the versions at or below an LSN
+//! that reconstruction needs, key by key, a bounded chunk at a time, with where each value lies;
+//! [`DeltaLayer::read_version`] reads one of them: a paged scan's stream over the layer
+//! (`timeline::scan`).
 //!
 //! # Inspection
 //!
@@ -83,7 +85,9 @@ use crate::tenant::storage_layer::layer_file::{
     SummaryLayout,
 };
 use crate::tenant::storage_layer::layer_name::{DeltaLayerName, LayerName};
-use crate::tenant::storage_layer::{max_stored_value_len, KeyChunk, LayerRecords};
+use crate::tenant::storage_layer::{
+    max_stored_value_len, LayerRecords, ValueAt, VersionChunk, VersionRef,
+};
 use crate::PAGE_SZ;
 
 pub const DELTA_MAGIC: u32 = 0x4445_4C54;
@@ -94,7 +98,7 @@ const KEY_LEN: usize = 18;
 const WILL_INIT_BIT: u64 = 1;
 /// The CRC-32C that follows each stored value.
 const VALUE_CRC_LEN: usize = 4;
-/// [`DeltaLayer::keys_at_lsn`] walks past this many further versions of one key, about a leaf's
+/// [`DeltaLayer::versions_at_lsn`] walks past this many further versions of one key, about a leaf's
 /// worth, before it descends the index to the next key instead.
 const PASS_OVER_BEFORE_SEEK: usize = crate::format::disk_btree::leaf_capacity(INDEX_KEY_LEN);
 
@@ -401,64 +405,6 @@ impl DeltaLayer {
         })
     }
 
-    /// The keys in `[from, end)` with a version at or below `lsn`, in key order, at most
-    /// `max_keys` of them (at least one is asked for), read from the index alone: a scan's next
-    /// chunk of this layer. Index blocks are read through the page cache as point reads read
-    /// them, since a scan's pages are read with point reads of the same leaves right after.
-    pub fn keys_at_lsn(
-        &self,
-        from: Key,
-        end: Key,
-        lsn: Lsn,
-        max_keys: usize,
-    ) -> Result<KeyChunk, DeltaLayerError> {
-        let max_keys = max_keys.max(1);
-        let from = from.max(self.summary.key_start);
-        let end = end.min(self.summary.key_end);
-        let mut chunk = KeyChunk::default();
-        if from >= end || lsn < self.summary.lsn_start {
-            return Ok(chunk);
-        }
-        self.with_index(Access::Point, |tree, _| {
-            let mut seek = from;
-            'seek: loop {
-                // The key whose later versions are being passed over, and how many so far.
-                let mut current: Option<(Key, usize)> = None;
-                for entry in tree.iter_from(&index_key(seek, Lsn(0))) {
-                    let (found, _) = entry.map_err(|e: BtreeReadError| self.corrupt(e))?;
-                    let (key, version) = split_index_key(&found);
-                    if key >= end {
-                        return Ok(chunk);
-                    }
-                    match &mut current {
-                        Some((k, passed)) if *k == key => {
-                            *passed += 1;
-                            // More versions than a leaf holds: a descent to the next key
-                            // reads fewer blocks than walking the rest of them.
-                            if *passed >= PASS_OVER_BEFORE_SEEK {
-                                seek = key.next();
-                                continue 'seek;
-                            }
-                        }
-                        _ => {
-                            // A key's first entry is its oldest version in this layer.
-                            if version <= lsn {
-                                chunk.keys.push(key);
-                                if chunk.keys.len() == max_keys {
-                                    // `key` < `end` <= Key::MAX, so it has a successor.
-                                    chunk.resume = Some(key.next());
-                                    return Ok(chunk);
-                                }
-                            }
-                            current = Some((key, 0));
-                        }
-                    }
-                }
-                return Ok(chunk);
-            }
-        })
-    }
-
     /// The bytes of the values of keys in `keys`, from the index alone (two descents): values
     /// lie in key order, so they are the span between the first entries at or above each end.
     /// What image creation weighs a key range's history by.
@@ -512,6 +458,7 @@ impl DeltaLayer {
 mod inspect;
 mod stream;
 mod summary;
+mod versions;
 mod writer;
 pub use inspect::{IndexEntry, VerifyReport};
 pub use stream::{DeltaStream, STREAM_INDEX_CHUNK, STREAM_WINDOW};

@@ -101,7 +101,7 @@ use crate::tenant::storage_layer::layer_file::{
     SummaryLayout,
 };
 use crate::tenant::storage_layer::layer_name::{ImageLayerName, LayerName};
-use crate::tenant::storage_layer::{KeyChunk, LayerRecords};
+use crate::tenant::storage_layer::{LayerRecords, ValueAt, VersionChunk, VersionRef};
 use crate::PAGE_SZ;
 
 pub const IMAGE_MAGIC: u32 = 0x494D_474C;
@@ -401,40 +401,51 @@ impl ImageLayer {
         })
     }
 
-    /// The keys in `[from, end)` that have an image, if `lsn` is at or above the layer's LSN, in
-    /// key order, at most `max_keys` of them (at least one is asked for), from the index alone:
-    /// a scan's next chunk of this layer. Below the layer's LSN, none.
-    pub fn keys_at_lsn(
+    /// The images of the keys in `[from, end)`, if `lsn` is at or above the layer's LSN, in key
+    /// order, at most `max_keys` of them (at least one is asked for), from the index alone: a
+    /// scan's next chunk of this layer ([`VersionChunk`]), each image named by its index entry
+    /// for [`Self::read_version`]. Below the layer's LSN, none.
+    pub fn versions_at_lsn(
         &self,
         from: Key,
         end: Key,
         lsn: Lsn,
         max_keys: usize,
-    ) -> Result<KeyChunk, ImageLayerError> {
+    ) -> Result<VersionChunk, ImageLayerError> {
         let max_keys = max_keys.max(1);
         let s = &self.summary;
         let from = from.max(s.key_start);
         let end = end.min(s.key_end);
-        let mut chunk = KeyChunk::default();
+        let mut chunk = VersionChunk::default();
         if from >= end || lsn < s.lsn {
             return Ok(chunk);
         }
         let index = self.index(Access::Point);
         let tree = DiskBtreeReader::new(s.index_root_blk, &index);
         for entry in tree.iter_from(&from.to_bytes()) {
-            let (found, _) = entry.map_err(|e| self.btree_error(e))?;
+            let (found, stored) = entry.map_err(|e| self.btree_error(e))?;
             let key = Key::from_bytes(found);
             if key >= end {
                 break;
             }
-            chunk.keys.push(key);
-            if chunk.keys.len() == max_keys {
-                // `key` < `end` <= Key::MAX, so it has a successor.
-                chunk.resume = Some(key.next());
+            if chunk.versions.len() == max_keys {
+                chunk.resume = Some(key);
                 break;
             }
+            chunk.versions.push(VersionRef {
+                key,
+                lsn: s.lsn,
+                will_init: true,
+                at: ValueAt::Image { stored },
+            });
         }
         Ok(chunk)
+    }
+
+    /// The image of an entry [`Self::versions_at_lsn`] listed, checked as [`Self::get`] checks
+    /// it.
+    pub fn read_version(&self, key: Key, stored: u64) -> Result<Value, ImageLayerError> {
+        Ok(Value::Image(self.read_image(key, stored, Access::Point)?))
     }
 
     /// Every (key, image) in the file in key order: for verification and dumps. Reads around

@@ -76,14 +76,21 @@ fn check_answers(
     Ok(())
 }
 
+fn version_stored(version: &VersionRef) -> u64 {
+    match version.at {
+        ValueAt::Image { stored } => stored,
+        other => panic!("an image layer listed {other:?}"),
+    }
+}
+
 /// The keys a scan gets from the layer, `chunk` at a time.
 fn scan_keys(layer: &ImageLayer, from: Key, end: Key, chunk: usize) -> Vec<Key> {
     let mut keys = Vec::new();
     let mut next = Some(from);
     while let Some(from) = next {
-        let got = layer.keys_at_lsn(from, end, LSN, chunk).unwrap();
-        assert!(got.keys.len() <= chunk);
-        keys.extend(got.keys);
+        let got = layer.versions_at_lsn(from, end, LSN, chunk).unwrap();
+        assert!(got.versions.len() <= chunk);
+        keys.extend(got.keys());
         next = got.resume;
     }
     keys
@@ -190,11 +197,26 @@ fn reads_below_the_lsn_outside_the_range_or_of_an_absent_key() {
     assert!(present.complete);
 
     // A scan sees the key from the layer's LSN on, and only within the range.
-    let keys = |from, end, lsn| layer.keys_at_lsn(rel_key(from), rel_key(end), lsn, 10);
-    assert_eq!(keys(0, 100, LSN).unwrap().keys, vec![rel_key(5)]);
-    assert_eq!(keys(0, 100, Lsn(LSN.0 - 1)).unwrap(), KeyChunk::default());
-    assert_eq!(keys(6, 100, LSN).unwrap(), KeyChunk::default());
-    assert_eq!(keys(0, 5, LSN).unwrap(), KeyChunk::default());
+    let keys = |from, end, lsn| layer.versions_at_lsn(rel_key(from), rel_key(end), lsn, 10);
+    let listed = keys(0, 100, LSN).unwrap();
+    assert_eq!(listed.keys(), vec![rel_key(5)]);
+    let version = &listed.versions[0];
+    assert_eq!((version.lsn, version.will_init), (LSN, true));
+    assert_eq!(
+        vec![(
+            LSN,
+            layer
+                .read_version(version.key, version_stored(version))
+                .unwrap()
+        )],
+        present.records
+    );
+    assert_eq!(
+        keys(0, 100, Lsn(LSN.0 - 1)).unwrap(),
+        VersionChunk::default()
+    );
+    assert_eq!(keys(6, 100, LSN).unwrap(), VersionChunk::default());
+    assert_eq!(keys(0, 5, LSN).unwrap(), VersionChunk::default());
 }
 
 #[test]

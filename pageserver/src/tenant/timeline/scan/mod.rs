@@ -3,90 +3,116 @@
 //!
 //! # Design
 //!
-//! A scan has two halves. **Which keys**: each layer that can hold a version at or below L of a
-//! key in the range contributes a *key stream*, the keys it holds that have such a version, in
-//! key order; the streams are merged, and a key present in several layers is taken once.
-//! **Which bytes**: each key the merge yields is read with [`Timeline::get_page`], exactly as
-//! `GET .../page` reads it (the same layer walk, the same materialized pages), so a scan entry
-//! is byte for byte what a point read answers, and a key whose versions hold no base (the page
-//! does not exist) is left out as a point read would say 404.
+//! A scan is one merge over the layers, walking each of them once in key order and
+//! reconstructing pages as it goes. Each layer that can hold a version at or below L of a key in
+//! the range contributes a **version stream**: for each of its keys in the range, the versions
+//! at or below L that a point read would take from it (newest first, down to the first image or
+//! `will_init` delta), in key order, a buffered chunk at a time
+//! ([`Layer::versions_at_lsn`]). The merge takes the least head key; collects that key's
+//! versions from the streams newest layer first, in the layer order GetPage walks, and stops
+//! collecting at the first version that needs no older history, or at an image layer, which
+//! answers for every key of its range (the older streams' versions of the key are skipped past,
+//! unread); and redoes the page with `reconstruct_page`, the function GetPage uses. So an entry
+//! is byte for byte what `GET .../page` answers, and a key whose versions hold no base (the page
+//! does not exist) is left out, as a point read would say 404.
 //!
 //! ```text
-//!   open layer     ── keys_at_lsn chunk ──> [k1 k4 k9]      ┐
-//!   frozen layer   ── keys_at_lsn chunk ──> [k2 k4]         ├─ merge ─> k1 k2 k3 k4 ... ─> get_page
-//!   delta layer    ── keys_at_lsn chunk ──> [k3 k7 k8 k11]  ┘      (each key once)
+//!   open layer     ── versions_at_lsn ──> [k1:v9 k4:v8,v7]       ┐  least key; its versions,
+//!   frozen layer   ── versions_at_lsn ──> [k2:v6 k4:v5(init)]    ├─ newest layer first, down
+//!   delta layer    ── versions_at_lsn ──> [k3:v2 k4:v1 ...]      │  to a base; the rest
+//!   image layer    ── versions_at_lsn ──> [k1:img k3:img ...]    ┘  skipped ─> reconstruct_page
 //! ```
 //!
+//! **Values are read when the merge takes their key, not when a chunk is buffered.** A stream
+//! buffers *references* ([`VersionRef`]: key, LSN, `will_init`, and where the value lies: a
+//! delta layer's index entry and the byte its blob ends at, an image layer's index entry, an
+//! in-memory layer's blob offset), listed from the index alone. The merge reads only the values
+//! reconstruction needs, each with [`Layer::read_version`] and the checks of a point read. This
+//! differs from compaction's `MergeIter` over `DeltaStream`s, which yields every version with
+//! its value in (key, LSN) order: a scan must not read a version a newer base makes useless (an
+//! old image under a newer one is the common case), must walk layers in GetPage's order (images
+//! first at a shared LSN end, an image layer answering for keys it does not hold), and keeps its
+//! buffers in the cursor cache between requests, where buffered values (up to a page each)
+//! would make a cursor weigh megabytes rather than tens of kilobytes. Knowing each value's end
+//! from the index walk, the merge reads exactly its blocks with no index lookup: a resumed page
+//! touches no index block until a stream's buffer runs dry.
+//!
+//! **Page cache.** Index blocks and values of layer files are read through the page cache as
+//! point reads read them (the pages a scan returns are often read again); nothing bypasses it.
+//! The materialized-page cache is neither consulted nor filled: the scan holds each key's
+//! versions in hand anyway, and a long scan memorizing every page would push the point readers'
+//! hot set out of the cache.
+//!
 //! A stream does not keep an iterator open (that would pin index blocks in the page cache, or a
-//! layer, while the client thinks): it holds a **buffered chunk** of upcoming keys and where the
-//! next chunk starts. Only when its chunk is drained does it go back to its layer: a delta layer
-//! descends its index from that key ([`DeltaLayer::keys_at_lsn`]), an in-memory layer looks up
-//! its key map ([`InMemoryLayer::keys_at_lsn`]). A [`ScanCursor`] is the merge state between
-//! pages: the streams with their buffers, and the position just past the last key taken. The
-//! next page resumes from those buffers without seeking again; the cursor cache
-//! (`scan::cursor_cache`) keeps cursors between requests.
+//! layer, while the client thinks): it holds its **buffered chunk** and where the next chunk
+//! starts. Only when its chunk is drained does it go back to its layer: a delta layer descends
+//! its index from that key, an in-memory layer looks up its key map. A [`ScanCursor`] is the
+//! merge state between pages: the streams with their buffers, and the position just past the
+//! last key taken. The next page resumes from those buffers without seeking again; the cursor
+//! cache (`scan::cursor_cache`) keeps cursors between requests.
 //!
 //! A stream names its layer by its place in the layer map's list (newest first), which is only
 //! meaningful for one layer set: the cursor remembers the [`LayerSetId`] (the timeline's
 //! incarnation and the layer map's generation) its streams were built on. When a page finds
-//! another one (a freeze or flush happened, or the timeline was reloaded), the streams are thrown
-//! away and rebuilt from the cursor's position: a *re-seek*. A cursor created from nothing but a
-//! position (a token whose cursor was evicted) re-seeks the same way. Re-seeking costs index
-//! descents, never a different answer.
+//! another one (a freeze, flush or compaction happened, or the timeline was reloaded), the
+//! streams are thrown away and rebuilt from the cursor's position: a *re-seek*. A cursor created
+//! from nothing but a position (a token whose cursor was evicted) re-seeks the same way.
+//! Re-seeking costs index descents, never a different answer.
 //!
 //! # Invariants
 //!
 //! * **Consistency.** A scan reads at a fixed L at or below `last_record_lsn`. Every version at
 //!   or below `last_record_lsn` is stored and never changes; puts only add versions above it. So
 //!   the keys with a version at or below L, and their pages as of L, are the same on every page
-//!   of a scan, whatever ingest, freezes and flushes happen in between, and a chunk of keys
-//!   buffered from the open layer stays true while the layer takes more puts. (A crash is the
-//!   exception the durability contract allows: the timeline comes back at
+//!   of a scan, whatever ingest, freezes and flushes happen in between, and a chunk buffered
+//!   from the open layer stays true while the layer takes more puts (its blobs never move).
+//!   (A crash is the exception the durability contract allows: the timeline comes back at
 //!   `disk_consistent_lsn`, as a new incarnation, so no cursor survives it; a token does, and
 //!   continues on whatever the timeline holds then.)
 //! * **Order and exactly-once.** Streams yield strictly increasing keys at or above the cursor's
-//!   position and below `end`; the merge takes the least head and drops it from every stream
-//!   that has it, and the position moves just past it. A re-seek starts every stream at the
-//!   position. So no key is skipped or repeated across pages, resumed or re-seeked.
+//!   position and below `end` (a chunk out of order is refused as a damaged layer); the merge
+//!   takes the least head and all its versions from every stream that has it, and the position
+//!   moves just past it. A re-seek starts every stream at the position. So no key is skipped or
+//!   repeated across pages, resumed or re-seeked.
 //! * **Bounded state.** A stream's first chunk is what one page needs; each later one doubles,
 //!   like read-ahead, up to [`MAX_CHUNK_KEYS`] and to a share of [`CURSOR_BUFFER_KEYS`] for the
-//!   cursor (never below a page's worth). So a scan abandoned after a page read little ahead,
-//!   and a long one goes back to each layer rarely: that matters most for the open layer, whose
-//!   every chunk is a pass over its key map. [`ScanCursor::approximate_bytes`] is what the cursor
-//!   cache charges. A cursor holds no lease, lock, file or layer.
+//!   cursor (never below a page's worth), and a chunk holds at most
+//!   [`CHUNK_VERSIONS_PER_KEY`](crate::tenant::storage_layer::CHUNK_VERSIONS_PER_KEY) versions
+//!   per key it was asked for (a single key's history excepted, which a point read holds too).
+//!   So a scan abandoned after a page read little ahead, and a long one goes back to each layer
+//!   rarely: that matters most for the open layer, whose every chunk is a pass over its key map.
+//!   A buffered version is a reference of `size_of::<VersionRef>()` bytes and no value, so a
+//!   cursor holds at most about `4 × CURSOR_BUFFER_KEYS` of them (under 1 MiB) however many
+//!   layers it merges; [`ScanCursor::approximate_bytes`] is what the cursor cache charges. A
+//!   cursor holds no lease, lock, file or layer.
 //!
 //! # Cost
 //!
-//! The merge finds the least head with a pass over the streams: a scan merges a few layers, and
-//! each page it yields costs a walk of the same layers anyway. Each round of a page takes a
-//! snapshot of the layer map and merges on it, and each key is then read as a point read
-//! reads it; no lock is held while the layers are read, so a scan never holds off ingest.
+//! The merge finds the least head with a pass over the streams: a scan merges a few layers,
+//! and a point read of the same key would visit each of them. A page takes one snapshot of the
+//! layer map and merges on it; no lock is held while the layers are read, so a scan never holds
+//! off ingest. A hot page costs, per key, the values its page is made of (read through the page
+//! cache and checked) and the redo; the index is walked once per chunk, not descended per key and
+//! layer as point reads do.
 
 use bytes::Bytes;
-use pageserver_api::Key;
+use pageserver_api::{reconstruct_page, Key, Value};
 use utils::{Lsn, TimelineId};
 
-use crate::tenant::storage_layer::Layer;
-#[cfg(doc)]
-use crate::tenant::storage_layer::{delta_layer::DeltaLayer, inmemory_layer::InMemoryLayer};
+use crate::tenant::storage_layer::{Layer, VersionRef};
 use crate::tenant::timeline::{Timeline, TimelineError};
+use stream::{ChunkSizes, VersionStream};
+
+mod stream;
 
 /// The most keys one stream buffers.
 pub const MAX_CHUNK_KEYS: usize = 1024;
 /// The fewest keys a stream asks its layer for at a time.
 pub const MIN_CHUNK_KEYS: usize = 16;
-/// What a cursor's chunks aim to hold together at most: a scan over many layers lets each
-/// stream grow less, so a cursor stays about this size (20 bytes a key) however many layers it
-/// merges, unless one page's worth per layer is more.
+/// What a cursor's chunks aim to hold together at most, in keys: a scan over many layers lets
+/// each stream grow less, so a cursor stays about this size however many layers it merges,
+/// unless one page's worth per layer is more.
 pub const CURSOR_BUFFER_KEYS: usize = 4096;
-
-/// How many keys a stream asks its layer for: `first` for its first chunk, twice its previous
-/// chunk after that, never more than `most`.
-#[derive(Clone, Copy, Debug)]
-struct ChunkSizes {
-    first: usize,
-    most: usize,
-}
 
 /// Which set of layers a cursor's streams describe: the timeline's incarnation (a reload or a
 /// timeline created again under the same id starts a new one) and the layer map's generation.
@@ -96,56 +122,11 @@ pub struct LayerSetId {
     pub(crate) version: u64,
 }
 
-/// The keys of one layer, a buffered chunk at a time.
-#[derive(Debug)]
-struct KeyStream {
-    /// The layer's place in the layer list of the cursor's layer set.
-    layer: usize,
-    /// The buffered chunk; `keys[next..]` are still to come.
-    keys: Vec<Key>,
-    next: usize,
-    /// Where the layer's next chunk starts; `None` once it has no more.
-    resume: Option<Key>,
-    /// The size of the last chunk read; 0 before the first.
-    last_chunk: usize,
-}
-
-impl KeyStream {
-    /// The stream's next key, reading a chunk from `layer` if the buffer is drained.
-    fn head(
-        &mut self,
-        layer: &Layer,
-        end: Key,
-        lsn: Lsn,
-        sizes: ChunkSizes,
-    ) -> Result<Option<Key>, TimelineError> {
-        while self.next == self.keys.len() {
-            let Some(from) = self.resume else {
-                return Ok(None);
-            };
-            let size = (self.last_chunk * 2).clamp(sizes.first, sizes.most);
-            self.last_chunk = size;
-            let chunk = layer.keys_at_lsn(from, end, lsn, size)?;
-            // A chunk starts at or after `from`, so progress is made even when it is empty
-            // (its `resume` then lies further on, or is `None`).
-            debug_assert!(chunk.resume.is_none_or(|r| r > from));
-            self.keys = chunk.keys;
-            self.next = 0;
-            self.resume = chunk.resume;
-        }
-        Ok(Some(self.keys[self.next]))
-    }
-
-    fn exhausted(&self) -> bool {
-        self.next == self.keys.len() && self.resume.is_none()
-    }
-}
-
 /// The streams of a positioned cursor and the layer set they were built on.
 #[derive(Debug)]
 struct Streams {
     layer_set: LayerSetId,
-    streams: Vec<KeyStream>,
+    streams: Vec<VersionStream>,
 }
 
 /// The state of a paged scan between pages; see the module documentation.
@@ -214,27 +195,26 @@ impl ScanCursor {
         self.last
     }
 
-    /// Heap and inline bytes the cursor holds: what the cursor cache charges for it.
+    /// Heap and inline bytes the cursor holds: what the cursor cache charges for it. Its
+    /// buffers hold version references, never values (see the module documentation).
     pub fn approximate_bytes(&self) -> usize {
         let streams = self.positioned.as_ref().map_or(0, |p| {
-            p.streams.capacity() * size_of::<KeyStream>()
+            p.streams.capacity() * size_of::<VersionStream>()
                 + p.streams
                     .iter()
-                    .map(|s| s.keys.capacity() * size_of::<Key>())
+                    .map(VersionStream::heap_bytes)
                     .sum::<usize>()
         });
         size_of::<ScanCursor>() + streams
     }
 
-    /// Frees what the cursor holds beyond the keys still to come: done before it is kept.
+    /// Frees what the cursor holds beyond the versions still to come: done before it is kept.
     pub fn compact(&mut self) {
         if let Some(positioned) = &mut self.positioned {
             positioned.streams.retain(|s| !s.exhausted());
             positioned.streams.shrink_to_fit();
             for stream in &mut positioned.streams {
-                stream.keys.drain(..stream.next);
-                stream.keys.shrink_to_fit();
-                stream.next = 0;
+                stream.compact();
             }
         }
     }
@@ -253,12 +233,8 @@ impl ScanCursor {
             .iter()
             .enumerate()
             .filter(|(_, layer)| layer.may_hold(&(self.from..self.end), self.lsn))
-            .map(|(index, _)| KeyStream {
-                layer: index,
-                keys: Vec::new(),
-                next: 0,
-                resume: (self.from < self.end).then_some(self.from),
-                last_chunk: 0,
+            .map(|(index, _)| {
+                VersionStream::new(index, (self.from < self.end).then_some(self.from))
             })
             .collect();
         self.positioned = Some(Streams { layer_set, streams });
@@ -294,23 +270,53 @@ impl ScanCursor {
         Ok(least)
     }
 
-    /// Takes the next key of the merge.
-    fn take(&mut self, layers: &[Layer], sizes: ChunkSizes) -> Result<Option<Key>, TimelineError> {
+    /// Takes the next key of the merge and its page as of the cursor's LSN (`None` if its
+    /// versions hold no base): the key's versions from each stream, newest layer first, read
+    /// down to the first that needs no older history, then redone.
+    fn take(
+        &mut self,
+        layers: &[Layer],
+        sizes: ChunkSizes,
+        max_value_size: usize,
+    ) -> Result<Option<(Key, Option<Bytes>)>, TimelineError> {
         let Some(key) = self.peek(layers, sizes)? else {
             return Ok(None);
         };
+        if key < self.from {
+            return Err(TimelineError::LayerSet {
+                file: "a layer of the scan's layer set".to_owned(),
+                reason: format!("it lists key {key} again after the scan passed it"),
+            });
+        }
+        let lsn = self.lsn;
+        let mut records: Vec<(Lsn, Value)> = Vec::new();
         if let Some(positioned) = &mut self.positioned {
+            let mut complete = false;
+            // Streams are in layer order, newest first, as GetPage walks the layers; `peek`
+            // left every stream with a head, or exhausted.
             for stream in &mut positioned.streams {
-                // `peek` left every stream with a head, or exhausted.
-                if stream.keys.get(stream.next) == Some(&key) {
-                    stream.next += 1;
+                let layer = &layers[stream.layer];
+                let versions: &[VersionRef] = stream.take(key);
+                if complete {
+                    // Older than the base already found: skipped past, never read.
+                    continue;
                 }
+                for version in versions {
+                    records.push((version.lsn, layer.read_version(version)?));
+                    if version.will_init {
+                        complete = true;
+                        break;
+                    }
+                }
+                complete |= layer.is_authoritative_for(key);
             }
         }
         // `key` < `end` <= Key::MAX, so it has a successor.
         self.from = key.next();
         self.last = Some(key);
-        Ok(Some(key))
+        let page = reconstruct_page(&records, max_value_size)
+            .map_err(|source| TimelineError::Redo { key, lsn, source })?;
+        Ok(Some((key, page)))
     }
 }
 
@@ -325,39 +331,27 @@ pub(crate) fn next_page(
     if lsn > last_record {
         return Err(TimelineError::LsnNotYetIngested { lsn, last_record });
     }
-    let mut entries = Vec::new();
-    let mut resumed = None;
-    loop {
-        let wanted = limit - entries.len();
-        let (layer_set, layers) = timeline.scan_layers(lsn)?;
-        let kept = cursor.position(layer_set, &layers);
-        // A later round of the same page may find a newer layer set (a flush finished
-        // meanwhile); what the caller wants to know is whether the page began resumed.
-        resumed.get_or_insert(kept);
-        let sizes = cursor.chunk_sizes(limit);
-        let mut keys = Vec::with_capacity(wanted);
-        while keys.len() < wanted {
-            match cursor.take(&layers, sizes)? {
-                Some(key) => keys.push(key),
-                None => break,
-            }
-        }
-        let more = cursor.peek(&layers, sizes)?.is_some();
-        drop(layers);
-        // Each key is read as a point read reads it, on the layer set of the moment.
-        for key in keys {
-            if let Some(page) = timeline.get_page(key, lsn)? {
-                entries.push((key, page));
-            }
-        }
-        if !more || entries.len() == limit {
-            return Ok(ScanPage {
-                entries,
-                more,
-                resumed: resumed.unwrap_or(false),
-            });
+    // One snapshot for the whole page: every version at or below `lsn` is in it, whatever
+    // happens to the layer map meanwhile, and holding it holds no lock.
+    let (layer_set, layers) = timeline.scan_layers(lsn)?;
+    let resumed = cursor.position(layer_set, &layers);
+    let sizes = cursor.chunk_sizes(limit);
+    let max_value_size = timeline.conf.max_value_size;
+    let mut entries = Vec::with_capacity(limit.min(MAX_CHUNK_KEYS));
+    while entries.len() < limit {
+        match cursor.take(&layers, sizes, max_value_size)? {
+            Some((key, Some(page))) => entries.push((key, page)),
+            // No base at `lsn`: the page does not exist there.
+            Some((_, None)) => {}
+            None => break,
         }
     }
+    let more = cursor.peek(&layers, sizes)?.is_some();
+    Ok(ScanPage {
+        entries,
+        more,
+        resumed,
+    })
 }
 
 pub mod cursor_cache;

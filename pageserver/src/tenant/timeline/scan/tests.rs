@@ -10,6 +10,7 @@ use utils::TenantId;
 use super::*;
 use crate::io::read_cost::measure;
 use crate::page_cache::PageCache;
+use crate::tenant::storage_layer::VersionRef;
 use crate::tenant::test_support::*;
 use crate::tenant::timeline::{PutRecord, TimelineConf};
 
@@ -487,13 +488,16 @@ fn a_cursor_weighs_what_it_buffers_and_compacts() {
     let mut cursor = ScanCursor::new(Key::MIN, Key::MAX, Lsn(10));
     let empty = cursor.approximate_bytes();
     tl.scan_page(&mut cursor, 100).unwrap();
-    // One stream (the open layer) with a chunk of 101 keys, of which one is left.
+    // One stream (the open layer) with a chunk of 101 versions, of which one is left.
     let loaded = cursor.approximate_bytes();
-    assert!(loaded >= empty + 101 * size_of::<Key>(), "{loaded} {empty}");
+    assert!(
+        loaded >= empty + 101 * size_of::<VersionRef>(),
+        "{loaded} {empty}"
+    );
     cursor.compact();
     let compacted = cursor.approximate_bytes();
     assert!(
-        compacted < empty + 4 * size_of::<Key>() + 64,
+        compacted < empty + size_of::<VersionRef>() + 128,
         "{compacted} {empty}"
     );
     // Still resumes, from the one buffered key on.
@@ -516,7 +520,7 @@ fn chunks_grow_like_read_ahead_up_to_their_bound() {
     loop {
         let page = tl.scan_page(&mut cursor, 10).unwrap();
         keys += page.entries.len();
-        let buffered = (cursor.approximate_bytes() - base) / size_of::<Key>();
+        let buffered = (cursor.approximate_bytes() - base) / size_of::<VersionRef>();
         if chunks.last() != Some(&buffered) {
             chunks.push(buffered);
         }
@@ -530,4 +534,112 @@ fn chunks_grow_like_read_ahead_up_to_their_bound() {
     let steps: Vec<usize> = chunks.windows(2).map(|w| w[1] - w[0]).collect();
     assert_eq!(steps[..6], [16, 32, 64, 128, 256, 512], "{chunks:?}");
     assert_eq!(chunks.len(), 7, "{chunks:?}");
+}
+
+/// An image layer answers for every key of its range at its LSN: a key it holds no image of
+/// has no page there, whatever older layers hold. A scan across it, the delta layers below and
+/// above it and the open layer gives exactly what point reads give, at every LSN.
+#[test]
+fn a_scan_across_an_image_layer_matches_point_reads() {
+    use crate::tenant::storage_layer::image_layer::ImageLayerWriter;
+    use crate::tenant::timeline::metadata::{
+        LayerFileEntry, LayerLevel, StoredMetadata, TimelineMetadata,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let delta = |will_init, byte: u8| Value::Delta {
+        will_init,
+        patches: vec![Patch::new(u32::from(byte), vec![byte; 2])],
+    };
+    let image = |fill: u8| Value::Image(Bytes::from(vec![fill; 64]));
+    {
+        let tl =
+            Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(64), manual_conf()).unwrap();
+        let batches: [(u64, Vec<(u32, Value)>); 3] = [
+            (0x08, (0..12).map(|k| (k, image(k as u8))).collect()),
+            (0x18, vec![(2, delta(false, 1)), (6, delta(false, 2))]),
+            (0x20, vec![(11, delta(false, 3))]),
+        ];
+        for (lsn, versions) in batches {
+            let batch: Vec<PutRecord> = versions
+                .into_iter()
+                .map(|(k, value)| PutRecord {
+                    key: rel_key(k),
+                    lsn: Lsn(lsn),
+                    value,
+                })
+                .collect();
+            tl.put_batch(&batch).unwrap();
+            tl.checkpoint().unwrap();
+            if lsn == 0x18 {
+                // The first two into one L1, which an image layer at its end can shadow.
+                assert_eq!(tl.compact_l0(2).unwrap().inputs, 2);
+            }
+        }
+    }
+    // Keys 0..4 have an image at 0x18, where the L1 ends; keys 4..10 are in its range without
+    // one. Reads walk it after the L0 above and before the L1.
+    let mut writer = ImageLayerWriter::new(
+        dir.path(),
+        TENANT,
+        TIMELINE,
+        rel_key(0)..rel_key(10),
+        Lsn(0x18),
+    )
+    .unwrap();
+    for k in 0..4u8 {
+        writer
+            .put_image(rel_key(k.into()), &[0x40 + k; 64])
+            .unwrap();
+    }
+    let written = writer.finish().unwrap();
+    let StoredMetadata::Manifest(mut manifest) = TimelineMetadata::load(dir.path()).unwrap() else {
+        panic!("a manifest");
+    };
+    manifest.add_layer(LayerFileEntry {
+        name: written.summary.file_name(),
+        size: written.size,
+        crc32c: written.crc32c,
+        level: LayerLevel::Image,
+    });
+    manifest.store(dir.path()).unwrap();
+    let tl = Timeline::load(dir.path(), TENANT, TIMELINE, small_cache(64), manual_conf()).unwrap();
+    assert_eq!(tl.layer_counts().images, 1);
+    let later: Vec<PutRecord> = [(1, delta(false, 4)), (5, image(0x55)), (7, delta(true, 5))]
+        .into_iter()
+        .map(|(k, value)| PutRecord {
+            key: rel_key(k),
+            lsn: Lsn(0x30),
+            value,
+        })
+        .collect();
+    tl.put_batch(&later).unwrap();
+
+    for lsn in [0x08, 0x17, 0x18, 0x20, 0x30].map(Lsn) {
+        let point: Vec<(Key, Bytes)> = (0..14)
+            .filter_map(|k| {
+                let page = tl.get_page(rel_key(k), lsn).unwrap()?;
+                Some((rel_key(k), page))
+            })
+            .collect();
+        for limit in [1, 3, 100] {
+            let mut cursor = ScanCursor::new(Key::MIN, Key::MAX, lsn);
+            let mut got = Vec::new();
+            loop {
+                let page = tl.scan_page(&mut cursor, limit).unwrap();
+                got.extend(page.entries);
+                if !page.more {
+                    break;
+                }
+            }
+            assert_eq!(got, point, "at {lsn}, pages of {limit}");
+        }
+        let present = |k: u32| point.iter().any(|(key, _)| *key == rel_key(k));
+        if lsn >= Lsn(0x18) {
+            // In the image's range without an image: no page, though an older layer holds one.
+            assert!(!present(4) && !present(8), "at {lsn}");
+            assert!(present(11), "outside the image's range, at {lsn}");
+        } else {
+            assert!(present(4) && present(8), "at {lsn}");
+        }
+    }
 }

@@ -68,7 +68,7 @@ fn a_get_does_not_wait_for_a_put_writing_a_block() {
             let other_key = l.get(rel_key(1), Lsn(20)).unwrap();
             let same_key_below = l.get(rel_key(2), Lsn(19)).unwrap();
             let same_key_at = l.get(rel_key(2), Lsn(20)).unwrap();
-            let keys = l.keys_at_lsn(Key::MIN, Key::MAX, Lsn(20), 10).keys;
+            let keys = l.versions_at_lsn(Key::MIN, Key::MAX, Lsn(20), 10).keys();
             let counts = (l.len(), l.last_lsn(), l.distinct_keys());
             let _ = done_tx.send((other_key, same_key_below, same_key_at, keys, counts));
         });
@@ -198,7 +198,7 @@ fn gets_match_a_model_while_a_writer_puts() {
                     let done = done_lsn.load(Ordering::Acquire);
                     let lsn = Lsn(rng.u64(8..=done.max(8)));
                     if rng.u8(..16) == 0 {
-                        let got = l.keys_at_lsn(Key::MIN, Key::MAX, lsn, 100).keys;
+                        let got = l.versions_at_lsn(Key::MIN, Key::MAX, lsn, 100).keys();
                         let mut expected: Vec<Key> = model
                             .keys()
                             .filter(|(_, v)| *v <= lsn)
