@@ -31,24 +31,29 @@
 //! block-aligned it would be 8 KiB. Both read block-aligned ranges into a reused buffer, so only
 //! the kernel's part differs.
 //!
-//! `read_cost/scan_page/*` are paged scans of the layer's whole key range at its LSN,
-//! `SCAN_LIMIT` keys a page, with every block cached (as `fully_hot`), so a page is comparable
-//! with `SCAN_LIMIT` point reads. The scan has `SCAN_PAGES` pages; the cases cycle over pages 1
-//! to the last, in order, and time one `Timeline::scan_page` call each:
+//! `read_cost/scan_page/*` are paged scans over a second timeline of nine layers: the same
+//! layer at the bottom (an 8 KiB image of every even key number at `LSN`), and above it eight
+//! delta layers, layer `i` at `LSN + i` holding a 32-byte delta of every fourth of those keys, so
+//! every key has two deltas over its image and a point read of it visits all nine layers
+//! (compaction is off: they stay L0s). A scan reads the whole key range at the newest LSN,
+//! `SCAN_LIMIT` keys a page, with every block cached (as `fully_hot`). The scan has `SCAN_PAGES`
+//! pages; the cases cycle over pages 1 to the last, in order, and time one page each:
 //!
-//! * `read_cost/scan_page/resumed`: the page is read with the cursor the previous page left,
-//!   compacted as the cursor cache compacts what it keeps. One scan runs from the start; its
-//!   first page (which has no previous page to resume from) is read untimed whenever the cycle
-//!   begins again. Its streams read ever larger chunks of keys, so most pages take their keys
+//! * `read_cost/scan_page/resumed`: `Timeline::scan_page` with the cursor the previous page
+//!   left, compacted as the cursor cache compacts what it keeps. One scan runs from the start;
+//!   its first page (which has no previous page to resume from) is read untimed whenever the
+//!   cycle begins again. Its streams read ever larger chunks, so most pages take their versions
 //!   from the buffer and a few go back to the index for a chunk several pages long: the timed
 //!   pages carry that refill work, amortized as a long scan amortizes it.
 //! * `read_cost/scan_page/reseeked`: the same pages, each read with a cursor built from nothing
 //!   but the key before it (`ScanCursor::after`), as when a token's cursor was evicted: every
-//!   page descends the index for its keys. Building that cursor is not timed; it allocates
-//!   nothing and the descent it leads to happens inside `scan_page`.
+//!   page descends each layer's index for its first chunk. Building that cursor is not timed;
+//!   it allocates nothing and the descents happen inside `scan_page`.
+//! * `read_cost/scan_page/point_reads`: the same pages' keys read one by one with
+//!   `Timeline::get_page`: what the scan is compared with, per key.
 //!
-//! The timed span is the `scan_page` call alone; dropping the returned page and checking it are
-//! outside it. `<case>/no_cache` empties the page cache before each page, as for point reads.
+//! The timed span is the page's reads alone; dropping the page and checking it are outside it.
+//! `<case>/no_cache` empties the page cache before each page, as for point reads.
 //!
 //! Before criterion runs, every case is read `TABLE_READS` times under [`read_cost::measure`]
 //! for a table printed after criterion's report: the average blocks and I/O per read, and the
@@ -56,10 +61,12 @@
 //! read misses no index block and does one I/O (checked for every target key), the fully hot
 //! read and the missing key do no I/O, and the missing key touches no value block. The scan
 //! cases are read `TABLE_PAGES` pages each for a second table, per page and per key; that pass
-//! checks every page's keys and bytes, that the hot pages do no I/O, that every page but the
-//! last is full, and that over the same pages the resumed scan asks for no more index blocks
-//! than the reseeked one (per page it can ask for more: a page that refills a long chunk reads
-//! more leaves than one page's descent).
+//! checks every page's keys and bytes (each page against its image with its deltas applied),
+//! that the hot pages do no I/O, that every page but the last is full, and that over the same
+//! pages the resumed scan asks for no more index blocks than the reseeked one (per page it can
+//! ask for more: a page that refills a long chunk reads more leaves than one page's descent).
+//! Under the table, the two goal ratios of the hot medians: reseeked ÷ resumed and point reads ÷
+//! resumed.
 
 use std::hint::black_box;
 use std::os::unix::fs::FileExt;
@@ -69,9 +76,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+
+mod scan;
 use pageserver::io::read_cost::{self, ReadCost};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
-use pageserver::tenant::timeline::scan::{ScanCursor, ScanPage};
 use pageserver::tenant::timeline::{PutRecord, Timeline, TimelineConf};
 use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value};
@@ -82,12 +90,6 @@ const KEYS: u32 = 2000;
 const LSN: Lsn = Lsn(0x1000);
 /// Reads per row of the printed table.
 const TABLE_READS: usize = 200;
-/// Keys per scan page.
-const SCAN_LIMIT: usize = 100;
-/// Pages in a scan of the whole layer.
-const SCAN_PAGES: u32 = KEYS / 2 / SCAN_LIMIT as u32;
-/// Pages per scan row of the printed table: every timed page of the cycle, ten times.
-const TABLE_PAGES: u32 = 10 * (SCAN_PAGES - 1);
 
 fn key(n: u32) -> Key {
     Key::rel_block(1663, 5, 16384, 0, n)
@@ -167,105 +169,10 @@ impl Layer {
         page
     }
 
-    fn scan_page(&self, cursor: &mut ScanCursor) -> ScanPage {
-        self.timeline
-            .scan_page(cursor, SCAN_LIMIT)
-            .expect("scan_page")
-    }
-
     fn read_all(&self, numbers: impl IntoIterator<Item = u32>) {
         for n in numbers {
             self.read(n);
         }
-    }
-}
-
-/// The key number page `page` of the scan starts after.
-fn last_before_page(page: u32) -> u32 {
-    2 * SCAN_LIMIT as u32 * page - 2
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum ScanMode {
-    Resumed,
-    Reseeked,
-}
-
-impl ScanMode {
-    const ALL: [ScanMode; 2] = [ScanMode::Resumed, ScanMode::Reseeked];
-
-    fn name(self) -> &'static str {
-        match self {
-            ScanMode::Resumed => "scan_page/resumed",
-            ScanMode::Reseeked => "scan_page/reseeked",
-        }
-    }
-}
-
-/// Where a scan case is in its cycle over pages `1..SCAN_PAGES`, and the cursor it keeps.
-struct Pages {
-    mode: ScanMode,
-    cursor: Option<ScanCursor>,
-    next: u32,
-}
-
-impl Pages {
-    fn new(mode: ScanMode) -> Pages {
-        Pages {
-            mode,
-            cursor: None,
-            next: 1,
-        }
-    }
-
-    /// Untimed, before each page: the page's number and the cursor it is to be read with.
-    fn prepare(&mut self, layer: &Layer, no_cache: bool) -> (u32, &mut ScanCursor) {
-        let page = self.next;
-        self.next = page % (SCAN_PAGES - 1) + 1;
-        let end = key(KEYS);
-        let cursor = match (self.mode, self.cursor.take()) {
-            (ScanMode::Resumed, Some(mut cursor)) if page > 1 => {
-                cursor.compact();
-                self.cursor.insert(cursor)
-            }
-            (ScanMode::Resumed, _) => {
-                let mut cursor = ScanCursor::new(key(0), end, LSN);
-                let first = layer.scan_page(&mut cursor);
-                check_page(ScanMode::Resumed, 0, &first);
-                cursor.compact();
-                self.cursor.insert(cursor)
-            }
-            (ScanMode::Reseeked, _) => {
-                self.cursor
-                    .insert(ScanCursor::after(key(last_before_page(page)), end, LSN))
-            }
-        };
-        assert_eq!(cursor.last(), Some(key(last_before_page(page))));
-        if no_cache {
-            layer.cache.drop_unpinned();
-        }
-        (page, cursor)
-    }
-}
-
-/// Checks page `page` of the scan against what was put.
-fn check_page(mode: ScanMode, page: u32, found: &ScanPage) {
-    let first = 2 * SCAN_LIMIT as u32 * page;
-    assert!(
-        found.entries.len() == SCAN_LIMIT || !found.more,
-        "page {page} is short ({} entries) but more follow",
-        found.entries.len()
-    );
-    assert_eq!(found.more, page + 1 < SCAN_PAGES, "page {page}: more");
-    assert_eq!(
-        found.resumed,
-        mode == ScanMode::Resumed && page > 0,
-        "page {page}: resumed"
-    );
-    for (i, (k, bytes)) in found.entries.iter().enumerate() {
-        let n = first + 2 * i as u32;
-        assert_eq!(*k, key(n), "page {page}, entry {i}");
-        assert_eq!((bytes.len(), bytes[0]), (PAGE_SZ, n as u8), "key {n}");
     }
 }
 
@@ -412,28 +319,6 @@ fn check_every_index_hot_target(layer: &Layer) {
     }
 }
 
-/// `TABLE_PAGES` pages of `mode` under [`read_cost::measure`], with the entries they returned,
-/// checking every page and, hot, that it did no I/O.
-fn scan_tally(layer: &Layer, mode: ScanMode, no_cache: bool) -> (Tally, usize) {
-    Case::FullyHot.before_run(layer);
-    let mut pages = Pages::new(mode);
-    let mut tally = Tally::default();
-    let mut entries = 0;
-    for _ in 0..TABLE_PAGES {
-        let (page, cursor) = pages.prepare(layer, no_cache);
-        let start = Instant::now();
-        let (found, cost) = read_cost::measure(|| layer.scan_page(cursor));
-        let elapsed = start.elapsed();
-        check_page(mode, page, &found);
-        if !no_cache {
-            assert_eq!(cost.ios, 0, "hot {} page {page}: {cost}", mode.name());
-        }
-        entries += found.entries.len();
-        tally.add(cost, elapsed);
-    }
-    (tally, entries)
-}
-
 /// Median wall time of `TABLE_READS` block-aligned `pread`s of `len` bytes, in µs.
 fn pread_median_micros(file: &std::fs::File, len: usize) -> f64 {
     let mut buf = vec![0u8; len];
@@ -488,7 +373,7 @@ fn cost_columns(t: &Tally) -> String {
     )
 }
 
-fn table(layer: &Layer) -> String {
+fn table(layer: &Layer, scans: &scan::ScanTimeline) -> String {
     check_every_index_hot_target(layer);
     let mut out = String::new();
     let mut line = |text: String| {
@@ -532,53 +417,9 @@ fn table(layer: &Layer) -> String {
         ));
     }
     line(String::new());
-    line(format!(
-        "read_cost scans: averages per page over {TABLE_PAGES} pages of {SCAN_LIMIT} keys; \
-         µs/page is the median wall time of one page (scan_page under read_cost::measure), \
-         µs/key that divided by the keys a page returned"
-    ));
-    line(format!(
-        "{:<30}{:>9}{:>10}{:>9}{:>9}{:>8}{:>9}{:>9}{:>8}{:>12}",
-        "case",
-        "ios/page",
-        "KiB/page",
-        "idx_hit",
-        "idx_miss",
-        "val_hit",
-        "val_miss",
-        "µs/page",
-        "µs/key",
-        "vs no_cache"
-    ));
-    let scan_row = |name: &str, t: &mut Tally, entries: usize, ratio: Option<f64>| {
-        let micros = t.median_micros();
-        format!(
-            "{:<30}{}{:>9.1}{:>8.2}{:>12}",
-            name,
-            cost_columns(t),
-            micros,
-            micros * f64::from(t.reads) / entries as f64,
-            ratio.map_or_else(|| "-".to_string(), |r| format!("{r:.2}")),
-        )
-    };
-    let mut hot_index_blocks = Vec::new();
-    for mode in ScanMode::ALL {
-        let (mut cached, entries) = scan_tally(layer, mode, false);
-        let (mut uncached, uncached_entries) = scan_tally(layer, mode, true);
-        hot_index_blocks.push(cached.cost.idx_hit + cached.cost.idx_miss);
-        let ratio = cached.median_micros() / uncached.median_micros();
-        line(scan_row(mode.name(), &mut cached, entries, Some(ratio)));
-        line(scan_row(
-            &format!("{}/no_cache", mode.name()),
-            &mut uncached,
-            uncached_entries,
-            None,
-        ));
+    for text in scan::table(scans) {
+        line(text);
     }
-    assert!(
-        hot_index_blocks[0] <= hot_index_blocks[1],
-        "the resumed scan asked for more index blocks than the reseeked one: {hot_index_blocks:?}"
-    );
     line(String::new());
     let file = std::fs::File::open(&layer.file).expect("open layer");
     let p8 = pread_median_micros(&file, PAGE_SZ);
@@ -592,9 +433,10 @@ fn table(layer: &Layer) -> String {
 
 fn read_cost(c: &mut Criterion) {
     let layer = Layer::build();
+    let scans = scan::ScanTimeline::build();
     // Measured first, so a case that does not do what it claims fails before any timing; printed
     // last, where it is seen after criterion's report.
-    let table = table(&layer);
+    let table = table(&layer, &scans);
 
     let mut group = c.benchmark_group("read_cost");
     group
@@ -655,34 +497,7 @@ fn read_cost(c: &mut Criterion) {
             })
         });
     }
-    // A page returns `SCAN_LIMIT` keys, so criterion's rate is keys per second.
-    group.throughput(Throughput::Elements(SCAN_LIMIT as u64));
-    for mode in ScanMode::ALL {
-        for no_cache in [false, true] {
-            let name = if no_cache {
-                format!("{}/no_cache", mode.name())
-            } else {
-                mode.name().to_string()
-            };
-            Case::FullyHot.before_run(&layer);
-            let mut pages = Pages::new(mode);
-            // Timed by hand so that the resumed cursor can carry over from one page to the next
-            // while its preparation, and dropping each page, stay outside the timed span.
-            group.bench_function(name, |b| {
-                b.iter_custom(|iters| {
-                    let mut timed = Duration::ZERO;
-                    for _ in 0..iters {
-                        let (_, cursor) = pages.prepare(&layer, no_cache);
-                        let start = Instant::now();
-                        let page = layer.scan_page(cursor);
-                        timed += start.elapsed();
-                        black_box(page);
-                    }
-                    timed
-                })
-            });
-        }
-    }
+    scan::bench(&mut group, &scans);
     group.finish();
     println!("\n{table}");
 }
