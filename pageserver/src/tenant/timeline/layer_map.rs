@@ -46,7 +46,7 @@ pub(crate) struct LayerMap {
     /// Reads below this LSN are refused: GC may have removed what they need (see `gc.rs`). It
     /// lives in the snapshot so that a read checks it against the very layers it walks.
     pub(crate) gc_cutoff: Lsn,
-    /// Changes with every new map: a scan cursor whose key streams were built on another
+    /// Changes with every new map: a scan cursor whose version streams were built on another
     /// version no longer describes these layers (see `timeline::scan`).
     pub(crate) version: u64,
 }

@@ -18,7 +18,8 @@
 //! The map is an immutable snapshot (`layer_map.rs`): a read clones the current one and walks
 //! it without a lock; a freeze or a flush's swap publishes a new one. Each new map has a new
 //! version, which identifies the layer set for paged scans ([`Timeline::scan_page`],
-//! `timeline::scan`): a scan cursor resumes only on the layer set its version streams were built on.
+//! `timeline::scan`): a scan cursor resumes only on the layer set its version streams were
+//! built on.
 //!
 //! GetPage@LSN walks the layers from newest to oldest through one interface (`Layer`), skipping
 //! without I/O those that hold nothing at or below the LSN or not the key, each other one

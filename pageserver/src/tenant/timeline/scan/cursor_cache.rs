@@ -1,5 +1,6 @@
 //! The scan cursor cache: the state of paged key-range scans kept between pages, so the next
-//! page resumes from its cursor's buffered key streams instead of seeking every layer again.
+//! page resumes from its cursor's buffered version streams instead of seeking every layer
+//! again.
 //! The idea is Scylla's querier cache, fitted to layers.
 //!
 //! # Tokens

@@ -301,6 +301,10 @@ impl ScanCursor {
                     // Older than the base already found: skipped past, never read.
                     continue;
                 }
+                if !versions.is_empty() {
+                    // As the GetPage walk counts a layer it asks for the key's versions.
+                    crate::io::read_cost::layer_visited();
+                }
                 for version in versions {
                     records.push((version.lsn, layer.read_version(version)?));
                     if version.will_init {
