@@ -1,7 +1,7 @@
 //! `pagectl` end to end: a real delta layer written with `DeltaLayerWriter`, inspected by the
 //! real binary, with the output checked line by line; then truncated, bit-flipped, missing and
 //! misnamed inputs, which must give exit code 1 and a one-line error naming the file, never a
-//! panic.
+//! panic. Image layers are in `pagectl/image.rs`.
 
 use std::ffi::OsStr;
 use std::io::Read;
@@ -15,6 +15,9 @@ use pageserver::PAGE_SZ;
 use pageserver_api::value::Patch;
 use pageserver_api::{Key, Value};
 use utils::{Lsn, TenantId, TimelineId};
+
+#[path = "pagectl/image.rs"]
+mod image;
 
 const TENANT: TenantId = TenantId::from_bytes([0x11; 16]);
 const TIMELINE: TimelineId = TimelineId::from_bytes([0x22; 16]);
@@ -414,7 +417,7 @@ fn verify_checks_a_layer_against_the_manifest_beside_it() {
     assert_eq!(
         lines(layer_cmd("verify", &f.layer, &[])),
         [format!(
-            "{}: ok: entries=7 images=3 deltas=4 value_bytes=16579 index_blocks=1 manifest: listed, size and crc32c match",
+            "{}: ok: entries=7 images=3 deltas=4 value_bytes=16579 index_blocks=1 manifest: listed as L0, size and crc32c match",
             f.layer.display()
         )]
     );
@@ -490,7 +493,8 @@ fn same_name_elsewhere(f: &Fixture, dir: &str) -> PathBuf {
 fn truncated_layers_are_reported() {
     let f = fixture();
     let good = std::fs::read(&f.layer).unwrap();
-    let bad = f.dir.path().join("truncated");
+    // Under its layer name, so that pagectl knows it for a delta layer however short it is.
+    let bad = same_name_elsewhere(&f, "truncated");
     for len in [
         0,
         100,
@@ -505,6 +509,20 @@ fn truncated_layers_are_reported() {
             assert!(err.contains("corrupt"), "{sub} of {len} bytes: {err}");
         }
     }
+    // Under another name, a file too short for a magic is not a layer at all.
+    let unnamed = f.dir.path().join("short");
+    std::fs::write(&unnamed, &good[..3]).unwrap();
+    for sub in ["summary", "index", "values", "verify"] {
+        let err = error_of(layer_cmd(sub, &unnamed, &[]), &unnamed);
+        assert!(err.contains("not a layer file"), "{sub}: {err}");
+    }
+    // With a delta layer's magic, it is a corrupt one.
+    std::fs::write(&unnamed, &good[..100]).unwrap();
+    let err = error_of(layer_cmd("summary", &unnamed, &[]), &unnamed);
+    assert!(
+        err.contains("delta layer") && err.contains("corrupt"),
+        "{err}"
+    );
 }
 
 /// Flips one bit in the summary, a value and the index node, and checks which commands see it.
@@ -621,7 +639,10 @@ fn missing_files_directories_and_non_layers_are_reported() {
         .unwrap();
     let metadata = f.dir.path().join("metadata");
     let err = error_of(layer_cmd("summary", &metadata, &[]), &metadata);
-    assert!(err.contains("has no summary block"), "{err}");
+    assert!(
+        err.contains("not a layer file") && err.contains("starts with 0x544c4d44"),
+        "{err}"
+    );
 }
 
 #[test]

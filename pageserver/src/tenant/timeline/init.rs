@@ -31,7 +31,7 @@ use utils::{Lsn, TenantId, TimelineId};
 use super::{LayerMap, LsnWait, Timeline, TimelineConf, TimelineError, WriterState};
 use crate::io::crashsafe::TEMP_SUFFIX;
 use crate::page_cache::PageCache;
-use crate::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerError};
+use crate::tenant::storage_layer::delta_layer::DeltaLayer;
 use crate::tenant::storage_layer::ephemeral_file::remove_leftovers;
 use crate::tenant::storage_layer::image_layer::ImageLayer;
 use crate::tenant::storage_layer::{Layer, LayerName};
@@ -146,31 +146,13 @@ impl LayerOpener<'_> {
         let durable = manifest.disk_consistent_lsn;
         let mut map = LayerMap::default();
         for entry in &manifest.layers {
-            let layer = match entry.level {
-                LayerLevel::Image => {
-                    let path = check_listed(self.dir, &entry.name, manifest)?;
-                    let image = ImageLayer::open(&path, self.cache.clone(), self.max_value_size)?;
-                    image.check_identity(manifest.tenant_id, manifest.timeline_id)?;
-                    Layer::Image(Arc::new(image))
-                }
-                LayerLevel::L0 | LayerLevel::L1 => {
-                    let delta = open_listed_layer(self.dir, &entry.name, manifest, |path| {
-                        DeltaLayer::open(path, self.cache.clone(), self.max_value_size)
-                    })?;
-                    Layer::Delta(Arc::new(delta))
-                }
-            };
-            let lsn_end = layer.lsn_range().end;
-            // lsn_end is above the start (the summaries check it), so this cannot wrap.
-            if lsn_end.0 - 1 > durable.0 {
-                return Err(TimelineError::LayerSet {
-                    file: entry.name.clone(),
-                    reason: format!(
-                        "its versions reach {}, beyond the manifest's disk_consistent_lsn {durable}",
-                        Lsn(lsn_end.0 - 1)
-                    ),
-                });
-            }
+            let layer = open_listed_layer(
+                self.dir,
+                &entry.name,
+                manifest,
+                self.cache,
+                self.max_value_size,
+            )?;
             match (entry.level, layer) {
                 (LayerLevel::L0, Layer::Delta(delta)) => map.l0.push(delta),
                 (_, layer) => map.below_l0.push(layer),
@@ -341,19 +323,44 @@ impl LayerOpener<'_> {
     }
 }
 
-/// Opens layer file `name` of timeline directory `dir` with `open`, after checking that
-/// `manifest` lists it and that it exists with the listed size, and checks that its summary
-/// names the manifest's tenant and timeline and the ranges its name says. What startup does
-/// with every listed layer, and what `pagectl layer verify` does before reading the rest.
+/// Opens layer file `name` of timeline directory `dir` as the page server does with every
+/// listed layer at startup: `manifest` must list it, the file must exist with the listed size
+/// and open as the kind of layer its listed level says (an image layer, or a delta layer for
+/// L0 and L1), its summary must name the manifest's tenant and timeline and the ranges its
+/// name says, and its versions must not reach beyond the manifest's `disk_consistent_lsn`.
+/// What `pagectl layer verify` does before reading the rest.
 pub fn open_listed_layer(
     dir: &Path,
     name: &str,
     manifest: &TimelineMetadata,
-    open: impl FnOnce(&Path) -> Result<DeltaLayer, DeltaLayerError>,
-) -> Result<DeltaLayer, TimelineError> {
-    let path = check_listed(dir, name, manifest)?;
-    let layer = open(&path)?;
-    layer.check_identity(manifest.tenant_id, manifest.timeline_id)?;
+    cache: &Arc<PageCache>,
+    max_value_size: usize,
+) -> Result<Layer, TimelineError> {
+    let (path, level) = check_listed(dir, name, manifest)?;
+    let layer = match level {
+        LayerLevel::Image => {
+            let image = ImageLayer::open(&path, cache.clone(), max_value_size)?;
+            image.check_identity(manifest.tenant_id, manifest.timeline_id)?;
+            Layer::Image(Arc::new(image))
+        }
+        LayerLevel::L0 | LayerLevel::L1 => {
+            let delta = DeltaLayer::open(&path, cache.clone(), max_value_size)?;
+            delta.check_identity(manifest.tenant_id, manifest.timeline_id)?;
+            Layer::Delta(Arc::new(delta))
+        }
+    };
+    let durable = manifest.disk_consistent_lsn;
+    let lsn_end = layer.lsn_range().end;
+    // lsn_end is above the start (the summaries check it), so this cannot wrap.
+    if lsn_end.0 - 1 > durable.0 {
+        return Err(TimelineError::LayerSet {
+            file: name.to_owned(),
+            reason: format!(
+                "its versions reach {}, beyond the manifest's disk_consistent_lsn {durable}",
+                Lsn(lsn_end.0 - 1)
+            ),
+        });
+    }
     Ok(layer)
 }
 
@@ -377,12 +384,12 @@ fn is_uncommitted_compaction(l0: &[std::ops::Range<Lsn>], range: &std::ops::Rang
 }
 
 /// Checks that `manifest` lists layer file `name` and that it exists in `dir` with the listed
-/// size; returns its path.
+/// size; returns its path and its listed level.
 fn check_listed(
     dir: &Path,
     name: &str,
     manifest: &TimelineMetadata,
-) -> Result<std::path::PathBuf, TimelineError> {
+) -> Result<(std::path::PathBuf, LayerLevel), TimelineError> {
     let refused = |reason: String| TimelineError::LayerSet {
         file: name.to_owned(),
         reason,
@@ -405,7 +412,7 @@ fn check_listed(
             entry.size
         )));
     }
-    Ok(path)
+    Ok((path, entry.level))
 }
 
 #[cfg(test)]
