@@ -1,7 +1,7 @@
 //! `pagectl` end to end: a real delta layer written with `DeltaLayerWriter`, inspected by the
 //! real binary, with the output checked line by line; then truncated, bit-flipped, missing and
 //! misnamed inputs, which must give exit code 1 and a one-line error naming the file, never a
-//! panic. Image layers are in `pagectl/image.rs`.
+//! panic. Image layers are in `pagectl/image.rs`, `pagectl draw` in `pagectl/draw.rs`.
 
 use std::ffi::OsStr;
 use std::io::Read;
@@ -16,6 +16,8 @@ use pageserver_api::value::Patch;
 use pageserver_api::{Key, Value};
 use utils::{Lsn, TenantId, TimelineId};
 
+#[path = "pagectl/draw.rs"]
+mod draw;
 #[path = "pagectl/image.rs"]
 mod image;
 

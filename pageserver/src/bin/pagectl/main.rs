@@ -9,12 +9,14 @@
 //! pagectl layer verify  <file>                         read and check everything, and against
 //!                                                      the manifest beside it if there is one
 //! pagectl metadata <timeline dir | metadata file>      the manifest: disk_consistent_lsn, layers
+//! pagectl draw <timeline dir | metadata file> [-o F]   the manifest's layers as an SVG picture
 //! ```
 //!
-//! The `layer` commands take delta and image layer files alike (`layer.rs`). Output goes to
-//! stdout, one line per item, so it can be grepped and diffed; docs/pagectl.md shows each
-//! command's output. A problem (a missing file, a file that is not a layer, a corrupt one) is
-//! one line on stderr naming the file, and exit code 1; a usage error is exit code 2. Everything read is checked exactly as the page server checks it, through the
+//! The `layer` commands take delta and image layer files alike (`layer.rs`); `draw` is in
+//! `draw.rs`. Output goes to stdout, one line per item, so it can be grepped and diffed;
+//! docs/pagectl.md shows each command's output. A problem (a missing file, a file that is not a
+//! layer, a corrupt one) is one line on stderr naming the file, and exit code 1; a usage error
+//! is exit code 2. Everything read is checked exactly as the page server checks it, through the
 //! same code, so pagectl never trusts what the page server would refuse.
 
 use std::fmt::Write as _;
@@ -35,6 +37,7 @@ use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value, DEFAULT_MAX_VALUE_SIZE};
 use utils::Lsn;
 
+mod draw;
 mod layer;
 
 /// Pages in the private page cache (1 MiB): pagectl reads most blocks once, and a read that
@@ -65,6 +68,17 @@ enum Command {
     Metadata {
         /// A timeline directory, or the `metadata` file in one.
         path: PathBuf,
+    },
+    /// Draw the layers a timeline's manifest lists as an SVG picture.
+    ///
+    /// Keys across, LSNs up, one rectangle per layer, coloured by level (L0, L1, image). Only
+    /// the manifest is read: the ranges come from the layer names.
+    Draw {
+        /// A timeline directory, or the `metadata` file in one.
+        path: PathBuf,
+        /// Write the SVG to this file instead of stdout.
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
     },
 }
 
@@ -192,6 +206,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli, out: &mut impl Write) -> Result<(), Error> {
     match cli.command {
         Command::Metadata { path } => metadata(&path, out),
+        Command::Draw { path, output } => draw::draw(&path, output.as_deref(), out),
         Command::Layer(command) => layer::run(command, cli.max_value_size, out),
     }
 }

@@ -1,0 +1,383 @@
+//! `pagectl draw` on a timeline directory written with the crate's own writers: L0s, an L1 run
+//! of two layers, an image at the top of that run, and a retired L0 whose file is still there.
+//! The SVG must be well-formed XML (checked by the small parser below: no XML crate is a
+//! dependency), with one rectangle per listed layer in its level's colour, and nothing drawn for
+//! the retired file.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use pageserver::tenant::storage_layer::image_layer::ImageLayerWriter;
+
+use super::*;
+
+const L0_COLOUR: &str = "#e8912d";
+const L1_COLOUR: &str = "#3b75c4";
+const IMAGE_COLOUR: &str = "#2e9e48";
+
+/// One element of the document: its name and attributes.
+#[derive(Debug)]
+struct Element {
+    name: String,
+    attrs: HashMap<String, String>,
+}
+
+impl Element {
+    fn attr(&self, name: &str) -> &str {
+        self.attrs.get(name).map_or("", String::as_str)
+    }
+
+    fn num(&self, name: &str) -> f64 {
+        self.attr(name).parse().unwrap()
+    }
+}
+
+/// Checks that character data or an attribute value holds no markup and only the predefined
+/// entities and character references.
+fn check_text(text: &str) {
+    assert!(!text.contains('<'), "markup in text: {text:?}");
+    let mut rest = text;
+    while let Some(at) = rest.find('&') {
+        rest = &rest[at + 1..];
+        let end = rest
+            .find(';')
+            .unwrap_or_else(|| panic!("bare & in {text:?}"));
+        let entity = &rest[..end];
+        let ok = ["amp", "lt", "gt", "quot", "apos"].contains(&entity)
+            || entity
+                .strip_prefix('#')
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        assert!(ok, "unknown entity &{entity}; in {text:?}");
+        rest = &rest[end + 1..];
+    }
+}
+
+fn check_name(name: &str) {
+    assert!(
+        !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b':'),
+        "bad name {name:?}"
+    );
+}
+
+/// Parses `name="value" ...`, each name once.
+fn parse_attrs(mut s: &str) -> HashMap<String, String> {
+    let mut attrs = HashMap::new();
+    loop {
+        s = s.trim_start();
+        if s.is_empty() {
+            return attrs;
+        }
+        let (name, rest) = s.split_once("=\"").expect("an attribute is name=\"value\"");
+        check_name(name);
+        let (value, rest) = rest
+            .split_once('"')
+            .expect("an attribute value ends with \"");
+        check_text(value);
+        assert!(
+            attrs.insert(name.to_owned(), value.to_owned()).is_none(),
+            "attribute {name} twice"
+        );
+        assert!(
+            rest.is_empty() || rest.starts_with(' '),
+            "attributes run together: {rest:?}"
+        );
+        s = rest;
+    }
+}
+
+/// Checks that `doc` is a well-formed XML document of the kind pagectl writes (an XML
+/// declaration, then one root element; no comments, CDATA or doctype), and returns its
+/// elements in document order.
+fn parse_xml(doc: &str) -> Vec<Element> {
+    let rest = doc
+        .strip_prefix("<?xml version=\"1.0\" encoding=\"UTF-8\"?>")
+        .expect("an XML declaration");
+    let mut rest = rest.trim_start();
+    let mut elements = Vec::new();
+    let mut open: Vec<String> = Vec::new();
+    let mut root_closed = false;
+    while let Some(lt) = rest.find('<') {
+        let text = &rest[..lt];
+        check_text(text);
+        assert!(
+            !open.is_empty() || text.trim().is_empty(),
+            "text outside the root: {text:?}"
+        );
+        let gt = rest[lt..].find('>').expect("a tag ends with >") + lt;
+        let tag = &rest[lt + 1..gt];
+        rest = &rest[gt + 1..];
+        if let Some(name) = tag.strip_prefix('/') {
+            assert_eq!(open.pop().as_deref(), Some(name), "mismatched end tag");
+            root_closed = open.is_empty();
+            continue;
+        }
+        assert!(!root_closed, "a second root element <{tag}>");
+        let (body, empty) = match tag.strip_suffix('/') {
+            Some(body) => (body, true),
+            None => (tag, false),
+        };
+        let (name, attrs) = body.split_once(' ').unwrap_or((body, ""));
+        check_name(name);
+        elements.push(Element {
+            name: name.to_owned(),
+            attrs: parse_attrs(attrs),
+        });
+        if empty {
+            root_closed = open.is_empty();
+        } else {
+            open.push(name.to_owned());
+        }
+    }
+    assert!(rest.trim().is_empty(), "text after the root: {rest:?}");
+    assert!(
+        root_closed && open.is_empty(),
+        "unclosed elements: {open:?}"
+    );
+    elements
+}
+
+#[test]
+fn the_xml_checker_refuses_what_is_not_well_formed() {
+    let head = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+    assert_eq!(
+        parse_xml(&format!("{head}<a x=\"1\"><b/>t&amp;</a>\n")).len(),
+        2
+    );
+    for bad in [
+        "<a><b></a></b>",
+        "<a>",
+        "<a x=\"1\" x=\"2\"/>",
+        "<a>&nbsp;</a>",
+        "<a>x & y</a>",
+        "<a/><b/>",
+        "<a x=1/>",
+    ] {
+        let doc = format!("{head}{bad}");
+        assert!(
+            std::panic::catch_unwind(|| parse_xml(&doc)).is_err(),
+            "{bad} passed"
+        );
+    }
+}
+
+struct Timeline {
+    dir: tempfile::TempDir,
+    names: HashMap<&'static str, String>,
+}
+
+/// A delta layer of versions of `keys` at LSNs in `lsns`: one image of each key at the start.
+fn write_delta(dir: &Path, lsns: Range<u64>, keys: Range<u32>) -> (String, LayerFileEntry) {
+    let mut w =
+        DeltaLayerWriter::new(dir, TENANT, TIMELINE, Lsn(lsns.start), Lsn(lsns.end)).unwrap();
+    for k in keys {
+        w.put_value(key(k), Lsn(lsns.start), &Value::Image(page(k as u8, 64)))
+            .unwrap();
+    }
+    let written = w.finish().unwrap();
+    let name = written.summary.file_name();
+    let entry = LayerFileEntry {
+        name: name.clone(),
+        size: written.size,
+        crc32c: written.crc32c,
+        level: LayerLevel::L0,
+    };
+    (name, entry)
+}
+
+/// The L1 run 0x10..0x30 of keys 1..5 and 5..9, an image of keys 1..9 at 0x2F, two L0s above
+/// (0x30..0x40 of keys 1..9, 0x40..0x50 of keys 2..4), and a retired L0 0x10..0x20.
+fn timeline() -> Timeline {
+    let dir = tempfile::tempdir().unwrap();
+    let mut manifest = TimelineMetadata::empty(TENANT, TIMELINE);
+    manifest.disk_consistent_lsn = Lsn(0x4F);
+    let mut names = HashMap::new();
+    for (label, lsns, keys, level) in [
+        ("l1a", 0x10..0x30, 1..5, LayerLevel::L1),
+        ("l1b", 0x10..0x30, 5..9, LayerLevel::L1),
+        ("l0a", 0x30..0x40, 1..9, LayerLevel::L0),
+        ("l0b", 0x40..0x50, 2..4, LayerLevel::L0),
+        ("retired", 0x10..0x20, 1..9, LayerLevel::L0),
+    ] {
+        let (name, entry) = write_delta(dir.path(), lsns, keys);
+        manifest.add_layer(LayerFileEntry { level, ..entry });
+        names.insert(label, name);
+    }
+    let mut w =
+        ImageLayerWriter::new(dir.path(), TENANT, TIMELINE, key(1)..key(9), Lsn(0x2F)).unwrap();
+    for k in 1..9 {
+        w.put_image(key(k), &[k as u8; PAGE_SZ]).unwrap();
+    }
+    let written = w.finish().unwrap();
+    let name = written.summary.file_name();
+    manifest.add_layer(LayerFileEntry {
+        name: name.clone(),
+        size: written.size,
+        crc32c: written.crc32c,
+        level: LayerLevel::Image,
+    });
+    names.insert("image", name);
+    assert!(manifest.retire_layer(&names["retired"]));
+    manifest.store(dir.path()).unwrap();
+    Timeline { dir, names }
+}
+
+fn draw(args: &[&OsStr]) -> Output {
+    let mut all = vec![OsStr::new("draw")];
+    all.extend_from_slice(args);
+    pagectl(all)
+}
+
+/// The layer rectangle whose tooltip names `name`.
+fn layer_rect<'a>(svg: &str, elements: &'a [Element], name: &str) -> &'a Element {
+    let rects: Vec<&Element> = elements
+        .iter()
+        .filter(|e| e.name == "rect" && e.attr("class").starts_with("layer "))
+        .collect();
+    // Rectangles and their tooltips come in the same order.
+    let titles: Vec<&str> = svg
+        .split("<title>")
+        .skip(1)
+        .map(|t| t.split("</title>").next().unwrap())
+        .collect();
+    assert_eq!(rects.len(), titles.len());
+    let at = titles
+        .iter()
+        .position(|t| t.contains(name))
+        .unwrap_or_else(|| panic!("{name} is not drawn"));
+    rects[at]
+}
+
+#[test]
+fn draw_renders_every_listed_layer_by_level_and_not_the_retired() {
+    let t = timeline();
+    let svg = stdout_of(draw(&[t.dir.path().as_os_str()]));
+    let elements = parse_xml(&svg);
+    assert_eq!(elements[0].name, "svg");
+    assert_eq!(elements[0].attr("xmlns"), "http://www.w3.org/2000/svg");
+
+    // One rectangle per listed layer and three in the legend: nothing else is a rect.
+    let rects: Vec<&Element> = elements.iter().filter(|e| e.name == "rect").collect();
+    assert_eq!(rects.len(), 5 + 3, "{svg}");
+    let of_class = |class: &str| rects.iter().filter(|r| r.attr("class") == class).count();
+    assert_eq!(of_class("layer l0"), 2);
+    assert_eq!(of_class("layer l1"), 2);
+    assert_eq!(of_class("layer image"), 1);
+    for (level, colour) in [
+        ("l0", L0_COLOUR),
+        ("l1", L1_COLOUR),
+        ("image", IMAGE_COLOUR),
+    ] {
+        assert_eq!(of_class(&format!("legend {level}")), 1);
+        for r in rects.iter().filter(|r| r.attr("class").ends_with(level)) {
+            assert_eq!(r.attr("fill"), colour, "{r:?}");
+        }
+    }
+    for label in ["l1a", "l1b", "l0a", "l0b", "image"] {
+        assert!(svg.contains(&t.names[label]), "{label} is not drawn");
+    }
+    assert!(
+        !svg.contains(&t.names["retired"]),
+        "the retired layer is drawn"
+    );
+
+    // Title, legend and axis labels.
+    assert!(
+        svg.contains(&format!(
+            "tenant {TENANT} timeline {TIMELINE}: 5 layers: 2 L0, 2 L1, 1 image"
+        )),
+        "{svg}"
+    );
+    assert!(svg.contains("(1 retired files, not drawn)"), "{svg}");
+    for label in ["L0 delta (2)", "L1 delta (2)", "image (1)"] {
+        assert!(svg.contains(label), "legend {label}");
+    }
+    for label in [
+        ">0/10<",
+        ">0/50<",
+        &format!(">{}<", k1()),
+        &format!(">{}<", key(9)),
+    ] {
+        assert!(svg.contains(label), "axis label {label}");
+    }
+
+    // Geometry: keys across, LSNs up. The L0s lie above the L1 run, the image bar sits at the
+    // top of the run (its LSN is the run's last), visibly tall, and spans both L1s' keys.
+    let l1a = layer_rect(&svg, &elements, &t.names["l1a"]);
+    let l1b = layer_rect(&svg, &elements, &t.names["l1b"]);
+    let l0a = layer_rect(&svg, &elements, &t.names["l0a"]);
+    let l0b = layer_rect(&svg, &elements, &t.names["l0b"]);
+    let image = layer_rect(&svg, &elements, &t.names["image"]);
+    let bottom = |r: &Element| r.num("y") + r.num("height");
+    let right = |r: &Element| r.num("x") + r.num("width");
+    assert_eq!(l1a.num("y"), l1b.num("y"));
+    assert!(bottom(l0a) <= l1a.num("y") + 0.1);
+    assert!(bottom(l0b) <= l0a.num("y") + 0.1);
+    assert_eq!(image.num("y"), l1a.num("y"));
+    assert!(image.num("height") >= 3.0);
+    assert!(right(l1a) <= l1b.num("x") + 0.1);
+    assert_eq!(image.num("x"), l1a.num("x"));
+    assert_eq!(right(image), right(l1b));
+    // The compressed key axis: keys 2..4 of the second L0 are a visible step, not a sliver.
+    assert!(l0b.num("width") > 100.0, "{l0b:?}");
+}
+
+#[test]
+fn draw_writes_to_a_file_and_reads_a_metadata_file_too() {
+    let t = timeline();
+    let to = t.dir.path().join("layers.svg");
+    let out = draw(&[
+        t.dir.path().join("metadata").as_os_str(),
+        OsStr::new("-o"),
+        to.as_os_str(),
+    ]);
+    assert!(stdout_of(out).is_empty());
+    let written = std::fs::read_to_string(&to).unwrap();
+    assert_eq!(written, stdout_of(draw(&[t.dir.path().as_os_str()])));
+    parse_xml(&written);
+}
+
+#[test]
+fn draw_of_an_empty_timeline_is_an_empty_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    TimelineMetadata::empty(TENANT, TIMELINE)
+        .store(dir.path())
+        .unwrap();
+    let svg = stdout_of(draw(&[dir.path().as_os_str()]));
+    let elements = parse_xml(&svg);
+    let layers = elements
+        .iter()
+        .filter(|e| e.attr("class").starts_with("layer"))
+        .count();
+    assert_eq!(layers, 0);
+    assert!(svg.contains("0 layers: 0 L0, 0 L1, 0 image"), "{svg}");
+    assert!(svg.contains(">no layers<"), "{svg}");
+}
+
+#[test]
+fn draw_refuses_what_is_not_a_manifest() {
+    let t = timeline();
+    let metadata = t.dir.path().join("metadata");
+    // A bit flipped in the manifest, a missing directory, a layer file given instead.
+    let mut bytes = std::fs::read(&metadata).unwrap();
+    bytes[70] ^= 1;
+    std::fs::write(&metadata, &bytes).unwrap();
+    let err = error_of(draw(&[t.dir.path().as_os_str()]), &metadata);
+    assert!(err.contains("corrupt"), "{err}");
+    let missing = t.dir.path().join("gone");
+    error_of(draw(&[missing.as_os_str()]), &missing);
+    let layer = t.dir.path().join(&t.names["l0a"]);
+    let err = error_of(draw(&[layer.as_os_str()]), &layer);
+    assert!(err.contains("not a timeline directory"), "{err}");
+    // An output file that cannot be written.
+    bytes[70] ^= 1;
+    std::fs::write(&metadata, &bytes).unwrap();
+    let to = t.dir.path().join("no-such-dir").join("layers.svg");
+    let err = error_of(
+        draw(&[t.dir.path().as_os_str(), OsStr::new("-o"), to.as_os_str()]),
+        &to,
+    );
+    assert!(err.contains("cannot write the picture"), "{err}");
+}
