@@ -157,7 +157,7 @@ fn image_get_returns_the_image_or_says_there_is_none() {
             get(key(3), lsn),
             [
                 images[1].clone(),
-                "1 versions, complete: the oldest version listed needs no older history".to_owned()
+                "1 version, complete: the oldest version listed needs no older history".to_owned()
             ]
         );
     }

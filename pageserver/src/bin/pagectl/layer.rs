@@ -465,7 +465,9 @@ fn print_records(key: Key, found: &LayerRecords, out: &mut impl Write) -> Result
         }
         (false, _) => "incomplete: older layers are read too",
     };
-    writeln!(out, "{} versions, {base}", found.records.len())?;
+    let n = found.records.len();
+    let versions = if n == 1 { "version" } else { "versions" };
+    writeln!(out, "{n} {versions}, {base}")?;
     Ok(())
 }
 
