@@ -135,7 +135,8 @@ impl Timeline {
     /// Backpressure on the L0 count, when a compaction loop serves this timeline: with
     /// `l0_slowdown_threshold` L0 layers a batch first waits a little (longer the more L0s) or
     /// until a compaction finishes; with `l0_stop_threshold` it waits until compaction brings
-    /// the count below that, for at most `L0_STOP_MAX_WAIT`, then is refused (503).
+    /// the count below that, for at most `L0_STOP_MAX_WAIT`, then is refused (503). At most
+    /// `MAX_L0_STOP_WAITERS` batches wait so at once; more are refused at once.
     fn wait_for_l0_room(&self) -> Result<(), TimelineError> {
         let Some(compaction) = &self.compaction_wakeup else {
             return Ok(());
@@ -159,6 +160,16 @@ impl Timeline {
                 .with_label_values(&["slowdown"])
                 .observe(started.elapsed().as_secs_f64());
             return Ok(());
+        }
+        // Each waiting batch holds a thread of the blocking pool that reads use too: past a
+        // few per timeline (its batches go through one at a time anyway), refuse at once.
+        if self.l0_stop_waiters.fetch_add(1, Ordering::AcqRel) >= MAX_L0_STOP_WAITERS {
+            self.l0_stop_waiters.fetch_sub(1, Ordering::AcqRel);
+            return Err(TimelineError::IngestStopped {
+                l0,
+                limit: conf.l0_stop_threshold,
+                waited: started.elapsed(),
+            });
         }
         tracing::warn!(
             tenant = %self.tenant_id,
@@ -189,6 +200,8 @@ impl Timeline {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         };
+        drop(guard);
+        self.l0_stop_waiters.fetch_sub(1, Ordering::AcqRel);
         let waited = started.elapsed();
         crate::metrics::INGEST_L0_WAIT_SECONDS
             .with_label_values(&["stop"])

@@ -128,6 +128,8 @@ const L0_SLOWDOWN_STEP: Duration = Duration::from_millis(10);
 const L0_SLOWDOWN_MAX: Duration = Duration::from_millis(100);
 /// The longest a batch waits at `l0_stop_threshold` before it is refused.
 pub const L0_STOP_MAX_WAIT: Duration = Duration::from_secs(60);
+/// The most batches that wait at `l0_stop_threshold` on one timeline at once.
+pub const MAX_L0_STOP_WAITERS: usize = 4;
 
 /// Settings a timeline needs.
 #[derive(Clone, Debug)]
@@ -370,6 +372,8 @@ pub struct Timeline {
     /// Notified whenever a compaction lowers the L0 count, for batches held by backpressure.
     l0_lock: Mutex<()>,
     l0_changed: std::sync::Condvar,
+    /// Batches waiting at `l0_stop_threshold` now.
+    l0_stop_waiters: std::sync::atomic::AtomicUsize,
     /// Set when shutdown begins: held batches and a compaction in progress give up.
     shutting_down: AtomicBool,
     /// Set by `shutdown`: flushes that start later do nothing (the directory may be going).

@@ -103,3 +103,59 @@ fn a_compaction_that_fails_changes_nothing() {
     assert_eq!(tl.layer_counts().l0, 4);
     assert!(tl.manifest_snapshot().retired.is_empty());
 }
+
+#[test]
+fn at_the_l0_stop_threshold_a_few_batches_wait_and_more_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = TimelineConf {
+        compaction_threshold: 2,
+        l0_slowdown_threshold: 2,
+        l0_stop_threshold: 3,
+        ..conf()
+    };
+    // A wakeup no loop listens to: nothing compacts until the test does.
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(256), conf)
+        .unwrap()
+        .with_compaction_wakeup(Arc::new(utils::Wakeup::new()));
+    let mut model = Model::new();
+    ingest(&tl, &mut model, 3);
+    assert_eq!(tl.layer_counts().l0, 3);
+    let base = tl.last_record_lsn().0;
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        for n in 0..=MAX_L0_STOP_WAITERS as u64 {
+            let (tl, done_tx) = (&tl, done_tx.clone());
+            s.spawn(move || {
+                let record = PutRecord {
+                    key: rel_key(1),
+                    lsn: Lsn(base + 1 + n),
+                    value: small_delta(1),
+                };
+                done_tx.send(tl.put_batch(&[record])).unwrap();
+            });
+        }
+        // One more than may wait: it is refused without waiting for compaction.
+        let first = done_rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap();
+        assert!(
+            matches!(first, Err(TimelineError::IngestStopped { .. })),
+            "{first:?}"
+        );
+        // The others wait until compaction makes room, then go through (in whatever order
+        // they get there, so a later LSN may have gone first).
+        assert!(done_rx
+            .recv_timeout(std::time::Duration::from_millis(300))
+            .is_err());
+        tl.compact_l0(2).unwrap();
+        for _ in 0..MAX_L0_STOP_WAITERS {
+            let result = done_rx
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .unwrap();
+            assert!(
+                matches!(result, Ok(()) | Err(TimelineError::LsnNotAdvancing { .. })),
+                "{result:?}"
+            );
+        }
+    });
+}
