@@ -114,6 +114,12 @@ pub static IMAGE_LAYERS_CREATED: LazyLock<IntCounter> = LazyLock::new(|| {
         "Image layers written by image creation",
     )
 });
+pub static IMAGE_BYTES_READ: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_image_read_bytes_total",
+        "Bytes of layer blocks image creation read for its pages (through the page cache)",
+    )
+});
 pub static IMAGE_BYTES_WRITTEN: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "pageserver_image_written_bytes_total",
@@ -297,6 +303,15 @@ pub static READ_LAYERS: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
+pub static GETPAGE_LAYERS_VISITED: LazyLock<Histogram> = LazyLock::new(|| {
+    register_histogram!(
+        "pageserver_getpage_layers_visited",
+        "Layers one GetPage request asked for the key's versions (its X-Read-Cost layers=)",
+        vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0, 64.0]
+    )
+    .expect("metric names are unique")
+});
+
 pub static READ_WAITS: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "pageserver_getpage_miss_waits_total",
@@ -318,6 +333,7 @@ pub fn register_all(wait_lsn_timeout: Duration) {
         &COMPACTION_BYTES_READ,
         &COMPACTION_BYTES_WRITTEN,
         &IMAGE_LAYERS_CREATED,
+        &IMAGE_BYTES_READ,
         &IMAGE_BYTES_WRITTEN,
         &GC_LAYERS_REMOVED,
         &GC_BYTES_REMOVED,
@@ -335,6 +351,7 @@ pub fn register_all(wait_lsn_timeout: Duration) {
     }
     LazyLock::force(&OPEN_FILES);
     LazyLock::force(&MAX_FILE_DESCRIPTORS);
+    LazyLock::force(&GETPAGE_LAYERS_VISITED);
     for kind in ["first", "reopen"] {
         FILE_OPENS.with_label_values(&[kind]);
     }

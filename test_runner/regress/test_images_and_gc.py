@@ -73,7 +73,12 @@ def test_images_and_gc_over_http(pageserver_factory: PageserverFactory):
     timeline.verify()
     timeline.http.page_cache_drop()
     assert read_layers(timeline, KEYS[3]) == 1
-    assert "pageserver_image_layers_created_total" in ps.http.metrics_text()
+    metrics = ps.http.metrics_text()
+    assert f"pageserver_image_layers_created_total {images['layers_written']}" in metrics
+    assert f'level="image"}} {images["layers_written"]}' in metrics
+    assert images["bytes_read"] > 0
+    # The read above visited one layer: it is in the histogram's first bucket.
+    assert 'pageserver_getpage_layers_visited_bucket{le="1"} 0' not in metrics
 
     # GC: the cutoff moves to the images, the L1s under them go, reads below are refused.
     l1 = info["layers"]["l1"]

@@ -407,6 +407,24 @@ fn render_timelines(out: &mut String, tenants: &TenantManager) {
         "Layers per timeline by kind",
     );
     out.push_str(&counts);
+    let mut levels = String::new();
+    for t in &timelines {
+        let c = t.layer_counts();
+        for (level, n) in [("L0", c.l0), ("L1", c.l1), ("image", c.images)] {
+            let _ = writeln!(
+                levels,
+                "pageserver_layer_files{{{},level=\"{level}\"}} {n}",
+                labels(t)
+            );
+        }
+    }
+    family(
+        out,
+        "pageserver_layer_files",
+        "gauge",
+        "Layer files per timeline by level: L0 (the count ingest backpressure watches), L1, image",
+    );
+    out.push_str(&levels);
     family(
         out,
         "pageserver_layer_bytes",

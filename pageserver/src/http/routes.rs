@@ -509,6 +509,7 @@ fn record_read_cost(cost: &read_cost::ReadCost) {
     crate::metrics::READ_IOS.inc_by(u64::from(cost.ios));
     crate::metrics::READ_BYTES.inc_by(cost.bytes);
     crate::metrics::READ_LAYERS.inc_by(u64::from(cost.layers));
+    crate::metrics::GETPAGE_LAYERS_VISITED.observe(f64::from(cost.layers));
     crate::metrics::READ_WAITS.inc_by(u64::from(cost.waits));
 }
 
@@ -692,6 +693,7 @@ pub async fn compact(
         "pieces_imaged": images.pieces_imaged,
         "layers_written": images.layers_written,
         "images": images.images,
+        "bytes_read": images.bytes_read,
         "bytes_written": images.bytes_written,
     });
     Ok(Json(info))

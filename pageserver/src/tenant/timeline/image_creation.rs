@@ -74,6 +74,8 @@ pub struct ImageCreationOutcome {
     /// Image layers written.
     pub layers_written: usize,
     pub images: u64,
+    /// Bytes of layer blocks read for the pages (index and values, through the page cache).
+    pub bytes_read: u64,
     pub bytes_written: u64,
 }
 
@@ -200,12 +202,14 @@ impl Timeline {
         }
         drop(map);
         let mut written = Vec::new();
-        let result = (|| {
+        let (result, cost) = crate::io::read_cost::measure(|| {
             for keys in &due {
                 self.image_piece(keys.clone(), lsn, &mut written)?;
             }
             Ok::<_, TimelineError>(())
-        })();
+        });
+        let blocks = cost.idx_hit + cost.idx_miss + cost.val_hit + cost.val_miss;
+        outcome.bytes_read = u64::from(blocks) * PAGE_SZ as u64;
         if result.is_ok() && written.is_empty() {
             return Ok(outcome);
         }
@@ -255,6 +259,7 @@ impl Timeline {
         outcome.layers_written = written.len();
         outcome.images = written.iter().map(|w| w.summary.entries).sum();
         outcome.bytes_written = written.iter().map(|w| w.size).sum();
+        crate::metrics::IMAGE_BYTES_READ.inc_by(outcome.bytes_read);
         crate::metrics::IMAGE_BYTES_WRITTEN.inc_by(outcome.bytes_written);
         crate::metrics::IMAGE_LAYERS_CREATED.inc_by(outcome.layers_written as u64);
         tracing::info!(
@@ -264,6 +269,7 @@ impl Timeline {
             pieces_imaged = outcome.pieces_imaged,
             layers = outcome.layers_written,
             images = outcome.images,
+            bytes_read = outcome.bytes_read,
             bytes_written = outcome.bytes_written,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "created image layers at {lsn}"
