@@ -3,14 +3,13 @@ use std::time::{Duration, Instant};
 
 use pageserver_api::value::Patch;
 use pageserver_api::DEFAULT_MAX_VALUE_SIZE;
-use proptest::prelude::*;
 
 use super::*;
 use crate::tenant::test_support::*;
 use crate::tenant::timeline::metadata::METADATA_FILE;
 
-const TENANT: TenantId = TenantId::from_bytes([1; 16]);
-const TIMELINE: TimelineId = TimelineId::from_bytes([2; 16]);
+pub(super) const TENANT: TenantId = TenantId::from_bytes([1; 16]);
+pub(super) const TIMELINE: TimelineId = TimelineId::from_bytes([2; 16]);
 
 fn conf() -> TimelineConf {
     TimelineConf::default()
@@ -18,7 +17,7 @@ fn conf() -> TimelineConf {
 
 /// Freezes after a few pages and flushes inline as soon as two layers wait: the model test
 /// crosses many layer boundaries without any explicit checkpoint.
-fn small_layers_conf() -> TimelineConf {
+pub(super) fn small_layers_conf() -> TimelineConf {
     TimelineConf {
         checkpoint_distance: 48 * 1024,
         max_frozen_layers: 1,
@@ -50,11 +49,11 @@ fn shared_timeline(
     Arc::new(Timeline::create(dir, TENANT, TIMELINE, small_cache(cache_pages), conf).unwrap())
 }
 
-fn image(fill: u8) -> Value {
+pub(super) fn image(fill: u8) -> Value {
     Value::Image(Bytes::from(vec![fill; PAGE_SZ]))
 }
 
-fn rec(k: u32, lsn: u64, value: &Value) -> PutRecord {
+pub(super) fn rec(k: u32, lsn: u64, value: &Value) -> PutRecord {
     PutRecord {
         key: rel_key(k),
         lsn: Lsn(lsn),
@@ -63,7 +62,7 @@ fn rec(k: u32, lsn: u64, value: &Value) -> PutRecord {
 }
 
 /// The reference answer: the model's versions at or below `lsn`, newest first, down to a base.
-fn expected_page(model: &BTreeMap<(Key, Lsn), Value>, k: Key, lsn: Lsn) -> Option<Bytes> {
+pub(super) fn expected_page(model: &BTreeMap<(Key, Lsn), Value>, k: Key, lsn: Lsn) -> Option<Bytes> {
     let mut records = Vec::new();
     for ((_, v_lsn), v) in model.range((k, Lsn(0))..=(k, lsn)).rev() {
         records.push((*v_lsn, v.clone()));
@@ -72,148 +71,6 @@ fn expected_page(model: &BTreeMap<(Key, Lsn), Value>, k: Key, lsn: Lsn) -> Optio
         }
     }
     reconstruct_page(&records, DEFAULT_MAX_VALUE_SIZE).unwrap()
-}
-
-#[derive(Debug, Clone)]
-enum Op {
-    Image(u32, u8, usize),
-    Delta(u32, bool, u32, Vec<u8>),
-    /// Images of several keys at one LSN, in one batch.
-    Batch(Vec<u32>, u8),
-    Get(u32, u64),
-    Checkpoint,
-    /// The background flush loop's work: freeze by age, then flush.
-    Background,
-    Restart,
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        3 => (0u32..6, any::<u8>(), prop_oneof![Just(PAGE_SZ), 0usize..20_000])
-            .prop_map(|(k, fill, len)| Op::Image(k, fill, len)),
-        5 => (0u32..6, prop::bool::weighted(0.1), 0u32..9000, prop::collection::vec(any::<u8>(), 0..64))
-            .prop_map(|(k, w, off, data)| Op::Delta(k, w, off, data)),
-        1 => (prop::collection::btree_set(0u32..6, 1..5), any::<u8>())
-            .prop_map(|(keys, fill)| Op::Batch(keys.into_iter().collect(), fill)),
-        6 => (0u32..7, 0u64..60).prop_map(|(k, back)| Op::Get(k, back)),
-        1 => Just(Op::Checkpoint),
-        1 => Just(Op::Background),
-        1 => Just(Op::Restart),
-    ]
-}
-
-fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = small_cache(64);
-    let mut tl = Timeline::create(
-        dir.path(),
-        TENANT,
-        TIMELINE,
-        cache.clone(),
-        small_layers_conf(),
-    )
-    .unwrap();
-    let mut model: BTreeMap<(Key, Lsn), Value> = BTreeMap::new();
-    let mut next_lsn = 100u64;
-    for op in ops {
-        match op {
-            Op::Image(k, fill, len) => {
-                let v = Value::Image(Bytes::from(vec![fill; len]));
-                tl.put(rel_key(k), Lsn(next_lsn), &v).unwrap();
-                model.insert((rel_key(k), Lsn(next_lsn)), v);
-                next_lsn += 2;
-            }
-            Op::Delta(k, will_init, offset, data) => {
-                let v = Value::Delta {
-                    will_init,
-                    patches: vec![Patch::new(offset, data)],
-                };
-                tl.put(rel_key(k), Lsn(next_lsn), &v).unwrap();
-                model.insert((rel_key(k), Lsn(next_lsn)), v);
-                next_lsn += 2;
-            }
-            Op::Batch(keys, fill) => {
-                let v = image(fill);
-                let batch: Vec<PutRecord> = keys.iter().map(|k| rec(*k, next_lsn, &v)).collect();
-                tl.put_batch(&batch).unwrap();
-                for r in batch {
-                    model.insert((r.key, r.lsn), r.value);
-                }
-                next_lsn += 2;
-            }
-            Op::Get(k, back) => {
-                let last = tl.last_record_lsn();
-                // LSNs on and between versions, and before the first one.
-                let at = Lsn(last.0.saturating_sub(back));
-                let got = tl.get_page(rel_key(k), at).unwrap();
-                prop_assert_eq!(
-                    got,
-                    expected_page(&model, rel_key(k), at),
-                    "key {} at {}",
-                    k,
-                    at
-                );
-            }
-            Op::Checkpoint => {
-                tl.checkpoint().unwrap();
-                prop_assert_eq!(tl.disk_consistent_lsn(), tl.last_record_lsn());
-            }
-            Op::Background => {
-                let later = Instant::now() + Duration::from_secs(3600);
-                if tl.freeze_if_due(later).unwrap() {
-                    tl.flush_frozen().unwrap();
-                }
-                prop_assert_eq!(tl.layer_counts().frozen, 0);
-                prop_assert_eq!(tl.layer_counts().open_values, 0);
-            }
-            Op::Restart => {
-                // A crash: nothing is flushed. The timeline comes back at disk_consistent_lsn.
-                let durable = tl.disk_consistent_lsn();
-                drop(tl);
-                tl = Timeline::load(
-                    dir.path(),
-                    TENANT,
-                    TIMELINE,
-                    cache.clone(),
-                    small_layers_conf(),
-                )
-                .unwrap();
-                prop_assert_eq!(tl.disk_consistent_lsn(), durable);
-                prop_assert_eq!(tl.last_record_lsn(), durable);
-                model.retain(|(_, lsn), _| *lsn <= durable);
-                next_lsn = next_lsn.max(durable.0 + 1);
-            }
-        }
-    }
-    // Everything the model holds reads back at the last LSN.
-    let last = tl.last_record_lsn();
-    for k in 0..7 {
-        prop_assert_eq!(
-            tl.get_page(rel_key(k), last).unwrap(),
-            expected_page(&model, rel_key(k), last)
-        );
-    }
-    Ok(())
-}
-
-fn op_count() -> usize {
-    std::env::var("TIMELINE_MODEL_OPS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(120)
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
-
-    /// Random puts, gets at random LSNs, checkpoints and crash-restarts against a BTreeMap.
-    /// `TIMELINE_MODEL_OPS` sets the length of each sequence (120 by default).
-    #[test]
-    fn matches_a_btreemap_model_across_checkpoints_and_restarts(
-        ops in prop::collection::vec(op(), 1..op_count())
-    ) {
-        run(ops)?;
-    }
 }
 
 #[test]
@@ -830,3 +687,5 @@ fn lsns_may_jump_by_more_than_a_layer_can_span() {
     }
     assert_eq!(tl.get_page(rel_key(1), Lsn(far - 1)).unwrap(), None);
 }
+
+mod model;
