@@ -62,7 +62,11 @@ pub(super) fn rec(k: u32, lsn: u64, value: &Value) -> PutRecord {
 }
 
 /// The reference answer: the model's versions at or below `lsn`, newest first, down to a base.
-pub(super) fn expected_page(model: &BTreeMap<(Key, Lsn), Value>, k: Key, lsn: Lsn) -> Option<Bytes> {
+pub(super) fn expected_page(
+    model: &BTreeMap<(Key, Lsn), Value>,
+    k: Key,
+    lsn: Lsn,
+) -> Option<Bytes> {
     let mut records = Vec::new();
     for ((_, v_lsn), v) in model.range((k, Lsn(0))..=(k, lsn)).rev() {
         records.push((*v_lsn, v.clone()));

@@ -22,6 +22,11 @@ enum Op {
     /// The background flush loop's work: freeze by age, then flush.
     Background,
     Restart,
+    /// L0 → L1 compaction of every L0 (if two or more).
+    Compact,
+    /// Image creation, by the triggers or forced.
+    Images(bool),
+    Gc,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -36,20 +41,28 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Checkpoint),
         1 => Just(Op::Background),
         1 => Just(Op::Restart),
+        1 => Just(Op::Compact),
+        1 => any::<bool>().prop_map(Op::Images),
+        1 => Just(Op::Gc),
     ]
+}
+
+/// Small layers, L1s and images of a few pages, and a GC horizon of about ten puts: every
+/// change to the layer set happens many times in a sequence.
+fn model_conf() -> TimelineConf {
+    TimelineConf {
+        compaction_target_size: 24 * 1024,
+        image_creation_threshold: 2,
+        gc_horizon: 20,
+        ..small_layers_conf()
+    }
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let cache = small_cache(64);
-    let mut tl = Timeline::create(
-        dir.path(),
-        TENANT,
-        TIMELINE,
-        cache.clone(),
-        small_layers_conf(),
-    )
-    .unwrap();
+    let mut tl =
+        Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), model_conf()).unwrap();
     let mut model: BTreeMap<(Key, Lsn), Value> = BTreeMap::new();
     let mut next_lsn = 100u64;
     for op in ops {
@@ -82,6 +95,19 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let last = tl.last_record_lsn();
                 // LSNs on and between versions, and before the first one.
                 let at = Lsn(last.0.saturating_sub(back));
+                let cutoff = tl.gc_cutoff_lsn();
+                if at < cutoff {
+                    let refused = tl.get_page(rel_key(k), at);
+                    prop_assert!(
+                        matches!(refused, Err(TimelineError::BelowGcCutoff { .. })),
+                        "key {} at {} below the cutoff {}: {:?}",
+                        k,
+                        at,
+                        cutoff,
+                        refused
+                    );
+                    continue;
+                }
                 let got = tl.get_page(rel_key(k), at).unwrap();
                 prop_assert_eq!(
                     got,
@@ -103,19 +129,30 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 prop_assert_eq!(tl.layer_counts().frozen, 0);
                 prop_assert_eq!(tl.layer_counts().open_values, 0);
             }
+            Op::Compact => {
+                let l0 = tl.layer_counts().l0;
+                let outcome = tl.compact_l0(2).unwrap();
+                prop_assert_eq!(outcome.inputs, if l0 >= 2 { l0.min(32) } else { 0 });
+            }
+            Op::Images(force) => {
+                tl.create_images(force).unwrap();
+            }
+            Op::Gc => {
+                let before = tl.gc_cutoff_lsn();
+                let outcome = tl.gc(&[]).unwrap();
+                prop_assert!(outcome.cutoff >= before);
+                prop_assert!(outcome.cutoff <= tl.disk_consistent_lsn());
+            }
             Op::Restart => {
-                // A crash: nothing is flushed. The timeline comes back at disk_consistent_lsn.
+                // A crash: nothing is flushed. The timeline comes back at disk_consistent_lsn,
+                // with the GC cutoff it had.
                 let durable = tl.disk_consistent_lsn();
+                let cutoff = tl.gc_cutoff_lsn();
                 drop(tl);
-                tl = Timeline::load(
-                    dir.path(),
-                    TENANT,
-                    TIMELINE,
-                    cache.clone(),
-                    small_layers_conf(),
-                )
-                .unwrap();
+                tl = Timeline::load(dir.path(), TENANT, TIMELINE, cache.clone(), model_conf())
+                    .unwrap();
                 prop_assert_eq!(tl.disk_consistent_lsn(), durable);
+                prop_assert_eq!(tl.gc_cutoff_lsn(), cutoff);
                 prop_assert_eq!(tl.last_record_lsn(), durable);
                 model.retain(|(_, lsn), _| *lsn <= durable);
                 next_lsn = next_lsn.max(durable.0 + 1);
@@ -143,7 +180,8 @@ fn op_count() -> usize {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
-    /// Random puts, gets at random LSNs, checkpoints and crash-restarts against a BTreeMap.
+    /// Random puts, gets at random LSNs, checkpoints, crash-restarts, compactions, image
+    /// creations and GC passes against a BTreeMap.
     /// `TIMELINE_MODEL_OPS` sets the length of each sequence (120 by default).
     #[test]
     fn matches_a_btreemap_model_across_checkpoints_and_restarts(
@@ -152,4 +190,3 @@ proptest! {
         run(ops)?;
     }
 }
-
