@@ -686,6 +686,7 @@ pub async fn compact(
         "outputs": compaction.outputs,
         "bytes_read": compaction.bytes_read,
         "bytes_written": compaction.bytes_written,
+        "materialized": compaction.materialized,
     });
     info["image_creation"] = json!({
         "lsn": images.lsn.map(|l| l.to_string()),

@@ -41,6 +41,11 @@ use crate::tenant::storage_layer::merge_iter::{MergeError, MergeIter};
 /// The most L0s one compaction merges: bounds its memory to this many stream buffers.
 pub const MAX_COMPACTION_INPUTS: usize = 32;
 
+/// A key's delta chain since a base in the compacted range that reaches this length is ended
+/// by a materialized image: the version at its newest delta is written as the page itself, so
+/// no read replays more than this many deltas of one run.
+pub const MATERIALIZE_AFTER_DELTAS: usize = 16;
+
 /// What one compaction did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CompactionOutcome {
@@ -50,6 +55,8 @@ pub struct CompactionOutcome {
     pub outputs: usize,
     pub bytes_read: u64,
     pub bytes_written: u64,
+    /// Versions written as materialized images instead of their delta.
+    pub materialized: u64,
 }
 
 impl Timeline {
@@ -73,7 +80,7 @@ impl Timeline {
         let started = Instant::now();
         let lsn_start = inputs[0].summary().lsn_start;
         let lsn_end = inputs.last().expect("two or more").summary().lsn_end;
-        let written = self.write_l1(&inputs, lsn_start, lsn_end)?;
+        let (written, materialized) = self.write_l1(&inputs, lsn_start, lsn_end)?;
         let committed = (|| {
             let outputs = written
                 .iter()
@@ -123,6 +130,7 @@ impl Timeline {
             outputs: written.len(),
             bytes_read: inputs.iter().map(|l| l.file_size()).sum(),
             bytes_written: written.iter().map(|w| w.size).sum(),
+            materialized,
         };
         crate::metrics::COMPACTION_BYTES_READ.inc_by(outcome.bytes_read);
         crate::metrics::COMPACTION_BYTES_WRITTEN.inc_by(outcome.bytes_written);
@@ -134,6 +142,7 @@ impl Timeline {
             outputs = outcome.outputs,
             bytes_read = outcome.bytes_read,
             bytes_written = outcome.bytes_written,
+            materialized = outcome.materialized,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "compacted L0 layers {lsn_start}..{lsn_end} into L1 layers"
         );
@@ -141,15 +150,17 @@ impl Timeline {
     }
 
     /// Streams the inputs' versions in (key, LSN) order into L1 files of about
-    /// `compaction_target_size` bytes each, cut only between keys. Files written before an
-    /// error are removed.
+    /// `compaction_target_size` bytes each, cut only between keys, ending long delta chains
+    /// with materialized images ([`MATERIALIZE_AFTER_DELTAS`]). Files written before an error
+    /// are removed. Returns the files and how many versions were materialized.
     fn write_l1(
         &self,
         inputs: &[Arc<DeltaLayer>],
         lsn_start: Lsn,
         lsn_end: Lsn,
-    ) -> Result<Vec<WrittenLayer>, TimelineError> {
+    ) -> Result<(Vec<WrittenLayer>, u64), TimelineError> {
         let mut done: Vec<WrittenLayer> = Vec::new();
+        let mut chain = Chain::default();
         let result = (|| {
             let merge = MergeIter::new(inputs.iter().map(|l| l.stream()).collect());
             let mut writer: Option<DeltaLayerWriter> = None;
@@ -182,6 +193,7 @@ impl Timeline {
                         lsn_end,
                     )?),
                 };
+                let value = chain.next(key, lsn, value, self.conf.max_value_size);
                 w.put_value(key, lsn, &value)?;
                 last_key = Some(key);
             }
@@ -197,7 +209,55 @@ impl Timeline {
             }
             return Err(e);
         }
-        Ok(done)
+        Ok((done, chain.materialized))
+    }
+}
+
+/// One key's versions since its last base in the merge, oldest first: what ends a long delta
+/// chain with the page it makes. Holds at most [`MATERIALIZE_AFTER_DELTAS`] deltas and a base.
+#[derive(Default)]
+struct Chain {
+    key: Option<Key>,
+    /// Empty while the key's base lies in an older layer (its chain cannot be redone here).
+    since_base: Vec<(Lsn, Value)>,
+    materialized: u64,
+}
+
+impl Chain {
+    /// The value to write for this version: itself, or the page as of it when it is the
+    /// delta that makes the chain too long.
+    fn next(&mut self, key: Key, lsn: Lsn, value: Value, max_value_size: usize) -> Value {
+        if self.key != Some(key) {
+            self.key = Some(key);
+            self.since_base.clear();
+        }
+        if value.will_init() {
+            self.since_base.clear();
+            self.since_base.push((lsn, value.clone()));
+            return value;
+        }
+        if self.since_base.is_empty() {
+            return value;
+        }
+        self.since_base.push((lsn, value.clone()));
+        if self.since_base.len() <= MATERIALIZE_AFTER_DELTAS {
+            return value;
+        }
+        match reconstruct_page(self.since_base.iter().rev(), max_value_size) {
+            Ok(Some(page)) => {
+                let image = Value::Image(page);
+                self.since_base.clear();
+                self.since_base.push((lsn, image.clone()));
+                self.materialized += 1;
+                image
+            }
+            // A chain that does not redo is written as it came: the reads that need it will
+            // report the problem, as they would have.
+            _ => {
+                self.since_base.clear();
+                value
+            }
+        }
     }
 }
 

@@ -1,6 +1,8 @@
 //! Compaction against a reference model: every answer the same before and after, on reload,
 //! and after a compaction that fails midway.
 
+use pageserver_api::value::Patch;
+
 use super::*;
 use crate::tenant::test_support::*;
 use crate::tenant::timeline::test_model::*;
@@ -158,4 +160,51 @@ fn at_the_l0_stop_threshold_a_few_batches_wait_and_more_are_refused_at_once() {
             );
         }
     });
+}
+
+#[test]
+fn compaction_ends_long_delta_chains_with_the_page_they_make() {
+    let dir = tempfile::tempdir().unwrap();
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(256), conf()).unwrap();
+    let mut model = Model::new();
+    // Every key: an image, then 40 small deltas over four L0 layers.
+    put_all(&tl, &mut model, |k| {
+        Value::Image(Bytes::from(vec![k as u8; PAGE_SZ]))
+    });
+    for _ in 0..4 {
+        let mut lsn = tl.last_record_lsn().0;
+        for round in 0..10u8 {
+            let batch: Vec<PutRecord> = (0..KEYS)
+                .map(|k| {
+                    lsn += 1;
+                    let value = Value::Delta {
+                        will_init: false,
+                        patches: vec![Patch::new(u32::from(round) * 8, vec![round; 8])],
+                    };
+                    model.insert((rel_key(k), Lsn(lsn)), value.clone());
+                    PutRecord {
+                        key: rel_key(k),
+                        lsn: Lsn(lsn),
+                        value,
+                    }
+                })
+                .collect();
+            tl.put_batch(&batch).unwrap();
+        }
+        tl.checkpoint().unwrap();
+    }
+    let outcome = tl.compact_l0(2).unwrap();
+    // Deltas 16 and 32 of each key's 40.
+    assert_eq!(outcome.materialized, 2 * u64::from(KEYS), "{outcome:?}");
+    check_all(&tl, &model);
+    // A read of the latest page takes at most the 15 deltas since the last materialized one.
+    let last = tl.last_record_lsn();
+    for layer in tl.layer_map().below_l0.iter() {
+        let found = layer.get(rel_key(3), last).unwrap();
+        assert!(
+            found.records.len() <= MATERIALIZE_AFTER_DELTAS,
+            "{}",
+            found.records.len()
+        );
+    }
 }
