@@ -687,6 +687,7 @@ pub async fn compact(
         "bytes_read": compaction.bytes_read,
         "bytes_written": compaction.bytes_written,
         "materialized": compaction.materialized,
+        "waiting_for_images": compaction.waiting_for_images,
     });
     info["image_creation"] = json!({
         "lsn": images.lsn.map(|l| l.to_string()),

@@ -36,6 +36,8 @@ pub fn run_pass(timelines: &[Arc<Timeline>], again: &Wakeup, after_compaction: &
                     again.notify();
                 }
             }
+            // Image creation has to catch up first: make sure its loop knows.
+            Ok(outcome) if outcome.waiting_for_images => after_compaction.notify(),
             Ok(_) | Err(TimelineError::ShuttingDown) => {}
             Err(e) => {
                 tracing::error!(

@@ -57,6 +57,16 @@ pub struct CompactionOutcome {
     pub bytes_written: u64,
     /// Versions written as materialized images instead of their delta.
     pub materialized: u64,
+    /// Nothing was compacted because the L1 layers above the images already stack to
+    /// [`l1_stack_limit`]: image creation must catch up first.
+    pub waiting_for_images: bool,
+}
+
+/// How many L1 layers may stack over one key above its newest image before L0 compaction waits
+/// for image creation: twice `image_creation_threshold` (0, no limit, when image creation is
+/// off).
+pub fn l1_stack_limit(conf: &TimelineConf) -> usize {
+    2 * conf.image_creation_threshold
 }
 
 impl Timeline {
@@ -74,6 +84,24 @@ impl Timeline {
             let map = self.layer_map();
             if map.l0.len() < min_inputs.max(2) {
                 return Ok(CompactionOutcome::default());
+            }
+            // Image creation has fallen behind: another run of L1s would put one more layer
+            // under every read. Wait for images instead (L0s pile up meanwhile, and ingest
+            // backpressure holds them), so the layers a read visits keep their bound.
+            let limit = l1_stack_limit(&self.conf);
+            if limit != 0 {
+                let stack = super::image_creation::l1_stack_above_images(&map);
+                if stack >= limit {
+                    tracing::info!(
+                        tenant = %self.tenant_id,
+                        timeline = %self.timeline_id,
+                        "compaction waits for image creation: {stack} L1 layers stack above the images (limit {limit})"
+                    );
+                    return Ok(CompactionOutcome {
+                        waiting_for_images: true,
+                        ..CompactionOutcome::default()
+                    });
+                }
             }
             map.l0.iter().take(MAX_COMPACTION_INPUTS).cloned().collect()
         };
@@ -131,6 +159,7 @@ impl Timeline {
             bytes_read: inputs.iter().map(|l| l.file_size()).sum(),
             bytes_written: written.iter().map(|w| w.size).sum(),
             materialized,
+            waiting_for_images: false,
         };
         crate::metrics::COMPACTION_BYTES_READ.inc_by(outcome.bytes_read);
         crate::metrics::COMPACTION_BYTES_WRITTEN.inc_by(outcome.bytes_written);

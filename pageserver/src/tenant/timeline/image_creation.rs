@@ -134,6 +134,33 @@ pub(crate) fn max_stack(ranges: &[Range<Key>]) -> usize {
     most as usize
 }
 
+/// The most L1 layers above the newest image that stack over any one key, by key ranges alone
+/// (no I/O): what a read of the worst key visits below the L0s, besides one image.
+pub(crate) fn l1_stack_above_images(map: &LayerMap) -> usize {
+    let images: Vec<(Range<Key>, Lsn)> = map
+        .below_l0
+        .iter()
+        .filter(|l| matches!(l, Layer::Image(_)))
+        .map(|l| (l.key_range(), l.lsn_range().start))
+        .collect();
+    pieces(&images)
+        .iter()
+        .map(|piece| {
+            let above = piece.image.map(|i| images[i].1);
+            let stacked: Vec<Range<Key>> = map
+                .below_l0
+                .iter()
+                .filter(|l| matches!(l, Layer::Delta(_)))
+                .filter(|l| above.is_none_or(|a| l.lsn_range().start > a))
+                .map(|l| l.key_range())
+                .map(|r| r.start.max(piece.keys.start)..r.end.min(piece.keys.end))
+                .collect();
+            max_stack(&stacked)
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 impl Timeline {
     /// Writes image layers for the pieces of the key space whose history above their newest
     /// image triggers it (see the module documentation); `force` images every piece that has

@@ -208,3 +208,35 @@ fn compaction_ends_long_delta_chains_with_the_page_they_make() {
         );
     }
 }
+
+#[test]
+fn compaction_waits_for_images_once_l1s_stack_to_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = TimelineConf {
+        image_creation_threshold: 1,
+        ..conf()
+    };
+    assert_eq!(l1_stack_limit(&conf), 2);
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(256), conf).unwrap();
+    let mut model = Model::new();
+    for _ in 0..2 {
+        ingest(&tl, &mut model, 2);
+        assert_eq!(tl.compact_l0(2).unwrap().inputs, 2);
+    }
+    ingest(&tl, &mut model, 2);
+    let waiting = tl.compact_l0(2).unwrap();
+    assert!(
+        waiting.waiting_for_images && waiting.inputs == 0,
+        "{waiting:?}"
+    );
+    assert_eq!(tl.layer_counts().l0, 2);
+    check_all(&tl, &model);
+    // Images over the two runs: compaction goes on.
+    assert!(tl.create_images(false).unwrap().layers_written > 0);
+    let outcome = tl.compact_l0(2).unwrap();
+    assert!(
+        !outcome.waiting_for_images && outcome.inputs == 2,
+        "{outcome:?}"
+    );
+    check_all(&tl, &model);
+}
