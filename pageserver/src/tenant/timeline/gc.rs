@@ -108,12 +108,7 @@ impl Timeline {
             Some(end) => old.max(wanted.min(Lsn(end.0 - 1))),
             None => old,
         };
-        let images: Vec<(Range<Key>, Lsn)> = map
-            .below_l0
-            .iter()
-            .filter(|l| matches!(l, Layer::Image(_)))
-            .map(|l| (l.key_range(), l.lsn_range().start))
-            .collect();
+        let images = map.image_ranges();
         let removed: Vec<Layer> = map
             .below_l0
             .iter()

@@ -137,12 +137,7 @@ pub(crate) fn max_stack(ranges: &[Range<Key>]) -> usize {
 /// The most L1 layers above the newest image that stack over any one key, by key ranges alone
 /// (no I/O): what a read of the worst key visits below the L0s, besides one image.
 pub(crate) fn l1_stack_above_images(map: &LayerMap) -> usize {
-    let images: Vec<(Range<Key>, Lsn)> = map
-        .below_l0
-        .iter()
-        .filter(|l| matches!(l, Layer::Image(_)))
-        .map(|l| (l.key_range(), l.lsn_range().start))
-        .collect();
+    let images = map.image_ranges();
     pieces(&images)
         .iter()
         .map(|piece| {
@@ -186,11 +181,8 @@ impl Timeline {
                 _ => None,
             })
             .collect();
-        let ranges: Vec<(Range<Key>, Lsn)> = images
-            .iter()
-            .map(|i| (i.summary().key_start..i.summary().key_end, i.summary().lsn))
-            .collect();
-        let all = pieces(&ranges);
+        // In the same order as `images`, so a piece's index names its image in both.
+        let all = pieces(&map.image_ranges());
         outcome.pieces = all.len();
         let threshold = self.conf.image_creation_threshold;
         let mut due = Vec::new();

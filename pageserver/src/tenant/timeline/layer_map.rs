@@ -25,8 +25,10 @@
 //! in its index as soon as its bytes are stored (see `InMemoryLayer`), so a reader never waits
 //! for a batch, and sees no version above `last_record_lsn` because it reads at or below it.
 
+use std::ops::Range;
 use std::sync::Arc;
 
+use pageserver_api::Key;
 use utils::Lsn;
 
 use crate::tenant::storage_layer::delta_layer::DeltaLayer;
@@ -66,6 +68,16 @@ impl LayerMap {
     /// when there are none.
     pub(crate) fn l1_end(&self) -> Option<Lsn> {
         self.below_l0.iter().map(|l| l.lsn_range().end).max()
+    }
+
+    /// The key range and LSN of every image layer, in map order: what image creation cuts the
+    /// key space by and what GC checks coverage against.
+    pub(crate) fn image_ranges(&self) -> Vec<(Range<Key>, Lsn)> {
+        self.below_l0
+            .iter()
+            .filter(|l| matches!(l, Layer::Image(_)))
+            .map(|l| (l.key_range(), l.lsn_range().start))
+            .collect()
     }
 
     /// Every layer file, newest first, with its level.

@@ -1,4 +1,3 @@
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use pageserver_api::value::Patch;
@@ -62,20 +61,7 @@ pub(super) fn rec(k: u32, lsn: u64, value: &Value) -> PutRecord {
 }
 
 /// The reference answer: the model's versions at or below `lsn`, newest first, down to a base.
-pub(super) fn expected_page(
-    model: &BTreeMap<(Key, Lsn), Value>,
-    k: Key,
-    lsn: Lsn,
-) -> Option<Bytes> {
-    let mut records = Vec::new();
-    for ((_, v_lsn), v) in model.range((k, Lsn(0))..=(k, lsn)).rev() {
-        records.push((*v_lsn, v.clone()));
-        if v.will_init() {
-            break;
-        }
-    }
-    reconstruct_page(&records, DEFAULT_MAX_VALUE_SIZE).unwrap()
-}
+pub(super) use crate::tenant::timeline::test_model::expected as expected_page;
 
 #[test]
 fn lsn_rules_are_enforced_and_refusals_change_nothing() {
