@@ -8,6 +8,9 @@
 //!     GetPage@LSN of uniformly random keys in [0, N), then the `/v1/status` baseline
 //! pagebench ingest [--tenant T] [--timeline TL]... --clients C --batch-size R [--value-size B]
 //!     batches of R page images, one timeline per client, then the `/v1/status` baseline
+//! pagebench scale --pageserver BIN --workdir DIR [--keys N] [--total 10GiB] ...
+//!     starts the server itself: GiBs of random updates with compaction, images and GC,
+//!     against a flush-only baseline (method in `scale.rs`)
 //! ```
 //!
 //! Every command takes `--endpoint` (default `http://127.0.0.1:9898`), `--token` (or the
@@ -80,7 +83,7 @@ use clap::{Args, Parser, Subcommand};
 use hdrhistogram::Histogram;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use pageserver_api::ingest::{encode_batch, PutRecord, RECORD_HEADER_LEN};
@@ -102,6 +105,8 @@ const MIB: f64 = (1u64 << 20) as f64;
 const OCTET_STREAM: &str = "application/octet-stream";
 const JSON_TYPE: &str = "application/json";
 const TOKEN_ENV: &str = "PAGEBENCH_TOKEN";
+
+mod scale;
 
 /// Load generator for the page server's HTTP API; see the method at the top of pagebench.rs.
 #[derive(Parser)]
@@ -128,6 +133,9 @@ enum Command {
     Getpage(GetPageArgs),
     /// Batches of page images, one timeline per client, then the /v1/status baseline.
     Ingest(IngestArgs),
+    /// GiBs of random updates with compaction, images and GC at default settings, against a
+    /// flush-only baseline, starting the server itself (see `scale.rs`).
+    Scale(scale::ScaleArgs),
 }
 
 #[derive(Args)]
@@ -264,6 +272,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Prepare(args) => prepare(endpoint, args).await,
         Command::Getpage(args) => getpage(endpoint, args).await,
         Command::Ingest(args) => ingest(endpoint, args).await,
+        Command::Scale(args) => scale::run(args).await,
     }
 }
 
@@ -424,6 +433,17 @@ impl Connection {
         path: &str,
         body: Option<(Bytes, &'static str)>,
     ) -> anyhow::Result<(StatusCode, Bytes)> {
+        let (status, _, body) = self.exchange_with_headers(method, path, body).await?;
+        Ok((status, body))
+    }
+
+    /// [`Connection::exchange`], with the response's headers.
+    async fn exchange_with_headers(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Option<(Bytes, &'static str)>,
+    ) -> anyhow::Result<(StatusCode, HeaderMap, Bytes)> {
         let result = self.exchange_inner(method.clone(), path, body).await;
         if result.is_err() {
             self.sender = None;
@@ -436,7 +456,7 @@ impl Connection {
         method: Method,
         path: &str,
         body: Option<(Bytes, &'static str)>,
-    ) -> anyhow::Result<(StatusCode, Bytes)> {
+    ) -> anyhow::Result<(StatusCode, HeaderMap, Bytes)> {
         if self.sender.as_ref().is_none_or(SendRequest::is_closed) {
             self.sender = Some(open(&self.endpoint).await?);
             self.opened += 1;
@@ -459,13 +479,14 @@ impl Connection {
         };
         let response = sender.send_request(request.body(Full::new(body))?).await?;
         let status = response.status();
+        let headers = response.headers().clone();
         let body = response
             .into_body()
             .collect()
             .await
             .context("reading the response body")?
             .to_bytes();
-        Ok((status, body))
+        Ok((status, headers, body))
     }
 
     /// A management call: the `expect`ed status and a JSON response, or an error carrying the
