@@ -21,7 +21,10 @@
 //!   over some one key (they stack: a read of that key visits each), or
 //! - the bytes of those versions reach `image_creation_delta_percent` of its image's size (the
 //!   history above the image is worth as much as the image: reads replay more, and GC cannot
-//!   drop the older layers until an image covers them).
+//!   drop the older layers until an image covers them), or
+//! - L0 compaction waits on it: L1 layers above its image stack to `2 × image_creation_threshold`
+//!   over one of its keys by their key ranges alone (see `compaction.rs`), counting layers that
+//!   only span the piece without holding any of its keys, which the first trigger does not.
 //!
 //! Both are measured from the layers' indexes alone (two descents per layer and piece, see
 //! [`DeltaLayer::value_bytes_in`]): no value is read to decide. A piece's new images tile
@@ -140,20 +143,24 @@ pub(crate) fn l1_stack_above_images(map: &LayerMap) -> usize {
     let images = map.image_ranges();
     pieces(&images)
         .iter()
-        .map(|piece| {
-            let above = piece.image.map(|i| images[i].1);
-            let stacked: Vec<Range<Key>> = map
-                .below_l0
-                .iter()
-                .filter(|l| matches!(l, Layer::Delta(_)))
-                .filter(|l| above.is_none_or(|a| l.lsn_range().start > a))
-                .map(|l| l.key_range())
-                .map(|r| r.start.max(piece.keys.start)..r.end.min(piece.keys.end))
-                .collect();
-            max_stack(&stacked)
-        })
+        .map(|piece| range_stack(map, &piece.keys, piece.image.map(|i| images[i].1)))
         .max()
         .unwrap_or(0)
+}
+
+/// The most L1 layers above `above` (the piece's image LSN, if any) whose key ranges hold any
+/// one key of `keys`: by ranges alone, so a layer that only spans the piece counts too. What
+/// L0 compaction waits on, so image creation must clear it even where no trigger fires.
+fn range_stack(map: &LayerMap, keys: &Range<Key>, above: Option<Lsn>) -> usize {
+    let stacked: Vec<Range<Key>> = map
+        .below_l0
+        .iter()
+        .filter(|l| matches!(l, Layer::Delta(_)))
+        .filter(|l| above.is_none_or(|a| l.lsn_range().start > a))
+        .map(|l| l.key_range())
+        .map(|r| r.start.max(keys.start)..r.end.min(keys.end))
+        .collect();
+    max_stack(&stacked)
 }
 
 impl Timeline {
@@ -206,7 +213,12 @@ impl Timeline {
                     delta_bytes += bytes;
                 }
             }
-            if stacked.is_empty() {
+            // L0 compaction waits on this piece (see `l1_stack_above_images`): new images end
+            // the wait even when its L1s only span it, holding none of its keys.
+            let limit = super::compaction::l1_stack_limit(&self.conf);
+            let holds_compaction =
+                limit != 0 && range_stack(&map, &piece.keys, image.map(|_| above)) >= limit;
+            if stacked.is_empty() && !holds_compaction {
                 continue;
             }
             let by_count = threshold != 0 && max_stack(&stacked) >= threshold;
@@ -215,7 +227,7 @@ impl Timeline {
                     delta_bytes * 100
                         >= i.file_size() * u64::from(self.conf.image_creation_delta_percent)
                 });
-            if force || by_count || by_size {
+            if force || by_count || by_size || holds_compaction {
                 due.push(piece.keys.clone());
             }
         }

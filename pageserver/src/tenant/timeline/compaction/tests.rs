@@ -240,3 +240,49 @@ fn compaction_waits_for_images_once_l1s_stack_to_the_limit() {
     );
     check_all(&tl, &model);
 }
+
+#[test]
+fn image_creation_ends_the_wait_even_where_l1s_only_span_a_piece() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = TimelineConf {
+        image_creation_threshold: 1,
+        ..conf()
+    };
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(256), conf).unwrap();
+    let mut model = Model::new();
+    ingest(&tl, &mut model, 2);
+    tl.compact_l0(2).unwrap();
+    // Images of every key, in several pieces.
+    assert!(tl.create_images(true).unwrap().layers_written >= 3);
+    // Runs that update only the first and the last key: their L1s span every piece between,
+    // holding none of its keys.
+    for _ in 0..2 {
+        for _ in 0..2 {
+            let mut lsn = tl.last_record_lsn().0;
+            let batch: Vec<PutRecord> = [0, KEYS - 1]
+                .into_iter()
+                .map(|k| {
+                    lsn += 1;
+                    model.insert((rel_key(k), Lsn(lsn)), small_delta(k));
+                    PutRecord {
+                        key: rel_key(k),
+                        lsn: Lsn(lsn),
+                        value: small_delta(k),
+                    }
+                })
+                .collect();
+            tl.put_batch(&batch).unwrap();
+            tl.checkpoint().unwrap();
+        }
+        tl.compact_l0(2).unwrap();
+    }
+    ingest(&tl, &mut model, 2);
+    assert!(tl.compact_l0(2).unwrap().waiting_for_images);
+    tl.create_images(false).unwrap();
+    let outcome = tl.compact_l0(2).unwrap();
+    assert!(
+        !outcome.waiting_for_images && outcome.inputs == 2,
+        "{outcome:?}"
+    );
+    check_all(&tl, &model);
+}
