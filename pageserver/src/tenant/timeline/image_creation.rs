@@ -26,8 +26,9 @@
 //!   over one of its keys by their key ranges alone (see `compaction.rs`), counting layers that
 //!   only span the piece without holding any of its keys, which the first trigger does not.
 //!
-//! Both are measured from the layers' indexes alone (two descents per layer and piece, see
-//! [`DeltaLayer::value_bytes_in`]): no value is read to decide. A piece's new images tile
+//! The first two are measured from the layers' indexes alone (two descents per layer and
+//! piece, see [`DeltaLayer::value_bytes_in`]), the third from key ranges: no value is read to
+//! decide. A piece's new images tile
 //! exactly its key range (the last one ends where the piece does, the first starts where it
 //! starts, each is cut at `compaction_target_size` between keys), so the images there are
 //! always cover every key, from `Key::MIN` to `Key::MAX`, with no gap.
