@@ -1,0 +1,124 @@
+//! Which backend, and where: `remote_storage = { local_path = "..." }` or
+//! `remote_storage = { bucket = "...", prefix = "...", endpoint = "...", region = "..." }`.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// See the crate documentation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawConfig", into = "RawConfig")]
+pub enum RemoteStorageConfig {
+    /// Objects are files under this directory.
+    LocalFs {
+        local_path: PathBuf,
+    },
+    S3(S3Config),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct S3Config {
+    pub bucket: String,
+    /// Prepended to every key, without a leading or trailing `/`; may be empty.
+    pub prefix: String,
+    /// The S3 API endpoint (`http://127.0.0.1:9000` for a local server); `None`: AWS.
+    pub endpoint: Option<String>,
+    pub region: String,
+}
+
+/// The table as written: the fields of either backend, checked by `TryFrom`.
+#[derive(Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    local_path: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bucket: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prefix: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    endpoint: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    region: Option<String>,
+}
+
+impl TryFrom<RawConfig> for RemoteStorageConfig {
+    type Error = String;
+
+    fn try_from(raw: RawConfig) -> Result<Self, String> {
+        match (raw.local_path, raw.bucket) {
+            (Some(_), Some(_)) => Err(
+                "remote_storage has both local_path (a directory) and bucket (S3): choose one"
+                    .to_owned(),
+            ),
+            (None, None) => Err(
+                "remote_storage needs local_path (a directory) or bucket (an S3 bucket)".to_owned(),
+            ),
+            (Some(local_path), None) => {
+                if let Some(field) = [
+                    ("prefix", raw.prefix.is_some()),
+                    ("endpoint", raw.endpoint.is_some()),
+                    ("region", raw.region.is_some()),
+                ]
+                .iter()
+                .find(|(_, set)| *set)
+                {
+                    return Err(format!(
+                        "remote_storage: {} is an S3 setting, and local_path names a directory",
+                        field.0
+                    ));
+                }
+                if local_path.as_os_str().is_empty() {
+                    return Err("remote_storage: local_path is empty".to_owned());
+                }
+                Ok(RemoteStorageConfig::LocalFs { local_path })
+            }
+            (None, Some(bucket)) => {
+                if bucket.is_empty() {
+                    return Err("remote_storage: bucket is empty".to_owned());
+                }
+                if let Some(endpoint) = &raw.endpoint {
+                    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+                        return Err(format!(
+                            "remote_storage: endpoint {endpoint:?} is not an http:// or https:// URL"
+                        ));
+                    }
+                }
+                let prefix = raw.prefix.unwrap_or_default();
+                let prefix = prefix.trim_matches('/').to_owned();
+                if prefix.split('/').any(|s| s == "." || s == "..")
+                    || prefix.contains("//")
+                    || !prefix.bytes().all(|b| b.is_ascii_graphic())
+                {
+                    return Err(format!(
+                        "remote_storage: prefix {prefix:?} must be printable ASCII segments, none empty, `.` or `..`"
+                    ));
+                }
+                Ok(RemoteStorageConfig::S3(S3Config {
+                    bucket,
+                    prefix,
+                    endpoint: raw.endpoint,
+                    region: raw.region.unwrap_or_else(|| "us-east-1".to_owned()),
+                }))
+            }
+        }
+    }
+}
+
+impl From<RemoteStorageConfig> for RawConfig {
+    fn from(config: RemoteStorageConfig) -> RawConfig {
+        match config {
+            RemoteStorageConfig::LocalFs { local_path } => RawConfig {
+                local_path: Some(local_path),
+                ..RawConfig::default()
+            },
+            RemoteStorageConfig::S3(s3) => RawConfig {
+                bucket: Some(s3.bucket),
+                prefix: Some(s3.prefix),
+                endpoint: s3.endpoint,
+                region: Some(s3.region),
+                ..RawConfig::default()
+            },
+        }
+    }
+}

@@ -1,0 +1,591 @@
+//! Remote storage: the object store that holds a pageserver's layer files and indexes.
+//!
+//! A small interface of our own ([`RemoteStorage`]) over the `object_store` crate, with two
+//! backends picked by [`RemoteStorageConfig`]:
+//!
+//! - a **local directory** (`LocalFs`): every object a file under the directory, written to a
+//!   staging name, fsynced, and renamed (or hard-linked, for a conditional create) into place,
+//!   with the directory fsynced, so an object is whole or absent after a crash;
+//! - an **S3 bucket** (`S3`): any S3 API endpoint (AWS, or a local server with plain HTTP),
+//!   path-style requests, credentials from the usual `AWS_*` environment variables.
+//!
+//! # Operations
+//!
+//! | operation | what it does | an absent object |
+//! |---|---|---|
+//! | [`put`](RemoteStorage::put), [`put_file`](RemoteStorage::put_file) | writes a whole object (a file in parts of 8 MiB, never whole in memory) | created |
+//! | [`create_if_absent`](RemoteStorage::create_if_absent) | writes only if no object has the key | created; otherwise `Ok(false)` and nothing changes |
+//! | [`get`](RemoteStorage::get), [`get_range`](RemoteStorage::get_range) | reads an object or a byte range of it | [`RemoteError::NotFound`] |
+//! | [`download_to_file`](RemoteStorage::download_to_file) | streams an object into a local file, fsynced | [`RemoteError::NotFound`] |
+//! | [`list`](RemoteStorage::list) | every object under a key prefix, with sizes | none listed |
+//! | [`delete`](RemoteStorage::delete) | removes an object | `Ok` (deletion is idempotent) |
+//!
+//! Keys are [`RemotePath`]s: relative, `/`-separated, printable ASCII, never climbing out of
+//! the configured root or prefix.
+//!
+//! # Retries and faults
+//!
+//! Every operation is retried with exponential backoff (see [`RetryPolicy`]) until it
+//! succeeds, fails in a way a retry cannot change (not found, already exists, a bad key), or
+//! its time bound runs out; every failed attempt is logged with its operation and key. The
+//! last error is returned with the number of attempts. A caller that must not give up (the
+//! pageserver's upload queue) retries again itself, later.
+//!
+//! With `test_remote_failures = N` ([`RemoteStorage::with_injected_failures`]) every operation
+//! on a key fails its first N attempts before it reaches the backend, and the count starts
+//! again after a success: tests see every retry path without a flaky network.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+mod config;
+mod faults;
+
+pub use config::{RemoteStorageConfig, S3Config};
+use faults::FaultInjection;
+
+/// Objects up to this size are written in one request; larger ones in parts of this size.
+pub const PART_SIZE: usize = 8 << 20;
+/// Parts of one object in flight at once.
+const PARTS_IN_FLIGHT: usize = 4;
+
+/// A key in the remote store, relative to its root (the directory, or the bucket's prefix).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RemotePath(String);
+
+impl RemotePath {
+    /// Checks `key`: non-empty `/`-separated segments of printable ASCII, none `.` or `..`.
+    pub fn new(key: impl Into<String>) -> Result<RemotePath, RemoteError> {
+        let key = key.into();
+        let bad = |reason: &str| RemoteError::BadKey {
+            key: key.clone(),
+            reason: reason.to_owned(),
+        };
+        if key.is_empty() || key.len() > 1024 {
+            return Err(bad("a key is 1 to 1024 bytes"));
+        }
+        if !key.bytes().all(|b| b.is_ascii_graphic() && b != b'\\') {
+            return Err(bad("a key is printable ASCII without backslashes"));
+        }
+        if key
+            .split('/')
+            .any(|segment| segment.is_empty() || segment == "." || segment == "..")
+        {
+            return Err(bad("empty, `.` and `..` segments are not allowed"));
+        }
+        Ok(RemotePath(key))
+    }
+
+    /// `self/name`.
+    pub fn join(&self, name: &str) -> Result<RemotePath, RemoteError> {
+        RemotePath::new(format!("{}/{name}", self.0))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The last segment.
+    pub fn file_name(&self) -> &str {
+        self.0.rsplit('/').next().unwrap_or(&self.0)
+    }
+}
+
+impl fmt::Display for RemotePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for RemotePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+/// One object a listing found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedObject {
+    pub key: RemotePath,
+    pub size: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("remote object {key} not found")]
+    NotFound { key: String },
+    #[error("remote key {key:?} is not valid: {reason}")]
+    BadKey { key: String, reason: String },
+    #[error("remote storage settings: {0}")]
+    Config(String),
+    #[error(
+        "{op} of remote object {key} failed after {attempts} attempts in {elapsed:?}: {reason}"
+    )]
+    Failed {
+        op: &'static str,
+        key: String,
+        attempts: u32,
+        elapsed: Duration,
+        reason: String,
+    },
+    #[error("{op} of remote object {key}: local file {}: {source}", path.display())]
+    LocalIo {
+        op: &'static str,
+        key: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// How long an operation is retried. Backoff starts at `initial` and doubles up to
+/// `max_backoff`; no new attempt starts once `timeout` has passed since the first.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    pub initial: Duration,
+    pub max_backoff: Duration,
+    pub timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            initial: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What one attempt's failure means for the next.
+enum AttemptError {
+    /// A retry cannot change it.
+    Final(RemoteError),
+    /// Worth another attempt.
+    Transient(String),
+}
+
+impl From<object_store::Error> for AttemptError {
+    fn from(e: object_store::Error) -> Self {
+        AttemptError::Transient(e.to_string())
+    }
+}
+
+/// Maps the errors a retry cannot change; everything else is transient.
+fn classify(op: &'static str, key: &RemotePath, e: object_store::Error) -> AttemptError {
+    match e {
+        object_store::Error::NotFound { .. } => AttemptError::Final(RemoteError::NotFound {
+            key: key.to_string(),
+        }),
+        object_store::Error::InvalidPath { .. } => AttemptError::Final(RemoteError::BadKey {
+            key: key.to_string(),
+            reason: e.to_string(),
+        }),
+        e => AttemptError::Transient(format!("{op}: {e}")),
+    }
+}
+
+/// See the module documentation.
+#[derive(Clone)]
+pub struct RemoteStorage {
+    store: Arc<dyn ObjectStore>,
+    /// Prepended to every key (the S3 prefix); empty for a directory.
+    prefix: String,
+    retry: RetryPolicy,
+    faults: Option<Arc<FaultInjection>>,
+    description: String,
+}
+
+impl fmt::Debug for RemoteStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.description)
+    }
+}
+
+impl RemoteStorage {
+    /// Opens the backend `config` names. A local directory is created if missing.
+    pub fn new(config: &RemoteStorageConfig) -> Result<RemoteStorage, RemoteError> {
+        let (store, prefix, description): (Arc<dyn ObjectStore>, String, String) = match config {
+            RemoteStorageConfig::LocalFs { local_path } => {
+                std::fs::create_dir_all(local_path).map_err(|e| {
+                    RemoteError::Config(format!(
+                        "cannot create remote storage directory {}: {e}",
+                        local_path.display()
+                    ))
+                })?;
+                let store = LocalFileSystem::new_with_prefix(local_path)
+                    .map_err(|e| {
+                        RemoteError::Config(format!(
+                            "remote storage directory {}: {e}",
+                            local_path.display()
+                        ))
+                    })?
+                    .with_fsync(true);
+                (
+                    Arc::new(store),
+                    String::new(),
+                    format!("local directory {}", local_path.display()),
+                )
+            }
+            RemoteStorageConfig::S3(s3) => {
+                install_crypto_provider();
+                let mut builder = AmazonS3Builder::from_env()
+                    .with_bucket_name(&s3.bucket)
+                    .with_region(&s3.region)
+                    .with_virtual_hosted_style_request(false)
+                    // Our retries log every failure with its key; the client's own retry
+                    // loop only covers the network blips below that.
+                    .with_retry(object_store::RetryConfig {
+                        max_retries: 2,
+                        retry_timeout: Duration::from_secs(10),
+                        ..Default::default()
+                    });
+                if let Some(endpoint) = &s3.endpoint {
+                    builder = builder
+                        .with_endpoint(endpoint)
+                        .with_allow_http(endpoint.starts_with("http://"));
+                }
+                let store = builder
+                    .build()
+                    .map_err(|e| RemoteError::Config(format!("S3 bucket {}: {e}", s3.bucket)))?;
+                let prefix = s3.prefix.trim_matches('/').to_owned();
+                let description = format!(
+                    "S3 bucket {} prefix {:?} at {}",
+                    s3.bucket,
+                    prefix,
+                    s3.endpoint
+                        .as_deref()
+                        .unwrap_or("the AWS endpoint of its region")
+                );
+                (Arc::new(store), prefix, description)
+            }
+        };
+        Ok(RemoteStorage {
+            store,
+            prefix,
+            retry: RetryPolicy::default(),
+            faults: None,
+            description,
+        })
+    }
+
+    /// Makes every operation on a key fail its first `tries` attempts (`test_remote_failures`).
+    pub fn with_injected_failures(mut self, tries: u32) -> RemoteStorage {
+        self.faults = (tries > 0).then(|| Arc::new(FaultInjection::new(tries)));
+        self
+    }
+
+    pub fn with_retry_policy(mut self, retry: RetryPolicy) -> RemoteStorage {
+        self.retry = retry;
+        self
+    }
+
+    fn location(&self, key: &RemotePath) -> Result<ObjectPath, RemoteError> {
+        let full = if self.prefix.is_empty() {
+            key.0.clone()
+        } else {
+            format!("{}/{}", self.prefix, key.0)
+        };
+        ObjectPath::parse(&full).map_err(|e| RemoteError::BadKey {
+            key: key.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Runs `attempt` until it succeeds or fails for good, under the retry policy, each
+    /// attempt first passing the fault injection.
+    async fn retrying<T, F, Fut>(
+        &self,
+        op: &'static str,
+        key: &RemotePath,
+        mut attempt: F,
+    ) -> Result<T, RemoteError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, AttemptError>>,
+    {
+        let started = Instant::now();
+        let mut backoff = self.retry.initial;
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let outcome = match &self.faults {
+                Some(faults) if faults.should_fail(op, key) => Err(AttemptError::Transient(
+                    format!("{op}: injected failure (test_remote_failures)"),
+                )),
+                _ => attempt().await,
+            };
+            let reason = match outcome {
+                Ok(value) => {
+                    if let Some(faults) = &self.faults {
+                        faults.succeeded(op, key);
+                    }
+                    return Ok(value);
+                }
+                Err(AttemptError::Final(e)) => return Err(e),
+                Err(AttemptError::Transient(reason)) => reason,
+            };
+            let elapsed = started.elapsed();
+            if elapsed + backoff > self.retry.timeout {
+                tracing::error!(op, key = %key, attempts, "remote operation failed, giving up: {reason}");
+                return Err(RemoteError::Failed {
+                    op,
+                    key: key.to_string(),
+                    attempts,
+                    elapsed,
+                    reason,
+                });
+            }
+            tracing::warn!(op, key = %key, attempt = attempts, retry_in_ms = backoff.as_millis() as u64,
+                "remote operation failed: {reason}");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(self.retry.max_backoff);
+        }
+    }
+
+    /// Writes `bytes` as the object `key`, replacing any.
+    pub async fn put(&self, key: &RemotePath, bytes: Bytes) -> Result<(), RemoteError> {
+        let location = self.location(key)?;
+        self.retrying("put", key, || async {
+            self.store
+                .put(&location, PutPayload::from_bytes(bytes.clone()))
+                .await
+                .map_err(|e| classify("put", key, e))?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Writes `bytes` as the object `key` unless an object of that key exists: `Ok(true)` if
+    /// this call created it, `Ok(false)` if one was there. An attempt whose answer was lost
+    /// after it created the object makes the retry see `false`: compare the contents when it
+    /// matters.
+    pub async fn create_if_absent(
+        &self,
+        key: &RemotePath,
+        bytes: Bytes,
+    ) -> Result<bool, RemoteError> {
+        let location = self.location(key)?;
+        self.retrying("create", key, || async {
+            let options = PutOptions::from(PutMode::Create);
+            match self
+                .store
+                .put_opts(&location, PutPayload::from_bytes(bytes.clone()), options)
+                .await
+            {
+                Ok(_) => Ok(true),
+                Err(object_store::Error::AlreadyExists { .. })
+                | Err(object_store::Error::Precondition { .. }) => Ok(false),
+                Err(e) => Err(classify("create", key, e)),
+            }
+        })
+        .await
+    }
+
+    /// Writes the local file at `path` as the object `key`: in one request up to
+    /// [`PART_SIZE`], in parts beyond, never the whole file in memory. Returns its length.
+    pub async fn put_file(&self, key: &RemotePath, path: &Path) -> Result<u64, RemoteError> {
+        let location = self.location(key)?;
+        let local_err = |source| RemoteError::LocalIo {
+            op: "upload",
+            key: key.to_string(),
+            path: path.to_owned(),
+            source,
+        };
+        let len = tokio::fs::metadata(path).await.map_err(local_err)?.len();
+        self.retrying("upload", key, || async {
+            let mut file = tokio::fs::File::open(path)
+                .await
+                .map_err(|e| AttemptError::Final(local_err(e)))?;
+            if len <= PART_SIZE as u64 {
+                let mut bytes = Vec::with_capacity(len as usize);
+                file.read_to_end(&mut bytes)
+                    .await
+                    .map_err(|e| AttemptError::Final(local_err(e)))?;
+                self.store
+                    .put(&location, PutPayload::from(bytes))
+                    .await
+                    .map_err(|e| classify("upload", key, e))?;
+                return Ok(len);
+            }
+            let upload = self
+                .store
+                .put_multipart(&location)
+                .await
+                .map_err(|e| classify("upload", key, e))?;
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+            let mut sent = 0u64;
+            let mut buf = vec![0u8; PART_SIZE];
+            loop {
+                let n = match read_full(&mut file, &mut buf).await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        let _ = writer.abort().await;
+                        return Err(AttemptError::Final(local_err(e)));
+                    }
+                };
+                if n == 0 {
+                    break;
+                }
+                if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
+                    return Err(classify("upload", key, e));
+                }
+                writer.write(&buf[..n]);
+                sent += n as u64;
+            }
+            if sent != len {
+                let _ = writer.abort().await;
+                return Err(AttemptError::Final(local_err(std::io::Error::other(
+                    format!(
+                        "the file changed during the upload: {sent} bytes read, {len} expected"
+                    ),
+                ))));
+            }
+            writer
+                .finish()
+                .await
+                .map_err(|e| classify("upload", key, e))?;
+            Ok(len)
+        })
+        .await
+    }
+
+    /// The whole object `key`.
+    pub async fn get(&self, key: &RemotePath) -> Result<Bytes, RemoteError> {
+        let location = self.location(key)?;
+        self.retrying("get", key, || async {
+            let result = self
+                .store
+                .get(&location)
+                .await
+                .map_err(|e| classify("get", key, e))?;
+            result.bytes().await.map_err(|e| classify("get", key, e))
+        })
+        .await
+    }
+
+    /// Bytes `range` of the object `key`. A range past its end is an error.
+    pub async fn get_range(
+        &self,
+        key: &RemotePath,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, RemoteError> {
+        let location = self.location(key)?;
+        self.retrying("get_range", key, || async {
+            self.store
+                .get_range(&location, range.clone())
+                .await
+                .map_err(|e| classify("get_range", key, e))
+        })
+        .await
+    }
+
+    /// Streams the object `key` into a new file at `dest` (replacing any), fsynced; returns its
+    /// length. Making the file visible under its final name is the caller's step.
+    pub async fn download_to_file(
+        &self,
+        key: &RemotePath,
+        dest: &Path,
+    ) -> Result<u64, RemoteError> {
+        let location = self.location(key)?;
+        let local_err = |source| RemoteError::LocalIo {
+            op: "download",
+            key: key.to_string(),
+            path: dest.to_owned(),
+            source,
+        };
+        self.retrying("download", key, || async {
+            let result = self
+                .store
+                .get(&location)
+                .await
+                .map_err(|e| classify("download", key, e))?;
+            let mut file = tokio::fs::File::create(dest)
+                .await
+                .map_err(|e| AttemptError::Final(local_err(e)))?;
+            let mut stream = result.into_stream();
+            let mut written = 0u64;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|e| classify("download", key, e))?;
+                file.write_all(&chunk)
+                    .await
+                    .map_err(|e| AttemptError::Final(local_err(e)))?;
+                written += chunk.len() as u64;
+            }
+            file.sync_all()
+                .await
+                .map_err(|e| AttemptError::Final(local_err(e)))?;
+            Ok(written)
+        })
+        .await
+    }
+
+    /// Every object whose key starts with `prefix/`, in no particular order.
+    pub async fn list(&self, prefix: &RemotePath) -> Result<Vec<ListedObject>, RemoteError> {
+        let location = self.location(prefix)?;
+        let strip = if self.prefix.is_empty() {
+            0
+        } else {
+            self.prefix.len() + 1
+        };
+        self.retrying("list", prefix, || async {
+            let mut stream = self.store.list(Some(&location));
+            let mut found = Vec::new();
+            while let Some(meta) = stream.next().await {
+                let meta = meta.map_err(|e| classify("list", prefix, e))?;
+                let full = meta.location.as_ref();
+                let Some(relative) = full.get(strip..) else {
+                    continue;
+                };
+                // Keys we could not have written (someone else's files) are not ours to list.
+                if let Ok(key) = RemotePath::new(relative) {
+                    found.push(ListedObject {
+                        key,
+                        size: meta.size,
+                    });
+                }
+            }
+            Ok(found)
+        })
+        .await
+    }
+
+    /// Removes the object `key`; an absent one is not an error.
+    pub async fn delete(&self, key: &RemotePath) -> Result<(), RemoteError> {
+        let location = self.location(key)?;
+        self.retrying("delete", key, || async {
+            match self.store.delete(&location).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                Err(e) => Err(classify("delete", key, e)),
+            }
+        })
+        .await
+    }
+}
+
+/// Reads until `buf` is full or the file ends; returns the bytes read.
+async fn read_full(file: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let n = file.read(&mut buf[filled..]).await?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    Ok(filled)
+}
+
+/// rustls needs one process-wide crypto provider: ring, which we link anyway.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,215 @@
+//! The interface against the local directory backend: real files, real fsync.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use remote_storage::{RemoteError, RemotePath, RemoteStorage, RemoteStorageConfig, RetryPolicy};
+
+fn storage(dir: &std::path::Path) -> RemoteStorage {
+    RemoteStorage::new(&RemoteStorageConfig::LocalFs {
+        local_path: dir.join("remote"),
+    })
+    .unwrap()
+}
+
+fn key(s: &str) -> RemotePath {
+    RemotePath::new(s).unwrap()
+}
+
+#[tokio::test]
+async fn put_get_range_list_delete() {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = storage(dir.path());
+    let a = key("tenants/t/timelines/l/a");
+    let b = key("tenants/t/timelines/l/b");
+    remote
+        .put(&a, Bytes::from_static(b"hello world"))
+        .await
+        .unwrap();
+    remote.put(&b, Bytes::from_static(b"x")).await.unwrap();
+    remote
+        .put(&key("tenants/u/other"), Bytes::from_static(b"y"))
+        .await
+        .unwrap();
+    assert_eq!(&remote.get(&a).await.unwrap()[..], b"hello world");
+    assert_eq!(&remote.get_range(&a, 6..11).await.unwrap()[..], b"world");
+    // An object is a file under the directory, under its key.
+    assert_eq!(
+        std::fs::read(dir.path().join("remote/tenants/t/timelines/l/a")).unwrap(),
+        b"hello world"
+    );
+    let mut listed = remote.list(&key("tenants/t")).await.unwrap();
+    listed.sort_by(|x, y| x.key.cmp(&y.key));
+    let listed: Vec<(String, u64)> = listed
+        .into_iter()
+        .map(|o| (o.key.to_string(), o.size))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            ("tenants/t/timelines/l/a".to_owned(), 11),
+            ("tenants/t/timelines/l/b".to_owned(), 1)
+        ]
+    );
+    remote
+        .put(&a, Bytes::from_static(b"replaced"))
+        .await
+        .unwrap();
+    assert_eq!(&remote.get(&a).await.unwrap()[..], b"replaced");
+    remote.delete(&a).await.unwrap();
+    remote.delete(&a).await.unwrap(); // idempotent
+    assert!(matches!(
+        remote.get(&a).await,
+        Err(RemoteError::NotFound { .. })
+    ));
+    assert_eq!(remote.list(&key("tenants/t")).await.unwrap().len(), 1);
+    assert!(remote.list(&key("nothing/here")).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn create_if_absent_never_replaces() {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = storage(dir.path());
+    let k = key("index-00000001");
+    assert!(remote
+        .create_if_absent(&k, Bytes::from_static(b"first"))
+        .await
+        .unwrap());
+    assert!(!remote
+        .create_if_absent(&k, Bytes::from_static(b"second"))
+        .await
+        .unwrap());
+    assert_eq!(&remote.get(&k).await.unwrap()[..], b"first");
+}
+
+#[tokio::test]
+async fn files_upload_in_parts_and_download_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = storage(dir.path());
+    // Over two parts, not a multiple of the part size.
+    let len = 2 * remote_storage::PART_SIZE + 12345;
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+    let local = dir.path().join("layer");
+    std::fs::write(&local, &data).unwrap();
+    let k = key("tenants/t/layer-00000001");
+    assert_eq!(remote.put_file(&k, &local).await.unwrap(), len as u64);
+    let small = dir.path().join("small");
+    std::fs::write(&small, b"abc").unwrap();
+    assert_eq!(remote.put_file(&key("small"), &small).await.unwrap(), 3);
+
+    let dest = dir.path().join("downloaded");
+    assert_eq!(
+        remote.download_to_file(&k, &dest).await.unwrap(),
+        len as u64
+    );
+    assert!(std::fs::read(&dest).unwrap() == data);
+    let missing = remote
+        .download_to_file(&key("absent"), &dir.path().join("x"))
+        .await;
+    assert!(
+        matches!(missing, Err(RemoteError::NotFound { .. })),
+        "{missing:?}"
+    );
+}
+
+#[tokio::test]
+async fn injected_failures_are_retried_per_key_and_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let fast = RetryPolicy {
+        initial: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(4),
+        timeout: Duration::from_secs(5),
+    };
+    let remote = storage(dir.path())
+        .with_injected_failures(3)
+        .with_retry_policy(fast);
+    let k = key("a");
+    // Each operation fails three times, then goes through.
+    remote.put(&k, Bytes::from_static(b"v")).await.unwrap();
+    assert_eq!(&remote.get(&k).await.unwrap()[..], b"v");
+    remote.delete(&k).await.unwrap();
+
+    // With a time bound shorter than the backoff, the failures are returned, counted.
+    let impatient = storage(dir.path())
+        .with_injected_failures(100)
+        .with_retry_policy(RetryPolicy {
+            initial: Duration::from_millis(5),
+            max_backoff: Duration::from_millis(5),
+            timeout: Duration::from_millis(30),
+        });
+    match impatient.put(&k, Bytes::from_static(b"v")).await {
+        Err(RemoteError::Failed {
+            op,
+            key,
+            attempts,
+            reason,
+            ..
+        }) => {
+            assert_eq!((op, key.as_str()), ("put", "a"));
+            assert!(attempts >= 2, "{attempts}");
+            assert!(reason.contains("injected"), "{reason}");
+        }
+        other => panic!("expected a failure, got {other:?}"),
+    }
+    // Nothing was written by the failed attempts.
+    assert!(matches!(
+        remote.get(&k).await,
+        Err(RemoteError::NotFound { .. })
+    ));
+}
+
+#[test]
+fn keys_cannot_climb_out() {
+    for bad in [
+        "", "/a", "a/", "a//b", "../a", "a/./b", "a/../b", "a b", "a\\b", "ü",
+    ] {
+        assert!(RemotePath::new(bad).is_err(), "{bad:?} accepted");
+    }
+    let k = key("tenants/t/index_part.json-00000002");
+    assert_eq!(k.file_name(), "index_part.json-00000002");
+    assert_eq!(
+        k.join("x").unwrap().as_str(),
+        "tenants/t/index_part.json-00000002/x"
+    );
+}
+
+#[test]
+fn settings_parse_with_clear_errors() {
+    let parse = |s: &str| -> Result<RemoteStorageConfig, String> {
+        serde_json::from_str::<RemoteStorageConfig>(s).map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        parse(r#"{"local_path": "/d"}"#).unwrap(),
+        RemoteStorageConfig::LocalFs {
+            local_path: "/d".into()
+        }
+    );
+    match parse(r#"{"bucket": "b", "prefix": "/p/q/", "endpoint": "http://127.0.0.1:9000"}"#)
+        .unwrap()
+    {
+        RemoteStorageConfig::S3(s3) => {
+            assert_eq!(
+                (s3.bucket.as_str(), s3.prefix.as_str(), s3.region.as_str()),
+                ("b", "p/q", "us-east-1")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    for (bad, says) in [
+        (r#"{}"#, "needs local_path"),
+        (r#"{"local_path": "/d", "bucket": "b"}"#, "choose one"),
+        (
+            r#"{"local_path": "/d", "region": "r"}"#,
+            "region is an S3 setting",
+        ),
+        (
+            r#"{"bucket": "b", "endpoint": "127.0.0.1:9000"}"#,
+            "not an http",
+        ),
+        (r#"{"bucket": "b", "prefix": "a/../b"}"#, "prefix"),
+        (r#"{"bucket": "b", "bukket": "c"}"#, "unknown field"),
+    ] {
+        let err = parse(bad).unwrap_err();
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+}
