@@ -14,6 +14,7 @@ use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use remote_storage::RemoteStorageConfig;
 use serde::{Deserialize, Deserializer};
 
 use crate::page_cache::materialized::MAX_VERSIONS_PER_KEY;
@@ -22,6 +23,8 @@ use crate::tenant::timeline::scan::cursor_cache::CursorCacheConfig;
 use crate::tenant::timeline::TimelineConf;
 
 pub const CONFIG_FILE: &str = "pageserver.toml";
+/// The remote storage directory, in the work directory, when `remote_storage` is not set.
+pub const DEFAULT_REMOTE_DIR: &str = "remote";
 
 /// Every setting at its default, with what it means: a fresh work directory's `pageserver.toml`
 /// when its first start had no `-c` overrides. Parsing it must give [`PageServerConf::default`]
@@ -68,6 +71,18 @@ image_creation_delta_percent = 100
 # Garbage collection keeps this much history (an LSN distance) below the last ingested LSN;
 # reads below the GC cutoff are refused, and layers only such reads need are removed.
 gc_horizon = "64MiB"
+
+# Remote storage, where every layer file and each timeline's index are uploaded (the local disk
+# is then a cache of it; docs/remote-storage.md). Without this setting: the directory "remote"
+# in the work directory. A directory elsewhere (a relative path is under the work directory):
+# remote_storage = { local_path = "/mnt/layers" }
+# or an S3 bucket, credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and
+# AWS_SESSION_TOKEN); endpoint is optional (AWS itself), and may be plain http:// for a local server:
+# remote_storage = { bucket = "layers", prefix = "pageserver-1", endpoint = "http://127.0.0.1:9000", region = "us-east-1" }
+# A flush waits while more than this many bytes of layer files wait for upload.
+upload_queue_max_bytes = "1GiB"
+# For tests: every remote operation fails its first N attempts (then retries succeed).
+test_remote_failures = 0
 
 # A read at an LSN not yet ingested waits this long for it, then fails.
 wait_lsn_timeout = "60s"
@@ -178,6 +193,11 @@ pub struct PageServerConf {
     pub log_format: LogFormat,
     pub http_auth_type: AuthType,
     pub auth_validation_public_key_path: Option<PathBuf>,
+    /// `None`: the directory `remote` in the work directory ([`PageServerConf::remote_storage`]).
+    pub remote_storage: Option<RemoteStorageConfig>,
+    #[serde(deserialize_with = "size")]
+    pub upload_queue_max_bytes: u64,
+    pub test_remote_failures: u32,
 }
 
 impl Default for PageServerConf {
@@ -214,6 +234,9 @@ impl Default for PageServerConf {
             log_format: LogFormat::Plain,
             http_auth_type: AuthType::Trust,
             auth_validation_public_key_path: None,
+            remote_storage: None,
+            upload_queue_max_bytes: 1 << 30,
+            test_remote_failures: 0,
         }
     }
 }
@@ -407,6 +430,19 @@ impl PageServerConf {
         self.max_connections.unwrap_or_else(|| {
             default_max_connections(open_files_limit(), self.max_file_descriptors)
         })
+    }
+
+    /// Where layers are uploaded, relative paths resolved against `workdir`.
+    pub fn remote_storage(&self, workdir: &Path) -> RemoteStorageConfig {
+        match &self.remote_storage {
+            None => RemoteStorageConfig::LocalFs {
+                local_path: workdir.join(DEFAULT_REMOTE_DIR),
+            },
+            Some(RemoteStorageConfig::LocalFs { local_path }) => RemoteStorageConfig::LocalFs {
+                local_path: workdir.join(local_path),
+            },
+            Some(s3) => s3.clone(),
+        }
     }
 
     /// The page cache's settings.

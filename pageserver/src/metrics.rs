@@ -319,6 +319,37 @@ pub static READ_WAITS: LazyLock<IntCounter> = LazyLock::new(|| {
     )
 });
 
+pub static REMOTE_UPLOADED_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_remote_uploaded_bytes_total",
+        "Bytes of layer files uploaded to remote storage",
+    )
+});
+pub static REMOTE_DOWNLOADED_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_remote_downloaded_bytes_total",
+        "Bytes of layer files and indexes downloaded from remote storage",
+    )
+});
+/// Remote operations of the upload queue and downloads, by kind and result.
+pub static REMOTE_OPERATIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "pageserver_remote_operations_total",
+        "Remote storage operations (each after its retries), by operation and result",
+        &["op", "result"]
+    )
+    .expect("metric names are unique")
+});
+/// Flushes that waited because too many bytes waited for upload.
+pub static UPLOAD_QUEUE_WAIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    register_histogram!(
+        "pageserver_upload_queue_wait_seconds",
+        "Time a flush waited for the upload queue to drain below upload_queue_max_bytes",
+        LATENCY_BUCKETS.to_vec()
+    )
+    .expect("metric names are unique")
+});
+
 /// Registers every metric and its label values now, so a fresh server's `/metrics` lists each
 /// family (at zero) before its first event. `wait_lsn_timeout` sets the top latency buckets
 /// ([`with_wait_buckets`]); only the first call's counts.
@@ -346,6 +377,8 @@ pub fn register_all(wait_lsn_timeout: Duration) {
         &READ_WAITS,
         &WAIT_LSN_REFUSED,
         &FILE_EVICTIONS,
+        &REMOTE_UPLOADED_BYTES,
+        &REMOTE_DOWNLOADED_BYTES,
     ] {
         LazyLock::force(counter);
     }
@@ -377,6 +410,12 @@ pub fn register_all(wait_lsn_timeout: Duration) {
     LazyLock::force(&HTTP_REQUESTS);
     http_request_seconds();
     LazyLock::force(&STARTUP_SECONDS);
+    LazyLock::force(&UPLOAD_QUEUE_WAIT_SECONDS);
+    for op in ["upload_layer", "upload_index", "delete", "list", "download"] {
+        for result in ["ok", "error"] {
+            REMOTE_OPERATIONS.with_label_values(&[op, result]);
+        }
+    }
 }
 
 /// Every metric of the registry, in the text format: the first part of the `/metrics` page,

@@ -50,7 +50,13 @@ def test_tenant_lifecycle(pageserver: Pageserver):
     assert http.tenant_list() == []
 
     created = http.tenant_create(TENANT)
-    assert created == {"id": TENANT, "state": "Active", "broken_reason": None, "timelines": 0}
+    assert created == {
+        "id": TENANT,
+        "generation": 1,
+        "state": "Active",
+        "broken_reason": None,
+        "timelines": 0,
+    }
     generated = http.tenant_create()
     assert len(generated["id"]) == 32 and generated["id"] != TENANT
     int(generated["id"], 16)
@@ -146,6 +152,7 @@ def test_timeline_lifecycle(pageserver: Pageserver):
         "last_record_lsn": "0/0",
         "disk_consistent_lsn": "0/0",
         "gc_cutoff_lsn": "0/0",
+        "remote_consistent_lsn": "0/0",
         "state": "Active",
         "broken_reason": None,
         "layers": {"open": 0, "frozen": 0, "delta": 0, "l0": 0, "l1": 0, "image": 0},

@@ -43,6 +43,8 @@ def test_fresh_workdir_gets_the_first_starts_settings(pageserver_factory: Pagese
         "image_creation_threshold": 3,
         "image_creation_delta_percent": 100,
         "gc_horizon": "64MiB",
+        "upload_queue_max_bytes": "1GiB",
+        "test_remote_failures": 0,
         "wait_lsn_timeout": "60s",
         "max_lsn_waiters": 1024,
         "max_value_size": "1MiB",

@@ -6,12 +6,14 @@
 //! panicking. Keeping them in one dependency-light crate means every crate
 //! agrees on those forms.
 
+pub mod generation;
 pub mod id;
 pub mod lsn;
 pub mod wakeup;
 
 mod quote;
 
+pub use generation::Generation;
 pub use id::{TenantId, TimelineId};
 pub use lsn::Lsn;
 pub use wakeup::Wakeup;

@@ -28,7 +28,9 @@ use pageserver::http::server::{serve, ConnectionLimit, ConnectionTimeouts};
 use pageserver::http::{router, AppState};
 use pageserver::page_cache::PageCache;
 use pageserver::tenant::mgr::TenantManager;
+use pageserver::tenant::remote_timeline_client::RemoteContext;
 use pageserver::tenant::timeline::scan::cursor_cache::CursorCache;
+use remote_storage::RemoteStorage;
 
 const LOCK_FILE: &str = "pageserver.pid";
 
@@ -156,8 +158,33 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         format_args!("{} pages of 8 KiB", cache.capacity_pages()),
     );
 
-    let (tenants, report) = TenantManager::load(workdir, cache.clone(), conf.timeline_conf())
-        .context("loading tenants")?;
+    let remote_conf = conf.remote_storage(workdir);
+    let storage = RemoteStorage::new(&remote_conf)
+        .context("remote_storage")?
+        .with_injected_failures(conf.test_remote_failures);
+    let remote_description = format!("{storage:?}");
+    let remote = Arc::new(
+        RemoteContext::new(storage, conf.upload_queue_max_bytes)
+            .context("starting the remote storage runtime")?,
+    );
+    phases.done(
+        "remote_storage",
+        format_args!(
+            "layers are uploaded to {remote_description}{}",
+            if conf.test_remote_failures > 0 {
+                format!(
+                    " (test_remote_failures: each operation fails {} times first)",
+                    conf.test_remote_failures
+                )
+            } else {
+                String::new()
+            }
+        ),
+    );
+
+    let (tenants, report) =
+        TenantManager::load_with_remote(workdir, cache.clone(), conf.timeline_conf(), Some(remote))
+            .context("loading tenants")?;
     let tenants = Arc::new(tenants);
     phases.done(
         "load_tenants",

@@ -252,3 +252,48 @@ fn sizes() {
         .unwrap_err()
         .contains("too large"));
 }
+
+#[test]
+fn remote_storage_is_a_directory_in_the_workdir_unless_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let workdir = dir.path();
+    let local = |path: &Path| RemoteStorageConfig::LocalFs {
+        local_path: path.to_owned(),
+    };
+    let conf = PageServerConf::load(workdir, &[]).unwrap();
+    assert_eq!(conf.remote_storage(workdir), local(&workdir.join("remote")));
+    let conf =
+        PageServerConf::load(workdir, &["remote_storage={local_path=\"shared\"}".into()]).unwrap();
+    assert_eq!(conf.remote_storage(workdir), local(&workdir.join("shared")));
+    let conf =
+        PageServerConf::load(workdir, &["remote_storage={local_path=\"/abs\"}".into()]).unwrap();
+    assert_eq!(conf.remote_storage(workdir), local(Path::new("/abs")));
+    let conf = PageServerConf::load(
+        workdir,
+        &[
+            "remote_storage={bucket=\"b\", prefix=\"p\", endpoint=\"http://127.0.0.1:9000\"}"
+                .into(),
+            "upload_queue_max_bytes=\"256MiB\"".into(),
+            "test_remote_failures=2".into(),
+        ],
+    )
+    .unwrap();
+    match conf.remote_storage(workdir) {
+        RemoteStorageConfig::S3(s3) => {
+            assert_eq!(s3.bucket, "b");
+            assert_eq!(s3.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        (conf.upload_queue_max_bytes, conf.test_remote_failures),
+        (256 << 20, 2)
+    );
+    let e = PageServerConf::load(
+        workdir,
+        &["remote_storage={bucket=\"b\", local_path=\"/x\"}".into()],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("choose one"), "{e}");
+}

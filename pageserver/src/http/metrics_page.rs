@@ -381,6 +381,40 @@ fn render_timelines(out: &mut String, tenants: &TenantManager) {
             t.disk_consistent_lsn().0
         );
     }
+    family(
+        out,
+        "pageserver_remote_consistent_lsn",
+        "gauge",
+        "Newest LSN whose versions are all in remote storage (the newest uploaded index)",
+    );
+    for t in &timelines {
+        if let Some(lsn) = t.remote_consistent_lsn() {
+            let _ = writeln!(
+                out,
+                "pageserver_remote_consistent_lsn{{{}}} {}",
+                labels(t),
+                lsn.0
+            );
+        }
+    }
+    family(
+        out,
+        "pageserver_upload_queue_bytes",
+        "gauge",
+        "Bytes of committed layer files waiting for upload",
+    );
+    for tenant in tenants.list_tenants() {
+        for t in tenant.list_timelines() {
+            if let Some(client) = tenant.remote_client(t.timeline_id()) {
+                let _ = writeln!(
+                    out,
+                    "pageserver_upload_queue_bytes{{{}}} {}",
+                    labels(&t),
+                    client.queued_bytes()
+                );
+            }
+        }
+    }
     let mut counts = String::new();
     let mut sizes = String::new();
     for t in &timelines {

@@ -90,6 +90,7 @@ fn tenant_json(tenant: &Tenant) -> JsonValue {
     };
     json!({
         "id": tenant.id().to_string(),
+        "generation": tenant.generation().get(),
         "state": state,
         "broken_reason": reason,
         "timelines": tenant.list_timelines().len(),
@@ -130,6 +131,7 @@ fn timeline_json(timeline: &Timeline) -> JsonValue {
         "last_record_lsn": timeline.last_record_lsn().to_string(),
         "disk_consistent_lsn": timeline.disk_consistent_lsn().to_string(),
         "gc_cutoff_lsn": timeline.gc_cutoff_lsn().to_string(),
+        "remote_consistent_lsn": timeline.remote_consistent_lsn().map(|l| l.to_string()),
         "state": if broken.is_some() { "Broken" } else { "Active" },
         "broken_reason": broken,
         "layers": {

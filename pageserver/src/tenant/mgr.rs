@@ -46,10 +46,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
-use utils::{TenantId, TimelineId, Wakeup};
+use utils::{Generation, TenantId, TimelineId, Wakeup};
 
 use crate::io::crashsafe;
 use crate::page_cache::PageCache;
+use crate::tenant::remote_timeline_client::{RemoteContext, RemoteTimelineClient};
 use crate::tenant::tasks::flush::tick_for;
 use crate::tenant::tasks::{compaction, flush, images_and_gc, BackgroundLoop};
 use crate::tenant::timeline::metadata::TimelineMetadata;
@@ -91,6 +92,8 @@ pub enum TenantError {
     TenantBroken { tenant: TenantId, reason: String },
     #[error("the page server is shutting down")]
     ShuttingDown,
+    #[error("remote storage: {0}")]
+    Remote(String),
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
     #[error(transparent)]
@@ -121,6 +124,8 @@ struct Shared {
     wakeup: Arc<Wakeup>,
     /// Wakes the compaction loop.
     compaction_wakeup: Arc<Wakeup>,
+    /// Where timelines upload their layers; `None`: the local disk only.
+    remote: Option<Arc<RemoteContext>>,
 }
 
 /// What is changing in a tenant's directory; see "Creation against deletion" above.
@@ -150,6 +155,10 @@ pub struct Tenant {
     /// and fsync directories without holding up readers of the maps).
     dirs: Mutex<TenantDirs>,
     timelines: RwLock<BTreeMap<TimelineId, Arc<Timeline>>>,
+    /// This attachment's generation: every object it writes to remote storage carries it.
+    generation: Generation,
+    /// Each timeline's upload client, with remote storage.
+    remote_clients: Mutex<BTreeMap<TimelineId, Arc<RemoteTimelineClient>>>,
 }
 
 /// What startup found, for its log line.
@@ -181,6 +190,16 @@ impl TenantManager {
         cache: Arc<PageCache>,
         conf: TimelineConf,
     ) -> Result<(TenantManager, LoadReport), TenantError> {
+        Self::load_with_remote(workdir, cache, conf, None)
+    }
+
+    /// [`TenantManager::load`], with every timeline's layers uploaded to `remote`.
+    pub fn load_with_remote(
+        workdir: &Path,
+        cache: Arc<PageCache>,
+        conf: TimelineConf,
+        remote: Option<Arc<RemoteContext>>,
+    ) -> Result<(TenantManager, LoadReport), TenantError> {
         let tenants_dir = workdir.join(TENANTS_DIR);
         std::fs::create_dir_all(&tenants_dir).map_err(io_error(&tenants_dir))?;
         let tick = tick_for(conf.checkpoint_timeout);
@@ -189,6 +208,7 @@ impl TenantManager {
             conf,
             wakeup: Arc::new(Wakeup::new()),
             compaction_wakeup: Arc::new(Wakeup::new()),
+            remote,
         });
         let mut report = LoadReport::default();
         let mut tenants = BTreeMap::new();
@@ -260,9 +280,11 @@ impl TenantManager {
         if self.get_tenant(id).is_ok() || self.tenants_dir.join(id.to_string()).exists() {
             return Err(TenantError::TenantExists(id));
         }
+        let generation = Generation::FIRST;
         let dir = create_dir_atomically(&self.tenants_dir, &id.to_string(), |staging| {
             let timelines = staging.join(TIMELINES_DIR);
-            std::fs::create_dir(&timelines).map_err(io_error(&timelines))
+            std::fs::create_dir(&timelines).map_err(io_error(&timelines))?;
+            remote::write_generation(staging, generation)
         })?;
         let tenant = Arc::new(Tenant {
             id,
@@ -271,6 +293,8 @@ impl TenantManager {
             shared: self.shared.clone(),
             dirs: Mutex::default(),
             timelines: RwLock::new(BTreeMap::new()),
+            generation,
+            remote_clients: Mutex::default(),
         });
         self.tenants
             .write()
@@ -383,20 +407,34 @@ impl Tenant {
     fn load(id: TenantId, dir: PathBuf, shared: Arc<Shared>) -> Result<Tenant, TenantError> {
         let timelines_dir = dir.join(TIMELINES_DIR);
         let mut timelines = BTreeMap::new();
+        let mut remote_clients = BTreeMap::new();
         let mut state = TenantState::Active;
+        let broken = |reason: String, generation| Tenant {
+            id,
+            dir: dir.clone(),
+            state: TenantState::Broken { reason },
+            shared: shared.clone(),
+            dirs: Mutex::default(),
+            timelines: RwLock::new(BTreeMap::new()),
+            generation,
+            remote_clients: Mutex::default(),
+        };
+        let generation = match remote::read_generation(&dir) {
+            Ok(generation) => generation,
+            Err(e) => {
+                return Ok(broken(
+                    format!("its generation cannot be read: {e}"),
+                    Generation::FIRST,
+                ))
+            }
+        };
         let found = match scan_ids::<TimelineId>(&timelines_dir) {
             Ok(found) => found,
             Err(e) => {
-                return Ok(Tenant {
-                    id,
-                    dir,
-                    state: TenantState::Broken {
-                        reason: format!("its timelines cannot be listed: {e}"),
-                    },
-                    shared,
-                    dirs: Mutex::default(),
-                    timelines: RwLock::new(BTreeMap::new()),
-                });
+                return Ok(broken(
+                    format!("its timelines cannot be listed: {e}"),
+                    generation,
+                ));
             }
         };
         for (timeline_id, timeline_dir) in found {
@@ -420,6 +458,20 @@ impl Tenant {
                     let timeline = timeline
                         .with_flush_wakeup(shared.wakeup.clone())
                         .with_compaction_wakeup(shared.compaction_wakeup.clone());
+                    if let Some(context) = &shared.remote {
+                        match remote::start_uploads(context, id, generation, &timeline) {
+                            Ok(client) => {
+                                remote_clients.insert(timeline_id, client);
+                            }
+                            Err(e) => {
+                                state = TenantState::Broken {
+                                    reason: format!("timeline {timeline_id}: {e}"),
+                                };
+                                timelines.clear();
+                                break;
+                            }
+                        }
+                    }
                     timelines.insert(timeline_id, Arc::new(timeline));
                 }
                 Err(e) => {
@@ -431,6 +483,13 @@ impl Tenant {
                 }
             }
         }
+        if !matches!(state, TenantState::Active) {
+            // Broken: the uploads of timelines loaded before the failure stop too.
+            for client in std::mem::take(&mut remote_clients).into_values() {
+                use crate::tenant::timeline::RemoteCopy;
+                client.stop(false);
+            }
+        }
         Ok(Tenant {
             id,
             dir,
@@ -438,7 +497,19 @@ impl Tenant {
             shared,
             dirs: Mutex::default(),
             timelines: RwLock::new(timelines),
+            generation,
+            remote_clients: Mutex::new(remote_clients),
         })
+    }
+
+    /// This attachment's generation.
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// The upload client of timeline `id`, with remote storage.
+    pub fn remote_client(&self, id: TimelineId) -> Option<Arc<RemoteTimelineClient>> {
+        lock(&self.remote_clients).get(&id).cloned()
     }
 
     pub fn id(&self) -> TenantId {
@@ -495,6 +566,10 @@ impl Tenant {
         )?
         .with_flush_wakeup(self.shared.wakeup.clone())
         .with_compaction_wakeup(self.shared.compaction_wakeup.clone());
+        if let Some(context) = &self.shared.remote {
+            let client = remote::start_uploads(context, self.id, self.generation, &timeline)?;
+            lock(&self.remote_clients).insert(id, client);
+        }
         let timeline = Arc::new(timeline);
         self.timelines
             .write()
@@ -549,6 +624,9 @@ impl Tenant {
         };
         // Only waits for a flush in progress; errors do not matter for data being deleted.
         let _ = timeline.shutdown(false);
+        if let Some(client) = lock(&self.remote_clients).remove(&id) {
+            remote::delete_remote_objects(&client);
+        }
         let mut dirs = lock(&self.dirs);
         let result = if dirs.deleting {
             Ok(())
@@ -575,6 +653,10 @@ impl Tenant {
         for timeline in self.list_timelines().into_iter().chain(being_deleted) {
             // Only waits for a flush in progress; errors do not matter for data being deleted.
             let _ = timeline.shutdown(false);
+        }
+        let clients = std::mem::take(&mut *lock(&self.remote_clients));
+        for client in clients.values() {
+            remote::delete_remote_objects(client);
         }
         let _dirs = lock(&self.dirs);
         delete_dir_atomically(&self.dir)
@@ -653,5 +735,6 @@ fn fsync_dir(dir: &Path) -> Result<(), TenantError> {
     crashsafe::fsync_dir(dir).map_err(io_error(dir))
 }
 
+mod remote;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! Per-tenant storage: the layers of the format stack, from blocks up.
 
 pub mod mgr;
+pub mod remote_timeline_client;
 pub mod storage_layer;
 pub mod tasks;
 #[cfg(test)]

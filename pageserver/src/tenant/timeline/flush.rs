@@ -37,6 +37,10 @@ impl Timeline {
             let Some(frozen) = self.layer_map().frozen.first().cloned() else {
                 break;
             };
+            if let Some(remote) = self.remote.get() {
+                // Shutdown does not wait: its flush must finish whatever the store does.
+                remote.wait_for_upload_room(&|| self.shutting_down.load(Ordering::Acquire));
+            }
             let started = Instant::now();
             let end = frozen.end_lsn().expect("frozen layers have an end");
             let written = frozen.write_to_disk(&self.dir, self.tenant_id, self.timeline_id)?;
@@ -147,6 +151,10 @@ impl Timeline {
                 .unwrap_or_else(|e| e.into_inner()),
         );
         drop(self.image_lock.lock().unwrap_or_else(|e| e.into_inner()));
+        // Nothing commits any more: the uploads can drain and stop.
+        if let Some(remote) = self.remote.get() {
+            remote.stop(flush && result.is_ok());
+        }
         result
     }
 }

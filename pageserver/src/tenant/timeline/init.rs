@@ -121,6 +121,7 @@ impl Timeline {
             last_record_lsn: AtomicU64::new(durable.0),
             disk_consistent_lsn: AtomicU64::new(durable.0),
             lsn_wait,
+            remote: OnceLock::new(),
         })
     }
 }

@@ -331,6 +331,23 @@ pub enum LayerKind {
     Image,
 }
 
+/// The timeline's copy in remote storage, as the timeline sees it (implemented by
+/// `tenant::remote_timeline_client`, which drives the uploads; the timeline knows nothing of
+/// object stores).
+pub trait RemoteCopy: Send + Sync {
+    /// A manifest was committed. Called under the manifest's lock, so in commit order, with
+    /// every layer it lists durable on the local disk.
+    fn manifest_committed(&self, manifest: &TimelineMetadata);
+    /// Called by a flush before it writes a layer: blocks while too many bytes wait for
+    /// upload (the upload queue's backpressure), or until `cancelled` says to stop waiting.
+    fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool);
+    /// Everything at or below it is in remote storage.
+    fn remote_consistent_lsn(&self) -> Lsn;
+    /// Stops the uploads once the timeline stops; with `drain`, first waits (bounded) for
+    /// what is queued to reach the store.
+    fn stop(&self, drain: bool);
+}
+
 /// What only the writer (the holder of `write_lock`) looks at.
 #[derive(Default)]
 struct WriterState {
@@ -382,6 +399,8 @@ pub struct Timeline {
     disk_consistent_lsn: AtomicU64,
     /// Reads waiting for `last_record_lsn` to reach theirs.
     lsn_wait: LsnWait,
+    /// Set once, before the timeline is shared: its copy in remote storage.
+    remote: OnceLock<Arc<dyn RemoteCopy>>,
 }
 
 impl Timeline {
@@ -396,6 +415,20 @@ impl Timeline {
     pub fn with_compaction_wakeup(mut self, wakeup: Arc<Wakeup>) -> Timeline {
         self.compaction_wakeup = Some(wakeup);
         self
+    }
+
+    /// Tells `remote` of every manifest committed from now on. Call it before the timeline
+    /// is shared (with the manifest it has now: [`Timeline::manifest_snapshot`]); a second
+    /// call is refused.
+    pub fn set_remote_copy(&self, remote: Arc<dyn RemoteCopy>) -> Result<(), TimelineError> {
+        self.remote.set(remote).map_err(|_| TimelineError::Broken {
+            reason: "the timeline already has a remote copy".to_owned(),
+        })
+    }
+
+    /// Everything at or below it is in remote storage; `None` without remote storage.
+    pub fn remote_consistent_lsn(&self) -> Option<Lsn> {
+        self.remote.get().map(|r| r.remote_consistent_lsn())
     }
 
     pub fn tenant_id(&self) -> TenantId {
@@ -536,6 +569,9 @@ impl Timeline {
         change(&mut next);
         next.retired.retain(|name| self.dir.join(name).exists());
         next.store(&self.dir)?;
+        if let Some(remote) = self.remote.get() {
+            remote.manifest_committed(&next);
+        }
         *current = next;
         Ok(())
     }

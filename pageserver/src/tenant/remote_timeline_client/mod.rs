@@ -1,0 +1,616 @@
+//! A timeline's copy in remote storage: the upload queue that follows every committed
+//! manifest into the object store, and the remote index (`index.rs`) that is its commit point.
+//!
+//! # Remote layout
+//!
+//! ```text
+//!   tenants/<tenant>/timelines/<timeline>/index_part.json-<generation>
+//!   tenants/<tenant>/timelines/<timeline>/<layer file name>-<generation>
+//! ```
+//!
+//! Every object carries the generation of the attachment that wrote it (`utils::Generation`),
+//! so two attachments never write the same object.
+//!
+//! # Upload queue
+//!
+//! The timeline tells its client of each manifest it commits ([`RemoteCopy::manifest_committed`],
+//! under the manifest's lock, so in commit order). The client turns it into the index it wants
+//! in the store (the *target*) and wakes its task, which works towards it step by step by the
+//! rules of `upload_plan.rs`: the target's new layers first (four at a time, each streamed from
+//! its local file), then the target as this generation's index, then deletions of objects no
+//! index needs. A failed step is logged with the object's key and retried with backoff (1 s
+//! doubling to 30 s), forever: the queue is never dropped, and it is not persisted, because the
+//! local manifest and the remote index rebuild it at the next start.
+//!
+//! Ingest never waits for the store, except through the queue's bound: a flush waits before
+//! writing a layer while more than `upload_queue_max_bytes` of layers wait for upload
+//! (`pageserver_upload_queue_wait_seconds`, and a log line per wait).
+//!
+//! # Durability
+//!
+//! `remote_consistent_lsn` is the `disk_consistent_lsn` of the newest durable index: every
+//! version at or below it can be rebuilt from the store alone, after the local disk is lost.
+//!
+//! # Threads
+//!
+//! The client's task runs on the remote storage runtime ([`RemoteContext`]); the timeline's
+//! threads only lock the plan, and a flush waits on a condition variable.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use remote_storage::{RemoteError, RemotePath, RemoteStorage};
+use utils::{Generation, Lsn, TenantId, TimelineId};
+
+use crate::tenant::timeline::metadata::TimelineMetadata;
+use crate::tenant::timeline::RemoteCopy;
+
+pub mod index;
+#[cfg(test)]
+mod tests;
+mod upload_plan;
+
+use index::{
+    classify_object, index_path, layer_path, timeline_path, IndexLayer, IndexPart, RemoteObject,
+    MAX_INDEX_BYTES,
+};
+use upload_plan::{Step, UploadPlan};
+
+/// Layer uploads of one timeline in flight at once.
+const UPLOADS_IN_FLIGHT: usize = 4;
+/// A failed step is retried after this, doubling...
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+/// ...up to this.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long a graceful shutdown waits for a timeline's uploads to drain.
+pub const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The remote storage every timeline of a pageserver shares, and the runtime its transfers run
+/// on (two threads: the work is waiting on the network or the disk).
+pub struct RemoteContext {
+    pub storage: RemoteStorage,
+    runtime: Option<tokio::runtime::Runtime>,
+    /// A flush waits while more than this many bytes of layers wait for upload.
+    pub upload_queue_max_bytes: u64,
+}
+
+impl RemoteContext {
+    pub fn new(
+        storage: RemoteStorage,
+        upload_queue_max_bytes: u64,
+    ) -> std::io::Result<RemoteContext> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("remote-storage")
+            .enable_all()
+            .build()?;
+        Ok(RemoteContext {
+            storage,
+            runtime: Some(runtime),
+            upload_queue_max_bytes,
+        })
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.runtime
+            .as_ref()
+            .expect("the runtime lives as long as the context")
+            .handle()
+    }
+
+    /// Runs `future` on the remote runtime and waits for it, from any thread that is not one
+    /// of an async runtime's workers (the blocking pool, our own threads, tests).
+    pub fn block_on<T: Send + 'static>(
+        &self,
+        future: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> T {
+        futures::executor::block_on(self.handle().spawn(future))
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    }
+}
+
+impl Drop for RemoteContext {
+    fn drop(&mut self) {
+        // Dropping a runtime inside another's context panics; this works anywhere.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteClientError {
+    #[error(transparent)]
+    Storage(#[from] RemoteError),
+    #[error("remote index {key} is corrupt: {reason}")]
+    CorruptIndex { key: String, reason: String },
+    #[error("remote index {key} belongs to timeline {found_timeline} of tenant {found_tenant}")]
+    WrongIndex {
+        key: String,
+        found_tenant: TenantId,
+        found_timeline: TimelineId,
+    },
+}
+
+struct ClientState {
+    plan: UploadPlan,
+    stopping: bool,
+    /// The error of the last failed step, until a step succeeds.
+    last_error: Option<String>,
+}
+
+/// See the module documentation.
+pub struct RemoteTimelineClient {
+    context: Arc<RemoteContext>,
+    tenant_id: TenantId,
+    timeline_id: TimelineId,
+    generation: Generation,
+    remote_dir: RemotePath,
+    local_dir: PathBuf,
+    state: Mutex<ClientState>,
+    /// Signalled whenever the plan moves (for flushes waiting for room, and drains).
+    progressed: Condvar,
+    /// Wakes the task.
+    wakeup: tokio::sync::Notify,
+    remote_consistent_lsn: AtomicU64,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl RemoteTimelineClient {
+    /// Reads the timeline's newest index at or below `generation` from the store, and starts
+    /// the upload task from it. Returns the client and that index (`None`: the store has
+    /// nothing of the timeline). Nothing is uploaded until the first manifest is handed over
+    /// ([`RemoteCopy::manifest_committed`]).
+    pub fn start(
+        context: Arc<RemoteContext>,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        generation: Generation,
+        local_dir: &Path,
+    ) -> Result<(Arc<RemoteTimelineClient>, Option<IndexPart>), RemoteClientError> {
+        let remote_dir = timeline_path(tenant_id, timeline_id);
+        let durable = {
+            let storage = context.storage.clone();
+            let remote_dir = remote_dir.clone();
+            context.block_on(async move {
+                download_newest_index(&storage, &remote_dir, tenant_id, timeline_id, generation)
+                    .await
+            })?
+        };
+        let client = Arc::new(RemoteTimelineClient {
+            tenant_id,
+            timeline_id,
+            generation,
+            remote_dir,
+            local_dir: local_dir.to_owned(),
+            remote_consistent_lsn: AtomicU64::new(
+                durable.as_ref().map_or(0, |i| i.disk_consistent_lsn.0),
+            ),
+            state: Mutex::new(ClientState {
+                plan: UploadPlan::new(generation, durable.clone()),
+                stopping: false,
+                last_error: None,
+            }),
+            progressed: Condvar::new(),
+            wakeup: tokio::sync::Notify::new(),
+            task: Mutex::new(None),
+            context: context.clone(),
+        });
+        let task = context.handle().spawn(client.clone().run());
+        *lock(&client.task) = Some(task);
+        Ok((client, durable))
+    }
+
+    pub fn generation(&self) -> Generation {
+        self.generation
+    }
+
+    /// Bytes of committed layers not yet in the store.
+    pub fn queued_bytes(&self) -> u64 {
+        self.state().plan.pending_bytes()
+    }
+
+    /// Whether the store holds exactly what the newest committed manifest lists, and nothing
+    /// more of this generation's making.
+    pub fn is_settled(&self) -> bool {
+        self.state().plan.is_settled()
+    }
+
+    /// Whether a newer generation's index was found: this attachment is stale and uploads
+    /// nothing more.
+    pub fn is_fenced(&self) -> bool {
+        self.state().plan.is_fenced()
+    }
+
+    /// The error of the last failed step, while steps fail.
+    pub fn last_error(&self) -> Option<String> {
+        self.state().last_error.clone()
+    }
+
+    /// Waits until the queue is settled, for at most `timeout`; `false` if it is not.
+    pub fn wait_settled(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.state();
+        loop {
+            if state.plan.is_settled() || state.plan.is_fenced() {
+                return state.plan.is_settled();
+            }
+            let now = Instant::now();
+            if now >= deadline || state.stopping {
+                return false;
+            }
+            state = self
+                .progressed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// The timeline is being deleted: stops the uploads and deletes its objects of this and
+    /// older generations, the indexes first (so a crash midway leaves unlisted layers, which
+    /// a later upload's sweep removes, never an index listing deleted layers). A stale
+    /// attachment deletes nothing.
+    pub fn delete_remote_objects(self: &Arc<Self>) -> Result<(), RemoteClientError> {
+        RemoteCopy::stop(self.as_ref(), false);
+        let this = self.clone();
+        self.context.block_on(async move {
+            if this.fenced_by_newer_index().await? {
+                return Ok(());
+            }
+            let mut listed = this.list().await?;
+            // Indexes first.
+            listed.sort_by_key(|(object, _)| !matches!(object, RemoteObject::Index(_)));
+            for (object, key) in listed {
+                let ours = match object {
+                    RemoteObject::Index(g) => g <= this.generation,
+                    RemoteObject::Layer { generation, .. } => generation <= this.generation,
+                    RemoteObject::Other => false,
+                };
+                if ours {
+                    let result = this.context.storage.delete(&key).await;
+                    count("delete", &result);
+                    result?;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, ClientState> {
+        lock(&self.state)
+    }
+
+    /// The task: steps towards the target until stopped.
+    async fn run(self: Arc<Self>) {
+        let mut backoff = RETRY_FIRST;
+        loop {
+            let step = {
+                let state = self.state();
+                if state.stopping {
+                    break;
+                }
+                state.plan.next()
+            };
+            if step == Step::Idle {
+                self.wakeup.notified().await;
+                continue;
+            }
+            match self.execute(step).await {
+                Ok(()) => {
+                    backoff = RETRY_FIRST;
+                    self.state().last_error = None;
+                }
+                Err(e) => {
+                    tracing::error!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                        retry_in_s = backoff.as_secs(), "remote upload queue step failed: {e}");
+                    self.state().last_error = Some(e.to_string());
+                    // Woken early by a stop; a new commit does not cut the wait short.
+                    let _ = tokio::time::timeout(backoff, async {
+                        while !self.state().stopping {
+                            self.wakeup.notified().await;
+                        }
+                    })
+                    .await;
+                    backoff = (backoff * 2).min(RETRY_MAX);
+                }
+            }
+            self.progressed.notify_all();
+        }
+        self.progressed.notify_all();
+    }
+
+    async fn execute(&self, step: Step) -> Result<(), RemoteClientError> {
+        let storage = &self.context.storage;
+        match step {
+            Step::Idle => Ok(()),
+            Step::UploadLayers(layers) => {
+                let mut uploads = futures::stream::iter(layers)
+                    .map(|(name, layer)| async move {
+                        let result = self.upload_layer(&name, &layer).await;
+                        (name, layer, result)
+                    })
+                    .buffer_unordered(UPLOADS_IN_FLIGHT);
+                let mut first_error = None;
+                while let Some((name, layer, result)) = uploads.next().await {
+                    match result {
+                        Ok(true) => {
+                            self.state().plan.layer_uploaded(&name, layer);
+                            self.progressed.notify_all();
+                        }
+                        Ok(false) => {}
+                        Err(e) => {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                }
+                first_error.map_or(Ok(()), Err)
+            }
+            Step::UploadIndex(index) => {
+                let key = index_path(&self.remote_dir, self.generation);
+                let result = storage.put(&key, Bytes::from(index.to_json())).await;
+                count("upload_index", &result);
+                result?;
+                self.remote_consistent_lsn
+                    .store(index.disk_consistent_lsn.0, Ordering::Release);
+                tracing::debug!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                    layers = index.layers.len(), "uploaded index {key}; remote_consistent_lsn is now {}",
+                    index.disk_consistent_lsn);
+                self.state().plan.index_uploaded(index);
+                Ok(())
+            }
+            Step::Delete(layers) => {
+                if self.fenced_by_newer_index().await? {
+                    return Ok(());
+                }
+                for (name, layer) in layers {
+                    let key = layer_path(&self.remote_dir, &name, layer.generation)?;
+                    let result = storage.delete(&key).await;
+                    count("delete", &result);
+                    result?;
+                    self.state().plan.layer_deleted(&name);
+                }
+                Ok(())
+            }
+            Step::Sweep => self.sweep().await,
+        }
+    }
+
+    /// Uploads layer `name` from the local disk; `Ok(false)` if its file is gone because a
+    /// newer manifest no longer lists it (the plan then drops it).
+    async fn upload_layer(
+        &self,
+        name: &str,
+        layer: &IndexLayer,
+    ) -> Result<bool, RemoteClientError> {
+        let key = layer_path(&self.remote_dir, name, layer.generation)?;
+        let path = self.local_dir.join(name);
+        let result = self.context.storage.put_file(&key, &path).await;
+        if let Err(RemoteError::LocalIo { source, .. }) = &result {
+            if source.kind() == std::io::ErrorKind::NotFound && !self.is_still_wanted(name) {
+                return Ok(false);
+            }
+        }
+        count("upload_layer", &result);
+        let uploaded = result?;
+        if uploaded != layer.size {
+            return Err(RemoteClientError::Storage(RemoteError::Failed {
+                op: "upload",
+                key: key.to_string(),
+                attempts: 1,
+                elapsed: Duration::ZERO,
+                reason: format!(
+                    "the local file is {uploaded} bytes, the manifest lists {}",
+                    layer.size
+                ),
+            }));
+        }
+        crate::metrics::REMOTE_UPLOADED_BYTES.inc_by(uploaded);
+        Ok(true)
+    }
+
+    /// Whether the newest target still lists layer `name`.
+    fn is_still_wanted(&self, name: &str) -> bool {
+        let state = self.state();
+        match state.plan.next() {
+            Step::UploadLayers(missing) => missing.iter().any(|(n, _)| n == name),
+            _ => false,
+        }
+    }
+
+    /// Lists the timeline's objects; if a newer generation's index is among them, fences the
+    /// plan and returns `true`.
+    async fn fenced_by_newer_index(&self) -> Result<bool, RemoteClientError> {
+        let listed = self.list().await?;
+        let newer = listed.iter().find_map(|(object, _)| match object {
+            RemoteObject::Index(g) if *g > self.generation => Some(*g),
+            _ => None,
+        });
+        if let Some(newer) = newer {
+            tracing::error!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                generation = %self.generation,
+                "generation {newer} has attached this tenant elsewhere: this attachment is stale, and deletes and uploads nothing more");
+            self.state().plan.fence();
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn list(&self) -> Result<Vec<(RemoteObject, RemotePath)>, RemoteClientError> {
+        let result = self.context.storage.list(&self.remote_dir).await;
+        count("list", &result);
+        Ok(result?
+            .into_iter()
+            .map(|o| (classify_object(o.key.file_name()), o.key))
+            .collect())
+    }
+
+    /// Rule 4 of the plan: deletes layer objects no index lists and older indexes.
+    async fn sweep(&self) -> Result<(), RemoteClientError> {
+        let listed = self.list().await?;
+        if listed
+            .iter()
+            .any(|(o, _)| matches!(o, RemoteObject::Index(g) if *g > self.generation))
+        {
+            return self.fenced_by_newer_index().await.map(|_| ());
+        }
+        let doomed: Vec<RemotePath> = {
+            let state = self.state();
+            listed
+                .into_iter()
+                .filter(|(object, _)| match object {
+                    RemoteObject::Index(g) => *g < self.generation,
+                    RemoteObject::Layer { name, generation } => {
+                        state.plan.is_unlisted_object(name, *generation)
+                    }
+                    RemoteObject::Other => false,
+                })
+                .map(|(_, key)| key)
+                .collect()
+        };
+        for key in doomed {
+            tracing::info!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                "deleting remote object {key}: no index lists it");
+            let result = self.context.storage.delete(&key).await;
+            count("delete", &result);
+            result?;
+        }
+        self.state().plan.swept();
+        Ok(())
+    }
+}
+
+impl RemoteCopy for RemoteTimelineClient {
+    fn manifest_committed(&self, manifest: &TimelineMetadata) {
+        let mut state = self.state();
+        let target = IndexPart::from_manifest(manifest, self.generation, |name| {
+            state.plan.layer_generation(name)
+        });
+        state.plan.set_target(target);
+        drop(state);
+        self.wakeup.notify_one();
+    }
+
+    fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool) {
+        let limit = self.context.upload_queue_max_bytes;
+        let mut state = self.state();
+        if state.plan.pending_bytes() <= limit || state.plan.is_fenced() {
+            return;
+        }
+        let started = Instant::now();
+        tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+            queued_bytes = state.plan.pending_bytes(), limit,
+            "a flush waits for the upload queue: more than upload_queue_max_bytes of layers wait for upload");
+        while state.plan.pending_bytes() > limit
+            && !state.stopping
+            && !state.plan.is_fenced()
+            && !cancelled()
+        {
+            state = self
+                .progressed
+                .wait_timeout(state, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let waited = started.elapsed();
+        crate::metrics::UPLOAD_QUEUE_WAIT_SECONDS.observe(waited.as_secs_f64());
+        tracing::info!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+            waited_ms = waited.as_millis() as u64, "the flush waited for the upload queue");
+    }
+
+    fn remote_consistent_lsn(&self) -> Lsn {
+        Lsn(self.remote_consistent_lsn.load(Ordering::Acquire))
+    }
+
+    fn stop(&self, drain: bool) {
+        if drain && !self.wait_settled(SHUTDOWN_DRAIN_TIMEOUT) {
+            tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                queued_bytes = self.queued_bytes(),
+                "stopping with uploads not done after {SHUTDOWN_DRAIN_TIMEOUT:?}; the next start resumes them");
+        }
+        self.state().stopping = true;
+        self.wakeup.notify_one();
+        self.progressed.notify_all();
+        if let Some(task) = lock(&self.task).take() {
+            // The task only awaits the store, and sees `stopping` after its step.
+            let _ = futures::executor::block_on(task);
+        }
+    }
+}
+
+/// The newest index of the timeline at or below `generation`: this generation's own if it
+/// has one (a restart), else the highest older one a listing finds.
+async fn download_newest_index(
+    storage: &RemoteStorage,
+    remote_dir: &RemotePath,
+    tenant_id: TenantId,
+    timeline_id: TimelineId,
+    generation: Generation,
+) -> Result<Option<IndexPart>, RemoteClientError> {
+    let own = index_path(remote_dir, generation);
+    let key = match storage.get(&own).await {
+        Ok(bytes) => return parse_index(&own, &bytes, tenant_id, timeline_id).map(Some),
+        Err(RemoteError::NotFound { .. }) => {
+            let listed = storage.list(remote_dir).await;
+            count("list", &listed);
+            let newest = listed?
+                .into_iter()
+                .filter_map(|o| match classify_object(o.key.file_name()) {
+                    RemoteObject::Index(g) if g < generation => Some((g, o.key, o.size)),
+                    _ => None,
+                })
+                .max_by_key(|(g, _, _)| *g);
+            match newest {
+                None => return Ok(None),
+                Some((_, _, size)) if size > MAX_INDEX_BYTES => {
+                    return Err(RemoteClientError::CorruptIndex {
+                        key: own.to_string(),
+                        reason: format!("{size} bytes, more than any index takes"),
+                    })
+                }
+                Some((_, key, _)) => key,
+            }
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let bytes = storage.get(&key).await;
+    count("download", &bytes);
+    let bytes = bytes?;
+    crate::metrics::REMOTE_DOWNLOADED_BYTES.inc_by(bytes.len() as u64);
+    parse_index(&key, &bytes, tenant_id, timeline_id).map(Some)
+}
+
+fn parse_index(
+    key: &RemotePath,
+    bytes: &[u8],
+    tenant_id: TenantId,
+    timeline_id: TimelineId,
+) -> Result<IndexPart, RemoteClientError> {
+    let index = IndexPart::parse(bytes).map_err(|reason| RemoteClientError::CorruptIndex {
+        key: key.to_string(),
+        reason,
+    })?;
+    if (index.tenant_id, index.timeline_id) != (tenant_id, timeline_id) {
+        return Err(RemoteClientError::WrongIndex {
+            key: key.to_string(),
+            found_tenant: index.tenant_id,
+            found_timeline: index.timeline_id,
+        });
+    }
+    Ok(index)
+}
+
+fn count<T>(op: &str, result: &Result<T, RemoteError>) {
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    crate::metrics::REMOTE_OPERATIONS
+        .with_label_values(&[op, outcome])
+        .inc();
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
