@@ -352,6 +352,15 @@ impl RemoteTimelineClient {
             }
             Step::UploadIndex(index) => {
                 let key = index_path(&self.remote_dir, self.generation);
+                fail::fail_point!("remote-before-index-upload", |_| Err(
+                    RemoteClientError::Storage(RemoteError::Failed {
+                        op: "put",
+                        key: key.to_string(),
+                        attempts: 1,
+                        elapsed: Duration::ZERO,
+                        reason: "failpoint remote-before-index-upload".to_owned(),
+                    })
+                ));
                 let result = storage.put(&key, Bytes::from(index.to_json())).await;
                 count("upload_index", &result);
                 result?;
@@ -410,6 +419,7 @@ impl RemoteTimelineClient {
             }));
         }
         crate::metrics::REMOTE_UPLOADED_BYTES.inc_by(uploaded);
+        fail::fail_point!("remote-after-layer-upload");
         Ok(true)
     }
 

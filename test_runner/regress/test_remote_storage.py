@@ -1,0 +1,138 @@
+"""Remote storage, against both backends (a local directory, and a real S3 API server): every
+committed layer and then the index reach the store, in an order that keeps the newest index
+listing only objects the store holds, through injected failures and `kill -9` at every step of
+an upload; deletions settle to exactly what the index lists."""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures.ingest import Workload, key
+from fixtures.pageserver import Pageserver
+from fixtures.plugin import PageserverFactory
+from fixtures.remote_storage import RemoteStore
+from fixtures.timeline import TimelineHandle
+from fixtures.utils import Lsn, wait_until
+
+KEYS = [key(i) for i in range(32)]
+# Compaction only on request, layers small enough for a test to make a few of them.
+ON_REQUEST = {"compaction_threshold": 0, "compaction_target_size": "64KiB"}
+
+
+def rounds(timeline: TimelineHandle, work: Workload, n: int) -> None:
+    """`n` flushes of a few batches each: `n` L0 layers."""
+    for _ in range(n):
+        for _ in range(3):
+            timeline.ingest(work.batch(max_records=10))
+        timeline.checkpoint()
+
+
+def wait_uploaded(store: RemoteStore, timeline: TimelineHandle, exact: bool = True, timeout: float = 30.0) -> dict:
+    """Waits until remote_consistent_lsn reaches disk_consistent_lsn and the store's newest
+    index lists exactly the timeline's layer files (with `exact`, the store holds nothing else of
+    the timeline); returns that index."""
+
+    def uploaded() -> dict:
+        info = timeline.info()
+        assert info["remote_consistent_lsn"] == info["disk_consistent_lsn"], info
+        index = store.check_consistent(timeline.tenant_id, timeline.timeline_id, exact=exact)
+        assert index["disk_consistent_lsn"] == info["disk_consistent_lsn"], index
+        files = {layer["file_name"] for layer in timeline.http.layers(timeline.tenant_id, timeline.timeline_id) if layer["file_name"]}
+        assert set(index["layers"]) == files, (sorted(index["layers"]), sorted(files))
+        return index
+
+    return wait_until(uploaded, timeout=timeout, interval=0.05, what="uploads settled")
+
+
+def local_layers(timeline: TimelineHandle) -> dict[str, bytes]:
+    d = timeline.ps.timeline_dir(timeline.tenant_id, timeline.timeline_id)
+    return {p.name: p.read_bytes() for p in d.iterdir() if "__" in p.name and not p.name.endswith(".___temp")}
+
+
+def test_layers_then_index_reach_the_store(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    ps = pageserver_factory.start(ON_REQUEST, remote=remote_store)
+    timeline = TimelineHandle.create(ps)
+    # Created: an empty index at generation 1 already.
+    index = wait_uploaded(remote_store, timeline)
+    assert (index["generation"], index["layers"], index["version"]) == (1, {}, 1)
+
+    work = Workload(1, KEYS)
+    rounds(timeline, work, 4)
+    index = wait_uploaded(remote_store, timeline)
+    assert len(index["layers"]) == 4 and {layer["level"] for layer in index["layers"].values()} == {"L0"}
+    # Each object is a byte copy of the local layer file, named with its generation.
+    prefix = remote_store.timeline_prefix(timeline.tenant_id, timeline.timeline_id)
+    for name, data in local_layers(timeline).items():
+        assert remote_store.read(f"{prefix}{name}-00000001") == data, name
+    metrics = ps.http.metrics_text()
+    durable = Lsn.parse(timeline.info()["disk_consistent_lsn"])
+    assert f'pageserver_remote_consistent_lsn{{tenant_id="{timeline.tenant_id}",timeline_id="{timeline.timeline_id}"}} {int(durable)}' in metrics
+    assert 'pageserver_remote_operations_total{op="upload_layer",result="ok"} 4' in metrics
+
+    # Compaction retires the L0s: once an index without them is durable, their objects go, and
+    # the store holds exactly the new index and its L1s.
+    ps.http.compact(timeline.tenant_id, timeline.timeline_id)
+    index = wait_uploaded(remote_store, timeline)
+    assert {layer["level"] for layer in index["layers"].values()} == {"L1"}
+    assert set(index["layers"]) == set(local_layers(timeline))
+    timeline.verify()
+
+
+def test_injected_failures_are_retried_on_every_operation(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    ps = pageserver_factory.start({**ON_REQUEST, "test_remote_failures": 2}, remote=remote_store)
+    ps.allowed_errors.append("remote operation failed: .*injected failure")
+    timeline = TimelineHandle.create(ps)
+    work = Workload(2, KEYS)
+    rounds(timeline, work, 3)
+    wait_uploaded(remote_store, timeline)
+    ps.http.compact(timeline.tenant_id, timeline.timeline_id)
+    wait_uploaded(remote_store, timeline)
+    # Every kind of operation failed first, and went through on a retry.
+    log = ps.log_text()
+    for op in ("upload", "put", "delete", "list", "get"):
+        assert f'op="{op}"' in log or f"op={op}" in log, f"no injected failure of {op}"
+    assert ps.http.metrics_text().count('result="error"} 0') >= 4, "a step failed for good"
+    ps.restart()
+    timeline.verify()
+
+
+@pytest.mark.needs_testing
+@pytest.mark.parametrize("failpoint", ["remote-after-layer-upload", "remote-before-index-upload"])
+def test_crash_during_uploads_loses_nothing_remote(pageserver_factory: PageserverFactory, remote_store: RemoteStore, failpoint: str):
+    ps = pageserver_factory.start(ON_REQUEST, remote=remote_store)
+    timeline = TimelineHandle.create(ps)
+    work = Workload(3, KEYS)
+    rounds(timeline, work, 2)
+    before = wait_uploaded(remote_store, timeline)
+    remote_before = Lsn.parse(before["disk_consistent_lsn"])
+
+    ps.http.configure_failpoints((failpoint, "exit"))
+    rounds(timeline, work, 1)
+    assert ps.wait_for_exit() == 1
+    # The crash came between an upload and its index: the store's newest index is still the one
+    # before, and lists only what the store holds.
+    index = remote_store.check_consistent(timeline.tenant_id, timeline.timeline_id)
+    assert Lsn.parse(index["disk_consistent_lsn"]) == remote_before
+
+    ps.start()
+    timeline.recover()
+    assert Lsn.parse(timeline.info()["remote_consistent_lsn"]) >= remote_before
+    # The restart uploads what was left, and the sweep removes what the crash orphaned.
+    wait_uploaded(remote_store, timeline)
+    timeline.verify()
+
+
+def test_deleting_a_timeline_deletes_its_objects(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    ps = pageserver_factory.start(ON_REQUEST, remote=remote_store)
+    timeline = TimelineHandle.create(ps)
+    rounds(timeline, Workload(4, KEYS), 2)
+    wait_uploaded(remote_store, timeline)
+    ps.http.timeline_delete(timeline.tenant_id, timeline.timeline_id)
+    assert remote_store.objects(remote_store.timeline_prefix(timeline.tenant_id, timeline.timeline_id)) == {}
+    # The same id again starts empty, from an empty store.
+    ps.http.timeline_create(timeline.tenant_id, timeline.timeline_id)
+    fresh = TimelineHandle(ps, timeline.tenant_id, timeline.timeline_id)
+    assert fresh.get(KEYS[0], "latest") is None
+    wait_uploaded(remote_store, fresh)
+
+
