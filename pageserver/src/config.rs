@@ -81,6 +81,10 @@ gc_horizon = "64MiB"
 # remote_storage = { bucket = "layers", prefix = "pageserver-1", endpoint = "http://127.0.0.1:9000", region = "us-east-1" }
 # A flush waits while more than this many bytes of layer files wait for upload.
 upload_queue_max_bytes = "1GiB"
+# The local disk is a cache of remote storage: layer files on it are kept within this many
+# bytes by evicting the least recently read ones the store holds (downloaded again when read).
+# 0: no limit.
+max_local_layer_bytes = 0
 # For tests: every remote operation fails its first N attempts (then retries succeed).
 test_remote_failures = 0
 
@@ -197,6 +201,8 @@ pub struct PageServerConf {
     pub remote_storage: Option<RemoteStorageConfig>,
     #[serde(deserialize_with = "size")]
     pub upload_queue_max_bytes: u64,
+    #[serde(deserialize_with = "size")]
+    pub max_local_layer_bytes: u64,
     pub test_remote_failures: u32,
 }
 
@@ -236,6 +242,7 @@ impl Default for PageServerConf {
             auth_validation_public_key_path: None,
             remote_storage: None,
             upload_queue_max_bytes: 1 << 30,
+            max_local_layer_bytes: 0,
             test_remote_failures: 0,
         }
     }

@@ -340,6 +340,18 @@ pub static REMOTE_OPERATIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
     .expect("metric names are unique")
 });
+pub static LAYER_EVICTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_layer_evictions_total",
+        "Local copies of layer files evicted to stay within max_local_layer_bytes",
+    )
+});
+pub static LAYER_EVICTED_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_layer_evicted_bytes_total",
+        "Bytes of the layer files evicted",
+    )
+});
 /// Flushes that waited because too many bytes waited for upload.
 pub static UPLOAD_QUEUE_WAIT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     register_histogram!(
@@ -379,6 +391,8 @@ pub fn register_all(wait_lsn_timeout: Duration) {
         &FILE_EVICTIONS,
         &REMOTE_UPLOADED_BYTES,
         &REMOTE_DOWNLOADED_BYTES,
+        &LAYER_EVICTIONS,
+        &LAYER_EVICTED_BYTES,
     ] {
         LazyLock::force(counter);
     }

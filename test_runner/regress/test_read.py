@@ -263,10 +263,10 @@ def test_read_cost_header(timeline: TimelineHandle):
     # One delta layer: its index is one leaf (read once, then hit again to find where the value
     # ends); the 8 KiB image with its length header and checksum spans two value blocks, read
     # with one call.
-    assert cold == {"layers": 1, "idx_hit": 1, "idx_miss": 1, "val_hit": 0, "val_miss": 2, "ios": 2, "bytes": 3 * PAGE_SIZE, "waits": 0}
+    assert cold == {"layers": 1, "idx_hit": 1, "idx_miss": 1, "val_hit": 0, "val_miss": 2, "ios": 2, "bytes": 3 * PAGE_SIZE, "waits": 0, "downloads": 0}
     hot = read_cost(http.get_page_response(timeline.tenant_id, timeline.timeline_id, key(1), 0x10))
     # Hot: the value's length header is in a cached block, so the index is asked only once.
-    assert hot == {"layers": 1, "idx_hit": 1, "idx_miss": 0, "val_hit": 2, "val_miss": 0, "ios": 0, "bytes": 0, "waits": 0}
+    assert hot == {"layers": 1, "idx_hit": 1, "idx_miss": 0, "val_hit": 2, "val_miss": 0, "ios": 0, "bytes": 0, "waits": 0, "downloads": 0}
     # A key the layer does not hold: the index answers, no value block is touched.
     assert http.get_page_or_none(timeline.tenant_id, timeline.timeline_id, key(2), 0x10) is None
     text = http.request("GET", "/metrics").text
@@ -293,11 +293,11 @@ def test_read_costs_after_a_drop_match_a_fresh_server(timeline: TimelineHandle):
     fresh = cost_of(4)
     # Nothing cached: the index leaf (asked again, from the cache, for where the value ends) and
     # the value's two blocks, read with one call.
-    assert fresh == {"layers": 1, "idx_hit": 1, "idx_miss": 1, "val_hit": 0, "val_miss": 2, "ios": 2, "bytes": 3 * PAGE_SIZE, "waits": 0}
+    assert fresh == {"layers": 1, "idx_hit": 1, "idx_miss": 1, "val_hit": 0, "val_miss": 2, "ios": 2, "bytes": 3 * PAGE_SIZE, "waits": 0, "downloads": 0}
     hot = cost_of(4)
     assert (hot["ios"], hot["idx_miss"], hot["val_miss"]) == (0, 0, 0)
     absent = cost_of(5)
-    assert absent == {"layers": 1, "idx_hit": 1, "idx_miss": 0, "val_hit": 0, "val_miss": 0, "ios": 0, "bytes": 0, "waits": 0}
+    assert absent == {"layers": 1, "idx_hit": 1, "idx_miss": 0, "val_hit": 0, "val_miss": 0, "ios": 0, "bytes": 0, "waits": 0, "downloads": 0}
 
     dropped = http.page_cache_drop()
     assert dropped["index_pages"] == 1 and dropped["file_pages"] == 2, dropped
@@ -306,7 +306,7 @@ def test_read_costs_after_a_drop_match_a_fresh_server(timeline: TimelineHandle):
     # Key 4's read cached the index; key 12's value shares no block with key 4's: exactly one
     # I/O, 16 KiB, for the two blocks its 8 KiB image with header and checksum spans.
     index_hot = cost_of(12)
-    assert index_hot == {"layers": 1, "idx_hit": 2, "idx_miss": 0, "val_hit": 0, "val_miss": 2, "ios": 1, "bytes": 2 * PAGE_SIZE, "waits": 0}
+    assert index_hot == {"layers": 1, "idx_hit": 2, "idx_miss": 0, "val_hit": 0, "val_miss": 2, "ios": 1, "bytes": 2 * PAGE_SIZE, "waits": 0, "downloads": 0}
     assert http.page_cache()["miss_waits"] == 0
 
 

@@ -366,7 +366,7 @@ def test_read_cost_of_a_resumed_page_and_a_reseeked_one(pageserver_factory: Page
     assert resumed.json()["entries"] == reseeked.json()["entries"]
     assert entries_of(resumed.json()) == expected(timeline, key(50), MAX_KEY, 0x13)[:50]
     cost_resumed, cost_reseeked = read_cost(resumed), read_cost(reseeked)
-    assert set(cost_resumed) == {"layers", "idx_hit", "idx_miss", "val_hit", "val_miss", "ios", "bytes", "waits"}
+    assert set(cost_resumed) == {"layers", "idx_hit", "idx_miss", "val_hit", "val_miss", "ios", "bytes", "waits", "downloads"}
     assert cost_resumed["ios"] == cost_reseeked["ios"] == 0
     assert cost_reseeked["idx_hit"] > cost_resumed["idx_hit"], (cost_resumed, cost_reseeked)
     assert cost_reseeked["val_hit"] == cost_resumed["val_hit"]

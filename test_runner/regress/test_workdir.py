@@ -5,6 +5,7 @@ directories, log formats; and a corrupt layer file breaks only its own tenant.""
 from __future__ import annotations
 
 import json
+import shutil
 import tomllib
 
 import pytest
@@ -44,6 +45,7 @@ def test_fresh_workdir_gets_the_first_starts_settings(pageserver_factory: Pagese
         "image_creation_delta_percent": 100,
         "gc_horizon": "64MiB",
         "upload_queue_max_bytes": "1GiB",
+        "max_local_layer_bytes": 0,
         "test_remote_failures": 0,
         "wait_lsn_timeout": "60s",
         "max_lsn_waiters": 1024,
@@ -216,6 +218,9 @@ def test_corrupt_layer_breaks_only_its_tenant(pageserver_factory: PageserverFact
     else:
         with open(layer, "r+b") as f:
             f.truncate(100)
+    # No copy in remote storage to take the layer from again (with one, it is downloaded: see
+    # test_attach.py).
+    shutil.rmtree(ps.workdir / "remote")
     ps.allowed_errors.extend([r"ERROR .*tenant is broken", r"request failed: tenant .* is broken"])
     ps.start()
 
@@ -293,6 +298,9 @@ def test_a_layer_set_that_disagrees_with_the_manifest_is_never_served(pageserver
     else:
         with open(target, "ab") as f:
             f.write(b"\0" * 8192)
+    # No copy in remote storage to take the layer from again (with one, it is downloaded: see
+    # test_attach.py).
+    shutil.rmtree(ps.workdir / "remote")
     ps.allowed_errors.extend([r"ERROR .*tenant is broken", r"request failed: tenant .* is broken"])
     ps.start()
 

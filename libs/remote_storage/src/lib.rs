@@ -113,6 +113,13 @@ impl fmt::Debug for RemotePath {
     }
 }
 
+/// What [`RemoteStorage::download_to_file`] wrote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Downloaded {
+    pub len: u64,
+    pub crc32c: u32,
+}
+
 /// One object a listing found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ListedObject {
@@ -490,12 +497,13 @@ impl RemoteStorage {
     }
 
     /// Streams the object `key` into a new file at `dest` (replacing any), fsynced; returns its
-    /// length. Making the file visible under its final name is the caller's step.
+    /// length and CRC-32C, computed as it streams. Making the file visible under its final
+    /// name is the caller's step.
     pub async fn download_to_file(
         &self,
         key: &RemotePath,
         dest: &Path,
-    ) -> Result<u64, RemoteError> {
+    ) -> Result<Downloaded, RemoteError> {
         let location = self.location(key)?;
         let local_err = |source| RemoteError::LocalIo {
             op: "download",
@@ -513,18 +521,19 @@ impl RemoteStorage {
                 .await
                 .map_err(|e| AttemptError::Final(local_err(e)))?;
             let mut stream = result.into_stream();
-            let mut written = 0u64;
+            let mut done = Downloaded { len: 0, crc32c: 0 };
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| classify("download", key, e))?;
                 file.write_all(&chunk)
                     .await
                     .map_err(|e| AttemptError::Final(local_err(e)))?;
-                written += chunk.len() as u64;
+                done.len += chunk.len() as u64;
+                done.crc32c = crc32c::crc32c_append(done.crc32c, &chunk);
             }
             file.sync_all()
                 .await
                 .map_err(|e| AttemptError::Final(local_err(e)))?;
-            Ok(written)
+            Ok(done)
         })
         .await
     }

@@ -98,10 +98,9 @@ async fn files_upload_in_parts_and_download_whole() {
     assert_eq!(remote.put_file(&key("small"), &small).await.unwrap(), 3);
 
     let dest = dir.path().join("downloaded");
-    assert_eq!(
-        remote.download_to_file(&k, &dest).await.unwrap(),
-        len as u64
-    );
+    let downloaded = remote.download_to_file(&k, &dest).await.unwrap();
+    assert_eq!(downloaded.len, len as u64);
+    assert_eq!(downloaded.crc32c, crc32c::crc32c(&data));
     assert!(std::fs::read(&dest).unwrap() == data);
     let missing = remote
         .download_to_file(&key("absent"), &dir.path().join("x"))

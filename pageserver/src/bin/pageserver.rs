@@ -164,8 +164,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .with_injected_failures(conf.test_remote_failures);
     let remote_description = format!("{storage:?}");
     let remote = Arc::new(
-        RemoteContext::new(storage, conf.upload_queue_max_bytes)
-            .context("starting the remote storage runtime")?,
+        RemoteContext::new(
+            storage,
+            conf.upload_queue_max_bytes,
+            conf.max_local_layer_bytes,
+        )
+        .context("starting the remote storage runtime")?,
     );
     phases.done(
         "remote_storage",

@@ -446,7 +446,7 @@ mod tests {
         assert_eq!(&*read.unwrap(), &bytes[100..5 * PAGE_SZ + 10]);
         assert_eq!(
             cost.to_string(),
-            "layers=0 idx_hit=0 idx_miss=0 val_hit=1 val_miss=5 ios=2 bytes=40960 waits=0"
+            "layers=0 idx_hit=0 idx_miss=0 val_hit=1 val_miss=5 ios=2 bytes=40960 waits=0 downloads=0"
         );
         // Everything it read is cached now.
         let (again, cost) = measure(|| {
@@ -509,7 +509,7 @@ mod tests {
             // Blocks 0 and 2 are two runs (1 is not ours to read), and 1 is waited for.
             assert_eq!(
                 cost.to_string(),
-                "layers=0 idx_hit=0 idx_miss=0 val_hit=0 val_miss=3 ios=2 bytes=16384 waits=1"
+                "layers=0 idx_hit=0 idx_miss=0 val_hit=0 val_miss=3 ios=2 bytes=16384 waits=1 downloads=0"
             );
         });
         assert_eq!(cache.stats().file_pages.inserts, 3);

@@ -131,9 +131,12 @@ fn tenant_of<'p>(method: &Method, path: &'p str) -> Option<&'p str> {
     let mut segments = path.trim_start_matches('/').split('/');
     match (segments.next(), segments.next(), segments.next()) {
         (Some("v1"), Some("tenant"), Some(tenant)) if !tenant.is_empty() => {
-            let deeper = segments.next().is_some();
-            // Deleting a tenant manages the server; everything else under it is its data.
-            (deeper || method != Method::DELETE).then_some(tenant)
+            let next = segments.next();
+            // Deleting, attaching or detaching a tenant manages the server; everything else
+            // under it is its data.
+            let manages = matches!(next, Some("attach" | "detach"))
+                || (next.is_none() && method == Method::DELETE);
+            (!manages).then_some(tenant)
         }
         _ => None,
     }

@@ -135,7 +135,9 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         | TooManyLsnWaiters { .. }
         | IngestStopped { .. }
         | Broken { .. }
-        | ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        | ShuttingDown
+        // The remote store did not give the layer; it may later.
+        | LayerDownload { .. } => StatusCode::SERVICE_UNAVAILABLE,
         Put(_)
         | Get(_)
         | Freeze(_)
@@ -158,13 +160,14 @@ impl From<TimelineError> for ApiError {
 impl From<TenantError> for ApiError {
     fn from(e: TenantError) -> ApiError {
         let status = match &e {
-            TenantError::TenantNotFound(_) | TenantError::TimelineNotFound { .. } => {
-                StatusCode::NOT_FOUND
-            }
+            TenantError::TenantNotFound(_)
+            | TenantError::TimelineNotFound { .. }
+            | TenantError::NotInRemoteStorage(_) => StatusCode::NOT_FOUND,
             TenantError::TenantExists(_)
             | TenantError::TenantBeingDeleted(_)
             | TenantError::TimelineExists { .. }
-            | TenantError::TimelineBeingDeleted { .. } => StatusCode::CONFLICT,
+            | TenantError::TimelineBeingDeleted { .. }
+            | TenantError::GenerationNotNewer { .. } => StatusCode::CONFLICT,
             TenantError::TenantBroken { .. } | TenantError::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE
             }

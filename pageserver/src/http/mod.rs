@@ -67,6 +67,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/tenant"),
     ("GET", "/v1/tenant/{tenant_id}"),
     ("DELETE", "/v1/tenant/{tenant_id}"),
+    ("POST", "/v1/tenant/{tenant_id}/attach"),
+    ("POST", "/v1/tenant/{tenant_id}/detach"),
     ("GET", "/v1/tenant/{tenant_id}/timeline"),
     ("POST", "/v1/tenant/{tenant_id}/timeline"),
     ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}"),
@@ -106,6 +108,8 @@ pub fn router(state: SharedState) -> Router {
             "/v1/tenant/{tenant_id}",
             get(tenant_info).delete(tenant_delete),
         )
+        .route("/v1/tenant/{tenant_id}/attach", post(tenant_attach))
+        .route("/v1/tenant/{tenant_id}/detach", post(tenant_detach))
         .route(
             "/v1/tenant/{tenant_id}/timeline",
             get(timeline_list).post(timeline_create),

@@ -15,7 +15,7 @@ use pageserver_api::Key;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value as JsonValue};
-use utils::{Lsn, TenantId, TimelineId};
+use utils::{Generation, Lsn, TenantId, TimelineId};
 
 use super::error::{redact_paths, ApiError};
 use super::{blocking, SharedState};
@@ -111,6 +111,7 @@ fn layer_json(layer: &LayerDescription) -> JsonValue {
         "size_bytes": layer.size_bytes,
         "values": layer.values,
         "file_name": layer.file_name,
+        "resident": layer.resident,
     })
 }
 
@@ -231,6 +232,41 @@ pub async fn tenant_delete(
     let id = parse_tenant(&tenant_id)?;
     let tenants = state.tenants.clone();
     blocking(move || Ok(tenants.delete_tenant(id)?)).await?;
+    Ok(Json(json!({})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantAttachRequest {
+    generation: u32,
+}
+
+/// Attaches a tenant from remote storage (`tenant::mgr::attach`).
+pub async fn tenant_attach(
+    State(state): State<SharedState>,
+    Path(tenant_id): Path<String>,
+    body: Body,
+) -> ApiResult<(StatusCode, Json<JsonValue>)> {
+    let id = parse_tenant(&tenant_id)?;
+    let request: Option<TenantAttachRequest> = json_body(body).await?;
+    let request = request.ok_or_else(|| {
+        ApiError::bad_request("the body must be {\"generation\": N}, N from 1 up".to_owned())
+    })?;
+    let generation = Generation::new(request.generation)
+        .ok_or_else(|| ApiError::bad_request("generation must be 1 or more".to_owned()))?;
+    let tenants = state.tenants.clone();
+    let tenant = blocking(move || Ok(tenants.attach_tenant(id, generation)?)).await?;
+    Ok((StatusCode::CREATED, Json(tenant_json(&tenant))))
+}
+
+/// Uploads everything of a tenant, then removes its local copy (`tenant::mgr::attach`).
+pub async fn tenant_detach(
+    State(state): State<SharedState>,
+    Path(tenant_id): Path<String>,
+) -> ApiResult<Json<JsonValue>> {
+    let id = parse_tenant(&tenant_id)?;
+    let tenants = state.tenants.clone();
+    blocking(move || Ok(tenants.detach_tenant(id)?)).await?;
     Ok(Json(json!({})))
 }
 

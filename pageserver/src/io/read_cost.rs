@@ -7,7 +7,7 @@
 //! (flushes, background work) pays one thread-local check per block and records nothing.
 //!
 //! The text form, what the HTTP API returns in the `X-Read-Cost` header:
-//! `layers=2 idx_hit=3 idx_miss=0 val_hit=0 val_miss=1 ios=1 bytes=8192 waits=0`.
+//! `layers=2 idx_hit=3 idx_miss=0 val_hit=0 val_miss=1 ios=1 bytes=8192 waits=0 downloads=0`.
 
 use std::cell::Cell;
 use std::fmt;
@@ -36,6 +36,9 @@ pub struct ReadCost {
     /// Missed blocks that another reader was already reading: this read waited for that I/O
     /// instead of issuing its own (counted as misses, with no I/O).
     pub waits: u32,
+    /// Layer files the read needed that were not on the local disk: downloaded from remote
+    /// storage by this read, or by another one it waited for.
+    pub downloads: u32,
 }
 
 thread_local! {
@@ -79,6 +82,11 @@ pub(crate) fn waited() {
     update(|c| c.waits += 1);
 }
 
+/// A layer file was downloaded (or its download waited for) for this read.
+pub(crate) fn downloaded() {
+    update(|c| c.downloads += 1);
+}
+
 /// A read call of `bytes` bytes went to a file.
 pub(crate) fn io(bytes: u64) {
     update(|c| {
@@ -91,7 +99,7 @@ impl fmt::Display for ReadCost {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "layers={} idx_hit={} idx_miss={} val_hit={} val_miss={} ios={} bytes={} waits={}",
+            "layers={} idx_hit={} idx_miss={} val_hit={} val_miss={} ios={} bytes={} waits={} downloads={}",
             self.layers,
             self.idx_hit,
             self.idx_miss,
@@ -99,7 +107,8 @@ impl fmt::Display for ReadCost {
             self.val_miss,
             self.ios,
             self.bytes,
-            self.waits
+            self.waits,
+            self.downloads
         )
     }
 }
@@ -120,13 +129,13 @@ mod tests {
             });
             assert_eq!(
                 inner.to_string(),
-                "layers=0 idx_hit=0 idx_miss=0 val_hit=0 val_miss=1 ios=1 bytes=8192 waits=0"
+                "layers=0 idx_hit=0 idx_miss=0 val_hit=0 val_miss=1 ios=1 bytes=8192 waits=0 downloads=0"
             );
             block(BlockKind::Value, true);
         });
         assert_eq!(
             outer.to_string(),
-            "layers=1 idx_hit=1 idx_miss=0 val_hit=1 val_miss=0 ios=0 bytes=0 waits=0"
+            "layers=1 idx_hit=1 idx_miss=0 val_hit=1 val_miss=0 ios=0 bytes=0 waits=0 downloads=0"
         );
     }
 }

@@ -52,7 +52,7 @@ use crate::io::crashsafe;
 use crate::page_cache::PageCache;
 use crate::tenant::remote_timeline_client::{RemoteContext, RemoteTimelineClient};
 use crate::tenant::tasks::flush::tick_for;
-use crate::tenant::tasks::{compaction, flush, images_and_gc, BackgroundLoop};
+use crate::tenant::tasks::{compaction, eviction, flush, images_and_gc, BackgroundLoop};
 use crate::tenant::timeline::metadata::TimelineMetadata;
 use crate::tenant::timeline::{Timeline, TimelineConf, TimelineError};
 
@@ -94,6 +94,14 @@ pub enum TenantError {
     ShuttingDown,
     #[error("remote storage: {0}")]
     Remote(String),
+    #[error("tenant {tenant}: generation {asked} is not newer than generation {newest} in remote storage; an attach needs a newer one")]
+    GenerationNotNewer {
+        tenant: TenantId,
+        asked: u32,
+        newest: u32,
+    },
+    #[error("tenant {0} has no timeline in remote storage")]
+    NotInRemoteStorage(TenantId),
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
     #[error(transparent)]
@@ -180,7 +188,12 @@ pub struct TenantManager {
     flush_loop: Mutex<Option<BackgroundLoop>>,
     compaction_loop: Mutex<Option<BackgroundLoop>>,
     images_gc_loop: Mutex<Option<BackgroundLoop>>,
+    /// With remote storage and `max_local_layer_bytes`.
+    eviction_loop: Mutex<Option<BackgroundLoop>>,
 }
+
+/// How often the eviction loop checks the local disk against `max_local_layer_bytes`.
+const EVICTION_TICK: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl TenantManager {
     /// Loads every tenant under `<workdir>/tenants` (creating the directory if needed), removes
@@ -245,6 +258,26 @@ impl TenantManager {
             move || images_and_gc::run_pass(&all_timelines(&tenants))
         })
         .map_err(io_error(&tenants_dir))?;
+        let budget = shared
+            .remote
+            .as_ref()
+            .map_or(0, |r| r.max_local_layer_bytes);
+        let eviction_loop = if budget > 0 {
+            let tenants = tenants.clone();
+            Some(
+                BackgroundLoop::spawn(
+                    "eviction-loop",
+                    Arc::new(Wakeup::new()),
+                    EVICTION_TICK,
+                    move || {
+                        eviction::run_pass(&all_timelines(&tenants), budget);
+                    },
+                )
+                .map_err(io_error(&tenants_dir))?,
+            )
+        } else {
+            None
+        };
         Ok((
             TenantManager {
                 tenants_dir,
@@ -254,6 +287,7 @@ impl TenantManager {
                 flush_loop: Mutex::new(Some(flush_loop)),
                 compaction_loop: Mutex::new(Some(compaction_loop)),
                 images_gc_loop: Mutex::new(Some(images_gc_loop)),
+                eviction_loop: Mutex::new(eviction_loop),
             },
             report,
         ))
@@ -369,6 +403,9 @@ impl TenantManager {
     pub fn shutdown(&self) -> Result<(), TenantError> {
         // A compaction or image creation in progress stops early once its timeline shuts
         // down below.
+        if let Some(eviction_loop) = lock(&self.eviction_loop).take() {
+            eviction_loop.stop();
+        }
         let compaction_loop = lock(&self.compaction_loop).take();
         let images_gc_loop = lock(&self.images_gc_loop).take();
         for background in [&compaction_loop, &images_gc_loop].into_iter().flatten() {
@@ -439,14 +476,8 @@ impl Tenant {
         };
         for (timeline_id, timeline_dir) in found {
             let started = Instant::now();
-            match Timeline::load(
-                &timeline_dir,
-                id,
-                timeline_id,
-                shared.cache.clone(),
-                shared.conf.clone(),
-            ) {
-                Ok(timeline) => {
+            match remote::load_timeline(&shared, id, generation, timeline_id, &timeline_dir) {
+                Ok((timeline, client)) => {
                     tracing::info!(
                         tenant = %id,
                         timeline = %timeline_id,
@@ -458,19 +489,8 @@ impl Tenant {
                     let timeline = timeline
                         .with_flush_wakeup(shared.wakeup.clone())
                         .with_compaction_wakeup(shared.compaction_wakeup.clone());
-                    if let Some(context) = &shared.remote {
-                        match remote::start_uploads(context, id, generation, &timeline) {
-                            Ok(client) => {
-                                remote_clients.insert(timeline_id, client);
-                            }
-                            Err(e) => {
-                                state = TenantState::Broken {
-                                    reason: format!("timeline {timeline_id}: {e}"),
-                                };
-                                timelines.clear();
-                                break;
-                            }
-                        }
+                    if let Some(client) = client {
+                        remote_clients.insert(timeline_id, client);
                     }
                     timelines.insert(timeline_id, Arc::new(timeline));
                 }
@@ -557,17 +577,12 @@ impl Tenant {
                     .store(staging)
                     .map_err(|e| TenantError::Timeline(e.into()))
             })?;
-        let timeline = Timeline::load(
-            &dir,
-            self.id,
-            id,
-            self.shared.cache.clone(),
-            self.shared.conf.clone(),
-        )?
-        .with_flush_wakeup(self.shared.wakeup.clone())
-        .with_compaction_wakeup(self.shared.compaction_wakeup.clone());
-        if let Some(context) = &self.shared.remote {
-            let client = remote::start_uploads(context, self.id, self.generation, &timeline)?;
+        let (timeline, client) =
+            remote::load_timeline(&self.shared, self.id, self.generation, id, &dir)?;
+        let timeline = timeline
+            .with_flush_wakeup(self.shared.wakeup.clone())
+            .with_compaction_wakeup(self.shared.compaction_wakeup.clone());
+        if let Some(client) = client {
             lock(&self.remote_clients).insert(id, client);
         }
         let timeline = Arc::new(timeline);
@@ -735,6 +750,7 @@ fn fsync_dir(dir: &Path) -> Result<(), TenantError> {
     crashsafe::fsync_dir(dir).map_err(io_error(dir))
 }
 
+mod attach;
 mod remote;
 #[cfg(test)]
 mod tests;

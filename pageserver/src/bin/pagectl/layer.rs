@@ -494,7 +494,9 @@ fn verify(file: &Path, max_value_size: usize, out: &mut impl Write) -> Result<()
             let layer = match opened {
                 Layer::Delta(l) => LayerFile::Delta(l),
                 Layer::Image(l) => LayerFile::Image(l),
-                Layer::InMemory(_) => return Err(refused("not a layer file".to_owned())),
+                Layer::InMemory(_) | Layer::OnDemand(_) => {
+                    return Err(refused("not a layer file".to_owned()))
+                }
             };
             // `open_listed_layer` found the entry.
             let entry = manifest

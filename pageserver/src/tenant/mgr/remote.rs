@@ -4,11 +4,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use utils::{Generation, TenantId};
+use utils::{Generation, TenantId, TimelineId};
 
-use super::{io_error, TenantError};
-use crate::tenant::remote_timeline_client::{RemoteContext, RemoteTimelineClient};
-use crate::tenant::timeline::Timeline;
+use super::{io_error, Shared, TenantError};
+use crate::tenant::remote_timeline_client::RemoteTimelineClient;
+use crate::tenant::timeline::metadata::{StoredMetadata, TimelineMetadata};
+use crate::tenant::timeline::{RemoteCopy, RemoteLayers, Timeline, TimelineError};
 
 /// The file in a tenant's directory that holds its generation (8 hex digits).
 pub const GENERATION_FILE: &str = "generation";
@@ -35,44 +36,73 @@ pub(super) fn write_generation(dir: &Path, generation: Generation) -> Result<(),
     file.sync_all().map_err(io_error(&path))
 }
 
-/// Starts `timeline`'s upload client and hands it the timeline's manifest. Refuses a timeline
-/// whose remote index is ahead of its local manifest: its local disk is older than what the
-/// store holds (restored from a backup, or another attachment's), and uploading from it
-/// would take the store back.
-pub(super) fn start_uploads(
-    context: &Arc<RemoteContext>,
+/// Loads timeline `timeline_id` from `dir`. With remote storage, its upload client starts
+/// first, from the store's newest index at or below `generation`: the layers that index lists
+/// are then fetched from the store when the local disk lacks them (see `Timeline::load`), and
+/// the client is handed the manifest. A local disk *behind* the store's index is refused: it
+/// is older than what the store holds (restored from a backup, or another attachment's), and
+/// uploading from it would take the store back.
+pub(super) fn load_timeline(
+    shared: &Shared,
     tenant_id: TenantId,
     generation: Generation,
-    timeline: &Timeline,
-) -> Result<Arc<RemoteTimelineClient>, TenantError> {
-    let (client, durable) = RemoteTimelineClient::start(
-        context.clone(),
-        tenant_id,
-        timeline.timeline_id(),
-        generation,
-        timeline.dir(),
-    )
-    .map_err(|e| TenantError::Remote(e.to_string()))?;
-    let manifest = timeline.manifest_snapshot();
-    if let Some(remote) = &durable {
-        if remote.disk_consistent_lsn > manifest.disk_consistent_lsn {
-            use crate::tenant::timeline::RemoteCopy;
-            client.stop(false);
+    timeline_id: TimelineId,
+    dir: &Path,
+) -> Result<(Timeline, Option<Arc<RemoteTimelineClient>>), TenantError> {
+    let Some(context) = &shared.remote else {
+        let timeline = Timeline::load(
+            dir,
+            tenant_id,
+            timeline_id,
+            shared.cache.clone(),
+            shared.conf.clone(),
+        )?;
+        return Ok((timeline, None));
+    };
+    let (client, durable) =
+        RemoteTimelineClient::start(context.clone(), tenant_id, timeline_id, generation, dir)
+            .map_err(|e| TenantError::Remote(e.to_string()))?;
+    let loaded = (|| {
+        let local = match TimelineMetadata::load(dir).map_err(TimelineError::from)? {
+            StoredMetadata::Manifest(m) => m.disk_consistent_lsn,
+            StoredMetadata::Legacy {
+                disk_consistent_lsn,
+            } => disk_consistent_lsn,
+        };
+        if let Some(remote) = durable.as_ref().filter(|r| r.disk_consistent_lsn > local) {
             return Err(TenantError::Remote(format!(
-                "timeline {}: the remote index (generation {}) is at disk_consistent_lsn {}, ahead of the local disk's {}; the local copy is stale",
-                timeline.timeline_id(),
-                remote.generation,
-                remote.disk_consistent_lsn,
-                manifest.disk_consistent_lsn
+                "timeline {timeline_id}: the remote index (generation {}) is at disk_consistent_lsn {}, ahead of the local disk's {local}; the local copy is stale",
+                remote.generation, remote.disk_consistent_lsn,
             )));
         }
+        let listed = durable
+            .iter()
+            .flat_map(|i| i.layers.iter())
+            .map(|(name, l)| (name.clone(), (l.size, l.crc32c)))
+            .collect();
+        let remote = RemoteLayers {
+            downloader: client.clone(),
+            listed,
+        };
+        let timeline = Timeline::load_with_remote(
+            dir,
+            tenant_id,
+            timeline_id,
+            shared.cache.clone(),
+            shared.conf.clone(),
+            Some(remote),
+        )?;
+        client.manifest_committed(&timeline.manifest_snapshot());
+        timeline.set_remote_copy(client.clone())?;
+        Ok(timeline)
+    })();
+    match loaded {
+        Ok(timeline) => Ok((timeline, Some(client))),
+        Err(e) => {
+            client.stop(false);
+            Err(e)
+        }
     }
-    use crate::tenant::timeline::RemoteCopy;
-    client.manifest_committed(&manifest);
-    timeline
-        .set_remote_copy(client.clone())
-        .map_err(TenantError::Timeline)?;
-    Ok(client)
 }
 
 /// Deletes a deleted timeline's objects from remote storage. A failure is logged, not

@@ -46,6 +46,7 @@ use futures::StreamExt;
 use remote_storage::{RemoteError, RemotePath, RemoteStorage};
 use utils::{Generation, Lsn, TenantId, TimelineId};
 
+use crate::tenant::storage_layer::on_demand::LayerDownloader;
 use crate::tenant::timeline::metadata::TimelineMetadata;
 use crate::tenant::timeline::RemoteCopy;
 
@@ -76,12 +77,15 @@ pub struct RemoteContext {
     runtime: Option<tokio::runtime::Runtime>,
     /// A flush waits while more than this many bytes of layers wait for upload.
     pub upload_queue_max_bytes: u64,
+    /// The local layer files are kept within this many bytes by eviction (0: no limit).
+    pub max_local_layer_bytes: u64,
 }
 
 impl RemoteContext {
     pub fn new(
         storage: RemoteStorage,
         upload_queue_max_bytes: u64,
+        max_local_layer_bytes: u64,
     ) -> std::io::Result<RemoteContext> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -92,6 +96,7 @@ impl RemoteContext {
             storage,
             runtime: Some(runtime),
             upload_queue_max_bytes,
+            max_local_layer_bytes,
         })
     }
 
@@ -536,6 +541,13 @@ impl RemoteCopy for RemoteTimelineClient {
         Lsn(self.remote_consistent_lsn.load(Ordering::Acquire))
     }
 
+    fn is_in_store(&self, name: &str, size: u64, crc32c: u32) -> bool {
+        self.state()
+            .plan
+            .present_layer(name)
+            .is_some_and(|l| (l.size, l.crc32c) == (size, crc32c))
+    }
+
     fn stop(&self, drain: bool) {
         if drain && !self.wait_settled(SHUTDOWN_DRAIN_TIMEOUT) {
             tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
@@ -552,9 +564,69 @@ impl RemoteCopy for RemoteTimelineClient {
     }
 }
 
+impl LayerDownloader for RemoteTimelineClient {
+    fn download(&self, name: &str, dest: &Path, size: u64, crc32c: u32) -> Result<(), String> {
+        let generation = self
+            .state()
+            .plan
+            .present_generation(name)
+            .ok_or_else(|| "the remote index does not list it".to_owned())?;
+        let key = layer_path(&self.remote_dir, name, generation).map_err(|e| e.to_string())?;
+        let storage = self.context.storage.clone();
+        let (task_key, task_dest) = (key.clone(), dest.to_owned());
+        let result = self
+            .context
+            .block_on(async move { storage.download_to_file(&task_key, &task_dest).await });
+        count("download", &result);
+        let got = result.map_err(|e| e.to_string())?;
+        crate::metrics::REMOTE_DOWNLOADED_BYTES.inc_by(got.len);
+        if (got.len, got.crc32c) != (size, crc32c) {
+            let _ = std::fs::remove_file(dest);
+            return Err(format!(
+                "{key} is {} bytes with CRC-32C {:#010x}; the manifest lists {size} bytes with {crc32c:#010x}",
+                got.len, got.crc32c
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What the store holds of a tenant: its timelines (those with an index) and the newest
+/// generation of any of their indexes.
+#[derive(Debug, Default)]
+pub struct TenantInStore {
+    pub timelines: std::collections::BTreeSet<TimelineId>,
+    pub newest_generation: Option<Generation>,
+}
+
+/// Lists the tenant's objects (one listing) for [`TenantInStore`].
+pub async fn list_tenant(
+    storage: &RemoteStorage,
+    tenant_id: TenantId,
+) -> Result<TenantInStore, RemoteClientError> {
+    let listed = storage.list(&index::tenant_path(tenant_id)).await;
+    count("list", &listed);
+    let mut found = TenantInStore::default();
+    for object in listed? {
+        // tenants/<tenant>/timelines/<timeline>/<file>
+        let parts: Vec<&str> = object.key.as_str().split('/').collect();
+        let [_, _, "timelines", timeline, file] = parts[..] else {
+            continue;
+        };
+        let (Ok(timeline), RemoteObject::Index(generation)) =
+            (timeline.parse::<TimelineId>(), classify_object(file))
+        else {
+            continue;
+        };
+        found.timelines.insert(timeline);
+        found.newest_generation = found.newest_generation.max(Some(generation));
+    }
+    Ok(found)
+}
+
 /// The newest index of the timeline at or below `generation`: this generation's own if it
 /// has one (a restart), else the highest older one a listing finds.
-async fn download_newest_index(
+pub async fn download_newest_index(
     storage: &RemoteStorage,
     remote_dir: &RemotePath,
     tenant_id: TenantId,

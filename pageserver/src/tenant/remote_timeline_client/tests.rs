@@ -30,7 +30,7 @@ fn context(remote: &Path, failures: u32) -> Arc<RemoteContext> {
         max_backoff: Duration::from_millis(5),
         timeout: Duration::from_secs(10),
     });
-    Arc::new(RemoteContext::new(storage, 1 << 30).unwrap())
+    Arc::new(RemoteContext::new(storage, 1 << 30, 0).unwrap())
 }
 
 /// The tenants of `workdir`, uploading to the directory `remote`.

@@ -82,6 +82,16 @@ impl UploadPlan {
             .map_or(self.generation, |l| l.generation)
     }
 
+    /// The store's object of layer `name`, if the store has it.
+    pub(crate) fn present_layer(&self, name: &str) -> Option<&IndexLayer> {
+        self.present.get(name)
+    }
+
+    /// The generation of the store's object of layer `name`, if the store has it.
+    pub(crate) fn present_generation(&self, name: &str) -> Option<Generation> {
+        self.present.get(name).map(|l| l.generation)
+    }
+
     /// A new manifest was committed: its index is the new target.
     pub(crate) fn set_target(&mut self, target: IndexPart) {
         self.target = Some(target);

@@ -181,8 +181,22 @@ pub(crate) struct LayerFile {
     cache: Arc<PageCache>,
     /// The file's size when opened (layer files never change).
     size: u64,
-    /// Set once a committed manifest no longer lists the file: the last user removes it.
+    /// Set once a committed manifest no longer lists the file, or its local copy is evicted:
+    /// the last user removes it.
     retired: std::sync::atomic::AtomicBool,
+    /// The file's inode when opened: the last user of a retired file removes the file at its
+    /// path only if it is still this one, not a copy downloaded again since (see
+    /// [`replace_lock`]).
+    inode: u64,
+}
+
+/// Held while a retired file is removed and while a downloaded layer is renamed into place,
+/// so that removing an evicted copy never removes the copy downloaded after it.
+static REPLACE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// See [`REPLACE_LOCK`].
+pub(crate) fn replace_lock() -> std::sync::MutexGuard<'static, ()> {
+    REPLACE_LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Drop for LayerFile {
@@ -190,7 +204,17 @@ impl Drop for LayerFile {
         if !self.retired.load(std::sync::atomic::Ordering::Acquire) {
             return;
         }
-        let removed = std::fs::remove_file(&self.path).and_then(|()| {
+        use std::os::unix::fs::MetadataExt;
+        let removed = {
+            let _replacing = replace_lock();
+            match std::fs::symlink_metadata(&self.path) {
+                // Downloaded again since it was evicted: that copy is not ours to remove.
+                Ok(meta) if meta.ino() != self.inode => return,
+                Ok(_) => std::fs::remove_file(&self.path),
+                Err(e) => Err(e),
+            }
+        }
+        .and_then(|()| {
             let dir = self.path.parent().unwrap_or(Path::new("."));
             crate::io::crashsafe::fsync_dir(dir)
         });
@@ -215,8 +239,10 @@ impl LayerFile {
             path: path.to_owned(),
             source,
         };
+        use std::os::unix::fs::MetadataExt;
         let file = VirtualFile::open(path).map_err(io_err)?;
-        let size = file.metadata().map_err(io_err)?.len();
+        let meta = file.metadata().map_err(io_err)?;
+        let (size, inode) = (meta.len(), meta.ino());
         if size < PAGE_SZ as u64 {
             return Err(LayerFileError::Corrupt {
                 path: path.to_owned(),
@@ -232,6 +258,7 @@ impl LayerFile {
             cache,
             size,
             retired: std::sync::atomic::AtomicBool::new(false),
+            inode,
         };
         Ok((layer, block))
     }

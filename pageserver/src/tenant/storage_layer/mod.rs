@@ -18,6 +18,7 @@ use utils::Lsn;
 use delta_layer::{DeltaLayer, DeltaLayerError};
 use image_layer::{ImageLayer, ImageLayerError};
 use inmemory_layer::{GetError, InMemoryLayer};
+use on_demand::OnDemandLayer;
 
 pub mod delta_layer;
 pub mod ephemeral_file;
@@ -26,6 +27,7 @@ pub mod inmemory_layer;
 mod layer_file;
 pub mod layer_name;
 pub mod merge_iter;
+pub mod on_demand;
 
 pub use layer_name::LayerName;
 
@@ -36,6 +38,9 @@ pub enum Layer {
     InMemory(Arc<InMemoryLayer>),
     Delta(Arc<DeltaLayer>),
     Image(Arc<ImageLayer>),
+    /// A delta or image layer file whose local copy may be evicted and downloaded again (with
+    /// remote storage): reads ask it for its resident copy.
+    OnDemand(Arc<OnDemandLayer>),
 }
 
 /// A read of one layer failed.
@@ -49,6 +54,8 @@ pub enum LayerReadError {
     Image(#[from] ImageLayerError),
     #[error("the value of key {key} at {lsn} was looked for in a layer of another kind")]
     WrongLayer { key: Key, lsn: Lsn },
+    #[error("layer file {name} is not on the local disk, and downloading it failed: {reason}")]
+    Download { name: String, reason: String },
 }
 
 impl Layer {
@@ -59,6 +66,7 @@ impl Layer {
             Layer::InMemory(l) => l.start_lsn()..Lsn(l.last_lsn().0 + 1),
             Layer::Delta(l) => l.summary().lsn_start..l.summary().lsn_end,
             Layer::Image(l) => l.summary().lsn..Lsn(l.summary().lsn.0 + 1),
+            Layer::OnDemand(l) => l.lsn_range(),
         }
     }
 
@@ -68,6 +76,7 @@ impl Layer {
             Layer::InMemory(_) => Key::MIN..Key::MAX,
             Layer::Delta(l) => l.summary().key_start..l.summary().key_end,
             Layer::Image(l) => l.summary().key_start..l.summary().key_end,
+            Layer::OnDemand(l) => l.key_range(),
         }
     }
 
@@ -86,6 +95,7 @@ impl Layer {
             Layer::InMemory(l) => l.get(key, lsn)?,
             Layer::Delta(l) => l.get(key, lsn)?,
             Layer::Image(l) => l.get(key, lsn)?,
+            Layer::OnDemand(l) => l.resident()?.get(key, lsn)?,
         })
     }
 
@@ -102,6 +112,7 @@ impl Layer {
             Layer::InMemory(l) => l.versions_at_lsn(from, end, lsn, max_keys),
             Layer::Delta(l) => l.versions_at_lsn(from, end, lsn, max_keys)?,
             Layer::Image(l) => l.versions_at_lsn(from, end, lsn, max_keys)?,
+            Layer::OnDemand(l) => l.resident()?.versions_at_lsn(from, end, lsn, max_keys)?,
         })
     }
 
@@ -110,6 +121,9 @@ impl Layer {
     /// kind of layer) is a usage error, never a wrong value.
     pub fn read_version(&self, version: &VersionRef) -> Result<Value, LayerReadError> {
         let (key, lsn) = (version.key, version.lsn);
+        if let Layer::OnDemand(l) = self {
+            return l.resident()?.read_version(version);
+        }
         Ok(match (self, version.at) {
             (Layer::InMemory(l), ValueAt::InMemory { offset }) => {
                 l.read_version(key, lsn, offset)?
@@ -125,7 +139,74 @@ impl Layer {
     /// Whether the layer answers for every key of its range at its LSN, holding an entry or
     /// not (an image layer): a read at or above that LSN needs nothing older for such a key.
     pub fn is_authoritative_for(&self, key: Key) -> bool {
-        matches!(self, Layer::Image(_)) && self.key_range().contains(&key)
+        self.is_image() && self.key_range().contains(&key)
+    }
+
+    /// An image layer (resident or not).
+    pub fn is_image(&self) -> bool {
+        match self {
+            Layer::Image(_) => true,
+            Layer::OnDemand(l) => l.is_image(),
+            Layer::Delta(_) | Layer::InMemory(_) => false,
+        }
+    }
+
+    /// A delta layer file (resident or not).
+    pub fn is_delta_file(&self) -> bool {
+        match self {
+            Layer::Delta(_) => true,
+            Layer::OnDemand(l) => !l.is_image(),
+            Layer::Image(_) | Layer::InMemory(_) => false,
+        }
+    }
+
+    /// The file name of a layer file; `None` for an in-memory layer.
+    pub fn file_name(&self) -> Option<String> {
+        match self {
+            Layer::Delta(d) => Some(d.summary().file_name()),
+            Layer::Image(i) => Some(i.summary().layer_name().to_string()),
+            Layer::OnDemand(l) => Some(l.file_name().to_owned()),
+            Layer::InMemory(_) => None,
+        }
+    }
+
+    /// The size of a layer file (listed, for one not resident); 0 for an in-memory layer.
+    pub fn file_size(&self) -> u64 {
+        match self {
+            Layer::Delta(d) => d.file_size(),
+            Layer::Image(i) => i.file_size(),
+            Layer::OnDemand(l) => l.file_size(),
+            Layer::InMemory(_) => 0,
+        }
+    }
+
+    /// Whether its file is on the local disk (always, but for an evicted on-demand layer).
+    pub fn is_resident(&self) -> bool {
+        match self {
+            Layer::OnDemand(l) => l.is_resident(),
+            _ => true,
+        }
+    }
+
+    /// A committed change replaced this layer file: its local copy goes with its last reader.
+    pub fn retire(&self) {
+        match self {
+            Layer::Delta(d) => d.retire(),
+            Layer::Image(i) => i.retire(),
+            Layer::OnDemand(l) => l.retire(),
+            Layer::InMemory(_) => {}
+        }
+    }
+
+    /// Whether `self` and `other` are the same layer (not merely equal ones).
+    pub fn same_as(&self, other: &Layer) -> bool {
+        match (self, other) {
+            (Layer::Delta(a), Layer::Delta(b)) => Arc::ptr_eq(a, b),
+            (Layer::Image(a), Layer::Image(b)) => Arc::ptr_eq(a, b),
+            (Layer::InMemory(a), Layer::InMemory(b)) => Arc::ptr_eq(a, b),
+            (Layer::OnDemand(a), Layer::OnDemand(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
     }
 }
 

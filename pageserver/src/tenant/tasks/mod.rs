@@ -12,6 +12,7 @@ use std::time::Duration;
 use utils::Wakeup;
 
 pub mod compaction;
+pub mod eviction;
 pub mod flush;
 pub mod images_and_gc;
 

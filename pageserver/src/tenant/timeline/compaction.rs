@@ -112,8 +112,13 @@ impl Timeline {
         let committed = (|| {
             let outputs = written
                 .iter()
-                .map(|w| DeltaLayer::open(&w.path, self.cache.clone(), self.conf.max_value_size))
-                .collect::<Result<Vec<_>, _>>()?;
+                .map(|w| {
+                    let delta =
+                        DeltaLayer::open(&w.path, self.cache.clone(), self.conf.max_value_size)?;
+                    let name = w.summary.file_name();
+                    self.file_layer(Layer::Delta(Arc::new(delta)), &name, w.size, w.crc32c)
+                })
+                .collect::<Result<Vec<_>, TimelineError>>()?;
             fail::fail_point!("compaction-before-manifest", |_| Err(TimelineError::Io {
                 path: self.dir.clone(),
                 source: std::io::Error::other("failpoint compaction-before-manifest"),
@@ -144,8 +149,7 @@ impl Timeline {
         self.update_layer_map(|map| {
             map.l0
                 .retain(|l| !inputs.iter().any(|input| Arc::ptr_eq(l, input)));
-            map.below_l0
-                .extend(outputs.into_iter().map(|l| Layer::Delta(Arc::new(l))));
+            map.below_l0.extend(outputs);
             map.sort_below_l0();
             Ok::<_, TimelineError>(())
         })?;

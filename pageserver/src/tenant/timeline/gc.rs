@@ -71,7 +71,7 @@ fn removable(layer: &Layer, images: &[(Range<Key>, Lsn)], cutoff: Lsn, retain: &
     if last > cutoff {
         return false;
     }
-    let is_image = matches!(layer, Layer::Image(_));
+    let is_image = layer.is_image();
     let keys = layer.key_range();
     // Images newer than the layer's history and at or below `upto`, together covering it.
     let covered_upto = |upto: Lsn| {
@@ -123,11 +123,7 @@ impl Timeline {
         if cutoff == old && removed.is_empty() {
             return Ok(outcome);
         }
-        let name = |l: &Layer| match l {
-            Layer::Delta(d) => d.summary().file_name(),
-            Layer::Image(i) => i.summary().layer_name().to_string(),
-            Layer::InMemory(_) => unreachable!("GC looks at layer files only"),
-        };
+        let name = |l: &Layer| l.file_name().expect("GC looks at layer files only");
         fail::fail_point!("gc-before-manifest", |_| Err(TimelineError::Io {
             path: self.dir.clone(),
             source: std::io::Error::other("failpoint gc-before-manifest"),
@@ -146,21 +142,12 @@ impl Timeline {
         self.update_layer_map(|map| {
             map.gc_cutoff = map.gc_cutoff.max(cutoff);
             map.below_l0
-                .retain(|l| !removed.iter().any(|r| same_layer(l, r)));
+                .retain(|l| !removed.iter().any(|r| l.same_as(r)));
             Ok::<_, TimelineError>(())
         })?;
         for layer in &removed {
-            outcome.bytes_removed += match layer {
-                Layer::Delta(d) => {
-                    d.retire();
-                    d.file_size()
-                }
-                Layer::Image(i) => {
-                    i.retire();
-                    i.file_size()
-                }
-                Layer::InMemory(_) => 0,
-            };
+            layer.retire();
+            outcome.bytes_removed += layer.file_size();
         }
         outcome.layers_removed = removed.len();
         crate::metrics::GC_LAYERS_REMOVED.inc_by(outcome.layers_removed as u64);
@@ -177,15 +164,6 @@ impl Timeline {
             );
         }
         Ok(outcome)
-    }
-}
-
-fn same_layer(a: &Layer, b: &Layer) -> bool {
-    match (a, b) {
-        (Layer::Delta(a), Layer::Delta(b)) => Arc::ptr_eq(a, b),
-        (Layer::Image(a), Layer::Image(b)) => Arc::ptr_eq(a, b),
-        (Layer::InMemory(a), Layer::InMemory(b)) => Arc::ptr_eq(a, b),
-        _ => false,
     }
 }
 

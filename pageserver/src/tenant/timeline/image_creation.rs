@@ -152,11 +152,24 @@ pub(crate) fn l1_stack_above_images(map: &LayerMap) -> usize {
 /// The most L1 layers above `above` (the piece's image LSN, if any) whose key ranges hold any
 /// one key of `keys`: by ranges alone, so a layer that only spans the piece counts too. What
 /// L0 compaction waits on, so image creation must clear it even where no trigger fires.
+/// The bytes of `layer`'s values in `keys`, from its index. An evicted layer is not downloaded
+/// for it: its whole file size stands in (an overestimate, which can only make images sooner).
+fn value_bytes_in(layer: &Layer, keys: Range<Key>) -> Result<u64, TimelineError> {
+    let resident = match layer {
+        Layer::OnDemand(l) => l.loaded(),
+        other => Some(other.clone()),
+    };
+    match resident {
+        Some(Layer::Delta(delta)) => Ok(delta.value_bytes_in(keys)?),
+        _ => Ok(layer.file_size()),
+    }
+}
+
 fn range_stack(map: &LayerMap, keys: &Range<Key>, above: Option<Lsn>) -> usize {
     let stacked: Vec<Range<Key>> = map
         .below_l0
         .iter()
-        .filter(|l| matches!(l, Layer::Delta(_)))
+        .filter(|l| l.is_delta_file())
         .filter(|l| above.is_none_or(|a| l.lsn_range().start > a))
         .map(|l| l.key_range())
         .map(|r| r.start.max(keys.start)..r.end.min(keys.end))
@@ -181,14 +194,7 @@ impl Timeline {
         };
         let lsn = Lsn(l1_end.0 - 1);
         outcome.lsn = Some(lsn);
-        let images: Vec<&Arc<ImageLayer>> = map
-            .below_l0
-            .iter()
-            .filter_map(|l| match l {
-                Layer::Image(image) => Some(image),
-                _ => None,
-            })
-            .collect();
+        let images: Vec<&Layer> = map.below_l0.iter().filter(|l| l.is_image()).collect();
         // In the same order as `images`, so a piece's index names its image in both.
         let all = pieces(&map.image_ranges());
         outcome.pieces = all.len();
@@ -196,19 +202,21 @@ impl Timeline {
         let mut due = Vec::new();
         for piece in &all {
             let image = piece.image.map(|i| images[i]);
-            let above = image.map_or(Lsn(0), |i| i.summary().lsn);
+            let above = image.map_or(Lsn(0), |i| i.lsn_range().start);
             let mut stacked = Vec::new();
             let mut delta_bytes = 0u64;
             for layer in &map.below_l0 {
-                let Layer::Delta(delta) = layer else { continue };
-                let s = delta.summary();
-                let keys = s.key_start.max(piece.keys.start)..s.key_end.min(piece.keys.end);
+                if !layer.is_delta_file() {
+                    continue;
+                }
+                let own = layer.key_range();
+                let keys = own.start.max(piece.keys.start)..own.end.min(piece.keys.end);
                 // No L1 straddles an image's LSN: one starting above it lies wholly above.
-                let is_above = image.is_none() || s.lsn_start > above;
+                let is_above = image.is_none() || layer.lsn_range().start > above;
                 if !is_above || keys.start >= keys.end {
                     continue;
                 }
-                let bytes = delta.value_bytes_in(keys.clone())?;
+                let bytes = value_bytes_in(layer, keys.clone())?;
                 if bytes > 0 {
                     stacked.push(keys);
                     delta_bytes += bytes;
@@ -251,7 +259,8 @@ impl Timeline {
                 .map(|w| {
                     let image =
                         ImageLayer::open(&w.path, self.cache.clone(), self.conf.max_value_size)?;
-                    Ok::<_, TimelineError>(Arc::new(image))
+                    let name = w.summary.layer_name().to_string();
+                    self.file_layer(Layer::Image(Arc::new(image)), &name, w.size, w.crc32c)
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             fail::fail_point!("image-creation-before-manifest", |_| Err(
@@ -283,7 +292,7 @@ impl Timeline {
             }
         ));
         self.update_layer_map(|map| {
-            map.below_l0.extend(opened.into_iter().map(Layer::Image));
+            map.below_l0.extend(opened);
             map.sort_below_l0();
             Ok::<_, TimelineError>(())
         })?;

@@ -13,6 +13,12 @@
 //! | `*.___temp`, ephemeral files                  | removes them                            |
 //! | anything else (an unlisted layer of older versions included) | logs it by name and leaves it alone |
 //!
+//! With remote storage ([`Timeline::load_with_remote`]) the L1 and image layers are on demand
+//! (`storage_layer::on_demand`), and a listed layer whose local file is missing or of another
+//! size is taken from the store when the store's newest index lists it with the manifest's size
+//! and checksum: a missing L1 or image layer stays evicted, to be downloaded by the first read
+//! that needs it; an L0 (never evicted) or a damaged file is downloaded before the load returns.
+//!
 //! The whole-file CRC-32C in the manifest is not recomputed here, since that would read every
 //! layer at every start; the size and the summary's identity catch a missing, swapped, grown or
 //! truncated file, and the per-value and per-node checksums catch damage inside one when it is
@@ -22,6 +28,7 @@
 //! or below `disk_consistent_lsn` are the set, each checked for identity, and a manifest of them
 //! replaces the old file before the timeline serves anything.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -34,6 +41,7 @@ use crate::page_cache::PageCache;
 use crate::tenant::storage_layer::delta_layer::DeltaLayer;
 use crate::tenant::storage_layer::ephemeral_file::remove_leftovers;
 use crate::tenant::storage_layer::image_layer::ImageLayer;
+use crate::tenant::storage_layer::on_demand::{LayerDownloader, OnDemandLayer, OpenSettings};
 use crate::tenant::storage_layer::{Layer, LayerName};
 use crate::tenant::timeline::metadata::{
     LayerFileEntry, LayerLevel, StoredMetadata, TimelineMetadata, METADATA_FILE,
@@ -61,18 +69,41 @@ impl Timeline {
         cache: Arc<PageCache>,
         conf: TimelineConf,
     ) -> Result<Timeline, TimelineError> {
+        Self::load_with_remote(dir, tenant_id, timeline_id, cache, conf, None)
+    }
+
+    /// [`Timeline::load`] for a timeline with remote storage: its L1 and image layers are
+    /// on demand, and a listed layer file that is missing or of another size locally is taken
+    /// from the store when `remote` lists it with the manifest's size and checksum (see
+    /// "With remote storage" in the module documentation).
+    pub fn load_with_remote(
+        dir: &Path,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+        cache: Arc<PageCache>,
+        conf: TimelineConf,
+        remote: Option<RemoteLayers>,
+    ) -> Result<Timeline, TimelineError> {
         let io_err = |source| TimelineError::Io {
             path: dir.to_owned(),
             source,
         };
         let stored = TimelineMetadata::load(dir)?;
         remove_leftovers(dir).map_err(io_err)?;
+        let on_demand = remote.as_ref().map(|r| OpenSettings {
+            tenant_id,
+            timeline_id,
+            cache: cache.clone(),
+            max_value_size: conf.max_value_size,
+            downloader: r.downloader.clone(),
+        });
         let opener = LayerOpener {
             dir,
             tenant_id,
             timeline_id,
             cache: &cache,
             max_value_size: conf.max_value_size,
+            remote: remote.as_ref().zip(on_demand.as_ref()),
         };
         let (manifest, map) = match stored {
             StoredMetadata::Manifest(manifest) => {
@@ -122,6 +153,7 @@ impl Timeline {
             disk_consistent_lsn: AtomicU64::new(durable.0),
             lsn_wait,
             remote: OnceLock::new(),
+            on_demand,
         })
     }
 }
@@ -133,6 +165,14 @@ struct LayerOpener<'a> {
     timeline_id: TimelineId,
     cache: &'a Arc<PageCache>,
     max_value_size: usize,
+    remote: Option<(&'a RemoteLayers, &'a OpenSettings)>,
+}
+
+/// What a timeline with remote storage loads with.
+pub struct RemoteLayers {
+    pub downloader: Arc<dyn LayerDownloader>,
+    /// The layers the store's newest index lists, by name: size and CRC-32C.
+    pub listed: HashMap<String, (u64, u32)>,
 }
 
 /// What to do with a directory entry that is not a listed layer.
@@ -148,13 +188,19 @@ impl LayerOpener<'_> {
         let durable = manifest.disk_consistent_lsn;
         let mut map = LayerMap::default();
         for entry in &manifest.layers {
-            let layer = open_listed_layer(
-                self.dir,
-                &entry.name,
-                manifest,
-                self.cache,
-                self.max_value_size,
-            )?;
+            let layer = match self.fetch_from_store(entry)? {
+                Some(layer) => layer,
+                None => match open_listed_layer(
+                    self.dir,
+                    &entry.name,
+                    manifest,
+                    self.cache,
+                    self.max_value_size,
+                ) {
+                    Ok(layer) => self.on_demand(entry, Some(layer))?,
+                    Err(e) => self.fetch_damaged(entry, e)?,
+                },
+            };
             match (entry.level, layer) {
                 (LayerLevel::L0, Layer::Delta(delta)) => map.l0.push(delta),
                 (_, layer) => map.below_l0.push(layer),
@@ -177,7 +223,7 @@ impl LayerOpener<'_> {
         let l1_ends: Vec<Lsn> = map
             .below_l0
             .iter()
-            .filter(|l| matches!(l, Layer::Delta(_)))
+            .filter(|l| l.is_delta_file())
             .map(|l| l.lsn_range().end)
             .collect();
         self.sweep(|name| {
@@ -213,6 +259,112 @@ impl LayerOpener<'_> {
             manifest.store(self.dir)?;
         }
         Ok(map)
+    }
+
+    /// With remote storage, a listed layer whose local file is missing or of another size, and
+    /// which the store holds as listed: an L0 (never evicted) or a damaged file is downloaded
+    /// now, a missing L1 or image layer is left to download on demand. `None`: the local file
+    /// is the one to open (or the store cannot help).
+    fn fetch_from_store(&self, entry: &LayerFileEntry) -> Result<Option<Layer>, TimelineError> {
+        let Some((remote, settings)) = self.remote else {
+            return Ok(None);
+        };
+        let path = self.dir.join(&entry.name);
+        let local = match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_file() => Some(meta.len()),
+            _ => None,
+        };
+        if local == Some(entry.size)
+            || remote.listed.get(&entry.name) != Some(&(entry.size, entry.crc32c))
+        {
+            return Ok(None);
+        }
+        let layer = OnDemandLayer::new(
+            self.dir,
+            &entry.name,
+            entry.size,
+            entry.crc32c,
+            settings.clone(),
+            None,
+        )?;
+        if let Some(size) = local {
+            tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, layer = %entry.name,
+                "the local layer file is {size} bytes, the manifest lists {}: downloading it again", entry.size);
+            std::fs::remove_file(&path).map_err(|source| TimelineError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        if entry.level == LayerLevel::L0 {
+            return Ok(Some(layer.resident()?));
+        }
+        if local.is_some() {
+            layer.prefetch()?;
+        }
+        Ok(Some(Layer::OnDemand(Arc::new(layer))))
+    }
+
+    /// With remote storage, a listed layer whose local file failed its checks (a damaged
+    /// summary, another layer's bytes under its name) and which the store holds as listed: the
+    /// file is removed and downloaded again now. Without, or if the store lacks it, `error`.
+    fn fetch_damaged(
+        &self,
+        entry: &LayerFileEntry,
+        error: TimelineError,
+    ) -> Result<Layer, TimelineError> {
+        let Some((remote, settings)) = self.remote else {
+            return Err(error);
+        };
+        if remote.listed.get(&entry.name) != Some(&(entry.size, entry.crc32c)) {
+            return Err(error);
+        }
+        tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, layer = %entry.name,
+            "the local layer file failed its checks ({error}): downloading it again");
+        let path = self.dir.join(&entry.name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(TimelineError::Io { path, source }),
+        }
+        let layer = OnDemandLayer::new(
+            self.dir,
+            &entry.name,
+            entry.size,
+            entry.crc32c,
+            settings.clone(),
+            None,
+        )?;
+        if entry.level == LayerLevel::L0 {
+            return layer.resident().map_err(TimelineError::from);
+        }
+        layer.prefetch()?;
+        Ok(Layer::OnDemand(Arc::new(layer)))
+    }
+
+    /// An L1 or image layer as a timeline with remote storage holds it: on demand.
+    fn on_demand(
+        &self,
+        entry: &LayerFileEntry,
+        layer: Option<Layer>,
+    ) -> Result<Layer, TimelineError> {
+        match (self.remote, layer) {
+            (Some((_, settings)), layer) if entry.level != LayerLevel::L0 => {
+                let on_demand = OnDemandLayer::new(
+                    self.dir,
+                    &entry.name,
+                    entry.size,
+                    entry.crc32c,
+                    settings.clone(),
+                    layer,
+                )?;
+                Ok(Layer::OnDemand(Arc::new(on_demand)))
+            }
+            (_, Some(layer)) => Ok(layer),
+            (_, None) => Err(TimelineError::LayerSet {
+                file: entry.name.clone(),
+                reason: "listed in the manifest, but missing".to_owned(),
+            }),
+        }
     }
 
     /// A format 1 directory: the layer files at or below `disk_consistent_lsn` are the set.

@@ -75,7 +75,7 @@ impl LayerMap {
     pub(crate) fn image_ranges(&self) -> Vec<(Range<Key>, Lsn)> {
         self.below_l0
             .iter()
-            .filter(|l| matches!(l, Layer::Image(_)))
+            .filter(|l| l.is_image())
             .map(|l| (l.key_range(), l.lsn_range().start))
             .collect()
     }
@@ -87,9 +87,13 @@ impl LayerMap {
             .iter()
             .rev()
             .map(|l| (LayerLevel::L0, Layer::Delta(l.clone())));
-        let below = self.below_l0.iter().map(|layer| match layer {
-            Layer::Image(_) => (LayerLevel::Image, layer.clone()),
-            _ => (LayerLevel::L1, layer.clone()),
+        let below = self.below_l0.iter().map(|layer| {
+            let level = if layer.is_image() {
+                LayerLevel::Image
+            } else {
+                LayerLevel::L1
+            };
+            (level, layer.clone())
         });
         l0.chain(below).collect()
     }
@@ -99,7 +103,7 @@ impl LayerMap {
     pub(crate) fn sort_below_l0(&mut self) {
         self.below_l0.sort_by(|a, b| {
             let (ra, rb) = (a.lsn_range(), b.lsn_range());
-            let image_first = |l: &Layer| !matches!(l, Layer::Image(_));
+            let image_first = |l: &Layer| !l.is_image();
             rb.end
                 .cmp(&ra.end)
                 .then(image_first(a).cmp(&image_first(b)))

@@ -115,6 +115,7 @@ use crate::tenant::storage_layer::image_layer::ImageLayerError;
 use crate::tenant::storage_layer::inmemory_layer::{
     FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError, MAX_LSN_SPAN,
 };
+use crate::tenant::storage_layer::on_demand::{OnDemandLayer, OpenSettings};
 use crate::tenant::storage_layer::{max_stored_value_len, Layer, LayerReadError};
 use crate::tenant::timeline::metadata::{
     LayerFileEntry, LayerLevel, MetadataError, TimelineMetadata,
@@ -265,6 +266,8 @@ pub enum TimelineError {
     ImageLayer(#[from] ImageLayerError),
     #[error(transparent)]
     Metadata(#[from] MetadataError),
+    #[error("layer file {name} is not on the local disk, and downloading it from remote storage failed: {reason}")]
+    LayerDownload { name: String, reason: String },
     #[error("layer file {file} of the timeline: {reason}; the timeline does not serve from a layer set it cannot vouch for")]
     LayerSet { file: String, reason: String },
     #[error("page {key} at {lsn} cannot be reconstructed: {source}")]
@@ -286,6 +289,9 @@ impl From<LayerReadError> for TimelineError {
             LayerReadError::InMemory(e) => TimelineError::Get(e),
             LayerReadError::Delta(e) => TimelineError::Layer(e),
             LayerReadError::Image(e) => TimelineError::ImageLayer(e),
+            LayerReadError::Download { name, reason } => {
+                TimelineError::LayerDownload { name, reason }
+            }
             e @ LayerReadError::WrongLayer { .. } => TimelineError::LayerSet {
                 file: "a layer a scan read".to_owned(),
                 reason: e.to_string(),
@@ -321,6 +327,8 @@ pub struct LayerDescription {
     pub file_name: Option<String>,
     /// For layer files.
     pub level: Option<LayerLevel>,
+    /// Whether its file is on the local disk (an on-demand layer's may be evicted).
+    pub resident: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -343,6 +351,8 @@ pub trait RemoteCopy: Send + Sync {
     fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool);
     /// Everything at or below it is in remote storage.
     fn remote_consistent_lsn(&self) -> Lsn;
+    /// Whether the store holds layer file `name` as listed (so its local copy may be evicted).
+    fn is_in_store(&self, name: &str, size: u64, crc32c: u32) -> bool;
     /// Stops the uploads once the timeline stops; with `drain`, first waits (bounded) for
     /// what is queued to reach the store.
     fn stop(&self, drain: bool);
@@ -401,6 +411,9 @@ pub struct Timeline {
     lsn_wait: LsnWait,
     /// Set once, before the timeline is shared: its copy in remote storage.
     remote: OnceLock<Arc<dyn RemoteCopy>>,
+    /// With remote storage: how L1 and image layers download on demand (they are then
+    /// `Layer::OnDemand`, and their local copies can be evicted).
+    on_demand: Option<OpenSettings>,
 }
 
 impl Timeline {
@@ -468,11 +481,7 @@ impl Timeline {
 
     pub fn layer_counts(&self) -> LayerCounts {
         let map = self.layer_map();
-        let images = map
-            .below_l0
-            .iter()
-            .filter(|l| matches!(l, Layer::Image(_)))
-            .count();
+        let images = map.below_l0.iter().filter(|l| l.is_image()).count();
         let l1 = map.below_l0.len() - images;
         LayerCounts {
             open_values: map.open.as_ref().map_or(0, |l| l.len()),
@@ -495,6 +504,7 @@ impl Timeline {
             values: l.len() as u64,
             file_name: None,
             level: None,
+            resident: true,
         };
         let open = map.open.iter().map(|l| in_memory(LayerKind::Open, l));
         let frozen = map
@@ -517,6 +527,19 @@ impl Timeline {
                     l.summary().entries,
                     l.summary().layer_name().to_string(),
                 ),
+                Layer::OnDemand(l) => {
+                    let values = match l.loaded() {
+                        Some(Layer::Delta(d)) => d.summary().entries,
+                        Some(Layer::Image(i)) => i.summary().entries,
+                        _ => 0,
+                    };
+                    let kind = if l.is_image() {
+                        LayerKind::Image
+                    } else {
+                        LayerKind::Delta
+                    };
+                    (kind, l.file_size(), values, l.file_name().to_owned())
+                }
                 Layer::InMemory(_) => unreachable!("layer files only"),
             };
             LayerDescription {
@@ -527,6 +550,7 @@ impl Timeline {
                 values,
                 file_name: Some(file_name),
                 level: Some(level),
+                resident: layer.is_resident(),
             }
         });
         open.chain(frozen).chain(files).collect()
@@ -592,6 +616,23 @@ impl Timeline {
         }
     }
 
+    /// A new L1 or image layer file, as the layer map holds it: on demand with remote storage
+    /// (resident now), as it is without.
+    fn file_layer(
+        &self,
+        layer: Layer,
+        name: &str,
+        size: u64,
+        crc32c: u32,
+    ) -> Result<Layer, TimelineError> {
+        let Some(settings) = &self.on_demand else {
+            return Ok(layer);
+        };
+        let on_demand =
+            OnDemandLayer::new(&self.dir, name, size, crc32c, settings.clone(), Some(layer))?;
+        Ok(Layer::OnDemand(Arc::new(on_demand)))
+    }
+
     /// Refuses to commit a compaction, image creation or GC once shutdown began: the
     /// directory may be about to be deleted (see [`Timeline::shutdown`]).
     fn check_not_shutting_down(&self) -> Result<(), TimelineError> {
@@ -644,14 +685,16 @@ mod layer_map;
 mod lsn_wait;
 pub mod metadata;
 mod read;
+mod residence;
 pub mod scan;
 #[cfg(test)]
 mod test_model;
 pub use compaction::{CompactionOutcome, MAX_COMPACTION_INPUTS};
 pub use gc::GcOutcome;
 pub use image_creation::ImageCreationOutcome;
-pub use init::open_listed_layer;
+pub use init::{open_listed_layer, RemoteLayers};
 use layer_map::LayerMap;
 use lsn_wait::LsnWait;
+pub use residence::LocalCopy;
 #[cfg(test)]
 mod tests;

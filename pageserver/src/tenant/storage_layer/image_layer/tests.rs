@@ -270,7 +270,7 @@ fn page_sized_images_need_no_padding_and_a_cold_read_is_one_8k_read() {
         // Root and leaf, the table block, and the one value block: one read of 8 KiB.
         assert_eq!(
             cost.to_string(),
-            "layers=0 idx_hit=3 idx_miss=0 val_hit=0 val_miss=1 ios=1 bytes=8192 waits=0",
+            "layers=0 idx_hit=3 idx_miss=0 val_hit=0 val_miss=1 ios=1 bytes=8192 waits=0 downloads=0",
             "key {k}"
         );
         let (_, again) = measure(|| layer.get(rel_key(k), LSN).unwrap());

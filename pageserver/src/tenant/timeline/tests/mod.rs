@@ -573,6 +573,7 @@ fn read_cost_counts_layers_blocks_and_file_reads() {
         ios: 2,
         bytes: 3 * PAGE_SZ as u64,
         waits: 0,
+        downloads: 0,
     };
     assert_eq!(cold, expected);
 
@@ -584,7 +585,7 @@ fn read_cost_counts_layers_blocks_and_file_reads() {
     assert_eq!(page.unwrap().unwrap()[0], 2);
     assert_eq!(
         value_only.to_string(),
-        "layers=1 idx_hit=1 idx_miss=0 val_hit=1 val_miss=1 ios=1 bytes=8192 waits=0"
+        "layers=1 idx_hit=1 idx_miss=0 val_hit=1 val_miss=1 ios=1 bytes=8192 waits=0 downloads=0"
     );
     // A key the layer does not hold costs no value block at all.
     let (page, absent) = measure(|| tl.get_page(rel_key(3), Lsn(10)));
@@ -610,7 +611,7 @@ fn read_cost_counts_layers_blocks_and_file_reads() {
     );
     assert_eq!(
         hot.to_string(),
-        "layers=1 idx_hit=1 idx_miss=0 val_hit=2 val_miss=0 ios=0 bytes=0 waits=0"
+        "layers=1 idx_hit=1 idx_miss=0 val_hit=2 val_miss=0 ios=0 bytes=0 waits=0 downloads=0"
     );
 }
 

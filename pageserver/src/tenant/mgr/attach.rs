@@ -1,0 +1,185 @@
+//! Moving a tenant between pageservers that share remote storage: attach (from the store, at a
+//! newer generation, onto a disk without it) and detach (everything uploaded, then the local
+//! copy removed).
+//!
+//! An attach lists the tenant's objects once, refuses a generation that is not above every
+//! generation in the store, and builds the tenant's directory (its generation, and each
+//! timeline's manifest from its newest index) atomically, as a creation does. The timelines
+//! then load as after a restart: their L0 layers are downloaded before the tenant serves, their
+//! L1 and image layers are left on demand, and each upload client claims the new generation by
+//! uploading its index at once. A background prefetch then downloads the rest, newest first,
+//! within `max_local_layer_bytes`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use utils::{Generation, TenantId};
+
+use super::{
+    create_dir_atomically, delete_dir_atomically, io_error, lock, remote, Tenant, TenantError,
+    TenantManager, TenantState, TIMELINES_DIR,
+};
+use crate::tenant::remote_timeline_client::{download_newest_index, list_tenant};
+use crate::tenant::tasks::eviction;
+
+#[cfg(test)]
+mod tests;
+
+/// How long a detach waits for the tenant's uploads before it gives up (and stays attached).
+pub const DETACH_UPLOAD_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl TenantManager {
+    /// Attaches tenant `id` from remote storage at `generation`: see the module documentation.
+    pub fn attach_tenant(
+        &self,
+        id: TenantId,
+        generation: Generation,
+    ) -> Result<Arc<Tenant>, TenantError> {
+        self.check_running()?;
+        let context = self.shared.remote.clone().ok_or_else(|| {
+            TenantError::Remote("this pageserver has no remote storage".to_owned())
+        })?;
+        let deleting = lock(&self.tenant_dirs);
+        if deleting.contains(&id) {
+            return Err(TenantError::TenantBeingDeleted(id));
+        }
+        if self.get_tenant(id).is_ok() || self.tenants_dir.join(id.to_string()).exists() {
+            return Err(TenantError::TenantExists(id));
+        }
+        let storage = context.storage.clone();
+        let found = context
+            .block_on(async move { list_tenant(&storage, id).await })
+            .map_err(|e| TenantError::Remote(e.to_string()))?;
+        if let Some(newest) = found.newest_generation.filter(|n| *n >= generation) {
+            return Err(TenantError::GenerationNotNewer {
+                tenant: id,
+                asked: generation.get(),
+                newest: newest.get(),
+            });
+        }
+        if found.timelines.is_empty() {
+            return Err(TenantError::NotInRemoteStorage(id));
+        }
+        let dir = create_dir_atomically(&self.tenants_dir, &id.to_string(), |staging| {
+            let timelines = staging.join(TIMELINES_DIR);
+            std::fs::create_dir(&timelines).map_err(io_error(&timelines))?;
+            remote::write_generation(staging, generation)?;
+            for &timeline in &found.timelines {
+                let storage = context.storage.clone();
+                let remote_dir =
+                    crate::tenant::remote_timeline_client::index::timeline_path(id, timeline);
+                let index = context
+                    .block_on(async move {
+                        download_newest_index(&storage, &remote_dir, id, timeline, generation).await
+                    })
+                    .map_err(|e| TenantError::Remote(e.to_string()))?
+                    .ok_or_else(|| {
+                        TenantError::Remote(format!("timeline {timeline}: its index is gone"))
+                    })?;
+                let dir = timelines.join(timeline.to_string());
+                std::fs::create_dir(&dir).map_err(io_error(&dir))?;
+                index
+                    .to_manifest()
+                    .store(&dir)
+                    .map_err(|e| TenantError::Timeline(e.into()))?;
+            }
+            Ok(())
+        })?;
+        let tenant = Arc::new(Tenant::load(id, dir, self.shared.clone())?);
+        self.tenants
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, tenant.clone());
+        drop(deleting);
+        if let TenantState::Broken { reason } = tenant.state() {
+            tracing::error!(tenant = %id, "attached tenant is broken: {reason}");
+            return Ok(tenant);
+        }
+        tracing::info!(tenant = %id, %generation, timelines = found.timelines.len(), "attached tenant");
+        let timelines = tenant.list_timelines();
+        let budget = context.max_local_layer_bytes;
+        let spawned = std::thread::Builder::new()
+            .name("prefetch".into())
+            .spawn(move || {
+                let downloaded = eviction::prefetch(&timelines, budget);
+                tracing::info!(tenant = %id, layers = downloaded, "prefetched the attached tenant's layers");
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(tenant = %id, "no prefetch (reads download on demand): {e}");
+        }
+        Ok(tenant)
+    }
+
+    /// Detaches tenant `id`: makes everything ingested durable and uploaded (refused, with the
+    /// tenant still attached, if the uploads do not finish within [`DETACH_UPLOAD_TIMEOUT`]),
+    /// then stops it and removes its local copy. The store keeps it for an attach elsewhere.
+    pub fn detach_tenant(&self, id: TenantId) -> Result<(), TenantError> {
+        let tenant = self.get_tenant(id)?;
+        tenant.check_active()?;
+        if self.shared.remote.is_none() {
+            return Err(TenantError::Remote(
+                "this pageserver has no remote storage: detaching would lose the tenant".to_owned(),
+            ));
+        }
+        for timeline in tenant.list_timelines() {
+            timeline.checkpoint()?;
+        }
+        tenant.wait_uploaded(DETACH_UPLOAD_TIMEOUT)?;
+        {
+            let mut deleting = lock(&self.tenant_dirs);
+            self.tenants
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+            deleting.insert(id);
+        }
+        let result = tenant.detach();
+        lock(&self.tenant_dirs).remove(&id);
+        result?;
+        tracing::info!(tenant = %id, "detached tenant");
+        Ok(())
+    }
+}
+
+impl Tenant {
+    /// Waits until every timeline's uploads are settled, for at most `timeout` in all.
+    fn wait_uploaded(&self, timeout: Duration) -> Result<(), TenantError> {
+        let deadline = std::time::Instant::now() + timeout;
+        let clients: Vec<_> = lock(&self.remote_clients).clone().into_iter().collect();
+        for (timeline, client) in clients {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if !client.wait_settled(left) {
+                return Err(TenantError::Remote(format!(
+                    "timeline {timeline}: its uploads did not finish in {timeout:?} ({}); the tenant stays attached",
+                    client
+                        .last_error()
+                        .unwrap_or_else(|| format!("{} bytes still queued", client.queued_bytes()))
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The tenant's part of a detach, once it is out of the map: stops every timeline (each
+    /// flushing what came in meanwhile and draining its uploads) and removes the local copy,
+    /// unless an upload is left, in which case the copy stays for the next start.
+    fn detach(&self) -> Result<(), TenantError> {
+        lock(&self.dirs).deleting = true;
+        for timeline in self.list_timelines() {
+            timeline.shutdown(true)?;
+        }
+        let unsettled: Vec<String> = lock(&self.remote_clients)
+            .iter()
+            .filter(|(_, c)| !c.is_settled())
+            .map(|(t, _)| t.to_string())
+            .collect();
+        if !unsettled.is_empty() {
+            return Err(TenantError::Remote(format!(
+                "timelines {} have uploads left after stopping; the local copy is kept and loads again at the next start",
+                unsettled.join(", ")
+            )));
+        }
+        let _dirs = lock(&self.dirs);
+        delete_dir_atomically(&self.dir)
+    }
+}

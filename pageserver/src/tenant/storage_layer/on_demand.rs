@@ -1,0 +1,243 @@
+//! A layer file whose local copy comes and goes: the local disk as a cache of remote storage.
+//!
+//! An [`OnDemandLayer`] is known by its name (its key and LSN ranges) and its manifest entry
+//! (size, CRC-32C) whether or not its file is on the local disk, so a read walks past it by
+//! its ranges without touching anything. The first read that needs its versions while it is
+//! not resident downloads it through the timeline's [`LayerDownloader`], checked against the
+//! listed size and checksum before it is renamed into place and opened; concurrent readers of
+//! the layer wait for that one download instead of starting their own.
+//!
+//! Eviction ([`OnDemandLayer::evict`]) drops the resident copy: readers that still hold it go
+//! on reading it, and the last of them removes the file (only if the file at that path is
+//! still that copy, not one downloaded again since: see `layer_file::replace_lock`).
+//!
+//! ```text
+//!   Evicted ──first read: download, verify, rename, open──▶ Resident
+//!      ▲                                                      │
+//!      └──────────── evict (the file goes with its last reader)┘
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use utils::{Lsn, TenantId, TimelineId};
+
+use super::delta_layer::DeltaLayer;
+use super::image_layer::ImageLayer;
+use super::{Layer, LayerName, LayerReadError};
+use crate::io::crashsafe::TEMP_SUFFIX;
+use crate::page_cache::PageCache;
+
+/// Fetches layer files from remote storage (the timeline's remote client).
+pub trait LayerDownloader: Send + Sync {
+    /// Writes layer file `name` to `dest` (a temporary path the caller renames into place),
+    /// fsynced, after checking that it is `size` bytes with CRC-32C `crc32c`.
+    fn download(&self, name: &str, dest: &Path, size: u64, crc32c: u32) -> Result<(), String>;
+}
+
+/// Milliseconds since the first use, for "least recently read" (a process-wide clock).
+fn now_ms() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// What an on-demand layer needs to open its file as the layer its name says.
+#[derive(Clone)]
+pub struct OpenSettings {
+    pub tenant_id: TenantId,
+    pub timeline_id: TimelineId,
+    pub cache: Arc<PageCache>,
+    pub max_value_size: usize,
+    pub downloader: Arc<dyn LayerDownloader>,
+}
+
+/// See the module documentation.
+pub struct OnDemandLayer {
+    file_name: String,
+    name: LayerName,
+    size: u64,
+    crc32c: u32,
+    path: PathBuf,
+    settings: OpenSettings,
+    /// The opened local copy; the lock is held across a download, so readers of this layer
+    /// wait for one download.
+    resident: Mutex<Option<Layer>>,
+    last_read_ms: AtomicU64,
+}
+
+impl OnDemandLayer {
+    /// A layer of `dir` listed as `file_name`, `size` bytes with CRC-32C `crc32c`; `resident`
+    /// is its opened local copy, if there is one.
+    pub fn new(
+        dir: &Path,
+        file_name: &str,
+        size: u64,
+        crc32c: u32,
+        settings: OpenSettings,
+        resident: Option<Layer>,
+    ) -> Result<OnDemandLayer, LayerReadError> {
+        let name = file_name
+            .parse::<LayerName>()
+            .map_err(|e| LayerReadError::Download {
+                name: file_name.to_owned(),
+                reason: e.to_string(),
+            })?;
+        Ok(OnDemandLayer {
+            file_name: file_name.to_owned(),
+            name,
+            size,
+            crc32c,
+            path: dir.join(file_name),
+            settings,
+            resident: Mutex::new(resident),
+            last_read_ms: AtomicU64::new(now_ms()),
+        })
+    }
+
+    pub fn file_name(&self) -> &str {
+        &self.file_name
+    }
+
+    pub fn layer_name(&self) -> &LayerName {
+        &self.name
+    }
+
+    /// The listed size of the file.
+    pub fn file_size(&self) -> u64 {
+        self.size
+    }
+
+    pub fn crc32c(&self) -> u32 {
+        self.crc32c
+    }
+
+    pub fn is_image(&self) -> bool {
+        matches!(self.name, LayerName::Image(_))
+    }
+
+    pub fn lsn_range(&self) -> std::ops::Range<Lsn> {
+        self.name.lsn_range()
+    }
+
+    pub fn key_range(&self) -> std::ops::Range<pageserver_api::Key> {
+        self.name.key_range().clone()
+    }
+
+    /// When a read last needed its versions (milliseconds on a process-wide clock).
+    pub fn last_read_ms(&self) -> u64 {
+        self.last_read_ms.load(Ordering::Relaxed)
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<Layer>> {
+        self.resident.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether its file is on the local disk now. Never waits for a download.
+    pub fn is_resident(&self) -> bool {
+        match self.resident.try_lock() {
+            Ok(slot) => slot.is_some(),
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().is_some(),
+            // Locked: a download (or an eviction) is under way.
+            Err(std::sync::TryLockError::WouldBlock) => false,
+        }
+    }
+
+    /// The opened local copy if it is resident now, without downloading or counting a read.
+    pub fn loaded(&self) -> Option<Layer> {
+        match self.resident.try_lock() {
+            Ok(slot) => slot.clone(),
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().clone(),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// The opened local copy, downloaded first if it is not resident.
+    pub fn resident(&self) -> Result<Layer, LayerReadError> {
+        self.last_read_ms.store(now_ms(), Ordering::Relaxed);
+        let mut slot = self.slot();
+        if let Some(layer) = slot.as_ref() {
+            return Ok(layer.clone());
+        }
+        crate::io::read_cost::downloaded();
+        let layer = self.download_and_open()?;
+        *slot = Some(layer.clone());
+        Ok(layer)
+    }
+
+    /// Makes it resident, as a read would (a prefetch); `Ok(true)` if it downloaded.
+    pub fn prefetch(&self) -> Result<bool, LayerReadError> {
+        let mut slot = self.slot();
+        if slot.is_some() {
+            return Ok(false);
+        }
+        *slot = Some(self.download_and_open()?);
+        Ok(true)
+    }
+
+    /// Drops the local copy (see the module documentation); `false` if it was not resident,
+    /// or a read is downloading it right now.
+    pub fn evict(&self) -> bool {
+        let Ok(mut slot) = self.resident.try_lock() else {
+            return false;
+        };
+        match slot.take() {
+            Some(layer) => {
+                layer.retire();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The layer is gone from the timeline (compacted or collected): its local copy, if any,
+    /// goes with its last reader.
+    pub fn retire(&self) {
+        if let Some(layer) = self.slot().as_ref() {
+            layer.retire();
+        }
+    }
+
+    fn download_and_open(&self) -> Result<Layer, LayerReadError> {
+        let failed = |reason: String| LayerReadError::Download {
+            name: self.file_name.clone(),
+            reason,
+        };
+        let temp = self
+            .path
+            .with_file_name(format!("{}.download{TEMP_SUFFIX}", self.file_name));
+        let started = Instant::now();
+        self.settings
+            .downloader
+            .download(&self.file_name, &temp, self.size, self.crc32c)
+            .map_err(failed)?;
+        {
+            let _replacing = super::layer_file::replace_lock();
+            std::fs::rename(&temp, &self.path)
+                .map_err(|e| failed(format!("renaming the download into place: {e}")))?;
+        }
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        crate::io::crashsafe::fsync_dir(dir)
+            .map_err(|e| failed(format!("fsync of the directory: {e}")))?;
+        let s = &self.settings;
+        let layer = if self.is_image() {
+            let image = ImageLayer::open(&self.path, s.cache.clone(), s.max_value_size)?;
+            image.check_identity(s.tenant_id, s.timeline_id)?;
+            Layer::Image(Arc::new(image))
+        } else {
+            let delta = DeltaLayer::open(&self.path, s.cache.clone(), s.max_value_size)?;
+            delta.check_identity(s.tenant_id, s.timeline_id)?;
+            Layer::Delta(Arc::new(delta))
+        };
+        tracing::info!(
+            tenant = %s.tenant_id,
+            timeline = %s.timeline_id,
+            layer = %self.file_name,
+            bytes = self.size,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "downloaded a layer file on demand"
+        );
+        Ok(layer)
+    }
+}

@@ -1,0 +1,51 @@
+//! Which of the timeline's layer files are on the local disk, with remote storage: the local
+//! disk is a cache of the store, L0 layers always resident, L1 and image layers evictable once
+//! the store has them (`storage_layer::on_demand`).
+
+use super::*;
+
+/// One layer file's local copy, for the eviction pass and the prefetch after an attach.
+#[derive(Clone)]
+pub struct LocalCopy {
+    pub layer: Arc<OnDemandLayer>,
+    /// The store holds it, so the local copy may go.
+    pub in_store: bool,
+}
+
+impl Timeline {
+    /// Bytes of layer files on the local disk: every L0, and the resident L1 and image layers.
+    pub fn resident_layer_bytes(&self) -> u64 {
+        let map = self.layer_map();
+        let l0: u64 = map.l0.iter().map(|l| l.file_size()).sum();
+        let below: u64 = map
+            .below_l0
+            .iter()
+            .filter(|l| l.is_resident())
+            .map(|l| l.file_size())
+            .sum();
+        l0 + below
+    }
+
+    /// The on-demand layers (L1 and image layers, with remote storage), newest first.
+    pub fn on_demand_layers(&self) -> Vec<LocalCopy> {
+        let remote = self.remote.get();
+        self.layer_map()
+            .below_l0
+            .iter()
+            .filter_map(|l| match l {
+                Layer::OnDemand(layer) => Some(LocalCopy {
+                    layer: layer.clone(),
+                    in_store: remote.is_some_and(|r| {
+                        r.is_in_store(layer.file_name(), layer.file_size(), layer.crc32c())
+                    }),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether shutdown has begun: background work for the timeline stops.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+}

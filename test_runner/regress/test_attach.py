@@ -1,0 +1,174 @@
+"""Tenants that move: lost local disks, detach from one pageserver and attach to another that
+shares the store, eviction under a small disk budget with reads that download, damaged local
+layers downloaded again, and a stale generation fenced. Against both remote storage backends;
+every read is checked against the reference model."""
+
+from __future__ import annotations
+
+import shutil
+
+from fixtures.ingest import Workload, key
+from fixtures.plugin import PageserverFactory
+from fixtures.remote_storage import RemoteStore
+from fixtures.timeline import TimelineHandle
+from fixtures.utils import Lsn, wait_until
+
+KEYS = [key(i) for i in range(48)]
+ON_REQUEST = {"compaction_threshold": 0, "compaction_target_size": "64KiB"}
+
+
+def history(timeline: TimelineHandle, work: Workload, flushes: int = 6) -> None:
+    """L1 and image layers under a few L0s: compaction and forced images halfway."""
+    for i in range(flushes):
+        for _ in range(3):
+            timeline.ingest(work.batch(max_records=12))
+        timeline.checkpoint()
+        if i == flushes // 2:
+            timeline.http.compact(timeline.tenant_id, timeline.timeline_id, force_images=True)
+
+
+def wait_uploaded(store: RemoteStore, timeline: TimelineHandle) -> Lsn:
+    def uploaded() -> Lsn:
+        info = timeline.info()
+        assert info["remote_consistent_lsn"] == info["disk_consistent_lsn"], info
+        index = store.check_consistent(timeline.tenant_id, timeline.timeline_id)
+        files = {layer["file_name"] for layer in timeline.http.layers(timeline.tenant_id, timeline.timeline_id) if layer["file_name"]}
+        assert set(index["layers"]) == files
+        return Lsn.parse(info["remote_consistent_lsn"])
+
+    return wait_until(uploaded, timeout=30, interval=0.05, what="uploads settled")
+
+
+def read_cost(timeline: TimelineHandle, k: bytes, lsn: int | str) -> dict[str, int]:
+    """The X-Read-Cost of reading page `k` at `lsn` (a page with no version there too)."""
+    path = f"/v1/tenant/{timeline.tenant_id}/timeline/{timeline.timeline_id}/page"
+    r = timeline.http.request("GET", path, params={"key": k.hex(), "lsn": str(lsn)})
+    assert r.status_code in (200, 404), r.text
+    return {f.split("=")[0]: int(f.split("=")[1]) for f in r.headers["X-Read-Cost"].split()}
+
+
+def test_a_lost_disk_comes_back_from_the_store_at_remote_consistent_lsn(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    first = pageserver_factory.start(ON_REQUEST, remote=remote_store)
+    timeline = TimelineHandle.create(first)
+    work = Workload(11, KEYS)
+    history(timeline, work)
+    remote = wait_uploaded(remote_store, timeline)
+    # More arrives, then the machine and its disk are gone.
+    timeline.ingest(work.batch(max_records=12))
+    first.kill()
+    shutil.rmtree(first.workdir)
+
+    second = pageserver_factory.start(ON_REQUEST, remote=remote_store, name="second")
+    info = second.http.tenant_attach(timeline.tenant_id, generation=2)
+    assert (info["generation"], info["state"], info["timelines"]) == (2, "Active", 1)
+    moved = TimelineHandle(second, timeline.tenant_id, timeline.timeline_id, timeline.model)
+    lsns = moved.lsns()
+    assert lsns == (remote, remote), lsns
+    assert Lsn.parse(moved.info()["remote_consistent_lsn"]) == remote
+    moved.model.truncate(remote)
+    moved.verify()
+    # It goes on from there: clients re-send what came after remote_consistent_lsn.
+    moved.ingest(work.batch(max_records=12))
+    moved.checkpoint()
+    index = wait_uploaded(remote_store, moved)
+    assert remote_store.newest_index(moved.tenant_id, moved.timeline_id)["generation"] == 2
+    assert index > remote
+    moved.verify()
+
+
+def test_detach_from_one_server_and_attach_to_another(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    first = pageserver_factory.start(ON_REQUEST, remote=remote_store)
+    timeline = TimelineHandle.create(first)
+    work = Workload(12, KEYS)
+    history(timeline, work)
+    timeline.ingest(work.batch(max_records=12))  # not flushed: detach flushes and uploads it
+    last = timeline.model.last_lsn
+    first.http.tenant_detach(timeline.tenant_id)
+    assert not first.tenant_dir(timeline.tenant_id).exists()
+    assert first.http.tenant_list() == []
+
+    second = pageserver_factory.start(ON_REQUEST, remote=remote_store, name="second")
+    second.http.tenant_attach(timeline.tenant_id, generation=2)
+    moved = TimelineHandle(second, timeline.tenant_id, timeline.timeline_id, timeline.model)
+    assert moved.lsns() == (Lsn(last), Lsn(last))
+    moved.verify()
+    # Attaching again, or with an old generation elsewhere, is refused.
+    first_err = first.http.request("POST", f"/v1/tenant/{timeline.tenant_id}/attach", json={"generation": 1})
+    assert first_err.status_code == 409 and "not newer" in first_err.json()["msg"], first_err.text
+    again = second.http.request("POST", f"/v1/tenant/{timeline.tenant_id}/attach", json={"generation": 3})
+    assert again.status_code == 409, again.text
+    missing = second.http.request("POST", f"/v1/tenant/{'ab' * 16}/attach", json={"generation": 1})
+    assert missing.status_code == 404, missing.text
+
+
+def test_eviction_keeps_the_disk_budget_and_reads_download(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    ps = pageserver_factory.start({**ON_REQUEST, "max_local_layer_bytes": "64KiB"}, remote=remote_store)
+    timeline = TimelineHandle.create(ps)
+    history(timeline, Workload(13, KEYS))
+    wait_uploaded(remote_store, timeline)
+
+    def evicted() -> list[dict]:
+        layers = [layer for layer in timeline.http.layers(timeline.tenant_id, timeline.timeline_id) if not layer["resident"]]
+        assert layers, "nothing evicted yet"
+        return layers
+
+    gone = wait_until(evicted, timeout=10, what="eviction")
+    assert all(layer["level"] in ("L1", "image") for layer in gone)
+    for layer in gone:
+        assert not (ps.timeline_dir(timeline.tenant_id, timeline.timeline_id) / layer["file_name"]).exists()
+    wait_until(lambda: "pageserver_layer_evictions_total 0" not in ps.http.metrics_text(), what="evictions counted")
+    # Reads download what they need, and answer as before.
+    ps.http.page_cache_drop()
+    downloads = sum(read_cost(timeline, k, "latest")["downloads"] for k in timeline.model.keys())
+    assert downloads >= 1
+    timeline.verify()
+
+
+def test_a_damaged_local_layer_is_downloaded_again_at_startup(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    ps = pageserver_factory.start(ON_REQUEST, remote=remote_store)
+    timeline = TimelineHandle.create(ps)
+    history(timeline, Workload(14, KEYS))
+    wait_uploaded(remote_store, timeline)
+    layers = [layer for layer in timeline.http.layers(timeline.tenant_id, timeline.timeline_id) if layer["file_name"]]
+    ps.stop()
+    tl_dir = ps.timeline_dir(timeline.tenant_id, timeline.timeline_id)
+    for layer in layers[:3]:
+        path = tl_dir / layer["file_name"]
+        path.write_bytes(path.read_bytes()[: layer["size_bytes"] // 2])
+    # Another layer's bytes under a fourth one's name: not that layer, whatever its size.
+    (tl_dir / layers[4]["file_name"]).write_bytes((tl_dir / layers[3]["file_name"]).read_bytes())
+    ps.allowed_errors.append("downloading it again")
+    ps.start()
+    for layer in layers[:3] + layers[4:5]:
+        path = tl_dir / layer["file_name"]
+        assert not path.exists() or path.stat().st_size == layer["size_bytes"], layer
+    timeline.verify()
+
+
+def test_a_stale_generation_cannot_delete_what_a_newer_one_lists(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    old = pageserver_factory.start(ON_REQUEST, remote=remote_store)
+    timeline = TimelineHandle.create(old)
+    work = Workload(15, KEYS)
+    for _ in range(4):
+        timeline.ingest(work.batch(max_records=12))
+        timeline.checkpoint()
+    wait_uploaded(remote_store, timeline)
+
+    # Another server attaches the tenant at generation 2 while the old one still runs.
+    new = pageserver_factory.start(ON_REQUEST, remote=remote_store, name="new")
+    new.http.tenant_attach(timeline.tenant_id, generation=2)
+    moved = TimelineHandle(new, timeline.tenant_id, timeline.timeline_id, timeline.model)
+
+    def claimed() -> dict:
+        index = remote_store.newest_index(timeline.tenant_id, timeline.timeline_id)
+        assert index is not None and index["generation"] == 2
+        return index
+
+    newest = wait_until(claimed, what="generation 2's index")
+    # The stale one compacts: its L0s are in generation 2's index, so it must not delete them.
+    old.allowed_errors.append("this attachment is stale")
+    old.http.compact(timeline.tenant_id, timeline.timeline_id)
+    old.wait_for_log("this attachment is stale")
+    remote_store.check_consistent(timeline.tenant_id, timeline.timeline_id)
+    assert remote_store.newest_index(timeline.tenant_id, timeline.timeline_id) == newest
+    moved.verify()
