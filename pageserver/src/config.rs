@@ -79,8 +79,9 @@ gc_horizon = "64MiB"
 # or an S3 bucket, credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and
 # AWS_SESSION_TOKEN); endpoint is optional (AWS itself), and may be plain http:// for a local server:
 # remote_storage = { bucket = "layers", prefix = "pageserver-1", endpoint = "http://127.0.0.1:9000", region = "us-east-1" }
-# A flush waits while more than this many bytes of layer files wait for upload.
-upload_queue_max_bytes = "1GiB"
+# A flush waits while more than this many bytes of layer files wait for upload. Twice
+# checkpoint_distance keeps remote_consistent_lsn within about that of disk_consistent_lsn.
+upload_queue_max_bytes = "512MiB"
 # The local disk is a cache of remote storage: layer files on it are kept within this many
 # bytes by evicting the least recently read ones the store holds (downloaded again when read).
 # 0: no limit.
@@ -241,7 +242,7 @@ impl Default for PageServerConf {
             http_auth_type: AuthType::Trust,
             auth_validation_public_key_path: None,
             remote_storage: None,
-            upload_queue_max_bytes: 1 << 30,
+            upload_queue_max_bytes: 512 << 20,
             max_local_layer_bytes: 0,
             test_remote_failures: 0,
         }

@@ -44,7 +44,7 @@ def test_fresh_workdir_gets_the_first_starts_settings(pageserver_factory: Pagese
         "image_creation_threshold": 3,
         "image_creation_delta_percent": 100,
         "gc_horizon": "64MiB",
-        "upload_queue_max_bytes": "1GiB",
+        "upload_queue_max_bytes": "512MiB",
         "max_local_layer_bytes": 0,
         "test_remote_failures": 0,
         "wait_lsn_timeout": "60s",

@@ -45,7 +45,9 @@ use futures::StreamExt;
 use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart};
+use object_store::{
+    GetResultPayload, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod config;
@@ -517,23 +519,44 @@ impl RemoteStorage {
                 .get(&location)
                 .await
                 .map_err(|e| classify("download", key, e))?;
-            let mut file = tokio::fs::File::create(dest)
-                .await
-                .map_err(|e| AttemptError::Final(local_err(e)))?;
-            let mut stream = result.into_stream();
-            let mut done = Downloaded { len: 0, crc32c: 0 };
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|e| classify("download", key, e))?;
-                file.write_all(&chunk)
-                    .await
-                    .map_err(|e| AttemptError::Final(local_err(e)))?;
-                done.len += chunk.len() as u64;
-                done.crc32c = crc32c::crc32c_append(done.crc32c, &chunk);
+            match result.payload {
+                // The directory backend hands over the open file: one blocking copy in large
+                // chunks, not a stream of small ones each crossing to the blocking pool.
+                GetResultPayload::File(source, _) => {
+                    let dest = dest.to_owned();
+                    tokio::task::spawn_blocking(move || copy_file(source, &dest))
+                        .await
+                        .map_err(|e| AttemptError::Transient(format!("download task: {e}")))?
+                        .map_err(|e| AttemptError::Final(local_err(e)))
+                }
+                GetResultPayload::Stream(mut stream) => {
+                    let mut file = tokio::fs::File::create(dest)
+                        .await
+                        .map_err(|e| AttemptError::Final(local_err(e)))?;
+                    let mut done = Downloaded { len: 0, crc32c: 0 };
+                    // Chunks gathered into writes of COPY_CHUNK, each one blocking call.
+                    let mut pending = Vec::with_capacity(COPY_CHUNK);
+                    while let Some(chunk) = stream.next().await {
+                        let chunk = chunk.map_err(|e| classify("download", key, e))?;
+                        done.len += chunk.len() as u64;
+                        done.crc32c = crc32c::crc32c_append(done.crc32c, &chunk);
+                        pending.extend_from_slice(&chunk);
+                        if pending.len() >= COPY_CHUNK {
+                            file.write_all(&pending)
+                                .await
+                                .map_err(|e| AttemptError::Final(local_err(e)))?;
+                            pending.clear();
+                        }
+                    }
+                    file.write_all(&pending)
+                        .await
+                        .map_err(|e| AttemptError::Final(local_err(e)))?;
+                    file.sync_all()
+                        .await
+                        .map_err(|e| AttemptError::Final(local_err(e)))?;
+                    Ok(done)
+                }
             }
-            file.sync_all()
-                .await
-                .map_err(|e| AttemptError::Final(local_err(e)))?;
-            Ok(done)
         })
         .await
     }
@@ -579,6 +602,28 @@ impl RemoteStorage {
         })
         .await
     }
+}
+
+/// Downloads are written in chunks of this size.
+const COPY_CHUNK: usize = 4 << 20;
+
+/// Copies `source` from its start into a new file at `dest`, fsynced, with its CRC-32C.
+fn copy_file(mut source: std::fs::File, dest: &Path) -> std::io::Result<Downloaded> {
+    use std::io::{Read, Write};
+    let mut out = std::fs::File::create(dest)?;
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut done = Downloaded { len: 0, crc32c: 0 };
+    loop {
+        let n = source.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])?;
+        done.len += n as u64;
+        done.crc32c = crc32c::crc32c_append(done.crc32c, &buf[..n]);
+    }
+    out.sync_all()?;
+    Ok(done)
 }
 
 /// Reads until `buf` is full or the file ends; returns the bytes read.

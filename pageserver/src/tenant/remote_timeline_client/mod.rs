@@ -15,10 +15,11 @@
 //!
 //! The timeline tells its client of each manifest it commits ([`RemoteCopy::manifest_committed`],
 //! under the manifest's lock, so in commit order). The client turns it into the index it wants
-//! in the store (the *target*) and wakes its task, which works towards it step by step by the
-//! rules of `upload_plan.rs`: the target's new layers first (four at a time, each streamed from
-//! its local file), then the target as this generation's index, then deletions of objects no
-//! index needs. A failed step is logged with the object's key and retried with backoff (1 s
+//! in the store (a *target*, queued in commit order) and wakes its task, which works towards
+//! the newest step by step by the rules of `upload_plan.rs`: the newest target whose layers are
+//! all in the store is uploaded as this generation's index; otherwise the oldest target's
+//! missing layers are uploaded (four at a time, each streamed from its local file); objects no
+//! index needs are deleted last. A failed step is logged with the object's key and retried with backoff (1 s
 //! doubling to 30 s), forever: the queue is never dropped, and it is not persisted, because the
 //! local manifest and the remote index rebuild it at the next start.
 //!
@@ -430,11 +431,7 @@ impl RemoteTimelineClient {
 
     /// Whether the newest target still lists layer `name`.
     fn is_still_wanted(&self, name: &str) -> bool {
-        let state = self.state();
-        match state.plan.next() {
-            Step::UploadLayers(missing) => missing.iter().any(|(n, _)| n == name),
-            _ => false,
-        }
+        self.state().plan.newest_lists(name)
     }
 
     /// Lists the timeline's objects; if a newer generation's index is among them, fences the

@@ -2,26 +2,32 @@
 //! this pageserver knows), what the newest committed manifest asks for, and the next step
 //! towards it. The executor (`mod.rs`) runs the steps and reports each object as it lands.
 //!
-//! Rules, in the order [`UploadPlan::next`] applies them:
+//! Every committed manifest's index is a *target*, queued in commit order until uploaded. Rules,
+//! in the order [`UploadPlan::next`] applies them:
 //!
-//! 1. **Layers first.** Every layer the target lists that the store lacks is uploaded (as an
-//!    object of this generation) before any index that lists it.
-//! 2. **Then the index.** Once the store holds every layer of the target, the target is
-//!    uploaded as this generation's index. Indexes are never queued one per commit: whatever
-//!    the newest target is when the layers are in is the one uploaded, so a burst of commits
-//!    costs one index upload.
+//! 1. **The newest complete index.** The newest target whose layers the store all holds is
+//!    uploaded as this generation's index, and every target up to it leaves the queue: a burst
+//!    of commits costs one index upload, and `remote_consistent_lsn` advances as soon as any
+//!    committed manifest is wholly in the store, never waiting for the newest one under
+//!    sustained ingest.
+//! 2. **Layers before the index that lists them**: otherwise the oldest queued target's
+//!    missing layers are uploaded (as objects of this generation).
 //! 3. **Deletions last.** A layer object is deleted only when neither the durable index nor
-//!    the target lists it: an index that no longer needs it is durable, and no index about to
-//!    be uploaded needs it.
+//!    any queued target lists it.
 //! 4. **A sweep, once.** After this generation's first index is durable, the store is listed
 //!    once: layer objects of this or older generations that no index lists (uploads a crash
 //!    cut off before their index) and older generations' indexes are deleted.
+//!
+//! A queued target that lists a layer neither in the store nor in the newest target (an L0 a
+//! compaction retired before it was uploaded, whose file may be gone) can never be uploaded,
+//! and leaves the queue; so every layer rule 2 uploads is one the newest target lists. At most
+//! [`MAX_QUEUED_TARGETS`] wait: beyond, the ones between the oldest and the newest give way.
 //!
 //! A newer generation's index found by a listing means another pageserver has attached the
 //! tenant since: the plan is then **fenced** and does nothing more, so a stale attachment never
 //! deletes what the newer one's index lists, and never writes an object of another generation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use utils::Generation;
 #[cfg(test)]
@@ -29,12 +35,16 @@ use utils::Lsn;
 
 use super::index::{IndexLayer, IndexPart};
 
+/// The most targets queued at once (see the module documentation).
+pub(crate) const MAX_QUEUED_TARGETS: usize = 16;
+
 /// See the module documentation.
 #[derive(Debug)]
 pub(crate) struct UploadPlan {
     generation: Generation,
-    /// The index the newest committed manifest makes: where the store should get to.
-    target: Option<IndexPart>,
+    /// The indexes of committed manifests not uploaded yet, oldest first; the newest is where
+    /// the store should get to.
+    targets: VecDeque<IndexPart>,
     /// The newest index durable in the store (this generation's, or the one it started from).
     uploaded: Option<IndexPart>,
     /// The layer objects the store holds, by layer name: those the durable index lists, and
@@ -63,7 +73,7 @@ impl UploadPlan {
     pub(crate) fn new(generation: Generation, durable: Option<IndexPart>) -> UploadPlan {
         UploadPlan {
             generation,
-            target: None,
+            targets: VecDeque::new(),
             present: durable
                 .as_ref()
                 .map(|i| i.layers.clone())
@@ -92,9 +102,39 @@ impl UploadPlan {
         self.present.get(name).map(|l| l.generation)
     }
 
-    /// A new manifest was committed: its index is the new target.
+    /// A new manifest was committed: its index is the newest target.
     pub(crate) fn set_target(&mut self, target: IndexPart) {
-        self.target = Some(target);
+        if self.targets.back() == Some(&target)
+            || (self.targets.is_empty() && self.uploaded.as_ref() == Some(&target))
+        {
+            return;
+        }
+        self.targets.push_back(target);
+        self.prune();
+    }
+
+    /// Drops the targets that can never be uploaded, and the middle ones past the bound.
+    fn prune(&mut self) {
+        let Some(newest) = self.targets.back().cloned() else {
+            return;
+        };
+        let present = &self.present;
+        self.targets.retain(|t| {
+            t.layers
+                .keys()
+                .all(|name| present.contains_key(name) || newest.layers.contains_key(name))
+        });
+        while self.targets.len() > MAX_QUEUED_TARGETS {
+            self.targets.remove(1);
+        }
+    }
+
+    fn is_complete(&self, target: &IndexPart) -> bool {
+        target.layers.iter().all(|(name, l)| {
+            self.present
+                .get(name)
+                .is_some_and(|p| p.generation == l.generation)
+        })
     }
 
     /// Everything at or below it is in the store: the durable index's `disk_consistent_lsn`.
@@ -105,9 +145,17 @@ impl UploadPlan {
             .map_or(Lsn::INVALID, |i| i.disk_consistent_lsn)
     }
 
-    /// Bytes of target layers not yet in the store: the upload queue's length.
+    /// Bytes of the newest target's layers not yet in the store: the upload queue's length.
     pub(crate) fn pending_bytes(&self) -> u64 {
-        self.missing().iter().map(|(_, l)| l.size).sum()
+        let Some(newest) = self.targets.back() else {
+            return 0;
+        };
+        newest
+            .layers
+            .iter()
+            .filter(|(name, _)| !self.present.contains_key(*name))
+            .map(|(_, l)| l.size)
+            .sum()
     }
 
     pub(crate) fn is_fenced(&self) -> bool {
@@ -124,48 +172,32 @@ impl UploadPlan {
         self.next() == Step::Idle
     }
 
-    fn missing(&self) -> Vec<(String, IndexLayer)> {
-        let Some(target) = &self.target else {
-            return Vec::new();
-        };
-        target
-            .layers
-            .iter()
-            .filter(|(name, _)| !self.present.contains_key(*name))
-            .map(|(name, l)| {
-                let mut l = l.clone();
-                l.generation = self.generation;
-                (name.clone(), l)
-            })
-            .collect()
-    }
-
     pub(crate) fn next(&self) -> Step {
         if self.fenced {
             return Step::Idle;
         }
-        let missing = self.missing();
-        if !missing.is_empty() {
-            return Step::UploadLayers(missing);
+        if let Some(complete) = self.targets.iter().rev().find(|t| self.is_complete(t)) {
+            return Step::UploadIndex(complete.clone());
         }
-        if let Some(target) = &self.target {
-            if self.uploaded.as_ref() != Some(target) {
-                return Step::UploadIndex(target.clone());
+        if let Some(oldest) = self.targets.front() {
+            let missing: Vec<(String, IndexLayer)> = oldest
+                .layers
+                .iter()
+                .filter(|(name, _)| !self.present.contains_key(*name))
+                .map(|(name, l)| {
+                    let mut l = l.clone();
+                    l.generation = self.generation;
+                    (name.clone(), l)
+                })
+                .collect();
+            if !missing.is_empty() {
+                return Step::UploadLayers(missing);
             }
         }
-        let listed = |name: &str| {
-            self.uploaded
-                .as_ref()
-                .is_some_and(|i| i.layers.contains_key(name))
-                || self
-                    .target
-                    .as_ref()
-                    .is_some_and(|t| t.layers.contains_key(name))
-        };
         let garbage: Vec<(String, IndexLayer)> = self
             .present
             .iter()
-            .filter(|(name, _)| !listed(name))
+            .filter(|(name, _)| !self.is_listed(name))
             .map(|(name, l)| (name.clone(), l.clone()))
             .collect();
         if !garbage.is_empty() {
@@ -181,14 +213,38 @@ impl UploadPlan {
         Step::Idle
     }
 
+    #[cfg(test)]
+    pub(crate) fn queued_targets(&self) -> usize {
+        self.targets.len()
+    }
+
+    /// Whether the newest target lists layer `name`.
+    pub(crate) fn newest_lists(&self, name: &str) -> bool {
+        self.targets
+            .back()
+            .is_some_and(|t| t.layers.contains_key(name))
+    }
+
+    /// Whether the durable index or a queued target lists layer `name`.
+    fn is_listed(&self, name: &str) -> bool {
+        self.uploaded
+            .iter()
+            .chain(self.targets.iter())
+            .any(|i| i.layers.contains_key(name))
+    }
+
     /// Layer `name` is in the store now, as `layer` says.
     pub(crate) fn layer_uploaded(&mut self, name: &str, layer: IndexLayer) {
         self.present.insert(name.to_owned(), layer);
     }
 
-    /// `index` is durable in the store.
+    /// `index` is durable in the store: it and the targets before it leave the queue.
     pub(crate) fn index_uploaded(&mut self, index: IndexPart) {
+        if let Some(at) = self.targets.iter().position(|t| *t == index) {
+            self.targets.drain(..=at);
+        }
         self.uploaded = Some(index);
+        self.prune();
     }
 
     /// Layer `name`'s object is gone from the store.
@@ -208,8 +264,11 @@ impl UploadPlan {
         }
         let listed_as = |i: &IndexPart| i.layers.get(name).map(|l| l.generation);
         let mut listed = self.present.get(name).map(|l| l.generation) == Some(generation);
-        listed |= self.uploaded.as_ref().and_then(listed_as) == Some(generation);
-        listed |= self.target.as_ref().and_then(listed_as) == Some(generation);
+        listed |= self
+            .uploaded
+            .iter()
+            .chain(self.targets.iter())
+            .any(|i| listed_as(i) == Some(generation));
         !listed
     }
 }

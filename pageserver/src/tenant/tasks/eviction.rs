@@ -67,8 +67,12 @@ pub fn run_pass(timelines: &[Arc<Timeline>], budget: u64) -> EvictionOutcome {
     outcome
 }
 
-/// Downloads the on-demand layers of `timelines`, newest first, while they fit in `budget`
-/// (0: no budget); stops early once a timeline shuts down. Returns the layers downloaded.
+/// Layer downloads a prefetch runs at once.
+const PREFETCH_THREADS: usize = 4;
+
+/// Downloads the on-demand layers of `timelines`, newest first (`PREFETCH_THREADS` at a time),
+/// while they fit in `budget` (0: no budget); stops early once a timeline shuts down. Returns
+/// the layers downloaded.
 pub fn prefetch(timelines: &[Arc<Timeline>], budget: u64) -> usize {
     let mut layers: Vec<(Arc<Timeline>, LocalCopy)> = timelines
         .iter()
@@ -85,23 +89,40 @@ pub fn prefetch(timelines: &[Arc<Timeline>], budget: u64) -> usize {
             !c.layer.is_image(),
         )
     });
-    let mut downloaded = 0;
-    for (timeline, copy) in layers {
+    let queue = std::sync::Mutex::new(layers.into_iter());
+    let downloaded = std::sync::atomic::AtomicUsize::new(0);
+    // Bytes downloads in flight will add: the budget counts them before they land.
+    let claimed = std::sync::atomic::AtomicU64::new(0);
+    let worker = || loop {
+        let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+        let Some((timeline, copy)) = next else {
+            return;
+        };
         if timeline.is_shutting_down() {
-            break;
+            return;
         }
+        let size = copy.layer.file_size();
         let resident: u64 = timelines.iter().map(|t| t.resident_layer_bytes()).sum();
-        if budget != 0 && resident + copy.layer.file_size() > budget {
-            break;
+        let in_flight = claimed.fetch_add(size, std::sync::atomic::Ordering::AcqRel);
+        if budget != 0 && resident + in_flight + size > budget {
+            return;
         }
         match copy.layer.prefetch() {
-            Ok(true) => downloaded += 1,
+            Ok(true) => {
+                downloaded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
             Ok(false) => {}
             Err(e) => {
                 tracing::warn!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
                     "prefetching a layer failed (a read will download it): {e}");
             }
         }
-    }
-    downloaded
+        claimed.fetch_sub(size, std::sync::atomic::Ordering::AcqRel);
+    };
+    std::thread::scope(|s| {
+        for _ in 0..PREFETCH_THREADS {
+            s.spawn(worker);
+        }
+    });
+    downloaded.into_inner()
 }

@@ -265,23 +265,27 @@ fn layers_go_before_their_index_and_deletions_after() {
     };
     assert_eq!(layers.len(), 1);
     plan.layer_uploaded("a", layers[0].1.clone());
-    let Step::UploadIndex(index) = plan.next() else {
+    let Step::UploadIndex(first) = plan.next() else {
         panic!()
     };
-    // A second commit before the index is uploaded replaces the target: one index, the newest.
+    // A second commit before that index is uploaded: the first target is still the newest
+    // complete one, so it goes first (remote_consistent_lsn does not wait for "b").
     manifest.retire_layer("a");
     manifest.add_layer(entry("b"));
     manifest.disk_consistent_lsn = Lsn(2);
     plan.set_target(IndexPart::from_manifest(&manifest, g, |n| {
         plan.layer_generation(n)
     }));
+    assert_eq!(plan.next(), Step::UploadIndex(first.clone()));
+    assert_eq!(plan.remote_consistent_lsn(), Lsn::INVALID);
+    plan.index_uploaded(first);
+    assert_eq!(plan.remote_consistent_lsn(), Lsn(1));
     assert!(matches!(plan.next(), Step::UploadLayers(ref l) if l[0].0 == "b"));
-    plan.layer_uploaded("b", index.layers["a"].clone());
+    plan.layer_uploaded("b", layers[0].1.clone());
     let Step::UploadIndex(index) = plan.next() else {
         panic!()
     };
     assert!(index.layers.contains_key("b") && !index.layers.contains_key("a"));
-    assert_eq!(plan.remote_consistent_lsn(), Lsn::INVALID);
     plan.index_uploaded(index);
     assert_eq!(plan.remote_consistent_lsn(), Lsn(2));
     // Only now may "a" go.
@@ -290,4 +294,43 @@ fn layers_go_before_their_index_and_deletions_after() {
     assert_eq!(plan.next(), Step::Sweep);
     plan.swept();
     assert!(plan.is_settled());
+}
+
+#[test]
+fn a_target_whose_retired_layer_never_reached_the_store_leaves_the_queue() {
+    let (tenant, timeline) = (TenantId::generate(), TimelineId::generate());
+    let g = Generation::FIRST;
+    let mut manifest = TimelineMetadata::empty(tenant, timeline);
+    let entry = |name: &str| LayerFileEntry {
+        name: name.to_owned(),
+        size: 10,
+        crc32c: 1,
+        level: LayerLevel::L0,
+    };
+    let mut plan = UploadPlan::new(g, None);
+    for (name, lsn) in [("l0-a", 1), ("l0-b", 2)] {
+        manifest.add_layer(entry(name));
+        manifest.disk_consistent_lsn = Lsn(lsn);
+        plan.set_target(IndexPart::from_manifest(&manifest, g, |n| {
+            plan.layer_generation(n)
+        }));
+    }
+    // A compaction replaces both before either is uploaded: the older targets can never be
+    // uploaded (their L0s' files go), so only the newest is worked on.
+    manifest.retire_layer("l0-a");
+    manifest.retire_layer("l0-b");
+    manifest.add_layer(entry("l1"));
+    plan.set_target(IndexPart::from_manifest(&manifest, g, |n| {
+        plan.layer_generation(n)
+    }));
+    assert!(matches!(plan.next(), Step::UploadLayers(ref l) if l.len() == 1 && l[0].0 == "l1"));
+    // Many commits while nothing lands: the queue stays bounded.
+    for lsn in 3..100 {
+        manifest.disk_consistent_lsn = Lsn(lsn);
+        manifest.add_layer(entry(&format!("l0-{lsn}")));
+        plan.set_target(IndexPart::from_manifest(&manifest, g, |n| {
+            plan.layer_generation(n)
+        }));
+        assert!(plan.queued_targets() <= super::MAX_QUEUED_TARGETS);
+    }
 }
