@@ -79,7 +79,8 @@ def test_layers_then_index_reach_the_store(pageserver_factory: PageserverFactory
 
 
 def test_injected_failures_are_retried_on_every_operation(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
-    ps = pageserver_factory.start({**ON_REQUEST, "test_remote_failures": 2}, remote=remote_store)
+    # A small disk budget, so that layers are evicted and reads download them too.
+    ps = pageserver_factory.start({**ON_REQUEST, "test_remote_failures": 2, "max_local_layer_bytes": "64KiB"}, remote=remote_store)
     ps.allowed_errors.append("remote operation failed: .*injected failure")
     timeline = TimelineHandle.create(ps)
     work = Workload(2, KEYS)
@@ -87,9 +88,15 @@ def test_injected_failures_are_retried_on_every_operation(pageserver_factory: Pa
     wait_uploaded(remote_store, timeline)
     ps.http.compact(timeline.tenant_id, timeline.timeline_id)
     wait_uploaded(remote_store, timeline)
+    wait_until(
+        lambda: any(not layer["resident"] for layer in ps.http.layers(timeline.tenant_id, timeline.timeline_id)),
+        what="an eviction",
+    )
+    ps.http.page_cache_drop()
+    timeline.verify()
     # Every kind of operation failed first, and went through on a retry.
     log = ps.log_text()
-    for op in ("upload", "put", "delete", "list", "get"):
+    for op in ("upload", "put", "create", "delete", "list", "get", "download"):
         assert f'op="{op}"' in log or f"op={op}" in log, f"no injected failure of {op}"
     assert ps.http.metrics_text().count('result="error"} 0') >= 4, "a step failed for good"
     ps.restart()

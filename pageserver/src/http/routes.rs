@@ -247,8 +247,9 @@ pub async fn tenant_attach(
     Path(tenant_id): Path<String>,
     body: Body,
 ) -> ApiResult<(StatusCode, Json<JsonValue>)> {
-    let id = parse_tenant(&tenant_id)?;
+    // The body first (see `timeline_create`).
     let request: Option<TenantAttachRequest> = json_body(body).await?;
+    let id = parse_tenant(&tenant_id)?;
     let request = request.ok_or_else(|| {
         ApiError::bad_request("the body must be {\"generation\": N}, N from 1 up".to_owned())
     })?;
@@ -298,8 +299,10 @@ pub async fn timeline_create(
     Path(tenant_id): Path<String>,
     body: Body,
 ) -> ApiResult<(StatusCode, Json<JsonValue>)> {
-    let tenant = state.tenants.get_tenant(parse_tenant(&tenant_id)?)?;
+    // The body first, whatever the answer: a connection whose request body was left unread
+    // cannot carry the client's next request.
     let request: TimelineCreateRequest = json_body(body).await?;
+    let tenant = state.tenants.get_tenant(parse_tenant(&tenant_id)?)?;
     let id = request
         .new_timeline_id
         .as_deref()

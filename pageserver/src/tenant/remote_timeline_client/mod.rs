@@ -367,9 +367,26 @@ impl RemoteTimelineClient {
                         reason: "failpoint remote-before-index-upload".to_owned(),
                     })
                 ));
-                let result = storage.put(&key, Bytes::from(index.to_json())).await;
-                count("upload_index", &result);
-                result?;
+                let json = Bytes::from(index.to_json());
+                // The first index of this generation claims it: created only if no index of
+                // the generation exists, so two attachments given one generation cannot both
+                // write as it. Later ones replace it.
+                let claiming = self.state().plan.durable_generation() != Some(self.generation);
+                if claiming {
+                    let result = storage.create_if_absent(&key, json.clone()).await;
+                    count("upload_index", &result);
+                    if !result? && storage.get(&key).await? != json {
+                        tracing::error!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                            generation = %self.generation,
+                            "another attachment has claimed this generation (its index {key} exists): this attachment is stale, and deletes and uploads nothing more");
+                        self.state().plan.fence();
+                        return Ok(());
+                    }
+                } else {
+                    let result = storage.put(&key, json).await;
+                    count("upload_index", &result);
+                    result?;
+                }
                 self.remote_consistent_lsn
                     .store(index.disk_consistent_lsn.0, Ordering::Release);
                 tracing::debug!(tenant = %self.tenant_id, timeline = %self.timeline_id,

@@ -218,6 +218,11 @@ impl UploadPlan {
         self.targets.len()
     }
 
+    /// The generation of the durable index, if there is one.
+    pub(crate) fn durable_generation(&self) -> Option<Generation> {
+        self.uploaded.as_ref().map(|i| i.generation)
+    }
+
     /// Whether the newest target lists layer `name`.
     pub(crate) fn newest_lists(&self, name: &str) -> bool {
         self.targets
