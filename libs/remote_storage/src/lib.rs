@@ -115,9 +115,9 @@ impl fmt::Debug for RemotePath {
     }
 }
 
-/// What [`RemoteStorage::download_to_file`] wrote.
+/// What an upload sent or a download wrote: its length and CRC-32C, computed as it streamed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Downloaded {
+pub struct Transferred {
     pub len: u64,
     pub crc32c: u32,
 }
@@ -401,8 +401,13 @@ impl RemoteStorage {
     }
 
     /// Writes the local file at `path` as the object `key`: in one request up to
-    /// [`PART_SIZE`], in parts beyond, never the whole file in memory. Returns its length.
-    pub async fn put_file(&self, key: &RemotePath, path: &Path) -> Result<u64, RemoteError> {
+    /// [`PART_SIZE`], in parts beyond, never the whole file in memory. Returns the length and
+    /// CRC-32C of what it sent.
+    pub async fn put_file(
+        &self,
+        key: &RemotePath,
+        path: &Path,
+    ) -> Result<Transferred, RemoteError> {
         let location = self.location(key)?;
         let local_err = |source| RemoteError::LocalIo {
             op: "upload",
@@ -420,11 +425,13 @@ impl RemoteStorage {
                 file.read_to_end(&mut bytes)
                     .await
                     .map_err(|e| AttemptError::Final(local_err(e)))?;
+                let crc32c = crc32c::crc32c(&bytes);
+                let len = bytes.len() as u64;
                 self.store
                     .put(&location, PutPayload::from(bytes))
                     .await
                     .map_err(|e| classify("upload", key, e))?;
-                return Ok(len);
+                return Ok(Transferred { len, crc32c });
             }
             let upload = self
                 .store
@@ -433,6 +440,7 @@ impl RemoteStorage {
                 .map_err(|e| classify("upload", key, e))?;
             let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
             let mut sent = 0u64;
+            let mut crc = 0u32;
             let mut buf = vec![0u8; PART_SIZE];
             loop {
                 let n = match read_full(&mut file, &mut buf).await {
@@ -449,6 +457,7 @@ impl RemoteStorage {
                     return Err(classify("upload", key, e));
                 }
                 writer.write(&buf[..n]);
+                crc = crc32c::crc32c_append(crc, &buf[..n]);
                 sent += n as u64;
             }
             if sent != len {
@@ -463,7 +472,7 @@ impl RemoteStorage {
                 .finish()
                 .await
                 .map_err(|e| classify("upload", key, e))?;
-            Ok(len)
+            Ok(Transferred { len, crc32c: crc })
         })
         .await
     }
@@ -505,7 +514,7 @@ impl RemoteStorage {
         &self,
         key: &RemotePath,
         dest: &Path,
-    ) -> Result<Downloaded, RemoteError> {
+    ) -> Result<Transferred, RemoteError> {
         let location = self.location(key)?;
         let local_err = |source| RemoteError::LocalIo {
             op: "download",
@@ -533,7 +542,7 @@ impl RemoteStorage {
                     let mut file = tokio::fs::File::create(dest)
                         .await
                         .map_err(|e| AttemptError::Final(local_err(e)))?;
-                    let mut done = Downloaded { len: 0, crc32c: 0 };
+                    let mut done = Transferred { len: 0, crc32c: 0 };
                     // Chunks gathered into writes of COPY_CHUNK, each one blocking call.
                     let mut pending = Vec::with_capacity(COPY_CHUNK);
                     while let Some(chunk) = stream.next().await {
@@ -608,11 +617,11 @@ impl RemoteStorage {
 const COPY_CHUNK: usize = 4 << 20;
 
 /// Copies `source` from its start into a new file at `dest`, fsynced, with its CRC-32C.
-fn copy_file(mut source: std::fs::File, dest: &Path) -> std::io::Result<Downloaded> {
+fn copy_file(mut source: std::fs::File, dest: &Path) -> std::io::Result<Transferred> {
     use std::io::{Read, Write};
     let mut out = std::fs::File::create(dest)?;
     let mut buf = vec![0u8; COPY_CHUNK];
-    let mut done = Downloaded { len: 0, crc32c: 0 };
+    let mut done = Transferred { len: 0, crc32c: 0 };
     loop {
         let n = source.read(&mut buf)?;
         if n == 0 {

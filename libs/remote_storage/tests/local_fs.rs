@@ -92,10 +92,11 @@ async fn files_upload_in_parts_and_download_whole() {
     let local = dir.path().join("layer");
     std::fs::write(&local, &data).unwrap();
     let k = key("tenants/t/layer-00000001");
-    assert_eq!(remote.put_file(&k, &local).await.unwrap(), len as u64);
+    let sent = remote.put_file(&k, &local).await.unwrap();
+    assert_eq!((sent.len, sent.crc32c), (len as u64, crc32c::crc32c(&data)));
     let small = dir.path().join("small");
     std::fs::write(&small, b"abc").unwrap();
-    assert_eq!(remote.put_file(&key("small"), &small).await.unwrap(), 3);
+    assert_eq!(remote.put_file(&key("small"), &small).await.unwrap().len, 3);
 
     let dest = dir.path().join("downloaded");
     let downloaded = remote.download_to_file(&k, &dest).await.unwrap();

@@ -13,13 +13,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use utils::{Generation, TenantId};
 
 use super::{
     create_dir_atomically, delete_dir_atomically, io_error, lock, remote, Tenant, TenantError,
     TenantManager, TenantState, TIMELINES_DIR,
 };
-use crate::tenant::remote_timeline_client::{download_newest_index, list_tenant};
+use crate::tenant::remote_timeline_client::index::index_path;
+use crate::tenant::remote_timeline_client::{
+    download_newest_index, list_tenant, RemoteClientError,
+};
 use crate::tenant::tasks::eviction;
 
 #[cfg(test)]
@@ -68,17 +72,38 @@ impl TenantManager {
                 let storage = context.storage.clone();
                 let remote_dir =
                     crate::tenant::remote_timeline_client::index::timeline_path(id, timeline);
-                let index = context
+                // The newest index, claimed at once for the new generation (a conditional
+                // create of the same index under it): from here a stale attachment's next
+                // deletion finds it and stops, and the manifest is built from this very index.
+                let claimed = context
                     .block_on(async move {
-                        download_newest_index(&storage, &remote_dir, id, timeline, generation).await
+                        let newest = download_newest_index(
+                            &storage,
+                            &remote_dir,
+                            id,
+                            timeline,
+                            generation,
+                        )
+                        .await?;
+                        let Some(mut claimed) = newest else {
+                            return Ok(None);
+                        };
+                        claimed.generation = generation;
+                        let key = index_path(&remote_dir, generation);
+                        let json = Bytes::from(claimed.to_json());
+                        let created = storage.create_if_absent(&key, json).await?;
+                        Ok::<_, RemoteClientError>(created.then_some(claimed))
                     })
                     .map_err(|e| TenantError::Remote(e.to_string()))?
                     .ok_or_else(|| {
-                        TenantError::Remote(format!("timeline {timeline}: its index is gone"))
+                        TenantError::Remote(format!(
+                            "timeline {timeline}: its index is gone, or generation {} was claimed meanwhile by another attach",
+                            generation.get()
+                        ))
                     })?;
                 let dir = timelines.join(timeline.to_string());
                 std::fs::create_dir(&dir).map_err(io_error(&dir))?;
-                index
+                claimed
                     .to_manifest()
                     .store(&dir)
                     .map_err(|e| TenantError::Timeline(e.into()))?;
@@ -121,6 +146,9 @@ impl TenantManager {
                 "this pageserver has no remote storage: detaching would lose the tenant".to_owned(),
             ));
         }
+        // Once before the checkpoint, so that a store that does not answer fails the detach
+        // here, not in a flush waiting for upload room; once after, for what it flushed.
+        tenant.wait_uploaded(DETACH_UPLOAD_TIMEOUT)?;
         for timeline in tenant.list_timelines() {
             timeline.checkpoint()?;
         }
@@ -134,6 +162,21 @@ impl TenantManager {
             deleting.insert(id);
         }
         let result = tenant.detach();
+        if let Err(e) = &result {
+            // Its timelines are stopped, its directory kept: load it again, to serve as before.
+            tracing::error!(tenant = %id, "detach failed, loading the tenant again: {e}");
+            if tenant.dir.exists() {
+                match Tenant::load(id, tenant.dir.clone(), self.shared.clone()) {
+                    Ok(again) => {
+                        self.tenants
+                            .write()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(id, Arc::new(again));
+                    }
+                    Err(e) => tracing::error!(tenant = %id, "loading it again failed too: {e}"),
+                }
+            }
+        }
         lock(&self.tenant_dirs).remove(&id);
         result?;
         tracing::info!(tenant = %id, "detached tenant");
@@ -165,8 +208,14 @@ impl Tenant {
     /// unless an upload is left, in which case the copy stays for the next start.
     fn detach(&self) -> Result<(), TenantError> {
         lock(&self.dirs).deleting = true;
+        let mut first_error = None;
         for timeline in self.list_timelines() {
-            timeline.shutdown(true)?;
+            if let Err(e) = timeline.shutdown(true) {
+                first_error.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e.into());
         }
         let unsettled: Vec<String> = lock(&self.remote_clients)
             .iter()

@@ -145,6 +145,8 @@ pub enum RemoteClientError {
 struct ClientState {
     plan: UploadPlan,
     stopping: bool,
+    /// The indexes this client tried to claim its generation with (see `Step::UploadIndex`).
+    claims: Vec<Bytes>,
     /// The error of the last failed step, until a step succeeds.
     last_error: Option<String>,
 }
@@ -199,6 +201,7 @@ impl RemoteTimelineClient {
             state: Mutex::new(ClientState {
                 plan: UploadPlan::new(generation, durable.clone()),
                 stopping: false,
+                claims: Vec::new(),
                 last_error: None,
             }),
             progressed: Condvar::new(),
@@ -373,13 +376,31 @@ impl RemoteTimelineClient {
                 // write as it. Later ones replace it.
                 let claiming = self.state().plan.durable_generation() != Some(self.generation);
                 if claiming {
+                    // Every claim this client tried: one whose answer was lost is found in
+                    // the store later, and is ours, whichever of them it is.
+                    self.state().claims.push(json.clone());
                     let result = storage.create_if_absent(&key, json.clone()).await;
                     count("upload_index", &result);
-                    if !result? && storage.get(&key).await? != json {
+                    let created = result?;
+                    let found = if created {
+                        json.clone()
+                    } else {
+                        storage.get(&key).await?
+                    };
+                    if !self.state().claims.contains(&found) {
                         tracing::error!(tenant = %self.tenant_id, timeline = %self.timeline_id,
                             generation = %self.generation,
                             "another attachment has claimed this generation (its index {key} exists): this attachment is stale, and deletes and uploads nothing more");
                         self.state().plan.fence();
+                        return Ok(());
+                    }
+                    if found != json {
+                        // An earlier claim of ours landed: it is the durable index, and the
+                        // next step replaces it with this one.
+                        let durable = parse_index(&key, &found, self.tenant_id, self.timeline_id)?;
+                        self.remote_consistent_lsn
+                            .store(durable.disk_consistent_lsn.0, Ordering::Release);
+                        self.state().plan.index_uploaded(durable);
                         return Ok(());
                     }
                 } else {
@@ -400,6 +421,9 @@ impl RemoteTimelineClient {
                     return Ok(());
                 }
                 for (name, layer) in layers {
+                    if self.state().stopping {
+                        return Ok(());
+                    }
                     let key = layer_path(&self.remote_dir, &name, layer.generation)?;
                     let result = storage.delete(&key).await;
                     count("delete", &result);
@@ -428,20 +452,22 @@ impl RemoteTimelineClient {
             }
         }
         count("upload_layer", &result);
-        let uploaded = result?;
-        if uploaded != layer.size {
+        let sent = result?;
+        // What was sent must be the file the manifest lists: a local copy damaged since it
+        // was written is never made the store's.
+        if (sent.len, sent.crc32c) != (layer.size, layer.crc32c) {
             return Err(RemoteClientError::Storage(RemoteError::Failed {
                 op: "upload",
                 key: key.to_string(),
                 attempts: 1,
                 elapsed: Duration::ZERO,
                 reason: format!(
-                    "the local file is {uploaded} bytes, the manifest lists {}",
-                    layer.size
+                    "the local file is {} bytes with CRC-32C {:#010x}; the manifest lists {} bytes with {:#010x}",
+                    sent.len, sent.crc32c, layer.size, layer.crc32c
                 ),
             }));
         }
-        crate::metrics::REMOTE_UPLOADED_BYTES.inc_by(uploaded);
+        crate::metrics::REMOTE_UPLOADED_BYTES.inc_by(sent.len);
         fail::fail_point!("remote-after-layer-upload");
         Ok(true)
     }
@@ -502,6 +528,9 @@ impl RemoteTimelineClient {
                 .collect()
         };
         for key in doomed {
+            if self.state().stopping {
+                return Ok(());
+            }
             tracing::info!(tenant = %self.tenant_id, timeline = %self.timeline_id,
                 "deleting remote object {key}: no index lists it");
             let result = self.context.storage.delete(&key).await;
@@ -556,14 +585,17 @@ impl RemoteCopy for RemoteTimelineClient {
     }
 
     fn is_in_store(&self, name: &str, size: u64, crc32c: u32) -> bool {
+        // Listed by the durable index, not merely uploaded: a restart finds only what an index
+        // lists, so a local copy whose layer no durable index lists yet must stay.
         self.state()
             .plan
-            .present_layer(name)
+            .durable_layer(name)
             .is_some_and(|l| (l.size, l.crc32c) == (size, crc32c))
     }
 
     fn stop(&self, drain: bool) {
-        if drain && !self.wait_settled(SHUTDOWN_DRAIN_TIMEOUT) {
+        let drained = drain && self.wait_settled(SHUTDOWN_DRAIN_TIMEOUT);
+        if drain && !drained && !self.is_fenced() {
             tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
                 queued_bytes = self.queued_bytes(),
                 "stopping with uploads not done after {SHUTDOWN_DRAIN_TIMEOUT:?}; the next start resumes them");
@@ -572,7 +604,11 @@ impl RemoteCopy for RemoteTimelineClient {
         self.wakeup.notify_one();
         self.progressed.notify_all();
         if let Some(task) = lock(&self.task).take() {
-            // The task only awaits the store, and sees `stopping` after its step.
+            if !drained {
+                // A step in progress may wait on a store that does not answer: it is dropped
+                // where it stands (the next start rebuilds the queue from the two manifests).
+                task.abort();
+            }
             let _ = futures::executor::block_on(task);
         }
     }
@@ -686,10 +722,27 @@ fn parse_index(
     tenant_id: TenantId,
     timeline_id: TimelineId,
 ) -> Result<IndexPart, RemoteClientError> {
-    let index = IndexPart::parse(bytes).map_err(|reason| RemoteClientError::CorruptIndex {
+    let corrupt = |reason: String| RemoteClientError::CorruptIndex {
         key: key.to_string(),
         reason,
-    })?;
+    };
+    if bytes.len() as u64 > MAX_INDEX_BYTES {
+        return Err(corrupt(format!(
+            "{} bytes, more than any index takes",
+            bytes.len()
+        )));
+    }
+    let index = IndexPart::parse(bytes).map_err(corrupt)?;
+    let named = match classify_object(key.file_name()) {
+        RemoteObject::Index(generation) => Some(generation),
+        _ => None,
+    };
+    if named != Some(index.generation) {
+        return Err(corrupt(format!(
+            "it says generation {}, its name another",
+            index.generation.get()
+        )));
+    }
     if (index.tenant_id, index.timeline_id) != (tenant_id, timeline_id) {
         return Err(RemoteClientError::WrongIndex {
             key: key.to_string(),

@@ -92,11 +92,6 @@ impl UploadPlan {
             .map_or(self.generation, |l| l.generation)
     }
 
-    /// The store's object of layer `name`, if the store has it.
-    pub(crate) fn present_layer(&self, name: &str) -> Option<&IndexLayer> {
-        self.present.get(name)
-    }
-
     /// The generation of the store's object of layer `name`, if the store has it.
     pub(crate) fn present_generation(&self, name: &str) -> Option<Generation> {
         self.present.get(name).map(|l| l.generation)
@@ -167,9 +162,10 @@ impl UploadPlan {
         self.fenced = true;
     }
 
-    /// Nothing left to do: the durable index is the target, and nothing waits deletion.
+    /// Nothing left to do: the durable index is the newest target, and nothing waits deletion.
+    /// Never for a fenced plan: what it has not uploaded will never be.
     pub(crate) fn is_settled(&self) -> bool {
-        self.next() == Step::Idle
+        !self.fenced && self.next() == Step::Idle
     }
 
     pub(crate) fn next(&self) -> Step {
@@ -216,6 +212,11 @@ impl UploadPlan {
     #[cfg(test)]
     pub(crate) fn queued_targets(&self) -> usize {
         self.targets.len()
+    }
+
+    /// Layer `name` as the durable index lists it.
+    pub(crate) fn durable_layer(&self, name: &str) -> Option<&IndexLayer> {
+        self.uploaded.as_ref().and_then(|i| i.layers.get(name))
     }
 
     /// The generation of the durable index, if there is one.

@@ -184,10 +184,10 @@ pub(crate) struct LayerFile {
     /// Set once a committed manifest no longer lists the file, or its local copy is evicted:
     /// the last user removes it.
     retired: std::sync::atomic::AtomicBool,
-    /// The file's inode when opened: the last user of a retired file removes the file at its
-    /// path only if it is still this one, not a copy downloaded again since (see
-    /// [`replace_lock`]).
-    inode: u64,
+    /// The file's inode and modification time when opened: the last user of a retired file
+    /// removes the file at its path only if it is still this one, not a copy downloaded again
+    /// since (see [`replace_lock`]). The time too, because a freed inode number is reused.
+    identity: (u64, Option<std::time::SystemTime>),
 }
 
 /// Held while a retired file is removed and while a downloaded layer is renamed into place,
@@ -209,7 +209,7 @@ impl Drop for LayerFile {
             let _replacing = replace_lock();
             match std::fs::symlink_metadata(&self.path) {
                 // Downloaded again since it was evicted: that copy is not ours to remove.
-                Ok(meta) if meta.ino() != self.inode => return,
+                Ok(meta) if (meta.ino(), meta.modified().ok()) != self.identity => return,
                 Ok(_) => std::fs::remove_file(&self.path),
                 Err(e) => Err(e),
             }
@@ -242,7 +242,7 @@ impl LayerFile {
         use std::os::unix::fs::MetadataExt;
         let file = VirtualFile::open(path).map_err(io_err)?;
         let meta = file.metadata().map_err(io_err)?;
-        let (size, inode) = (meta.len(), meta.ino());
+        let (size, identity) = (meta.len(), (meta.ino(), meta.modified().ok()));
         if size < PAGE_SZ as u64 {
             return Err(LayerFileError::Corrupt {
                 path: path.to_owned(),
@@ -258,7 +258,7 @@ impl LayerFile {
             cache,
             size,
             retired: std::sync::atomic::AtomicBool::new(false),
-            inode,
+            identity,
         };
         Ok((layer, block))
     }

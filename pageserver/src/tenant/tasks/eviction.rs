@@ -52,7 +52,7 @@ pub fn run_pass(timelines: &[Arc<Timeline>], budget: u64) -> EvictionOutcome {
             outcome.bytes_evicted += size;
         }
     }
-    outcome.resident_bytes -= outcome.bytes_evicted;
+    outcome.resident_bytes = outcome.resident_bytes.saturating_sub(outcome.bytes_evicted);
     crate::metrics::LAYER_EVICTIONS.inc_by(outcome.layers_evicted as u64);
     crate::metrics::LAYER_EVICTED_BYTES.inc_by(outcome.bytes_evicted);
     if outcome.layers_evicted > 0 {
@@ -104,7 +104,7 @@ pub fn prefetch(timelines: &[Arc<Timeline>], budget: u64) -> usize {
         let size = copy.layer.file_size();
         let resident: u64 = timelines.iter().map(|t| t.resident_layer_bytes()).sum();
         let in_flight = claimed.fetch_add(size, std::sync::atomic::Ordering::AcqRel);
-        if budget != 0 && resident + in_flight + size > budget {
+        if budget != 0 && resident.saturating_add(in_flight).saturating_add(size) > budget {
             return;
         }
         match copy.layer.prefetch() {
