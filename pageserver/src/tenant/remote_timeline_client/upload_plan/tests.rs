@@ -334,3 +334,30 @@ fn a_target_whose_retired_layer_never_reached_the_store_leaves_the_queue() {
         assert!(plan.queued_targets() <= super::MAX_QUEUED_TARGETS);
     }
 }
+
+#[test]
+fn a_layer_counts_as_in_the_store_for_eviction_only_once_an_index_lists_it() {
+    let (tenant, timeline) = (TenantId::generate(), TimelineId::generate());
+    let g = Generation::FIRST;
+    let mut manifest = TimelineMetadata::empty(tenant, timeline);
+    manifest.add_layer(LayerFileEntry {
+        name: "a".to_owned(),
+        size: 10,
+        crc32c: 1,
+        level: LayerLevel::L1,
+    });
+    manifest.disk_consistent_lsn = Lsn(1);
+    let mut plan = UploadPlan::new(g, None);
+    plan.set_target(IndexPart::from_manifest(&manifest, g, |_| g));
+    let Step::UploadLayers(layers) = plan.next() else {
+        panic!()
+    };
+    plan.layer_uploaded("a", layers[0].1.clone());
+    // Uploaded, yet no durable index lists it: a restart would not know it.
+    assert!(plan.durable_layer("a").is_none());
+    let Step::UploadIndex(index) = plan.next() else {
+        panic!()
+    };
+    plan.index_uploaded(index);
+    assert_eq!(plan.durable_layer("a").map(|l| l.size), Some(10));
+}
