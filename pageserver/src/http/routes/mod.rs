@@ -1,4 +1,5 @@
-//! The handlers, one per route, and the JSON they exchange.
+//! The handlers, one per route, and the JSON they exchange: the tenants' in `tenant.rs`, the
+//! rest here.
 
 use std::time::{Instant, UNIX_EPOCH};
 
@@ -15,13 +16,13 @@ use pageserver_api::Key;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value as JsonValue};
-use utils::{Generation, Lsn, TenantId, TimelineId};
+use utils::{Lsn, TenantId, TimelineId};
 
 use super::error::{redact_paths, ApiError};
 use super::{blocking, SharedState};
 use crate::io::read_cost;
 use crate::page_cache::KindStats;
-use crate::tenant::mgr::{Tenant, TenantState};
+use crate::tenant::mgr::TenantState;
 use crate::tenant::storage_layer::max_stored_value_len;
 use crate::tenant::timeline::metadata::LayerLevel;
 use crate::tenant::timeline::scan::cursor_cache::{ScanFrom, ScanRequest, ScanToken};
@@ -29,7 +30,10 @@ use crate::tenant::timeline::{LayerDescription, LayerKind, Timeline};
 
 type ApiResult<T> = Result<T, ApiError>;
 
-fn parse_tenant(text: &str) -> ApiResult<TenantId> {
+mod tenant;
+pub use tenant::*;
+
+pub(super) fn parse_tenant(text: &str) -> ApiResult<TenantId> {
     text.parse()
         .map_err(|e: utils::id::IdParseError| ApiError::bad_request(e.to_string()))
 }
@@ -74,27 +78,13 @@ async fn read_body(mut body: Body, limit: usize) -> ApiResult<Bytes> {
 
 /// A JSON body of type `T`; an empty body is `T::default()`. Anything else must be JSON (a body
 /// of only whitespace is not: it is refused like any other body that does not parse).
-async fn json_body<T: DeserializeOwned + Default>(body: Body) -> ApiResult<T> {
+pub(super) async fn json_body<T: DeserializeOwned + Default>(body: Body) -> ApiResult<T> {
     let body = read_body(body, MAX_JSON_BODY).await?;
     if body.is_empty() {
         return Ok(T::default());
     }
     serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
-}
-
-fn tenant_json(tenant: &Tenant) -> JsonValue {
-    let (state, reason) = match tenant.state() {
-        TenantState::Active => ("Active", None),
-        TenantState::Broken { reason } => ("Broken", Some(redact_paths(reason))),
-    };
-    json!({
-        "id": tenant.id().to_string(),
-        "generation": tenant.generation().get(),
-        "state": state,
-        "broken_reason": reason,
-        "timelines": tenant.list_timelines().len(),
-    })
 }
 
 fn layer_json(layer: &LayerDescription) -> JsonValue {
@@ -186,88 +176,6 @@ pub async fn failpoints(body: Body) -> ApiResult<Json<JsonValue>> {
             .map_err(ApiError::bad_request)?;
         tracing::info!("failpoint {} set to `{}`", config.name, config.actions);
     }
-    Ok(Json(json!({})))
-}
-
-pub async fn tenant_list(State(state): State<SharedState>) -> Json<JsonValue> {
-    let tenants = state.tenants.list_tenants();
-    Json(JsonValue::Array(
-        tenants.iter().map(|t| tenant_json(t)).collect(),
-    ))
-}
-
-#[derive(Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TenantCreateRequest {
-    new_tenant_id: Option<String>,
-}
-
-pub async fn tenant_create(
-    State(state): State<SharedState>,
-    body: Body,
-) -> ApiResult<(StatusCode, Json<JsonValue>)> {
-    let request: TenantCreateRequest = json_body(body).await?;
-    let id = request
-        .new_tenant_id
-        .as_deref()
-        .map(parse_tenant)
-        .transpose()?;
-    let tenants = state.tenants.clone();
-    let tenant = blocking(move || Ok(tenants.create_tenant(id)?)).await?;
-    Ok((StatusCode::CREATED, Json(tenant_json(&tenant))))
-}
-
-pub async fn tenant_info(
-    State(state): State<SharedState>,
-    Path(tenant_id): Path<String>,
-) -> ApiResult<Json<JsonValue>> {
-    let tenant = state.tenants.get_tenant(parse_tenant(&tenant_id)?)?;
-    Ok(Json(tenant_json(&tenant)))
-}
-
-pub async fn tenant_delete(
-    State(state): State<SharedState>,
-    Path(tenant_id): Path<String>,
-) -> ApiResult<Json<JsonValue>> {
-    let id = parse_tenant(&tenant_id)?;
-    let tenants = state.tenants.clone();
-    blocking(move || Ok(tenants.delete_tenant(id)?)).await?;
-    Ok(Json(json!({})))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TenantAttachRequest {
-    generation: u32,
-}
-
-/// Attaches a tenant from remote storage (`tenant::mgr::attach`).
-pub async fn tenant_attach(
-    State(state): State<SharedState>,
-    Path(tenant_id): Path<String>,
-    body: Body,
-) -> ApiResult<(StatusCode, Json<JsonValue>)> {
-    // The body first (see `timeline_create`).
-    let request: Option<TenantAttachRequest> = json_body(body).await?;
-    let id = parse_tenant(&tenant_id)?;
-    let request = request.ok_or_else(|| {
-        ApiError::bad_request("the body must be {\"generation\": N}, N from 1 up".to_owned())
-    })?;
-    let generation = Generation::new(request.generation)
-        .ok_or_else(|| ApiError::bad_request("generation must be 1 or more".to_owned()))?;
-    let tenants = state.tenants.clone();
-    let tenant = blocking(move || Ok(tenants.attach_tenant(id, generation)?)).await?;
-    Ok((StatusCode::CREATED, Json(tenant_json(&tenant))))
-}
-
-/// Uploads everything of a tenant, then removes its local copy (`tenant::mgr::attach`).
-pub async fn tenant_detach(
-    State(state): State<SharedState>,
-    Path(tenant_id): Path<String>,
-) -> ApiResult<Json<JsonValue>> {
-    let id = parse_tenant(&tenant_id)?;
-    let tenants = state.tenants.clone();
-    blocking(move || Ok(tenants.detach_tenant(id)?)).await?;
     Ok(Json(json!({})))
 }
 
