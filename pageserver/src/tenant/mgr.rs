@@ -192,6 +192,9 @@ pub struct TenantManager {
     eviction_loop: Mutex<Option<BackgroundLoop>>,
 }
 
+/// Timelines a graceful shutdown stops at once.
+const SHUTDOWN_THREADS: usize = 8;
+
 /// How often the eviction loop checks the local disk against `max_local_layer_bytes`.
 const EVICTION_TICK: std::time::Duration = std::time::Duration::from_millis(500);
 
@@ -414,17 +417,28 @@ impl TenantManager {
         if let Some(flush_loop) = lock(&self.flush_loop).take() {
             flush_loop.stop();
         }
-        let mut first_error = None;
-        for timeline in all_timelines(&self.tenants) {
-            if let Err(e) = timeline.shutdown(true) {
-                tracing::error!(
-                    tenant = %timeline.tenant_id(),
-                    timeline = %timeline.timeline_id(),
-                    "flush at shutdown failed: {e}"
-                );
-                first_error.get_or_insert(TenantError::Timeline(e));
+        // A few timelines at a time: each flushes, then waits (bounded) for its uploads, and a
+        // store that does not answer must not cost that bound once per timeline in turn.
+        let timelines = Mutex::new(all_timelines(&self.tenants).into_iter());
+        let first_error = Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..SHUTDOWN_THREADS {
+                s.spawn(|| loop {
+                    let Some(timeline) = lock(&timelines).next() else {
+                        return;
+                    };
+                    if let Err(e) = timeline.shutdown(true) {
+                        tracing::error!(
+                            tenant = %timeline.tenant_id(),
+                            timeline = %timeline.timeline_id(),
+                            "flush at shutdown failed: {e}"
+                        );
+                        lock(&first_error).get_or_insert(TenantError::Timeline(e));
+                    }
+                });
             }
-        }
+        });
+        let first_error = first_error.into_inner().unwrap_or_else(|e| e.into_inner());
         for background in [compaction_loop, images_gc_loop].into_iter().flatten() {
             background.stop();
         }
