@@ -65,6 +65,9 @@ pub struct OnDemandLayer {
     /// wait for one download.
     resident: Mutex<Option<Layer>>,
     last_read_ms: AtomicU64,
+    /// Set by [`OnDemandLayer::retire`]: a copy downloaded later (by a reader of an older
+    /// snapshot) goes with its last reader too.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl OnDemandLayer {
@@ -93,6 +96,7 @@ impl OnDemandLayer {
             settings,
             resident: Mutex::new(resident),
             last_read_ms: AtomicU64::new(now_ms()),
+            retired: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -162,6 +166,9 @@ impl OnDemandLayer {
         }
         crate::io::read_cost::downloaded();
         let layer = self.download_and_open()?;
+        if self.retired.load(Ordering::Acquire) {
+            layer.retire();
+        }
         *slot = Some(layer.clone());
         Ok(layer)
     }
@@ -169,7 +176,7 @@ impl OnDemandLayer {
     /// Makes it resident, as a read would (a prefetch); `Ok(true)` if it downloaded.
     pub fn prefetch(&self) -> Result<bool, LayerReadError> {
         let mut slot = self.slot();
-        if slot.is_some() {
+        if slot.is_some() || self.retired.load(Ordering::Acquire) {
             return Ok(false);
         }
         *slot = Some(self.download_and_open()?);
@@ -194,7 +201,9 @@ impl OnDemandLayer {
     /// The layer is gone from the timeline (compacted or collected): its local copy, if any,
     /// goes with its last reader.
     pub fn retire(&self) {
-        if let Some(layer) = self.slot().as_ref() {
+        let slot = self.slot();
+        self.retired.store(true, Ordering::Release);
+        if let Some(layer) = slot.as_ref() {
             layer.retire();
         }
     }
