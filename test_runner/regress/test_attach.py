@@ -36,7 +36,7 @@ def wait_uploaded(store: RemoteStore, timeline: TimelineHandle) -> Lsn:
         assert set(index["layers"]) == files
         return Lsn.parse(info["remote_consistent_lsn"])
 
-    return wait_until(uploaded, timeout=30, interval=0.05, what="uploads settled")
+    return wait_until(uploaded, timeout=60, interval=0.05, what="uploads settled")
 
 
 def read_cost(timeline: TimelineHandle, k: bytes, lsn: int | str) -> dict[str, int]:
@@ -112,11 +112,11 @@ def test_eviction_keeps_the_disk_budget_and_reads_download(pageserver_factory: P
         assert layers, "nothing evicted yet"
         return layers
 
-    gone = wait_until(evicted, timeout=10, what="eviction")
+    gone = wait_until(evicted, timeout=60, what="eviction")
     assert all(layer["level"] in ("L1", "image") for layer in gone)
     for layer in gone:
         assert not (ps.timeline_dir(timeline.tenant_id, timeline.timeline_id) / layer["file_name"]).exists()
-    wait_until(lambda: "pageserver_layer_evictions_total 0" not in ps.http.metrics_text(), what="evictions counted")
+    wait_until(lambda: "pageserver_layer_evictions_total 0" not in ps.http.metrics_text(), timeout=60, what="evictions counted")
     # Reads download what they need, and answer as before.
     ps.http.page_cache_drop()
     downloads = sum(read_cost(timeline, k, "latest")["downloads"] for k in timeline.model.keys())
@@ -164,11 +164,11 @@ def test_a_stale_generation_cannot_delete_what_a_newer_one_lists(pageserver_fact
         assert index is not None and index["generation"] == 2
         return index
 
-    newest = wait_until(claimed, what="generation 2's index")
+    newest = wait_until(claimed, timeout=60, what="generation 2's index")
     # The stale one compacts: its L0s are in generation 2's index, so it must not delete them.
     old.allowed_errors.append("this attachment is stale")
     old.http.compact(timeline.tenant_id, timeline.timeline_id)
-    old.wait_for_log("this attachment is stale")
+    old.wait_for_log("this attachment is stale", timeout=60)
     remote_store.check_consistent(timeline.tenant_id, timeline.timeline_id)
     assert remote_store.newest_index(timeline.tenant_id, timeline.timeline_id) == newest
     moved.verify()

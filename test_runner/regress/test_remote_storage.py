@@ -27,7 +27,7 @@ def rounds(timeline: TimelineHandle, work: Workload, n: int) -> None:
         timeline.checkpoint()
 
 
-def wait_uploaded(store: RemoteStore, timeline: TimelineHandle, exact: bool = True, timeout: float = 30.0) -> dict:
+def wait_uploaded(store: RemoteStore, timeline: TimelineHandle, exact: bool = True, timeout: float = 60.0) -> dict:
     """Waits until remote_consistent_lsn reaches disk_consistent_lsn and the store's newest
     index lists exactly the timeline's layer files (with `exact`, the store holds nothing else of
     the timeline); returns that index."""
@@ -90,6 +90,7 @@ def test_injected_failures_are_retried_on_every_operation(pageserver_factory: Pa
     wait_uploaded(remote_store, timeline)
     wait_until(
         lambda: any(not layer["resident"] for layer in ps.http.layers(timeline.tenant_id, timeline.timeline_id)),
+        timeout=60,
         what="an eviction",
     )
     ps.http.page_cache_drop()
