@@ -144,3 +144,26 @@ def test_deleting_a_timeline_deletes_its_objects(pageserver_factory: PageserverF
     wait_uploaded(remote_store, fresh)
 
 
+
+
+def test_large_layers_upload_in_parts_and_download_whole(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    """Layers over the 8 MiB part size: multipart uploads (S3's too), and downloads of them
+    (streamed from S3, copied from a directory) after an eviction."""
+    ps = pageserver_factory.start({**ON_REQUEST, "compaction_target_size": "64MiB", "max_local_layer_bytes": "1MiB"}, remote=remote_store)
+    timeline = TimelineHandle.create(ps)
+    keys = [key(i) for i in range(700)]
+    work = Workload(5, keys)
+    for _ in range(2):
+        for _ in range(24):
+            timeline.ingest(work.batch(max_records=100))
+        timeline.checkpoint()
+    ps.http.compact(timeline.tenant_id, timeline.timeline_id)
+    index = wait_uploaded(remote_store, timeline)
+    assert max(layer["size"] for layer in index["layers"].values()) > 8 << 20, index
+    wait_until(
+        lambda: all(not layer["resident"] for layer in ps.http.layers(timeline.tenant_id, timeline.timeline_id) if layer["level"] == "L1"),
+        timeout=60,
+        what="the L1 evicted",
+    )
+    ps.http.page_cache_drop()
+    timeline.verify(samples_per_key=2)
