@@ -5,9 +5,9 @@
 //! An attach lists the tenant's objects once, refuses a generation that is not above every
 //! generation in the store, and builds the tenant's directory (its generation, and each
 //! timeline's manifest from its newest index) atomically, as a creation does. The timelines
-//! then load as after a restart: their L0 layers are downloaded before the tenant serves, their
-//! L1 and image layers are left on demand, and each upload client claims the new generation by
-//! uploading its index at once. A background prefetch then downloads the rest, newest first,
+//! then load as after a restart: every layer is left on demand (nothing but the indexes is
+//! downloaded before the tenant serves), and the upload clients start from the claimed
+//! indexes. A background prefetch then downloads the rest, newest first,
 //! within `max_local_layer_bytes`.
 
 use std::sync::Arc;

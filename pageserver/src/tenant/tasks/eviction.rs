@@ -37,7 +37,7 @@ pub fn run_pass(timelines: &[Arc<Timeline>], budget: u64) -> EvictionOutcome {
     let mut candidates: Vec<LocalCopy> = timelines
         .iter()
         .flat_map(|t| t.on_demand_layers())
-        .filter(|c| c.in_store && c.layer.is_resident())
+        .filter(|c| c.evictable && c.layer.is_resident())
         .collect();
     candidates.sort_by_key(|c| c.layer.last_read_ms());
     let mut over = resident - budget;

@@ -80,7 +80,7 @@ impl Timeline {
         if self.stopped.load(Ordering::Acquire) {
             return Err(TimelineError::ShuttingDown);
         }
-        let inputs: Vec<Arc<DeltaLayer>> = {
+        let input_layers: Vec<Layer> = {
             let map = self.layer_map();
             if map.l0.len() < min_inputs.max(2) {
                 return Ok(CompactionOutcome::default());
@@ -105,6 +105,24 @@ impl Timeline {
             }
             map.l0.iter().take(MAX_COMPACTION_INPUTS).cloned().collect()
         };
+        // An L0 an attach left on demand is downloaded to be merged.
+        let inputs = input_layers
+            .iter()
+            .map(|layer| match layer {
+                Layer::Delta(delta) => Ok(delta.clone()),
+                Layer::OnDemand(on_demand) => match on_demand.resident()? {
+                    Layer::Delta(delta) => Ok(delta),
+                    _ => Err(TimelineError::LayerSet {
+                        file: on_demand.file_name().to_owned(),
+                        reason: "an L0 layer that is not a delta layer".to_owned(),
+                    }),
+                },
+                other => Err(TimelineError::LayerSet {
+                    file: other.file_name().unwrap_or_default(),
+                    reason: "an L0 layer that is not a delta layer file".to_owned(),
+                }),
+            })
+            .collect::<Result<Vec<Arc<DeltaLayer>>, TimelineError>>()?;
         let started = Instant::now();
         let lsn_start = inputs[0].summary().lsn_start;
         let lsn_end = inputs.last().expect("two or more").summary().lsn_end;
@@ -148,12 +166,12 @@ impl Timeline {
         }));
         self.update_layer_map(|map| {
             map.l0
-                .retain(|l| !inputs.iter().any(|input| Arc::ptr_eq(l, input)));
+                .retain(|l| !input_layers.iter().any(|input| l.same_as(input)));
             map.below_l0.extend(outputs);
             map.sort_below_l0();
             Ok::<_, TimelineError>(())
         })?;
-        for input in &inputs {
+        for input in &input_layers {
             input.retire();
         }
         self.l0_count_changed();

@@ -76,7 +76,7 @@ impl Timeline {
             self.update_layer_map(|map| {
                 map.frozen.remove(0);
                 if let Some(delta) = &delta {
-                    map.l0.push(delta.clone());
+                    map.l0.push(Layer::Delta(delta.clone()));
                 }
                 // Under the map's lock: a put that finds no layer left starts the next one at
                 // disk_consistent_lsn + 1, which must not reach back into this one.

@@ -16,8 +16,8 @@
 //! With remote storage ([`Timeline::load_with_remote`]) the L1 and image layers are on demand
 //! (`storage_layer::on_demand`), and a listed layer whose local file is missing or of another
 //! size is taken from the store when the store's newest index lists it with the manifest's size
-//! and checksum: a missing L1 or image layer stays evicted, to be downloaded by the first read
-//! that needs it; an L0 (never evicted) or a damaged file is downloaded before the load returns.
+//! and checksum: a missing layer (an L0 too) stays evicted, to be downloaded by the first read
+//! or compaction that needs it; a damaged file is downloaded again before the load returns.
 //!
 //! The whole-file CRC-32C in the manifest is not recomputed here, since that would read every
 //! layer at every start; the size and the summary's identity catch a missing, swapped, grown or
@@ -202,12 +202,12 @@ impl LayerOpener<'_> {
                 },
             };
             match (entry.level, layer) {
-                (LayerLevel::L0, Layer::Delta(delta)) => map.l0.push(delta),
+                (LayerLevel::L0, layer) => map.l0.push(layer),
                 (_, layer) => map.below_l0.push(layer),
             }
         }
         map.l0
-            .sort_by_key(|l| (l.summary().lsn_end, l.summary().lsn_start));
+            .sort_by_key(|l| (l.lsn_range().end, l.lsn_range().start));
         map.sort_below_l0();
         // Only once the listed set is whole: a load that is refused deletes nothing. A flush
         // that crashed before its manifest leaves a layer starting above disk_consistent_lsn;
@@ -215,11 +215,7 @@ impl LayerOpener<'_> {
         // listed L0s exactly; a retired file was replaced by a committed change. Any other
         // unlisted layer (a copy of a listed one, renamed, restored by hand) is left for
         // whoever put it there.
-        let l0_lsns: Vec<std::ops::Range<Lsn>> = map
-            .l0
-            .iter()
-            .map(|l| l.summary().lsn_start..l.summary().lsn_end)
-            .collect();
+        let l0_lsns: Vec<std::ops::Range<Lsn>> = map.l0.iter().map(|l| l.lsn_range()).collect();
         let l1_ends: Vec<Lsn> = map
             .below_l0
             .iter()
@@ -262,8 +258,9 @@ impl LayerOpener<'_> {
     }
 
     /// With remote storage, a listed layer whose local file is missing or of another size, and
-    /// which the store holds as listed: an L0 (never evicted) or a damaged file is downloaded
-    /// now, a missing L1 or image layer is left to download on demand. `None`: the local file
+    /// which the store holds as listed: a damaged file is downloaded again now, a missing layer
+    /// is left to download on demand (an L0 too: L0s are never evicted, but one an attach
+    /// found only in the store is fetched by its first read or by compaction). `None`: the local file
     /// is the one to open (or the store cannot help).
     fn fetch_from_store(&self, entry: &LayerFileEntry) -> Result<Option<Layer>, TimelineError> {
         let Some((remote, settings)) = self.remote else {
@@ -294,9 +291,6 @@ impl LayerOpener<'_> {
                 path: path.clone(),
                 source,
             })?;
-        }
-        if entry.level == LayerLevel::L0 {
-            return Ok(Some(layer.resident()?));
         }
         if local.is_some() {
             layer.prefetch()?;
@@ -334,9 +328,6 @@ impl LayerOpener<'_> {
             settings.clone(),
             None,
         )?;
-        if entry.level == LayerLevel::L0 {
-            return layer.resident().map_err(TimelineError::from);
-        }
         layer.prefetch()?;
         Ok(Layer::OnDemand(Arc::new(layer)))
     }
@@ -414,7 +405,7 @@ impl LayerOpener<'_> {
         );
         deltas.sort_by_key(|l: &Arc<DeltaLayer>| (l.summary().lsn_end, l.summary().lsn_start));
         let map = LayerMap {
-            l0: deltas,
+            l0: deltas.into_iter().map(Layer::Delta).collect(),
             ..LayerMap::default()
         };
         Ok((manifest, map))

@@ -31,7 +31,6 @@ use std::sync::Arc;
 use pageserver_api::Key;
 use utils::Lsn;
 
-use crate::tenant::storage_layer::delta_layer::DeltaLayer;
 use crate::tenant::storage_layer::inmemory_layer::InMemoryLayer;
 use crate::tenant::storage_layer::Layer;
 use crate::tenant::timeline::metadata::LayerLevel;
@@ -41,8 +40,9 @@ pub(crate) struct LayerMap {
     pub(crate) open: Option<Arc<InMemoryLayer>>,
     /// Oldest first.
     pub(crate) frozen: Vec<Arc<InMemoryLayer>>,
-    /// L0 delta layers, oldest first (by LSN range).
-    pub(crate) l0: Vec<Arc<DeltaLayer>>,
+    /// L0 delta layers, oldest first (by LSN range): `Layer::Delta`, or `Layer::OnDemand` for
+    /// one an attach or a start left in remote storage (never evicted once resident).
+    pub(crate) l0: Vec<Layer>,
     /// L1 delta layers and image layers, newest first (see the module documentation).
     pub(crate) below_l0: Vec<Layer>,
     /// Reads below this LSN are refused: GC may have removed what they need (see `gc.rs`). It
@@ -58,7 +58,7 @@ impl LayerMap {
     pub(crate) fn newest_first(&self) -> impl Iterator<Item = Layer> + '_ {
         let open = self.open.iter().cloned().map(Layer::InMemory);
         let frozen = self.frozen.iter().rev().cloned().map(Layer::InMemory);
-        let l0 = self.l0.iter().rev().cloned().map(Layer::Delta);
+        let l0 = self.l0.iter().rev().cloned();
         open.chain(frozen)
             .chain(l0)
             .chain(self.below_l0.iter().cloned())
@@ -82,11 +82,7 @@ impl LayerMap {
 
     /// Every layer file, newest first, with its level.
     pub(crate) fn files(&self) -> Vec<(LayerLevel, Layer)> {
-        let l0 = self
-            .l0
-            .iter()
-            .rev()
-            .map(|l| (LayerLevel::L0, Layer::Delta(l.clone())));
+        let l0 = self.l0.iter().rev().map(|l| (LayerLevel::L0, l.clone()));
         let below = self.below_l0.iter().map(|layer| {
             let level = if layer.is_image() {
                 LayerLevel::Image

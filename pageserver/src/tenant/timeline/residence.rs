@@ -8,36 +8,37 @@ use super::*;
 #[derive(Clone)]
 pub struct LocalCopy {
     pub layer: Arc<OnDemandLayer>,
-    /// The store holds it, so the local copy may go.
-    pub in_store: bool,
+    /// The durable index lists it, and it is no L0: its local copy may go.
+    pub evictable: bool,
 }
 
 impl Timeline {
     /// Bytes of layer files on the local disk: every L0, and the resident L1 and image layers.
     pub fn resident_layer_bytes(&self) -> u64 {
         let map = self.layer_map();
-        let l0: u64 = map.l0.iter().map(|l| l.file_size()).sum();
-        let below: u64 = map
-            .below_l0
+        map.l0
             .iter()
+            .chain(map.below_l0.iter())
             .filter(|l| l.is_resident())
             .map(|l| l.file_size())
-            .sum();
-        l0 + below
+            .sum()
     }
 
-    /// The on-demand layers (L1 and image layers, with remote storage), newest first.
+    /// The on-demand layers (with remote storage: L1 and image layers, and L0s an attach or a
+    /// start left in the store), newest first.
     pub fn on_demand_layers(&self) -> Vec<LocalCopy> {
         let remote = self.remote.get();
-        self.layer_map()
-            .below_l0
-            .iter()
-            .filter_map(|l| match l {
+        let map = self.layer_map();
+        let l0 = map.l0.iter().rev().map(|l| (true, l));
+        let below = map.below_l0.iter().map(|l| (false, l));
+        l0.chain(below)
+            .filter_map(|(is_l0, l)| match l {
                 Layer::OnDemand(layer) => Some(LocalCopy {
                     layer: layer.clone(),
-                    in_store: remote.is_some_and(|r| {
-                        r.is_in_store(layer.file_name(), layer.file_size(), layer.crc32c())
-                    }),
+                    evictable: !is_l0
+                        && remote.is_some_and(|r| {
+                            r.is_in_store(layer.file_name(), layer.file_size(), layer.crc32c())
+                        }),
                 }),
                 _ => None,
             })
