@@ -8,8 +8,7 @@ use utils::{Generation, TenantId, TimelineId};
 
 use super::{io_error, Shared, TenantError};
 use crate::tenant::remote_timeline_client::RemoteTimelineClient;
-use crate::tenant::timeline::metadata::{StoredMetadata, TimelineMetadata};
-use crate::tenant::timeline::{RemoteCopy, RemoteLayers, Timeline, TimelineError};
+use crate::tenant::timeline::{RemoteCopy, RemoteLayers, Timeline};
 
 /// The file in a tenant's directory that holds its generation (8 hex digits).
 pub const GENERATION_FILE: &str = "generation";
@@ -39,9 +38,8 @@ pub(super) fn write_generation(dir: &Path, generation: Generation) -> Result<(),
 /// Loads timeline `timeline_id` from `dir`. With remote storage, its upload client starts
 /// first, from the store's newest index at or below `generation`: the layers that index lists
 /// are then fetched from the store when the local disk lacks them (see `Timeline::load`), and
-/// the client is handed the manifest. A local disk *behind* the store's index is refused: it
-/// is older than what the store holds (restored from a backup, or another attachment's), and
-/// uploading from it would take the store back.
+/// the client is handed the manifest. A local disk *behind* the store's index is refused
+/// (`RemoteLayers::check_not_behind`).
 pub(super) fn load_timeline(
     shared: &Shared,
     tenant_id: TenantId,
@@ -63,18 +61,6 @@ pub(super) fn load_timeline(
         RemoteTimelineClient::start(context.clone(), tenant_id, timeline_id, generation, dir)
             .map_err(|e| TenantError::Remote(e.to_string()))?;
     let loaded = (|| {
-        let local = match TimelineMetadata::load(dir).map_err(TimelineError::from)? {
-            StoredMetadata::Manifest(m) => m.disk_consistent_lsn,
-            StoredMetadata::Legacy {
-                disk_consistent_lsn,
-            } => disk_consistent_lsn,
-        };
-        if let Some(remote) = durable.as_ref().filter(|r| r.disk_consistent_lsn > local) {
-            return Err(TenantError::Remote(format!(
-                "timeline {timeline_id}: the remote index (generation {}) is at disk_consistent_lsn {}, ahead of the local disk's {local}; the local copy is stale",
-                remote.generation, remote.disk_consistent_lsn,
-            )));
-        }
         let listed = durable
             .iter()
             .flat_map(|i| i.layers.iter())
@@ -83,6 +69,9 @@ pub(super) fn load_timeline(
         let remote = RemoteLayers {
             downloader: client.clone(),
             listed,
+            durable: durable
+                .as_ref()
+                .map(|i| (i.disk_consistent_lsn, i.generation)),
         };
         let timeline = Timeline::load_with_remote(
             dir,
@@ -94,7 +83,7 @@ pub(super) fn load_timeline(
         )?;
         client.manifest_committed(&timeline.manifest_snapshot());
         timeline.set_remote_copy(client.clone())?;
-        Ok(timeline)
+        Ok::<_, TenantError>(timeline)
     })();
     match loaded {
         Ok(timeline) => Ok((timeline, Some(client))),

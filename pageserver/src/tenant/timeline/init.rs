@@ -89,6 +89,9 @@ impl Timeline {
             source,
         };
         let stored = TimelineMetadata::load(dir)?;
+        if let Some(remote) = &remote {
+            remote.check_not_behind(&stored)?;
+        }
         remove_leftovers(dir).map_err(io_err)?;
         let on_demand = remote.as_ref().map(|r| OpenSettings {
             tenant_id,
@@ -173,6 +176,32 @@ pub struct RemoteLayers {
     pub downloader: Arc<dyn LayerDownloader>,
     /// The layers the store's newest index lists, by name: size and CRC-32C.
     pub listed: HashMap<String, (u64, u32)>,
+    /// The store's newest index's `disk_consistent_lsn` and generation, if it has one.
+    pub durable: Option<(Lsn, utils::Generation)>,
+}
+
+impl RemoteLayers {
+    /// Refuses a local disk *behind* the store's index: it is older than what the store holds
+    /// (restored from a backup, or another attachment's), and uploading from it would take the
+    /// store back.
+    fn check_not_behind(&self, stored: &StoredMetadata) -> Result<(), TimelineError> {
+        let local = match stored {
+            StoredMetadata::Manifest(m) => m.disk_consistent_lsn,
+            StoredMetadata::Legacy {
+                disk_consistent_lsn,
+            } => *disk_consistent_lsn,
+        };
+        match self.durable {
+            Some((remote, generation)) if remote > local => Err(TimelineError::LayerSet {
+                file: METADATA_FILE.to_owned(),
+                reason: format!(
+                    "the remote index (generation {}) is at disk_consistent_lsn {remote}, ahead of the local disk's {local}; the local copy is stale",
+                    generation.get()
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// What to do with a directory entry that is not a listed layer.
@@ -197,7 +226,7 @@ impl LayerOpener<'_> {
                     self.cache,
                     self.max_value_size,
                 ) {
-                    Ok(layer) => self.on_demand(entry, Some(layer))?,
+                    Ok(layer) => self.on_demand(entry, layer)?,
                     Err(e) => self.fetch_damaged(entry, e)?,
                 },
             };
@@ -260,42 +289,23 @@ impl LayerOpener<'_> {
     /// With remote storage, a listed layer whose local file is missing or of another size, and
     /// which the store holds as listed: a damaged file is downloaded again now, a missing layer
     /// is left to download on demand (an L0 too: L0s are never evicted, but one an attach
-    /// found only in the store is fetched by its first read or by compaction). `None`: the local file
-    /// is the one to open (or the store cannot help).
+    /// found only in the store is fetched by its first read or by compaction). `None`: the
+    /// local file is the one to open (or the store cannot help).
     fn fetch_from_store(&self, entry: &LayerFileEntry) -> Result<Option<Layer>, TimelineError> {
-        let Some((remote, settings)) = self.remote else {
-            return Ok(None);
-        };
-        let path = self.dir.join(&entry.name);
-        let local = match std::fs::symlink_metadata(&path) {
+        let local = match std::fs::symlink_metadata(self.dir.join(&entry.name)) {
             Ok(meta) if meta.is_file() => Some(meta.len()),
             _ => None,
         };
-        if local == Some(entry.size)
-            || remote.listed.get(&entry.name) != Some(&(entry.size, entry.crc32c))
-        {
+        let Some(settings) = self.store_copy(entry).filter(|_| local != Some(entry.size)) else {
             return Ok(None);
-        }
-        let layer = OnDemandLayer::new(
-            self.dir,
-            &entry.name,
-            entry.size,
-            entry.crc32c,
-            settings.clone(),
-            None,
-        )?;
-        if let Some(size) = local {
-            tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, layer = %entry.name,
-                "the local layer file is {size} bytes, the manifest lists {}: downloading it again", entry.size);
-            std::fs::remove_file(&path).map_err(|source| TimelineError::Io {
-                path: path.clone(),
-                source,
-            })?;
-        }
-        if local.is_some() {
-            layer.prefetch()?;
-        }
-        Ok(Some(Layer::OnDemand(Arc::new(layer))))
+        };
+        let damaged = local.map(|size| {
+            format!(
+                "the local layer file is {size} bytes, the manifest lists {}",
+                entry.size
+            )
+        });
+        self.take_from_store(entry, settings, damaged).map(Some)
     }
 
     /// With remote storage, a listed layer whose local file failed its checks (a damaged
@@ -306,20 +316,28 @@ impl LayerOpener<'_> {
         entry: &LayerFileEntry,
         error: TimelineError,
     ) -> Result<Layer, TimelineError> {
-        let Some((remote, settings)) = self.remote else {
+        let Some(settings) = self.store_copy(entry) else {
             return Err(error);
         };
-        if remote.listed.get(&entry.name) != Some(&(entry.size, entry.crc32c)) {
-            return Err(error);
-        }
-        tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, layer = %entry.name,
-            "the local layer file failed its checks ({error}): downloading it again");
-        let path = self.dir.join(&entry.name);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(TimelineError::Io { path, source }),
-        }
+        let damaged = format!("the local layer file failed its checks ({error})");
+        self.take_from_store(entry, settings, Some(damaged))
+    }
+
+    /// With remote storage, if the store's newest index lists `entry` as the manifest does
+    /// (its object can stand in for the local file): what its on-demand layer opens with.
+    fn store_copy(&self, entry: &LayerFileEntry) -> Option<&OpenSettings> {
+        let (remote, settings) = self.remote?;
+        (remote.listed.get(&entry.name) == Some(&(entry.size, entry.crc32c))).then_some(settings)
+    }
+
+    /// Layer `entry` as the store holds it: left evicted, or, with `damaged` (why the local
+    /// file is not the layer), that file removed and the layer downloaded again now.
+    fn take_from_store(
+        &self,
+        entry: &LayerFileEntry,
+        settings: &OpenSettings,
+        damaged: Option<String>,
+    ) -> Result<Layer, TimelineError> {
         let layer = OnDemandLayer::new(
             self.dir,
             &entry.name,
@@ -328,34 +346,35 @@ impl LayerOpener<'_> {
             settings.clone(),
             None,
         )?;
-        layer.prefetch()?;
+        if let Some(why) = damaged {
+            tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id, layer = %entry.name,
+                "{why}: downloading it again");
+            let path = self.dir.join(&entry.name);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(TimelineError::Io { path, source }),
+            }
+            layer.prefetch()?;
+        }
         Ok(Layer::OnDemand(Arc::new(layer)))
     }
 
-    /// An L1 or image layer as a timeline with remote storage holds it: on demand.
-    fn on_demand(
-        &self,
-        entry: &LayerFileEntry,
-        layer: Option<Layer>,
-    ) -> Result<Layer, TimelineError> {
-        match (self.remote, layer) {
-            (Some((_, settings)), layer) if entry.level != LayerLevel::L0 => {
-                let on_demand = OnDemandLayer::new(
-                    self.dir,
-                    &entry.name,
-                    entry.size,
-                    entry.crc32c,
-                    settings.clone(),
-                    layer,
-                )?;
-                Ok(Layer::OnDemand(Arc::new(on_demand)))
-            }
-            (_, Some(layer)) => Ok(layer),
-            (_, None) => Err(TimelineError::LayerSet {
-                file: entry.name.clone(),
-                reason: "listed in the manifest, but missing".to_owned(),
-            }),
-        }
+    /// An L1 or image layer opened from its local file, as a timeline with remote storage
+    /// holds it: on demand (resident now). An L0 stays as it is.
+    fn on_demand(&self, entry: &LayerFileEntry, layer: Layer) -> Result<Layer, TimelineError> {
+        let Some((_, settings)) = self.remote.filter(|_| entry.level != LayerLevel::L0) else {
+            return Ok(layer);
+        };
+        let layer = OnDemandLayer::new(
+            self.dir,
+            &entry.name,
+            entry.size,
+            entry.crc32c,
+            settings.clone(),
+            Some(layer),
+        )?;
+        Ok(Layer::OnDemand(Arc::new(layer)))
     }
 
     /// A format 1 directory: the layer files at or below `disk_consistent_lsn` are the set.
