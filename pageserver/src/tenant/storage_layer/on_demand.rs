@@ -19,7 +19,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
 use utils::{Lsn, TenantId, TimelineId};
@@ -61,9 +61,11 @@ pub struct OnDemandLayer {
     crc32c: u32,
     path: PathBuf,
     settings: OpenSettings,
-    /// The opened local copy; the lock is held across a download, so readers of this layer
+    /// The opened local copy. Replaced only under `download`.
+    resident: RwLock<Option<Layer>>,
+    /// Held across a download (and by eviction and retirement): readers of an absent layer
     /// wait for one download.
-    resident: Mutex<Option<Layer>>,
+    download: Mutex<()>,
     last_read_ms: AtomicU64,
     /// Set by [`OnDemandLayer::retire`]: a copy downloaded later (by a reader of an older
     /// snapshot) goes with its last reader too.
@@ -94,7 +96,8 @@ impl OnDemandLayer {
             crc32c,
             path: dir.join(file_name),
             settings,
-            resident: Mutex::new(resident),
+            resident: RwLock::new(resident),
+            download: Mutex::new(()),
             last_read_ms: AtomicU64::new(now_ms()),
             retired: std::sync::atomic::AtomicBool::new(false),
         })
@@ -134,62 +137,74 @@ impl OnDemandLayer {
         self.last_read_ms.load(Ordering::Relaxed)
     }
 
-    fn slot(&self) -> MutexGuard<'_, Option<Layer>> {
-        self.resident.lock().unwrap_or_else(|e| e.into_inner())
+    fn current(&self) -> Option<Layer> {
+        self.resident
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set(&self, layer: Option<Layer>) -> Option<Layer> {
+        let mut slot = self.resident.write().unwrap_or_else(|e| e.into_inner());
+        std::mem::replace(&mut *slot, layer)
+    }
+
+    fn downloading(&self) -> MutexGuard<'_, ()> {
+        self.download.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether its file is on the local disk now. Never waits for a download.
     pub fn is_resident(&self) -> bool {
-        match self.resident.try_lock() {
-            Ok(slot) => slot.is_some(),
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().is_some(),
-            // Locked: a download (or an eviction) is under way.
-            Err(std::sync::TryLockError::WouldBlock) => false,
-        }
+        self.current().is_some()
     }
 
     /// The opened local copy if it is resident now, without downloading or counting a read.
     pub fn loaded(&self) -> Option<Layer> {
-        match self.resident.try_lock() {
-            Ok(slot) => slot.clone(),
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner().clone(),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
+        self.current()
     }
 
-    /// The opened local copy, downloaded first if it is not resident.
+    /// The opened local copy, downloaded first if it is not resident. A resident layer costs
+    /// a read lock and an `Arc` clone: reads of one layer never queue behind each other.
     pub fn resident(&self) -> Result<Layer, LayerReadError> {
-        self.last_read_ms.store(now_ms(), Ordering::Relaxed);
-        let mut slot = self.slot();
-        if let Some(layer) = slot.as_ref() {
-            return Ok(layer.clone());
+        let now = now_ms();
+        // Only a clock that moved is written: the line stays shared between readers' cores.
+        if self.last_read_ms.load(Ordering::Relaxed) != now {
+            self.last_read_ms.store(now, Ordering::Relaxed);
+        }
+        if let Some(layer) = self.current() {
+            return Ok(layer);
+        }
+        let _downloading = self.downloading();
+        // Another reader may have downloaded it while this one waited.
+        if let Some(layer) = self.current() {
+            return Ok(layer);
         }
         crate::io::read_cost::downloaded();
         let layer = self.download_and_open()?;
         if self.retired.load(Ordering::Acquire) {
             layer.retire();
         }
-        *slot = Some(layer.clone());
+        self.set(Some(layer.clone()));
         Ok(layer)
     }
 
     /// Makes it resident, as a read would (a prefetch); `Ok(true)` if it downloaded.
     pub fn prefetch(&self) -> Result<bool, LayerReadError> {
-        let mut slot = self.slot();
-        if slot.is_some() || self.retired.load(Ordering::Acquire) {
+        let _downloading = self.downloading();
+        if self.current().is_some() || self.retired.load(Ordering::Acquire) {
             return Ok(false);
         }
-        *slot = Some(self.download_and_open()?);
+        self.set(Some(self.download_and_open()?));
         Ok(true)
     }
 
     /// Drops the local copy (see the module documentation); `false` if it was not resident,
-    /// or a read is downloading it right now.
+    /// or it is being downloaded right now.
     pub fn evict(&self) -> bool {
-        let Ok(mut slot) = self.resident.try_lock() else {
+        let Ok(_downloading) = self.download.try_lock() else {
             return false;
         };
-        match slot.take() {
+        match self.set(None) {
             Some(layer) => {
                 layer.retire();
                 true
@@ -199,11 +214,11 @@ impl OnDemandLayer {
     }
 
     /// The layer is gone from the timeline (compacted or collected): its local copy, if any,
-    /// goes with its last reader.
+    /// goes with its last reader, and so does one a reader downloads later.
     pub fn retire(&self) {
-        let slot = self.slot();
+        let _downloading = self.downloading();
         self.retired.store(true, Ordering::Release);
-        if let Some(layer) = slot.as_ref() {
+        if let Some(layer) = self.current() {
             layer.retire();
         }
     }
