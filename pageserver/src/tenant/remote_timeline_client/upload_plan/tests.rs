@@ -244,17 +244,21 @@ fn the_newest_index_never_lists_a_missing_object() {
     }
 }
 
+/// An L0 layer of 10 bytes.
+fn entry(name: &str) -> LayerFileEntry {
+    LayerFileEntry {
+        name: name.to_owned(),
+        size: 10,
+        crc32c: 1,
+        level: LayerLevel::L0,
+    }
+}
+
 #[test]
 fn layers_go_before_their_index_and_deletions_after() {
     let (tenant, timeline) = (TenantId::generate(), TimelineId::generate());
     let g = Generation::FIRST;
     let mut manifest = TimelineMetadata::empty(tenant, timeline);
-    let entry = |name: &str| LayerFileEntry {
-        name: name.to_owned(),
-        size: 10,
-        crc32c: 1,
-        level: LayerLevel::L0,
-    };
     manifest.add_layer(entry("a"));
     manifest.disk_consistent_lsn = Lsn(1);
     let mut plan = UploadPlan::new(g, None);
@@ -301,12 +305,6 @@ fn a_target_whose_retired_layer_never_reached_the_store_leaves_the_queue() {
     let (tenant, timeline) = (TenantId::generate(), TimelineId::generate());
     let g = Generation::FIRST;
     let mut manifest = TimelineMetadata::empty(tenant, timeline);
-    let entry = |name: &str| LayerFileEntry {
-        name: name.to_owned(),
-        size: 10,
-        crc32c: 1,
-        level: LayerLevel::L0,
-    };
     let mut plan = UploadPlan::new(g, None);
     for (name, lsn) in [("l0-a", 1), ("l0-b", 2)] {
         manifest.add_layer(entry(name));
@@ -340,12 +338,7 @@ fn a_layer_counts_as_in_the_store_for_eviction_only_once_an_index_lists_it() {
     let (tenant, timeline) = (TenantId::generate(), TimelineId::generate());
     let g = Generation::FIRST;
     let mut manifest = TimelineMetadata::empty(tenant, timeline);
-    manifest.add_layer(LayerFileEntry {
-        name: "a".to_owned(),
-        size: 10,
-        crc32c: 1,
-        level: LayerLevel::L1,
-    });
+    manifest.add_layer(entry("a"));
     manifest.disk_consistent_lsn = Lsn(1);
     let mut plan = UploadPlan::new(g, None);
     plan.set_target(IndexPart::from_manifest(&manifest, g, |_| g));
