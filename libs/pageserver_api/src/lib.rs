@@ -10,10 +10,13 @@
 //!   delta layer files.
 //! - [`ingest`]: the body of an ingest request, a batch of [`ingest::PutRecord`]s, with its
 //!   encoder and a decoder that trusts nothing.
+//! - [`datadir`]: the key space of a PostgreSQL data directory (relation blocks and sizes,
+//!   relation directories, files byte for byte, snapshots) and its metadata value formats.
 //! - [`reconstruct`]: redo, which builds a page from its newest image or
 //!   `will_init` delta and the deltas after it ([`reconstruct_page`],
 //!   [`apply_delta`]).
 
+pub mod datadir;
 pub mod ingest;
 pub mod key;
 pub mod reconstruct;
