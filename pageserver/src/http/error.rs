@@ -118,7 +118,8 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
     use TimelineError::*;
     match e {
         // The request contradicts the timeline's history.
-        LsnDurable { .. } | LsnNotAdvancing { .. } => StatusCode::CONFLICT,
+        // ... or another writer's: an import holds the timeline until it finishes.
+        LsnDurable { .. } | LsnNotAdvancing { .. } | ImportInProgress => StatusCode::CONFLICT,
         // The batch itself is malformed.
         BatchLsnBackwards { .. }
         | BatchDuplicate { .. }

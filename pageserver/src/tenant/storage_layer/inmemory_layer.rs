@@ -287,6 +287,14 @@ pub enum WriteToDiskError {
 }
 
 #[derive(Debug, thiserror::Error)]
+pub enum MoveError {
+    #[error("the layer is frozen at {end}; its versions can no longer move")]
+    Frozen { end: Lsn },
+    #[error("the layer holds versions from {start} to {last}; only one LSN can move")]
+    SeveralLsns { start: Lsn, last: Lsn },
+}
+
+#[derive(Debug, thiserror::Error)]
 pub enum FreezeError {
     #[error("cannot freeze at {end}: the layer holds versions up to {last}")]
     EndTooLow { end: Lsn, last: Lsn },
@@ -574,6 +582,27 @@ impl InMemoryLayer {
         }
         // Below `last_lsn`, which is less than 2^32 past `start_lsn`.
         u32::try_from(lsn.0 - self.start_lsn.0).ok()
+    }
+
+    /// Moves a layer whose versions are all at its `start_lsn` to `lsn`: an import puts its
+    /// versions before it knows the LSN of its snapshot (the cluster's `pg_control` may come
+    /// last in the archive), into a layer no reader can see, and dates them once it does.
+    /// Takes `&mut self`: the layer is not shared yet, so no reader can see it change.
+    pub fn move_to_lsn(&mut self, lsn: Lsn) -> Result<(), MoveError> {
+        if let Some(end) = self.end_lsn() {
+            return Err(MoveError::Frozen { end });
+        }
+        let last = self.last_lsn();
+        if last != self.start_lsn {
+            return Err(MoveError::SeveralLsns {
+                start: self.start_lsn,
+                last,
+            });
+        }
+        // Every entry's lsn_delta is 0 (its LSN is the start): moving the start moves them all.
+        self.start_lsn = lsn;
+        self.last_lsn.store(lsn.0, Ordering::Release);
+        Ok(())
     }
 
     /// Closes the layer's range at `end_lsn` (exclusive): no more puts. Waits for a put under

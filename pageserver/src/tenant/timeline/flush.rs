@@ -29,7 +29,7 @@ impl Timeline {
 
     /// Like [`Timeline::flush_frozen`], but stops once `disk_consistent_lsn` reaches `target`,
     /// leaving layers frozen later for the next flush.
-    fn flush_frozen_until(&self, target: Lsn) -> Result<(), TimelineError> {
+    pub(super) fn flush_frozen_until(&self, target: Lsn) -> Result<(), TimelineError> {
         let _flusher = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         while self.disk_consistent_lsn() < target && !self.stopped.load(Ordering::Acquire) {
             // Only flushers remove frozen layers, and flush_lock admits one: the oldest stays

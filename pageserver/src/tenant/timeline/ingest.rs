@@ -39,6 +39,9 @@ impl Timeline {
         let (Some(first), Some(last)) = (records.first(), records.last()) else {
             return Ok(());
         };
+        if self.importing.load(Ordering::Acquire) {
+            return Err(TimelineError::ImportInProgress);
+        }
         self.validate_batch(records)?;
 
         let open = self.open_layer_for(&mut writer, first.lsn, last.lsn)?;

@@ -150,6 +150,8 @@ impl Timeline {
             l0_lock: Mutex::new(()),
             l0_changed: std::sync::Condvar::new(),
             l0_stop_waiters: std::sync::atomic::AtomicUsize::new(0),
+            import_lock: Mutex::new(()),
+            importing: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             last_record_lsn: AtomicU64::new(durable.0),

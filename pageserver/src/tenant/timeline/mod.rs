@@ -4,7 +4,8 @@
 //! The struct, its settings and errors live here; `ingest.rs` holds batches and freezes,
 //! `layer_map.rs` the snapshot of layers, `read.rs` GetPage@LSN and the scan layers,
 //! `lsn_wait.rs` the wait for an LSN, `flush.rs` flushes, checkpoints and shutdown,
-//! `compaction.rs` L0 → L1 compaction, `image_creation.rs` image layers, `gc.rs` garbage
+//! `import.rs` imports (many versions at one LSN, all or none), `compaction.rs` L0 → L1
+//! compaction, `image_creation.rs` image layers, `gc.rs` garbage
 //! collection and the GC cutoff, `metadata.rs` the manifest, `init.rs` creation and loading
 //! against the manifest.
 //!
@@ -244,6 +245,8 @@ pub enum TimelineError {
     Broken { reason: String },
     #[error("the timeline is shutting down")]
     ShuttingDown,
+    #[error("an import into the timeline is in progress; writes wait for it to finish")]
+    ImportInProgress,
     #[error("ingest is stopped: {l0} L0 layers wait for compaction (l0_stop_threshold is {limit}), and none was compacted in {waited:?}; try again later")]
     IngestStopped {
         l0: usize,
@@ -401,6 +404,10 @@ pub struct Timeline {
     l0_changed: std::sync::Condvar,
     /// Batches waiting at `l0_stop_threshold` now.
     l0_stop_waiters: std::sync::atomic::AtomicUsize,
+    /// Held by an import (`import.rs`): one at a time.
+    import_lock: Mutex<()>,
+    /// Set while an import runs: batches are refused (set and read under `write_lock`).
+    importing: AtomicBool,
     /// Set when shutdown begins: held batches and a compaction in progress give up.
     shutting_down: AtomicBool,
     /// Set by `shutdown`: flushes that start later do nothing (the directory may be going).
@@ -679,6 +686,7 @@ mod compaction;
 mod flush;
 mod gc;
 mod image_creation;
+mod import;
 mod ingest;
 mod init;
 mod layer_map;
@@ -692,6 +700,7 @@ mod test_model;
 pub use compaction::{CompactionOutcome, MAX_COMPACTION_INPUTS};
 pub use gc::GcOutcome;
 pub use image_creation::ImageCreationOutcome;
+pub use import::Import;
 pub use init::{open_listed_layer, RemoteLayers};
 use layer_map::LayerMap;
 use lsn_wait::LsnWait;
