@@ -111,6 +111,10 @@ max_request_body_size = "64MiB"
 http_header_read_timeout = "10s"
 # A request body that sends nothing for this long is cut off (408, then the connection closes).
 http_body_read_timeout = "30s"
+# ...but an import's body (PUT .../import, a tar stream that is never buffered) may pause this
+# long: pg_basebackup sends nothing until its start checkpoint is done, which a spread
+# checkpoint stretches over minutes (pg_basebackup -c fast does not wait).
+import_body_read_timeout = "10m"
 # A response the client reads nothing of for this long is abandoned and the connection closed.
 http_response_write_timeout = "30s"
 # Request bodies being read into memory, all requests together, may take at most this much;
@@ -186,6 +190,8 @@ pub struct PageServerConf {
     #[serde(deserialize_with = "duration")]
     pub http_body_read_timeout: Duration,
     #[serde(deserialize_with = "duration")]
+    pub import_body_read_timeout: Duration,
+    #[serde(deserialize_with = "duration")]
     pub http_response_write_timeout: Duration,
     #[serde(deserialize_with = "size_usize")]
     pub max_buffered_request_bytes: usize,
@@ -233,6 +239,7 @@ impl Default for PageServerConf {
             max_request_body_size: 64 << 20,
             http_header_read_timeout: Duration::from_secs(10),
             http_body_read_timeout: Duration::from_secs(30),
+            import_body_read_timeout: Duration::from_secs(600),
             http_response_write_timeout: Duration::from_secs(30),
             max_buffered_request_bytes: 256 << 20,
             max_connections: None,
@@ -403,6 +410,7 @@ impl PageServerConf {
         for (name, value) in [
             ("http_header_read_timeout", self.http_header_read_timeout),
             ("http_body_read_timeout", self.http_body_read_timeout),
+            ("import_body_read_timeout", self.import_body_read_timeout),
             (
                 "http_response_write_timeout",
                 self.http_response_write_timeout,

@@ -12,9 +12,12 @@
 //! - [`tenant::timeline`]: a timeline's layers, ingest, GetPage@LSN, scans, flushes, the
 //!   manifest; [`tenant::tasks`]: the background loops that drive timelines;
 //!   [`tenant::mgr`]: tenants and timelines on disk;
+//! - [`datadir`]: PostgreSQL data directories in (import of a tar snapshot) and out
+//!   (basebackup at an LSN), driving timelines;
 //! - [`http`]: the API, and the `/metrics` page that reads state at scrape time.
 
 pub mod config;
+pub mod datadir;
 pub mod failpoints;
 pub mod format;
 pub mod http;

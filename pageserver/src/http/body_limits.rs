@@ -16,6 +16,10 @@
 //! - **The stall timeout** (`http_body_read_timeout`): a body that sends nothing for this long
 //!   fails its read, and the handler answers 408. The read stops, its buffer is dropped, and
 //!   hyper closes the connection because the body was not read to its end.
+//! - **Streamed bodies**: an import (`PUT .../import`) reads its body as it arrives, holding a
+//!   chunk at a time, so it reserves and takes nothing from the budget and has no minimum rate;
+//!   its stall timeout is `import_body_read_timeout` (a `pg_basebackup` sends nothing until its
+//!   start checkpoint is done).
 //! - **A minimum rate** ([`MIN_BODY_RATE`]): past its first `http_body_read_timeout`, a body must
 //!   have sent at least 1 MiB for every second since; one that trickles a byte now and then
 //!   (never stalling long enough for the timeout) fails with 408 too, so no client holds its
@@ -82,7 +86,7 @@ impl BodyBudget {
 /// ([`api_error`]).
 #[derive(Debug, thiserror::Error)]
 pub enum BodyLimitError {
-    #[error("the request body sent nothing for {0:?} (http_body_read_timeout)")]
+    #[error("the request body sent nothing for {0:?} (http_body_read_timeout, or import_body_read_timeout for an import)")]
     Stalled(Duration),
     #[error(
         "the request body sent {received} bytes in {elapsed:?}: under the minimum rate of 1 MiB/s \
@@ -156,8 +160,11 @@ pub async fn limit_body(
     // Only ingest reads a large body: any other route reads at most its JSON limit, and
     // reserves no more (what it reads beyond is counted as it comes).
     let ingest = request.uri().path().ends_with("/ingest");
+    // An import reads its body as it arrives and holds a chunk at a time: it reserves nothing
+    // and takes nothing from the budget (it is still under the stall timeout and the rate).
+    let streamed = request.uri().path().ends_with("/import");
     let reserved = declared
-        .filter(|len| *len <= state.conf.max_request_body_size)
+        .filter(|len| *len <= state.conf.max_request_body_size && !streamed)
         .map(|len| {
             if ingest {
                 len
@@ -184,15 +191,21 @@ pub async fn limit_body(
             }
         }
     }
+    let stall_timeout = if streamed {
+        state.conf.import_body_read_timeout
+    } else {
+        state.conf.http_body_read_timeout
+    };
     let (parts, body) = request.into_parts();
     let body = LimitedBody {
         inner: body,
         budget: state.body_budget.clone(),
         held: held.clone(),
         covered: reserved.div_ceil(UNIT) * UNIT,
+        budgeted: !streamed,
         received: 0,
-        stall_timeout: state.conf.http_body_read_timeout,
-        stall: Box::pin(tokio::time::sleep(state.conf.http_body_read_timeout)),
+        stall_timeout,
+        stall: Box::pin(tokio::time::sleep(stall_timeout)),
         started: tokio::time::Instant::now(),
         last_frame: tokio::time::Instant::now(),
     };
@@ -215,6 +228,8 @@ struct LimitedBody {
     held: SharedHeld,
     /// Bytes the budget held for this body covers (whole units).
     covered: usize,
+    /// Whether bytes past `covered` are taken from the budget (not for a streamed body).
+    budgeted: bool,
     received: usize,
     stall_timeout: Duration,
     /// Fires when the body has sent nothing for `stall_timeout`, or falls behind
@@ -232,10 +247,15 @@ impl LimitedBody {
     /// When the body fails unless more arrives: `stall_timeout` after its last frame, or when
     /// what it has sent falls behind the minimum rate, whichever comes first.
     fn deadline(&self) -> tokio::time::Instant {
+        let by_stall = self.last_frame + self.stall_timeout;
+        if !self.budgeted {
+            // A streamed body holds no budget: only a pause counts.
+            return by_stall;
+        }
         let by_rate = self.started
             + self.stall_timeout
             + Duration::from_secs_f64(self.received as f64 / MIN_BODY_RATE as f64);
-        (self.last_frame + self.stall_timeout).min(by_rate)
+        by_stall.min(by_rate)
     }
 }
 
@@ -278,7 +298,7 @@ impl HttpBody for LimitedBody {
                 }
                 let deadline = this.deadline();
                 this.stall.as_mut().reset(deadline);
-                if this.received > this.covered {
+                if this.budgeted && this.received > this.covered {
                     let more = this.received - this.covered;
                     match this.budget.try_take(more) {
                         Some(permit) => {
@@ -354,6 +374,7 @@ mod tests {
             budget: budget.clone(),
             held: held.clone(),
             covered: 0,
+            budgeted: true,
             received: 0,
             stall_timeout: Duration::from_millis(50),
             stall: Box::pin(tokio::time::sleep(Duration::from_millis(50))),
@@ -390,25 +411,27 @@ mod tests {
         assert_eq!(budget.used_bytes(), 0);
     }
 
-    #[tokio::test]
-    async fn a_body_that_trickles_without_stalling_fails_its_minimum_rate() {
+    /// A body that sends one byte every 50 ms (never a gap of `stall`, far below the minimum
+    /// rate), budgeted or streamed; the error that cut it off, if one did within 1.5 s.
+    async fn trickle(budgeted: bool) -> Option<axum::Error> {
         use http_body_util::BodyExt;
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
         let stall = Duration::from_millis(200);
+        let budget = Arc::new(BodyBudget::new(64 * UNIT));
         let mut body = LimitedBody {
             inner: Body::new(ChannelBody(rx)),
-            budget: Arc::new(BodyBudget::new(64 * UNIT)),
+            budget: budget.clone(),
             held: SharedHeld::default(),
-            covered: 64 * UNIT,
+            covered: 0,
+            budgeted,
             received: 0,
             stall_timeout: stall,
             stall: Box::pin(tokio::time::sleep(stall)),
             started: tokio::time::Instant::now(),
             last_frame: tokio::time::Instant::now(),
         };
-        // One byte every 50 ms: never a gap of `stall`, and far below the minimum rate.
         tokio::spawn(async move {
-            for _ in 0..100 {
+            for _ in 0..30 {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 if tx
                     .send(Ok(Frame::data(Bytes::from_static(b"x"))))
@@ -419,19 +442,30 @@ mod tests {
                 }
             }
         });
-        let started = std::time::Instant::now();
-        let error = loop {
-            match body.frame().await.unwrap() {
-                Ok(_) => assert!(
-                    started.elapsed() < Duration::from_secs(5),
-                    "the trickle was never cut off"
-                ),
-                Err(e) => break e,
+        loop {
+            match body.frame().await {
+                None => {
+                    // A streamed body takes nothing from the budget.
+                    assert_eq!(budget.used_bytes(), 0);
+                    return None;
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Some(e),
             }
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_that_trickles_without_stalling_fails_its_minimum_rate() {
+        let error = trickle(true).await.expect("the trickle was never cut off");
         let api = api_error(&error).unwrap();
         assert_eq!(api.status, StatusCode::REQUEST_TIMEOUT);
         assert!(api.msg.contains("minimum rate"), "{}", api.msg);
+    }
+
+    #[tokio::test]
+    async fn a_streamed_body_is_held_to_its_stall_timeout_only() {
+        assert!(trickle(false).await.is_none());
     }
 
     /// A body whose frames come from a channel: it stalls when the test sends nothing.

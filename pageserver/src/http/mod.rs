@@ -89,6 +89,14 @@ pub const ROUTES: &[(&str, &str)] = &[
     ),
     ("PUT", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/gc"),
     ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/layer"),
+    (
+        "PUT",
+        "/v1/tenant/{tenant_id}/timeline/{timeline_id}/import",
+    ),
+    (
+        "GET",
+        "/v1/tenant/{tenant_id}/timeline/{timeline_id}/basebackup",
+    ),
     ("GET", "/v1/page_cache"),
     ("POST", "/v1/page_cache/drop"),
     ("GET", "/metrics"),
@@ -142,6 +150,14 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/tenant/{tenant_id}/timeline/{timeline_id}/layer",
             get(layer_list),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}/import",
+            put(import),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}/basebackup",
+            get(basebackup),
         )
         .route("/v1/page_cache", get(page_cache_stats))
         .route("/v1/page_cache/drop", post(page_cache_drop))

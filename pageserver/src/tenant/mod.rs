@@ -5,5 +5,5 @@ pub mod remote_timeline_client;
 pub mod storage_layer;
 pub mod tasks;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 pub mod timeline;

@@ -1,5 +1,5 @@
-//! The handlers, one per route, and the JSON they exchange: the tenants' in `tenant.rs`, the
-//! rest here.
+//! The handlers, one per route, and the JSON they exchange: the tenants' in `tenant.rs`, a data
+//! directory's import and basebackup in `datadir.rs`, the rest here.
 
 use std::time::{Instant, UNIX_EPOCH};
 
@@ -30,7 +30,9 @@ use crate::tenant::timeline::{LayerDescription, LayerKind, Timeline};
 
 type ApiResult<T> = Result<T, ApiError>;
 
+mod datadir;
 mod tenant;
+pub use datadir::{basebackup, import};
 pub use tenant::*;
 
 pub(super) fn parse_tenant(text: &str) -> ApiResult<TenantId> {
@@ -221,7 +223,7 @@ pub async fn timeline_create(
 }
 
 /// The timeline a data path names.
-fn timeline_of(
+pub(super) fn timeline_of(
     state: &SharedState,
     (tenant_id, timeline_id): &(String, String),
 ) -> ApiResult<std::sync::Arc<Timeline>> {
@@ -292,7 +294,7 @@ async fn ingest_inner(
 }
 
 /// `error` with `Connection: close`, for a refusal that leaves a request body unread.
-fn closing(error: ApiError) -> Response {
+pub(super) fn closing(error: ApiError) -> Response {
     let mut response = error.into_response();
     response.headers_mut().insert(
         header::CONNECTION,
@@ -334,7 +336,7 @@ fn key_param(name: &str, value: &str) -> ApiResult<Key> {
 }
 
 /// The `lsn` query parameter: `X/X`, decimal, or `latest` (`None`).
-fn lsn_param(value: &str) -> ApiResult<Option<Lsn>> {
+pub(super) fn lsn_param(value: &str) -> ApiResult<Option<Lsn>> {
     if value == "latest" {
         return Ok(None);
     }
@@ -348,7 +350,7 @@ fn lsn_param(value: &str) -> ApiResult<Option<Lsn>> {
 /// `application/x-www-form-urlencoded`, so `+` is a space), each one of `known` and given at
 /// most once: a repeated parameter is refused rather than one of its values silently winning.
 /// `expected` lists `known` for the message about an unknown one.
-fn query_params<'k>(
+pub(super) fn query_params<'k>(
     uri: &Uri,
     known: &[&'k str],
     expected: &str,

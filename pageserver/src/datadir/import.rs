@@ -1,0 +1,636 @@
+//! Import: a tar stream of a data directory into a timeline, as one snapshot.
+//!
+//! The archive is read member by member as it arrives (never buffered whole): relation
+//! segments block by block, other files chunk by chunk. Each block or chunk is compared with
+//! the timeline's current one and stored only if it differs or is new, so a second import of
+//! the same cluster stores what changed. Everything goes through one [`Import`], which keeps
+//! it invisible until its commit and drops it all on any error: a refused or interrupted import
+//! stores nothing. Checks that need the whole archive (`pg_control`, `postmaster.pid`, the
+//! cluster's identity, the snapshot's LSN) run at the end, before the commit.
+//!
+//! The snapshot's LSN is the `lsn` the caller gives, else, for a `pg_basebackup` archive
+//! (it has a `backup_label`), the end of the WAL in its newest segment (`wal_end`), else, for
+//! a stopped cluster, `pg_control`'s latest checkpoint.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::io::{self, Read};
+
+use bytes::Bytes;
+use pageserver_api::datadir::{
+    decode_rel_dir, decode_rel_size, encode_rel_dir, encode_rel_size, file_chunk_key, file_dir_key,
+    rel_dir_key, snapshot_list_key, DatadirDecodeError, EntryKind, FileDirectory, FileEntry,
+    RelTag, Snapshot, SnapshotKind, SnapshotList, BLCKSZ, FILE_CHUNK_SIZE, RELSEG_BLOCKS,
+};
+use pageserver_api::Value;
+use serde::Serialize;
+use utils::Lsn;
+
+use super::path::{classify, database_dir, database_of_dir, normalize, DatadirPath, PathError};
+use super::pg_control::{self, ControlFile, ControlFileError};
+use super::wal_end::{segment_name_order, wal_end, WalEndError};
+use crate::tenant::timeline::{Import, Timeline, TimelineError};
+
+/// The largest WAL segment an import keeps in memory to find a backup's end (PostgreSQL's
+/// default is 16 MiB); with larger segments the caller gives the LSN.
+const MAX_WAL_SEGMENT_KEPT: u64 = 64 * 1024 * 1024;
+
+/// Why an import stored nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The archive is not something this server imports (400).
+    #[error("{0}")]
+    Invalid(String),
+    /// The archive contradicts the timeline: another cluster, or an LSN not above it (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// The input could not be read to its end.
+    #[error("the archive could not be read: {0}")]
+    Read(io::Error),
+    #[error(transparent)]
+    Timeline(#[from] TimelineError),
+    /// The timeline holds a metadata value that does not decode.
+    #[error("the timeline's stored data directory is damaged: {0}")]
+    Damaged(#[from] DatadirDecodeError),
+}
+
+impl From<PathError> for ImportError {
+    fn from(e: PathError) -> Self {
+        ImportError::Invalid(e.to_string())
+    }
+}
+
+impl From<ControlFileError> for ImportError {
+    fn from(e: ControlFileError) -> Self {
+        ImportError::Invalid(e.to_string())
+    }
+}
+
+impl From<WalEndError> for ImportError {
+    fn from(e: WalEndError) -> Self {
+        ImportError::Invalid(e.to_string())
+    }
+}
+
+/// What an import stored.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct ImportReport {
+    /// The snapshot's LSN.
+    pub lsn: String,
+    /// `stopped` or `backup`.
+    pub kind: String,
+    /// Relation forks in the snapshot.
+    pub relations: u64,
+    pub relations_new: u64,
+    pub relations_dropped: u64,
+    /// Forks whose size changed (grown or truncated).
+    pub relations_resized: u64,
+    pub blocks_new: u64,
+    pub blocks_changed: u64,
+    pub blocks_unchanged: u64,
+    /// Other files in the snapshot, and how many were new, changed or removed.
+    pub files: u64,
+    pub files_new: u64,
+    pub files_changed: u64,
+    pub files_removed: u64,
+    pub directories: u64,
+    /// Bytes of the archive read.
+    pub bytes_read: u64,
+    /// Bytes of versions stored (serialized, as the layers hold them).
+    pub bytes_stored: u64,
+}
+
+/// Imports the archive `input` into `timeline` as one snapshot at `lsn` (or the LSN the
+/// archive says; see the module documentation).
+pub fn import_archive(
+    timeline: &Timeline,
+    input: impl Read,
+    lsn: Option<Lsn>,
+) -> Result<ImportReport, ImportError> {
+    let import = timeline.begin_import()?;
+    let mut importer = Importer::new(import)?;
+    let mut input = TailReader::new(input);
+    importer.read_archive(&mut input)?;
+    importer.report.bytes_read = input.total;
+    importer.finish(lsn)
+}
+
+/// The timeline's data directory as of the import's base, and what the archive says now.
+struct Importer<'t> {
+    import: Import<'t>,
+    old_files: FileDirectory,
+    old_snapshots: Option<SnapshotList>,
+    /// Every database's relation forks and their sizes at the base.
+    old_rels: BTreeMap<(u32, u32), BTreeMap<(u32, u8), u32>>,
+    /// Forks the archive holds, with their sizes in blocks so far.
+    new_rels: BTreeMap<RelTag, u32>,
+    new_entries: BTreeMap<String, FileEntry>,
+    next_id: u32,
+    seen: HashSet<String>,
+    control: Option<ControlFile>,
+    backup_label: bool,
+    /// The newest WAL segment so far: its order and bytes.
+    newest_wal: Option<((u64, u32), String, Vec<u8>)>,
+    report: ImportReport,
+}
+
+impl<'t> Importer<'t> {
+    fn new(import: Import<'t>) -> Result<Importer<'t>, ImportError> {
+        let old_files = match import.read_current(file_dir_key())? {
+            Some(bytes) => FileDirectory::decode(&bytes)?,
+            None => FileDirectory {
+                next_id: 1,
+                entries: Vec::new(),
+            },
+        };
+        let old_snapshots = match import.read_current(snapshot_list_key())? {
+            Some(bytes) => Some(SnapshotList::decode(&bytes)?),
+            None => None,
+        };
+        let mut old_rels = BTreeMap::new();
+        for entry in &old_files.entries {
+            let Some((spc, db)) = database_of_dir(&entry.path) else {
+                continue;
+            };
+            let mut forks = BTreeMap::new();
+            if let Some(bytes) = import.read_current(rel_dir_key(spc, db))? {
+                for (relnode, forknum) in decode_rel_dir(&bytes)? {
+                    let rel = RelTag {
+                        spcnode: spc,
+                        dbnode: db,
+                        relnode,
+                        forknum,
+                    };
+                    let size = match import.read_current(rel.size_key())? {
+                        Some(bytes) => decode_rel_size(&bytes)?,
+                        None => 0,
+                    };
+                    forks.insert((relnode, forknum), size);
+                }
+            }
+            old_rels.insert((spc, db), forks);
+        }
+        Ok(Importer {
+            next_id: old_files.next_id.max(1),
+            import,
+            old_files,
+            old_snapshots,
+            old_rels,
+            new_rels: BTreeMap::new(),
+            new_entries: BTreeMap::new(),
+            seen: HashSet::new(),
+            control: None,
+            backup_label: false,
+            newest_wal: None,
+            report: ImportReport::default(),
+        })
+    }
+
+    fn read_archive(&mut self, input: &mut TailReader<impl Read>) -> Result<(), ImportError> {
+        let mut archive = tar::Archive::new(&mut *input);
+        let entries = archive.entries().map_err(invalid_archive)?;
+        for entry in entries {
+            let mut entry = entry.map_err(invalid_archive)?;
+            let header = entry.header();
+            let raw_path = entry.path_bytes().into_owned();
+            let path = normalize(&raw_path)?;
+            let kind = header.entry_type();
+            let mode = header.mode().map_err(invalid_archive)? & 0o7777;
+            let mtime = header.mtime().map_err(invalid_archive)?;
+            let size = entry.size();
+            if !self.seen.insert(path.clone()) {
+                return Err(ImportError::Invalid(format!(
+                    "archive member {path:?} appears twice"
+                )));
+            }
+            if path == "postmaster.pid" {
+                return Err(ImportError::Invalid(
+                    "the archive has postmaster.pid: the cluster is running (stop it first, or \
+                     import a pg_basebackup of it)"
+                        .to_string(),
+                ));
+            }
+            let is_file = if kind.is_file() || kind.is_contiguous() {
+                true
+            } else if kind.is_dir() {
+                false
+            } else if kind.is_symlink() || kind.is_hard_link() {
+                let what = if path.starts_with("pg_tblspc/") {
+                    "tablespaces outside the data directory are not supported"
+                } else {
+                    "links are not supported (a pg_wal elsewhere, initdb -X, is not importable)"
+                };
+                return Err(ImportError::Invalid(format!(
+                    "archive member {path:?} is a link: {what}"
+                )));
+            } else {
+                return Err(ImportError::Invalid(format!(
+                    "archive member {path:?} is neither a file nor a directory"
+                )));
+            };
+            match classify(&path, is_file)? {
+                DatadirPath::Root => {}
+                DatadirPath::Relation { rel, segno } => {
+                    self.import_relation_segment(&mut entry, &path, rel, segno, size)?
+                }
+                DatadirPath::Other(path) if is_file => {
+                    self.import_file(&mut entry, path, mode, mtime, size)?
+                }
+                DatadirPath::Other(path) => {
+                    self.new_entries.insert(
+                        path.clone(),
+                        FileEntry {
+                            path,
+                            kind: EntryKind::Directory,
+                            mode,
+                            mtime,
+                            size: 0,
+                            id: 0,
+                        },
+                    );
+                }
+            }
+        }
+        input.check_end()
+    }
+
+    fn import_relation_segment(
+        &mut self,
+        data: &mut impl Read,
+        path: &str,
+        rel: RelTag,
+        segno: u32,
+        size: u64,
+    ) -> Result<(), ImportError> {
+        if !size.is_multiple_of(BLCKSZ as u64) || size > u64::from(RELSEG_BLOCKS) * BLCKSZ as u64 {
+            return Err(ImportError::Invalid(format!(
+                "relation file {path:?} is {size} bytes: not a whole number of {BLCKSZ}-byte \
+                 blocks within one 1 GiB segment"
+            )));
+        }
+        let blocks = (size / BLCKSZ as u64) as u32;
+        // Checked by the path parser: segment starts fit a u32, and a segment's blocks too
+        // unless it is the very last one.
+        let first = segno * RELSEG_BLOCKS;
+        let end = first.checked_add(blocks).ok_or_else(|| {
+            ImportError::Invalid(format!("relation file {path:?} reaches past block 2^32"))
+        })?;
+        let old_size = self.old_size(&rel);
+        let mut buf = vec![0u8; BLCKSZ];
+        for blknum in first..end {
+            data.read_exact(&mut buf).map_err(ImportError::Read)?;
+            let key = rel.block_key(blknum);
+            if blknum < old_size {
+                if self.import.read_current(key)?.as_deref() == Some(&buf[..]) {
+                    self.report.blocks_unchanged += 1;
+                    continue;
+                }
+                self.report.blocks_changed += 1;
+            } else {
+                self.report.blocks_new += 1;
+            }
+            self.import
+                .put(key, &Value::Image(Bytes::copy_from_slice(&buf)))?;
+        }
+        let fork_size = self.new_rels.entry(rel).or_insert(0);
+        *fork_size = (*fork_size).max(end);
+        Ok(())
+    }
+
+    fn old_size(&self, rel: &RelTag) -> u32 {
+        self.old_rels
+            .get(&(rel.spcnode, rel.dbnode))
+            .and_then(|forks| forks.get(&(rel.relnode, rel.forknum)))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    fn import_file(
+        &mut self,
+        data: &mut impl Read,
+        path: String,
+        mode: u32,
+        mtime: u64,
+        size: u64,
+    ) -> Result<(), ImportError> {
+        let old = self
+            .old_files
+            .get(&path)
+            .filter(|e| e.kind == EntryKind::File)
+            .cloned();
+        let id = match &old {
+            Some(old) => old.id,
+            None => {
+                let id = self.next_id;
+                self.next_id = id.checked_add(1).ok_or_else(|| {
+                    ImportError::Invalid("more files than the file directory can number".into())
+                })?;
+                id
+            }
+        };
+        let chunks = size.div_ceil(FILE_CHUNK_SIZE as u64);
+        if chunks > u64::from(u32::MAX) {
+            return Err(ImportError::Invalid(format!(
+                "file {path:?} is {size} bytes, too large to store"
+            )));
+        }
+        let keep_control = path == "global/pg_control";
+        let wal_order = path
+            .strip_prefix("pg_wal/")
+            .and_then(segment_name_order)
+            .filter(|order| {
+                size <= MAX_WAL_SEGMENT_KEPT
+                    && self.newest_wal.as_ref().is_none_or(|(o, _, _)| order > o)
+            });
+        let mut kept = Vec::new();
+        let old_chunks = old.as_ref().map_or(0, FileEntry::chunks);
+        let mut changed = old
+            .as_ref()
+            .is_none_or(|o| o.size != size || o.mode != mode);
+        let mut left = size;
+        let mut buf = vec![0u8; FILE_CHUNK_SIZE];
+        for chunk in 0..chunks as u32 {
+            let n = left.min(FILE_CHUNK_SIZE as u64) as usize;
+            left -= n as u64;
+            data.read_exact(&mut buf[..n]).map_err(ImportError::Read)?;
+            if keep_control || wal_order.is_some() {
+                kept.extend_from_slice(&buf[..n]);
+            }
+            let key = file_chunk_key(id, chunk);
+            if u64::from(chunk) < old_chunks
+                && self.import.read_current(key)?.as_deref() == Some(&buf[..n])
+            {
+                continue;
+            }
+            changed = true;
+            self.import
+                .put(key, &Value::Image(Bytes::copy_from_slice(&buf[..n])))?;
+        }
+        match old {
+            None => self.report.files_new += 1,
+            Some(_) if changed => self.report.files_changed += 1,
+            Some(_) => {}
+        }
+        if keep_control {
+            self.control = Some(pg_control::parse(&kept)?);
+        }
+        if path == "backup_label" {
+            self.backup_label = true;
+        }
+        if let Some(order) = wal_order {
+            self.newest_wal = Some((order, path.clone(), kept));
+        }
+        self.new_entries.insert(
+            path.clone(),
+            FileEntry {
+                path,
+                kind: EntryKind::File,
+                mode,
+                mtime,
+                size,
+                id,
+            },
+        );
+        Ok(())
+    }
+
+    /// The checks that need the whole archive, the metadata values, and the commit.
+    fn finish(mut self, lsn: Option<Lsn>) -> Result<ImportReport, ImportError> {
+        let control = self.control.ok_or_else(|| {
+            ImportError::Invalid(
+                "the archive has no global/pg_control: it is not a PostgreSQL data directory"
+                    .to_string(),
+            )
+        })?;
+        if let Some(old) = &self.old_snapshots {
+            if old.system_identifier != control.system_identifier {
+                return Err(ImportError::Conflict(format!(
+                    "the archive is of another cluster: system identifier {}, the timeline's \
+                     snapshots are of {}",
+                    control.system_identifier, old.system_identifier
+                )));
+            }
+        }
+        let kind = if self.backup_label {
+            SnapshotKind::Backup
+        } else {
+            if !control.is_shut_down() {
+                return Err(ImportError::Invalid(format!(
+                    "the cluster was not stopped cleanly (pg_control says \"{}\"): stop it with \
+                     pg_ctl stop, or import a pg_basebackup of it",
+                    control.state_name()
+                )));
+            }
+            SnapshotKind::Stopped
+        };
+        let lsn = match (lsn, kind) {
+            (Some(lsn), _) => lsn,
+            (None, SnapshotKind::Stopped) => control.checkpoint,
+            (None, SnapshotKind::Backup) => {
+                let (_, name, bytes) = self.newest_wal.take().ok_or_else(|| {
+                    ImportError::Invalid(
+                        "the backup has no WAL segment of at most 64 MiB in pg_wal/ to find its \
+                         end in (take it with pg_basebackup -X fetch, or give lsn=)"
+                            .to_string(),
+                    )
+                })?;
+                wal_end(&name, &bytes)?
+            }
+        };
+        if lsn <= self.import.base_lsn() {
+            return Err(ImportError::Conflict(format!(
+                "the snapshot's LSN {lsn} is not above the timeline's last record LSN {}",
+                self.import.base_lsn()
+            )));
+        }
+        self.add_implied_directories();
+        self.store_relations()?;
+        self.store_file_directory()?;
+        let mut snapshots = self.old_snapshots.take().unwrap_or(SnapshotList {
+            system_identifier: control.system_identifier,
+            snapshots: Vec::new(),
+        });
+        snapshots.snapshots.push(Snapshot { lsn, kind });
+        self.import.put(
+            snapshot_list_key(),
+            &Value::Image(Bytes::from(snapshots.encode())),
+        )?;
+        self.report.lsn = lsn.to_string();
+        self.report.kind = kind.to_string();
+        self.report.bytes_stored = self.import.bytes_written();
+        let report = self.report;
+        self.import.commit(lsn)?;
+        Ok(report)
+    }
+
+    /// Every stored path's parent directories are entries too, so a basebackup recreates them
+    /// even if the archive did not list them.
+    fn add_implied_directories(&mut self) {
+        let mut parents = BTreeSet::new();
+        for path in self.new_entries.keys() {
+            parents.extend(ancestors(path));
+        }
+        for rel in self.new_rels.keys() {
+            let dir = database_dir(rel.spcnode, rel.dbnode);
+            parents.extend(ancestors(&dir));
+            parents.insert(dir);
+        }
+        for path in parents {
+            self.new_entries
+                .entry(path.clone())
+                .or_insert_with(|| FileEntry {
+                    path,
+                    kind: EntryKind::Directory,
+                    mode: 0o700,
+                    mtime: 0,
+                    size: 0,
+                    id: 0,
+                });
+        }
+    }
+
+    /// Sizes of new or resized forks, and the relation directory of every database whose set
+    /// of forks changed (an emptied one for each database that is gone).
+    fn store_relations(&mut self) -> Result<(), ImportError> {
+        let mut by_db: BTreeMap<(u32, u32), Vec<(u32, u8)>> = BTreeMap::new();
+        for (rel, size) in &self.new_rels {
+            by_db
+                .entry((rel.spcnode, rel.dbnode))
+                .or_default()
+                .push((rel.relnode, rel.forknum));
+            let old = self
+                .old_rels
+                .get(&(rel.spcnode, rel.dbnode))
+                .and_then(|forks| forks.get(&(rel.relnode, rel.forknum)));
+            match old {
+                None => self.report.relations_new += 1,
+                Some(old) if old != size => self.report.relations_resized += 1,
+                Some(_) => continue,
+            }
+            self.import.put(
+                rel.size_key(),
+                &Value::Image(Bytes::from(encode_rel_size(*size))),
+            )?;
+        }
+        self.report.relations = self.new_rels.len() as u64;
+        // Databases that have a directory now, or had one.
+        let mut databases: BTreeSet<(u32, u32)> = self.old_rels.keys().copied().collect();
+        databases.extend(self.new_entries.keys().filter_map(|p| database_of_dir(p)));
+        for db in databases {
+            let new = by_db.remove(&db).unwrap_or_default();
+            let old: Vec<(u32, u8)> = self
+                .old_rels
+                .get(&db)
+                .map(|forks| forks.keys().copied().collect())
+                .unwrap_or_default();
+            self.report.relations_dropped +=
+                old.iter().filter(|r| new.binary_search(r).is_err()).count() as u64;
+            let known = self.old_rels.contains_key(&db);
+            if new != old || !known {
+                self.import.put(
+                    rel_dir_key(db.0, db.1),
+                    &Value::Image(Bytes::from(encode_rel_dir(&new))),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn store_file_directory(&mut self) -> Result<(), ImportError> {
+        let entries: Vec<FileEntry> = std::mem::take(&mut self.new_entries)
+            .into_values()
+            .collect();
+        self.report.files = entries.iter().filter(|e| e.kind == EntryKind::File).count() as u64;
+        self.report.directories = entries.len() as u64 - self.report.files;
+        self.report.files_removed = self
+            .old_files
+            .entries
+            .iter()
+            .filter(|e| {
+                e.kind == EntryKind::File
+                    && entries
+                        .binary_search_by(|n| n.path.as_str().cmp(&e.path))
+                        .is_err()
+            })
+            .count() as u64;
+        let dir = FileDirectory {
+            next_id: self.next_id,
+            entries,
+        };
+        if dir != self.old_files {
+            self.import
+                .put(file_dir_key(), &Value::Image(Bytes::from(dir.encode())))?;
+        }
+        Ok(())
+    }
+}
+
+/// `a/b/c` → `a`, `a/b`.
+fn ancestors(path: &str) -> impl Iterator<Item = String> + '_ {
+    path.match_indices('/').map(|(i, _)| path[..i].to_string())
+}
+
+fn invalid_archive(e: io::Error) -> ImportError {
+    ImportError::Invalid(format!("the body is not a valid tar archive: {e}"))
+}
+
+/// A reader that remembers how much it read and its last 512 bytes, so that the end of the
+/// archive can be told from a cut-off one: tar readers stop quietly at end of input.
+struct TailReader<R> {
+    inner: R,
+    total: u64,
+    tail: Vec<u8>,
+}
+
+const TAR_BLOCK: usize = 512;
+
+impl<R: Read> TailReader<R> {
+    fn new(inner: R) -> TailReader<R> {
+        TailReader {
+            inner,
+            total: 0,
+            tail: Vec::with_capacity(2 * TAR_BLOCK),
+        }
+    }
+
+    /// After the archive's last member: the reader must have stopped at a block of zeros (the
+    /// end-of-archive marker), not at the end of input. Reads what follows (the marker's
+    /// second block, the record padding) to the end.
+    fn check_end(&mut self) -> Result<(), ImportError> {
+        let at_marker = self.total > 0
+            && self.total.is_multiple_of(TAR_BLOCK as u64)
+            && self.tail.len() >= TAR_BLOCK
+            && self.tail[self.tail.len() - TAR_BLOCK..]
+                .iter()
+                .all(|b| *b == 0);
+        if !at_marker {
+            return Err(ImportError::Invalid(if self.total == 0 {
+                "the body is empty: expected a tar archive".to_string()
+            } else {
+                format!(
+                    "the archive ends after {} bytes without its end-of-archive marker: it \
+                     was cut short",
+                    self.total
+                )
+            }));
+        }
+        io::copy(self, &mut io::sink()).map_err(ImportError::Read)?;
+        Ok(())
+    }
+}
+
+impl<R: Read> Read for TailReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.total += n as u64;
+        let read = &buf[..n];
+        if read.len() >= TAR_BLOCK {
+            self.tail.clear();
+            self.tail.extend_from_slice(&read[read.len() - TAR_BLOCK..]);
+        } else {
+            self.tail.extend_from_slice(read);
+            let excess = self.tail.len().saturating_sub(TAR_BLOCK);
+            self.tail.drain(..excess);
+        }
+        Ok(n)
+    }
+}

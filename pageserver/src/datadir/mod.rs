@@ -1,0 +1,30 @@
+//! PostgreSQL data directories in and out of a timeline.
+//!
+//! A timeline stores a data directory in the key space of `pageserver_api::datadir`: relation
+//! forks block by block (what GetPage@LSN serves to compute), every other file byte for byte,
+//! and metadata values that list them. This module is the Postgres-facing floor above
+//! `tenant::timeline`, which it drives and which knows nothing of it:
+//!
+//! - `path.rs`: which archive members are relation segments, plain files, or refused;
+//! - `pg_control.rs`: the control file fields an import checks (identity, clean stop, LSN);
+//! - `wal_end.rs`: the end of a backup's WAL, the LSN its state is at;
+//! - `import.rs`: a tar stream into a timeline as one snapshot, storing only what changed,
+//!   applied whole or not at all;
+//! - `basebackup.rs`: the snapshot at or below an LSN as a tar stream a stock PostgreSQL
+//!   starts from.
+//!
+//! Limits: only the `pg_default` and `pg_global` tablespaces, no symlinks (a `pg_wal`
+//! elsewhere), `pg_control` format 1300 (PostgreSQL 13 to 16); a relation's empty trailing
+//! segment files (left by a truncation until the next checkpoint) are not reproduced.
+
+mod basebackup;
+mod import;
+mod path;
+mod pg_control;
+mod wal_end;
+
+pub use basebackup::{snapshot_at, write_basebackup, BasebackupError};
+pub use import::{import_archive, ImportError, ImportReport};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,138 @@
+//! Synthetic WAL segments, written the way PostgreSQL lays records over pages, and the end of
+//! WAL found in them.
+
+use utils::Lsn;
+
+use super::super::wal_end::{segment_name_order, wal_end};
+
+const PAGE: usize = 8192;
+const SEGMENT: usize = 1 << 20;
+const MAGIC: u16 = 0xD110;
+
+/// Writes records of the given total lengths into a 1 MiB segment starting at LSN `start`,
+/// the first one after a continuation of `continuation` bytes; returns the segment and the
+/// LSN right after the last record.
+pub fn segment_with(start: u64, continuation: usize, lens: &[usize]) -> (Vec<u8>, Lsn) {
+    let mut seg = vec![0u8; SEGMENT];
+    let mut pos = 40;
+    let mut written_pages = 1;
+    header(&mut seg, start, 0, continuation);
+    // The continuation's bytes, then the records, as one stream over the pages.
+    let mut put = |seg: &mut Vec<u8>, pos: &mut usize, bytes: &[u8], rem: usize| {
+        let mut done = 0;
+        while done < bytes.len() {
+            if pos.is_multiple_of(PAGE) {
+                let page = *pos / PAGE;
+                header(seg, start, page, rem - done);
+                written_pages = written_pages.max(page + 1);
+                *pos += 24;
+            }
+            let n = (bytes.len() - done).min(PAGE - *pos % PAGE);
+            seg[*pos..*pos + n].copy_from_slice(&bytes[done..done + n]);
+            done += n;
+            *pos += n;
+        }
+    };
+    put(&mut seg, &mut pos, &vec![0xcc; continuation], continuation);
+    pos = pos.next_multiple_of(8);
+    let mut prev = 0u64;
+    let mut end = start + pos as u64;
+    for (i, &len) in lens.iter().enumerate() {
+        if pos.is_multiple_of(PAGE) {
+            header(&mut seg, start, pos / PAGE, 0);
+            pos += 24;
+        }
+        let record_start = start + pos as u64;
+        let mut record: Vec<u8> = (0..len).map(|b| (b * 7 + i) as u8).collect();
+        record[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+        record[8..16].copy_from_slice(&prev.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&record[24..]), &record[..20]);
+        record[20..24].copy_from_slice(&crc.to_le_bytes());
+        put(&mut seg, &mut pos, &record, len);
+        prev = record_start;
+        end = start + pos as u64;
+        pos = pos.next_multiple_of(8);
+    }
+    (seg, Lsn(end))
+}
+
+pub fn segment(start: u64, lens: &[usize]) -> (Vec<u8>, Lsn) {
+    segment_with(start, 0, lens)
+}
+
+fn header(seg: &mut [u8], start: u64, page: usize, rem_len: usize) {
+    let at = page * PAGE;
+    let mut info = if rem_len > 0 { 1u16 } else { 0 };
+    if page == 0 {
+        info |= 2;
+    }
+    seg[at..at + 2].copy_from_slice(&MAGIC.to_le_bytes());
+    seg[at + 2..at + 4].copy_from_slice(&info.to_le_bytes());
+    seg[at + 4..at + 8].copy_from_slice(&1u32.to_le_bytes());
+    seg[at + 8..at + 16].copy_from_slice(&(start + at as u64).to_le_bytes());
+    seg[at + 16..at + 20].copy_from_slice(&(rem_len as u32).to_le_bytes());
+    if page == 0 {
+        seg[at + 24..at + 32].copy_from_slice(&42u64.to_le_bytes());
+        seg[at + 32..at + 36].copy_from_slice(&(SEGMENT as u32).to_le_bytes());
+        seg[at + 36..at + 40].copy_from_slice(&(PAGE as u32).to_le_bytes());
+    }
+}
+
+#[test]
+fn the_end_is_after_the_last_whole_record_whatever_pages_it_spans() {
+    let start = 0x0300_0000;
+    for lens in [
+        vec![],
+        vec![24],
+        vec![100, 200, 300],
+        vec![8000, 8000, 20_000, 33],
+        // A record whose header straddles a page boundary.
+        vec![8192 - 40 - 10, 100],
+    ] {
+        let (seg, end) = segment(start, &lens);
+        assert_eq!(wal_end("seg", &seg).unwrap(), end, "{lens:?}");
+    }
+    let (seg, end) = segment_with(start, 20_000, &[50, 60]);
+    assert_eq!(wal_end("seg", &seg).unwrap(), end);
+}
+
+#[test]
+fn a_torn_or_recycled_record_ends_the_wal_before_it() {
+    let start = 0x0300_0000;
+    let (good, _) = segment(start, &[100, 9000]);
+    let (_, end_of_first) = segment(start, &[100]);
+    // The second record's last byte damaged: its CRC fails.
+    let mut torn = good.clone();
+    let second_end = wal_end("seg", &good).unwrap().0 - start;
+    torn[second_end as usize - 1] ^= 1;
+    assert_eq!(wal_end("seg", &torn).unwrap(), end_of_first);
+    // Its second page is from an older use of the file (a recycled segment).
+    let mut recycled = good.clone();
+    recycled[PAGE + 8..PAGE + 16]
+        .copy_from_slice(&(start - SEGMENT as u64 + PAGE as u64).to_le_bytes());
+    assert_eq!(wal_end("seg", &recycled).unwrap(), end_of_first);
+    // A record that names another record before it.
+    let (mut wrong_prev, _) = segment(start, &[100, 200]);
+    let second = (40 + 104usize).next_multiple_of(8);
+    wrong_prev[second + 8] ^= 1;
+    assert_eq!(wal_end("seg", &wrong_prev).unwrap(), end_of_first);
+}
+
+#[test]
+fn files_that_are_not_segments_are_refused() {
+    assert!(wal_end("x", &[0; 100]).is_err());
+    let (mut seg, _) = segment(0x0300_0000, &[100]);
+    seg[2] = 0; // no long header on the first page
+    assert!(wal_end("x", &seg).is_err());
+    let (seg, _) = segment(0x0300_0000, &[100]);
+    assert!(
+        wal_end("x", &seg[..PAGE * 4]).is_err(),
+        "size is not the header's"
+    );
+    assert!(
+        segment_name_order("000000010000000000000003")
+            < segment_name_order("000000010000000100000000")
+    );
+    assert_eq!(segment_name_order("00000002.history"), None);
+    assert_eq!(segment_name_order("archive_status"), None);
+}

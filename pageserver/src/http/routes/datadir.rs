@@ -1,0 +1,210 @@
+//! A PostgreSQL data directory in and out of a timeline: `PUT .../import` reads a tar stream
+//! as it arrives, `GET .../basebackup` writes one as it is read. Neither holds more than a few
+//! chunks of the archive in memory (the body budget of `body_limits` does not apply to an
+//! import: its bytes are not buffered).
+
+use std::io::{self, Read, Write};
+use std::sync::{Arc, Mutex};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http_body_util::BodyExt;
+use serde_json::Value as JsonValue;
+use tokio::sync::mpsc;
+use utils::Lsn;
+
+use super::{closing, lsn_param, query_params, timeline_of, ApiResult};
+use crate::datadir::{import_archive, snapshot_at, write_basebackup, BasebackupError, ImportError};
+use crate::http::error::ApiError;
+use crate::http::{blocking, SharedState};
+
+/// Bytes of archive handed to the client at a time, and how many such pieces may wait.
+const BASEBACKUP_PIECE: usize = 256 * 1024;
+const BASEBACKUP_PIECES_QUEUED: usize = 8;
+
+/// `lsn=<X/X | decimal | latest>`, optional; `None` for latest or absent.
+fn optional_lsn(uri: &Uri) -> ApiResult<Option<Lsn>> {
+    let mut lsn = None;
+    for (_, value) in query_params(uri, &["lsn"], "lsn")? {
+        lsn = lsn_param(&value)?;
+    }
+    Ok(lsn)
+}
+
+fn import_error(e: ImportError) -> ApiError {
+    match e {
+        ImportError::Invalid(m) => ApiError::bad_request(m),
+        ImportError::Conflict(m) => ApiError::new(StatusCode::CONFLICT, m),
+        ImportError::Read(e) => {
+            ApiError::bad_request(format!("the archive could not be read: {e}"))
+        }
+        ImportError::Timeline(e) => e.into(),
+        e @ ImportError::Damaged(_) => ApiError::internal(e.to_string()),
+    }
+}
+
+pub async fn import(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+    uri: Uri,
+    body: Body,
+) -> Result<Json<JsonValue>, Response> {
+    let timeline = timeline_of(&state, &ids).map_err(closing)?;
+    let lsn = optional_lsn(&uri).map_err(closing)?;
+    let body_error = Arc::new(Mutex::new(None));
+    let reader = BodyReader {
+        body,
+        runtime: tokio::runtime::Handle::current(),
+        current: Bytes::new(),
+        error: body_error.clone(),
+    };
+    let result =
+        blocking(move || import_archive(&timeline, reader, lsn).map_err(import_error)).await;
+    match result {
+        Ok(report) => Ok(Json(serde_json::to_value(report).expect("plain fields"))),
+        // What cut the body off (a stall, a client that went away) explains the failure best.
+        Err(error) => {
+            let cause = body_error.lock().expect("never poisoned").take();
+            // The body may be unread past the failure: the connection cannot carry more.
+            Err(closing(cause.unwrap_or(error)))
+        }
+    }
+}
+
+/// The request body as a blocking reader, for the import on the blocking pool.
+struct BodyReader {
+    body: Body,
+    runtime: tokio::runtime::Handle,
+    current: Bytes,
+    /// Why the body failed, as the response should say it.
+    error: Arc<Mutex<Option<ApiError>>>,
+}
+
+impl Read for BodyReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            // On a blocking-pool thread, outside the runtime's workers: blocking is allowed.
+            match self.runtime.block_on(self.body.frame()) {
+                None => return Ok(0),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.current = data;
+                    }
+                }
+                Some(Err(e)) => {
+                    let error = crate::http::body_limits::api_error(&e).unwrap_or_else(|| {
+                        ApiError::bad_request("the request body could not be read to its end")
+                    });
+                    let message = error.msg.clone();
+                    *self.error.lock().expect("never poisoned") = Some(error);
+                    return Err(io::Error::other(message));
+                }
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        let _ = self.current.split_to(n);
+        Ok(n)
+    }
+}
+
+fn basebackup_error(e: BasebackupError) -> ApiError {
+    match e {
+        BasebackupError::NoSnapshot(m) => ApiError::new(StatusCode::NOT_FOUND, m),
+        BasebackupError::Timeline(e) => e.into(),
+        e => ApiError::internal(e.to_string()),
+    }
+}
+
+pub async fn basebackup(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+    uri: Uri,
+) -> ApiResult<Response> {
+    let timeline = timeline_of(&state, &ids)?;
+    let lsn = optional_lsn(&uri)?.unwrap_or_else(|| timeline.last_record_lsn());
+    let (snapshot, timeline) = blocking(move || {
+        let snapshot = snapshot_at(&timeline, lsn).map_err(basebackup_error)?;
+        Ok((snapshot, timeline))
+    })
+    .await?;
+    // The archive is written on the blocking pool into a bounded queue the response body
+    // drains: a slow client slows the writer down, and one that leaves stops it.
+    let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(BASEBACKUP_PIECES_QUEUED);
+    tokio::task::spawn_blocking(move || {
+        let mut out = PieceWriter {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(BASEBACKUP_PIECE),
+        };
+        if let Err(e) = write_basebackup(&timeline, snapshot, &mut out) {
+            tracing::warn!(
+                tenant = %timeline.tenant_id(),
+                timeline = %timeline.timeline_id(),
+                "basebackup at {} stopped: {e}",
+                snapshot.lsn
+            );
+            // The client sees the transfer fail, never a short archive that looks whole.
+            let _ = tx.blocking_send(Err(io::Error::other(e.to_string())));
+        }
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|piece| (piece, rx))
+    });
+    let mut response = Body::from_stream(stream).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-tar"),
+    );
+    headers.insert(
+        "x-snapshot-lsn",
+        HeaderValue::from_str(&snapshot.lsn.to_string()).expect("an LSN is ASCII"),
+    );
+    headers.insert(
+        "x-snapshot-kind",
+        HeaderValue::from_str(&snapshot.kind.to_string()).expect("ASCII"),
+    );
+    Ok(response)
+}
+
+/// Collects the archive into pieces and queues them for the response body.
+struct PieceWriter {
+    tx: mpsc::Sender<io::Result<Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl PieceWriter {
+    fn send(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let piece = Bytes::from(std::mem::replace(
+            &mut self.buf,
+            Vec::with_capacity(BASEBACKUP_PIECE),
+        ));
+        self.tx.blocking_send(Ok(piece)).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the client closed the connection",
+            )
+        })
+    }
+}
+
+impl Write for PieceWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let n = data.len().min(BASEBACKUP_PIECE - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == BASEBACKUP_PIECE {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.send()
+    }
+}
