@@ -215,6 +215,26 @@ pub static INGEST_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
         "Bytes of ingest request bodies accepted",
     )
 });
+pub static DATADIR_IMPORTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "pageserver_datadir_imports_total",
+        "Data directory imports by outcome: ok, refused (nothing stored: the archive or its LSN), error",
+        &["outcome"]
+    )
+    .expect("metric names are unique")
+});
+pub static DATADIR_IMPORT_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_datadir_import_bytes_total",
+        "Bytes of data directory archives read by imports, as they arrive (refused ones too)",
+    )
+});
+pub static BASEBACKUP_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_basebackup_bytes_total",
+        "Bytes of basebackup archives handed to clients",
+    )
+});
 pub static OPEN_FILES: LazyLock<IntGauge> = LazyLock::new(|| {
     register_int_gauge!(
         "pageserver_open_files",
@@ -393,6 +413,8 @@ pub fn register_all(wait_lsn_timeout: Duration) {
         &REMOTE_DOWNLOADED_BYTES,
         &LAYER_EVICTIONS,
         &LAYER_EVICTED_BYTES,
+        &DATADIR_IMPORT_BYTES,
+        &BASEBACKUP_BYTES,
     ] {
         LazyLock::force(counter);
     }
@@ -415,6 +437,9 @@ pub fn register_all(wait_lsn_timeout: Duration) {
     }
     for outcome in ["ok", "error"] {
         INGEST_SECONDS.with_label_values(&[outcome]);
+    }
+    for outcome in ["ok", "refused", "error"] {
+        DATADIR_IMPORTS.with_label_values(&[outcome]);
     }
     for kind in ["index", "value"] {
         for result in ["hit", "miss"] {

@@ -44,6 +44,15 @@ impl From<DatadirDecodeError> for BasebackupError {
 
 /// The snapshot a basebackup at `lsn` gives: checks the LSN and finds it.
 pub fn snapshot_at(timeline: &Timeline, lsn: Lsn) -> Result<Snapshot, BasebackupError> {
+    // Not a wait: a later import may still land at or below such an LSN, so its answer is not
+    // known yet.
+    let last_record = timeline.last_record_lsn();
+    if lsn > last_record {
+        return Err(BasebackupError::NoSnapshot(format!(
+            "LSN {lsn} is beyond the timeline's last record LSN {last_record}: which snapshot \
+             it has is not known yet"
+        )));
+    }
     let list = timeline
         .get_page(snapshot_list_key(), lsn)?
         .ok_or_else(|| {

@@ -55,23 +55,65 @@ pub async fn import(
     let timeline = timeline_of(&state, &ids).map_err(closing)?;
     let lsn = optional_lsn(&uri).map_err(closing)?;
     let body_error = Arc::new(Mutex::new(None));
-    let reader = BodyReader {
+    let mut reader = BodyReader {
         body,
         runtime: tokio::runtime::Handle::current(),
         current: Bytes::new(),
         error: body_error.clone(),
     };
-    let result =
-        blocking(move || import_archive(&timeline, reader, lsn).map_err(import_error)).await;
-    match result {
+    let result = blocking(move || {
+        let outcome = import_archive(&timeline, &mut reader, lsn);
+        let label = match &outcome {
+            Ok(_) => "ok",
+            Err(ImportError::Invalid(_) | ImportError::Conflict(_) | ImportError::Read(_)) => {
+                "refused"
+            }
+            Err(_) => "error",
+        };
+        crate::metrics::DATADIR_IMPORTS
+            .with_label_values(&[label])
+            .inc();
+        // A refusal found mid-archive reads the rest of the body (within bounds) first, so
+        // that a client still sending gets the answer rather than a reset connection.
+        let drained = outcome.is_ok() || drain(&mut reader);
+        Ok((outcome.map_err(import_error), drained))
+    })
+    .await;
+    let (outcome, drained) = match result {
+        Ok(pair) => pair,
+        Err(e) => (Err(e), false),
+    };
+    match outcome {
         Ok(report) => Ok(Json(serde_json::to_value(report).expect("plain fields"))),
-        // What cut the body off (a stall, a client that went away) explains the failure best.
         Err(error) => {
+            // What cut the body off (a stall, a client that went away) explains it best.
             let cause = body_error.lock().expect("never poisoned").take();
-            // The body may be unread past the failure: the connection cannot carry more.
-            Err(closing(cause.unwrap_or(error)))
+            match cause {
+                Some(cause) => Err(closing(cause)),
+                None if drained => Err(error.into_response()),
+                None => Err(closing(error)),
+            }
         }
     }
+}
+
+/// The most of a refused import's body read to its end before answering, in bytes and time.
+const DRAIN_MAX_BYTES: u64 = 256 * 1024 * 1024;
+const DRAIN_MAX_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads and drops the rest of the body; whether it reached the end within the bounds.
+fn drain(reader: &mut BodyReader) -> bool {
+    let started = std::time::Instant::now();
+    let mut left = DRAIN_MAX_BYTES;
+    let mut buf = vec![0u8; 64 * 1024];
+    while left > 0 && started.elapsed() < DRAIN_MAX_TIME {
+        match reader.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(n) => left = left.saturating_sub(n as u64),
+            Err(_) => return false,
+        }
+    }
+    false
 }
 
 /// The request body as a blocking reader, for the import on the blocking pool.
@@ -91,6 +133,7 @@ impl Read for BodyReader {
                 None => return Ok(0),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
+                        crate::metrics::DATADIR_IMPORT_BYTES.inc_by(data.len() as u64);
                         self.current = data;
                     }
                 }
@@ -185,6 +228,7 @@ impl PieceWriter {
             &mut self.buf,
             Vec::with_capacity(BASEBACKUP_PIECE),
         ));
+        crate::metrics::BASEBACKUP_BYTES.inc_by(piece.len() as u64);
         self.tx.blocking_send(Ok(piece)).map_err(|_| {
             io::Error::new(
                 io::ErrorKind::BrokenPipe,

@@ -1,0 +1,283 @@
+"""Real PostgreSQL in and out: a cluster imported into a timeline (a stopped cluster's
+directory, or a pg_basebackup of a running one under load), basebackups at any LSN that a second
+PostgreSQL starts from and answers exactly as the original did at that snapshot, imports that
+store only what changed, refusals that store nothing, and a crash during an import."""
+
+from __future__ import annotations
+
+import io
+import struct
+import tarfile
+import threading
+
+import requests
+
+from fixtures.pageserver import Pageserver
+from fixtures.postgres import PgCluster, PgEnv
+from fixtures.timeline import TimelineHandle
+from fixtures.utils import Lsn, wait_until
+
+
+def import_stopped(pg: PgEnv, timeline: TimelineHandle, cluster: PgCluster) -> dict:
+    return pg.import_process(timeline.url, cluster.tar_process())
+
+
+def restored_state(pg: PgEnv, timeline: TimelineHandle, name: str, lsn: Lsn | None = None) -> tuple[dict, Lsn]:
+    """The state a cluster restored from the basebackup at `lsn` answers with."""
+    cluster, snapshot = pg.restore(timeline.url, name, lsn)
+    cluster.start()
+    try:
+        return cluster.state(), snapshot
+    finally:
+        cluster.stop()
+
+
+def test_pgbench_database_round_trip(pg: PgEnv, timeline: TimelineHandle):
+    original = pg.new_cluster("original").start()
+    original.pgbench("-i", "-s", "5", "-q")
+    expected = original.state()
+    assert expected["pgbench_accounts"][0] == 500_000
+    db = int(original.psql("SELECT oid FROM pg_database WHERE datname = 'postgres'"))
+    node = original.relfilenode("pgbench_accounts")
+    original.stop()
+
+    report = import_stopped(pg, timeline, original)
+    assert report["kind"] == "stopped"
+    assert report["blocks_new"] > 8000 and report["blocks_changed"] == 0
+    lsn = Lsn.parse(report["lsn"])
+    info = timeline.info()
+    assert Lsn.parse(info["last_record_lsn"]) == lsn
+    assert Lsn.parse(info["disk_consistent_lsn"]) == lsn, "durable when the answer comes"
+
+    state, snapshot = restored_state(pg, timeline, "restored")
+    assert snapshot == lsn
+    assert state == expected
+
+    # The blocks are what GetPage@LSN serves: a block of pgbench_accounts, by its key
+    # (kind 0, spcnode 1663, dbnode, relnode, fork 0, block).
+    block = 100
+    key = struct.pack(">BIIIBI", 0, 1663, db, node, 0, block)
+    with open(original.datadir / "base" / str(db) / str(node), "rb") as f:
+        f.seek(block * 8192)
+        on_disk = f.read(8192)
+    assert timeline.http.get_page(timeline.tenant_id, timeline.timeline_id, key, str(lsn)) == on_disk
+
+
+def test_time_travel_across_snapshots(pg: PgEnv, timeline: TimelineHandle):
+    cluster = pg.new_cluster("source").start()
+    cluster.pgbench("-i", "-s", "1", "-q")
+    cluster.psql("CREATE TABLE doomed AS SELECT g AS id FROM generate_series(1, 1000) g")
+    states = []
+    lsns = []
+
+    def snapshot() -> None:
+        states.append(cluster.state())
+        cluster.stop()
+        lsns.append(Lsn.parse(import_stopped(pg, timeline, cluster)["lsn"]))
+        cluster.start()
+
+    snapshot()
+    cluster.pgbench("-t", "300", "-c", "2", "-n")
+    old_node = cluster.relfilenode("pgbench_branches")
+    cluster.psql("DROP TABLE doomed")
+    cluster.psql("VACUUM FULL pgbench_branches")
+    assert cluster.relfilenode("pgbench_branches") != old_node
+    cluster.psql("TRUNCATE pgbench_history")
+    snapshot()
+    cluster.pgbench("-t", "300", "-c", "2", "-n")
+    snapshot()
+    cluster.stop()
+    assert lsns == sorted(lsns) and len(set(lsns)) == 3
+    assert "doomed" in states[0] and "doomed" not in states[1]
+
+    for i, (lsn, state) in enumerate(zip(lsns, states)):
+        restored, at = restored_state(pg, timeline, f"at{i}", lsn)
+        assert at == lsn
+        assert restored == state, f"snapshot {i} at {lsn}"
+    # Between two snapshots: the older one.
+    restored, at = restored_state(pg, timeline, "between", Lsn(lsns[1] - 1))
+    assert at == lsns[0]
+    assert restored == states[0]
+    # Before the first: nothing to give.
+    r = requests.get(f"{timeline.url}/basebackup", params={"lsn": str(Lsn(lsns[0] - 1))})
+    assert r.status_code == 404, r.text
+    assert "no snapshot" in r.json()["msg"]
+    # Beyond the last record: not known yet (a later import may land below it).
+    r = requests.get(f"{timeline.url}/basebackup", params={"lsn": str(Lsn(lsns[-1] + 1))})
+    assert r.status_code == 404, r.text
+    assert "beyond" in r.json()["msg"]
+
+
+def test_incremental_snapshot_stores_what_changed(pg: PgEnv, timeline: TimelineHandle):
+    cluster = pg.new_cluster("source").start()
+    cluster.pgbench("-i", "-s", "2", "-q")
+    cluster.stop()
+    first = import_stopped(pg, timeline, cluster)
+    cluster.start()
+    cluster.pgbench("-t", "200", "-n")
+    cluster.stop()
+    second = import_stopped(pg, timeline, cluster)
+    assert second["blocks_unchanged"] > 10 * (second["blocks_changed"] + second["blocks_new"]), second
+    assert second["bytes_stored"] < first["bytes_stored"] / 3, (first, second)
+    # The same directory again is refused: its LSN is not above the last snapshot's.
+    r = pg.import_stream(timeline.url, cluster.tar_process().stdout)
+    assert r.status_code == 409, r.text
+
+
+def test_pg_basebackup_under_load_restores_and_passes_amcheck(pg: PgEnv, timeline: TimelineHandle):
+    cluster = pg.new_cluster("source").start()
+    cluster.pgbench("-i", "-s", "2", "-q")
+    load = cluster.pgbench_background("-T", "600", "-c", "2", "-n")
+    try:
+        # Under way: the history table grows.
+        wait_until(lambda: int(cluster.psql("SELECT count(*) FROM pgbench_history")) > 100 or None, timeout=60, what="pgbench running")
+        report = pg.import_process(timeline.url, cluster.basebackup_process())
+    finally:
+        load.terminate()
+        load.wait(timeout=60)
+    cluster.stop()
+    assert report["kind"] == "backup"
+
+    restored, at = pg.restore(timeline.url, "restored")
+    assert at == Lsn.parse(report["lsn"])
+    restored.start()
+    try:
+        assert restored.check_indexes() > 5
+        # pgbench's invariant: every transaction adds the same delta to one account, teller and
+        # branch and logs it in the history; a consistent state has equal sums.
+        sums = restored.psql(
+            "SELECT (SELECT sum(abalance) FROM pgbench_accounts), (SELECT sum(bbalance) FROM pgbench_branches), "
+            "(SELECT sum(tbalance) FROM pgbench_tellers), (SELECT coalesce(sum(delta), 0) FROM pgbench_history)"
+        ).split("|")
+        assert len(set(sums)) == 1, sums
+        assert int(restored.psql("SELECT count(*) FROM pgbench_history")) > 100
+    finally:
+        restored.stop()
+
+
+def tar_bytes(members: dict[str, bytes | None], symlinks: dict[str, str] | None = None) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                info.mode = 0o700
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                info.mode = 0o600
+                tar.addfile(info, io.BytesIO(data))
+        for name, target in (symlinks or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.SYMTYPE
+            info.linkname = target
+            tar.addfile(info)
+    return out.getvalue()
+
+
+def directory_tar(cluster: PgCluster) -> bytes:
+    proc = cluster.tar_process()
+    data, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0
+    return data
+
+
+def test_refused_imports_store_nothing(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
+    cluster = pg.new_cluster("source").start()
+    cluster.pgbench("-i", "-s", "1", "-q")
+    cluster.stop()
+    good = directory_tar(cluster)
+    first = requests.put(f"{timeline.url}/import", data=good)
+    assert first.status_code == 200, first.text
+    before = timeline.info()["last_record_lsn"]
+
+    def refused(body: bytes, status: int, text: str, **params: str) -> None:
+        r = requests.put(f"{timeline.url}/import", data=body, params=params or None)
+        assert r.status_code == status, r.text
+        assert text in r.json()["msg"], r.json()
+        assert timeline.info()["last_record_lsn"] == before
+
+    # The same directory again: its LSN is not above the timeline's.
+    refused(good, 409, "not above")
+    # A running cluster's directory.
+    cluster.start()
+    running = directory_tar(cluster)
+    refused(running, 400, "postmaster.pid")
+    cluster.pgbench("-t", "50", "-n")
+    # Killed, not stopped: pg_control says so.
+    cluster.stop("immediate")
+    refused(directory_tar(cluster), 400, "not stopped cleanly")
+    # Another cluster.
+    other = pg.new_cluster("other")
+    refused(directory_tar(other), 409, "another cluster")
+    # A tablespace: pg_tblspc holds a link to a directory elsewhere.
+    refused(tar_bytes({"./PG_VERSION": b"15\n", "./pg_tblspc": None}, {"./pg_tblspc/16500": "/srv/space"}), 400, "tablespaces")
+    # Cut short, at a member boundary and inside one; not tar at all; empty.
+    refused(good[: 512 * 3], 400, "")
+    refused(good[: len(good) // 2], 400, "")
+    refused(b"this is not a tar archive" * 100, 400, "tar")
+    refused(b"", 400, "empty")
+    refused(tar_bytes({"./PG_VERSION": b"15\n"}), 400, "pg_control")
+    pageserver.assert_no_errors()
+
+    # The timeline still gives the first snapshot, and still takes a good import.
+    _, at = restored_state(pg, timeline, "restored")
+    assert at == Lsn.parse(before)
+    cluster.start()
+    cluster.stop()
+    assert requests.put(f"{timeline.url}/import", data=directory_tar(cluster)).status_code == 200
+
+
+def test_crash_during_import_leaves_the_previous_snapshot(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
+    cluster = pg.new_cluster("source").start()
+    cluster.pgbench("-i", "-s", "1", "-q")
+    first_state = cluster.state()
+    cluster.stop()
+    first = Lsn.parse(import_stopped(pg, timeline, cluster)["lsn"])
+    cluster.start()
+    cluster.pgbench("-t", "100", "-n")
+    cluster.stop()
+    body = directory_tar(cluster)
+
+    def metric() -> float:
+        for line in pageserver.http.metrics_text().splitlines():
+            if line.startswith("pageserver_datadir_import_bytes_total "):
+                return float(line.split()[1])
+        raise AssertionError("no import bytes metric")
+
+    read_before = metric()
+    half = len(body) // 2
+
+    def sender():
+        yield body[:half]
+        # Hold the rest back until the server has been killed.
+        killed.wait(timeout=120)
+        yield body[half:]
+
+    killed = threading.Event()
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["response"] = requests.put(f"{timeline.url}/import", data=sender(), timeout=120)
+        except requests.RequestException as e:
+            outcome["error"] = e
+
+    client = threading.Thread(target=run)
+    client.start()
+    wait_until(lambda: metric() >= read_before + half or None, timeout=60, what="half the archive read")
+    pageserver.kill()
+    killed.set()
+    client.join(timeout=120)
+    assert "error" in outcome, outcome
+    pageserver.start()
+
+    info = timeline.info()
+    assert Lsn.parse(info["last_record_lsn"]) == first
+    state, at = restored_state(pg, timeline, "restored")
+    assert at == first and state == first_state
+    # The interrupted import left no files behind, and a full one goes through.
+    assert pageserver.leftovers() == []
+    r = requests.put(f"{timeline.url}/import", data=body)
+    assert r.status_code == 200, r.text
