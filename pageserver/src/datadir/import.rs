@@ -341,7 +341,18 @@ impl<'t> Importer<'t> {
                 size <= MAX_WAL_SEGMENT_KEPT
                     && self.newest_wal.as_ref().is_none_or(|(o, _, _)| order > o)
             });
+        // Only one WAL segment is ever kept: the previous newest goes before this one is read
+        // (memory stays at one segment, allocated once at its size).
         let mut kept = Vec::new();
+        if wal_order.is_some() {
+            self.newest_wal = None;
+            kept.reserve_exact(size as usize);
+        } else if keep_control {
+            if size != pg_control::PG_CONTROL_FILE_SIZE as u64 {
+                return Err(ControlFileError::Size(size.try_into().unwrap_or(usize::MAX)).into());
+            }
+            kept.reserve_exact(size as usize);
+        }
         let old_chunks = old.as_ref().map_or(0, FileEntry::chunks);
         let mut changed = old
             .as_ref()
