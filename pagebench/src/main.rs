@@ -11,6 +11,9 @@
 //! pagebench scale --pageserver BIN --workdir DIR [--keys N] [--total 10GiB] ...
 //!     starts the server itself: GiBs of random updates with compaction, images and GC,
 //!     against a flush-only baseline (method in `scale.rs`)
+//! pagebench datadir --pageserver BIN --workdir DIR --pgdata A [--pgdata-after B]
+//!     starts the server itself: import and basebackup of a PostgreSQL data directory against
+//!     a tar copy, and an incremental snapshot's bytes (method in `datadir.rs`)
 //! ```
 //!
 //! Every command takes `--endpoint` (default `http://127.0.0.1:9898`), `--token` (or the
@@ -107,6 +110,7 @@ const JSON_TYPE: &str = "application/json";
 const TOKEN_ENV: &str = "PAGEBENCH_TOKEN";
 
 mod commands;
+mod datadir;
 mod http;
 mod phases;
 mod report;
@@ -145,6 +149,9 @@ enum Command {
     /// GiBs of random updates with compaction, images and GC at default settings, against a
     /// flush-only baseline, starting the server itself (see `scale.rs`).
     Scale(scale::ScaleArgs),
+    /// Import and basebackup of a real PostgreSQL data directory against a tar copy, starting
+    /// the server itself (see `datadir.rs`).
+    Datadir(datadir::DatadirArgs),
 }
 
 #[derive(Args)]
@@ -282,6 +289,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Getpage(args) => getpage(endpoint, args).await,
         Command::Ingest(args) => ingest(endpoint, args).await,
         Command::Scale(args) => scale::run(args).await,
+        Command::Datadir(args) => datadir::run(args).await,
     }
 }
 

@@ -115,35 +115,44 @@ fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 /// A server of one phase: killed, and its work directory removed, when dropped.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     workdir: PathBuf,
-    endpoint: Arc<Endpoint>,
+    pub(crate) endpoint: Arc<Endpoint>,
 }
 
 impl Server {
     async fn start(args: &ScaleArgs, name: &str, settings: &[&str]) -> anyhow::Result<Server> {
-        let workdir = args.workdir.join(name);
+        Server::launch(&args.pageserver, &args.workdir, args.port, name, settings).await
+    }
+
+    /// Starts `pageserver` in a fresh `<root>/<name>` on `port`, with `-c` `settings`, and
+    /// waits for it to answer.
+    pub(crate) async fn launch(
+        pageserver: &Path,
+        root: &Path,
+        port: u16,
+        name: &str,
+        settings: &[&str],
+    ) -> anyhow::Result<Server> {
+        let workdir = root.join(name);
         let _ = std::fs::remove_dir_all(&workdir);
-        std::fs::create_dir_all(&args.workdir)?;
-        let mut command = std::process::Command::new(&args.pageserver);
+        std::fs::create_dir_all(root)?;
+        let mut command = std::process::Command::new(pageserver);
         command
             .arg("-D")
             .arg(&workdir)
-            .args(["-c", &format!("listen_http_addr=127.0.0.1:{}", args.port)]);
+            .args(["-c", &format!("listen_http_addr=127.0.0.1:{port}")]);
         for setting in settings {
             command.args(["-c", setting]);
         }
-        let log = std::fs::File::create(args.workdir.join(format!("{name}.log")))?;
+        let log = std::fs::File::create(root.join(format!("{name}.log")))?;
         let child = command
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
-            .with_context(|| format!("starting {}", args.pageserver.display()))?;
-        let endpoint = Arc::new(Endpoint::parse(
-            &format!("http://127.0.0.1:{}", args.port),
-            None,
-        )?);
+            .with_context(|| format!("starting {}", pageserver.display()))?;
+        let endpoint = Arc::new(Endpoint::parse(&format!("http://127.0.0.1:{port}"), None)?);
         let server = Server {
             child,
             workdir,
@@ -169,7 +178,7 @@ impl Server {
     }
 
     /// The server's peak resident memory, from `/proc`.
-    fn peak_rss_bytes(&self) -> Option<u64> {
+    pub(crate) fn peak_rss_bytes(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
         let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
         let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
