@@ -172,3 +172,34 @@ def test_a_stale_generation_cannot_delete_what_a_newer_one_lists(pageserver_fact
     remote_store.check_consistent(timeline.tenant_id, timeline.timeline_id)
     assert remote_store.newest_index(timeline.tenant_id, timeline.timeline_id) == newest
     moved.verify()
+
+
+def test_a_branch_moves_with_its_tenant(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    """A branch's link to its ancestor is in its remote index: after detach and attach
+    elsewhere, its reads below the branch point still come from the ancestor."""
+    first = pageserver_factory.start(ON_REQUEST, remote=remote_store)
+    main = TimelineHandle.create(first)
+    work = Workload(21, KEYS)
+    history(main, work)
+    branch_lsn = main.lsns()[0]
+    branch = main.branch()
+    assert Lsn.parse(branch.info()["ancestor_lsn"]) == branch_lsn
+    # The parent and the branch diverge.
+    main.ingest(work.batch(max_records=12))
+    main.checkpoint()
+    branch_work = Workload(22, KEYS, start_lsn=int(branch_lsn))
+    for _ in range(3):
+        branch.ingest(branch_work.batch(max_records=12))
+    branch.checkpoint()
+    wait_uploaded(remote_store, main)
+    wait_uploaded(remote_store, branch)
+    first.http.tenant_detach(main.tenant_id)
+
+    second = pageserver_factory.start(ON_REQUEST, remote=remote_store, name="second")
+    second.http.tenant_attach(main.tenant_id, generation=2)
+    moved = TimelineHandle(second, branch.tenant_id, branch.timeline_id, branch.model)
+    info = moved.info()
+    assert info["ancestor_timeline_id"] == main.timeline_id
+    assert Lsn.parse(info["ancestor_lsn"]) == branch_lsn
+    assert moved.verify() > 0
+    TimelineHandle(second, main.tenant_id, main.timeline_id, main.model).verify()

@@ -281,3 +281,54 @@ def test_crash_during_import_leaves_the_previous_snapshot(pg: PgEnv, pageserver:
     assert pageserver.leftovers() == []
     r = requests.put(f"{timeline.url}/import", data=body)
     assert r.status_code == 200, r.text
+
+
+def test_branch_at_a_snapshot_diverges_from_its_parent(pg: PgEnv, timeline: TimelineHandle):
+    cluster = pg.new_cluster("source").start()
+    cluster.pgbench("-i", "-s", "1", "-q")
+    cluster.stop()
+    first = Lsn.parse(import_stopped(pg, timeline, cluster)["lsn"])
+    cluster.start()
+    cluster.pgbench("-t", "200", "-n")
+    second_state = cluster.state()
+    cluster.stop()
+    second = Lsn.parse(import_stopped(pg, timeline, cluster)["lsn"])
+    # The parent goes on after the branch point.
+    cluster.start()
+    cluster.pgbench("-t", "200", "-n")
+    third_state = cluster.state()
+    cluster.stop()
+    third = Lsn.parse(import_stopped(pg, timeline, cluster)["lsn"])
+
+    branch = timeline.branch(second)
+    info = branch.info()
+    assert info["ancestor_timeline_id"] == timeline.timeline_id
+    assert Lsn.parse(info["ancestor_lsn"]) == second
+    assert Lsn.parse(info["last_record_lsn"]) == second
+    # The branch gives the parent's snapshots at and below its LSN.
+    state, at = restored_state(pg, branch, "branch_at_second")
+    assert at == second and state == second_state
+
+    # New work on a cluster restored from the branch, imported into the branch.
+    work, _ = pg.restore(branch.url, "work", second)
+    work.start()
+    work.psql("CREATE TABLE branch_only AS SELECT g AS id FROM generate_series(1, 500) g")
+    work.pgbench("-t", "100", "-n")
+    work_state = work.state()
+    work.stop()
+    report = import_stopped(pg, branch, work)
+    assert report["blocks_unchanged"] > report["blocks_changed"] + report["blocks_new"], report
+    state, _ = restored_state(pg, branch, "branch_latest")
+    assert state == work_state and "branch_only" in state
+
+    # The parent is unchanged, at every snapshot.
+    for lsn, expected in [(second, second_state), (third, third_state)]:
+        state, at = restored_state(pg, timeline, f"parent_{lsn:x}", lsn)
+        assert at == lsn and state == expected
+    assert "branch_only" not in third_state
+    # A timeline with a branch is not deleted; the branch is, then the parent.
+    r = requests.delete(f"{timeline.url}")
+    assert r.status_code == 409 and "branches" in r.json()["msg"], r.text
+    assert requests.delete(branch.url).status_code == 200
+    assert requests.delete(timeline.url).status_code == 200
+    assert first < second < third

@@ -130,6 +130,7 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         | BatchSpanTooWide { .. } => StatusCode::BAD_REQUEST,
         // That history is gone for good.
         BelowGcCutoff { .. } => StatusCode::GONE,
+        NotOnBranch { .. } => StatusCode::NOT_IMPLEMENTED,
         // Retrying later may succeed.
         LsnNotYetIngested { .. }
         | WaitLsnTimeout { .. }
@@ -168,6 +169,8 @@ impl From<TenantError> for ApiError {
             | TenantError::TenantBeingDeleted(_)
             | TenantError::TimelineExists { .. }
             | TenantError::TimelineBeingDeleted { .. }
+            | TenantError::TimelineHasBranches { .. }
+            | TenantError::InvalidBranch { .. }
             | TenantError::GenerationNotNewer { .. } => StatusCode::CONFLICT,
             TenantError::TenantBroken { .. } | TenantError::ShuttingDown => {
                 StatusCode::SERVICE_UNAVAILABLE

@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant;
 
-use utils::{Generation, TenantId, TimelineId, Wakeup};
+use utils::{Generation, Lsn, TenantId, TimelineId, Wakeup};
 
 use crate::io::crashsafe;
 use crate::page_cache::PageCache;
@@ -54,7 +54,7 @@ use crate::tenant::remote_timeline_client::{RemoteContext, RemoteTimelineClient}
 use crate::tenant::tasks::flush::tick_for;
 use crate::tenant::tasks::{compaction, eviction, flush, images_and_gc, BackgroundLoop};
 use crate::tenant::timeline::metadata::TimelineMetadata;
-use crate::tenant::timeline::{Timeline, TimelineConf, TimelineError};
+use crate::tenant::timeline::{Ancestry, Timeline, TimelineConf, TimelineError};
 
 pub const TENANTS_DIR: &str = "tenants";
 pub const TIMELINES_DIR: &str = "timelines";
@@ -99,6 +99,18 @@ pub enum TenantError {
         tenant: TenantId,
         asked: u32,
         newest: u32,
+    },
+    #[error("timeline {timeline} of tenant {tenant} has branches ({branches}); delete them first")]
+    TimelineHasBranches {
+        tenant: TenantId,
+        timeline: TimelineId,
+        branches: String,
+    },
+    #[error("cannot branch timeline {ancestor} at {lsn}: {reason}")]
+    InvalidBranch {
+        ancestor: TimelineId,
+        lsn: Lsn,
+        reason: String,
     },
     #[error("tenant {0} has no timeline in remote storage")]
     NotInRemoteStorage(TenantId),
@@ -488,7 +500,18 @@ impl Tenant {
                 ));
             }
         };
+        let mut ancestries = Vec::new();
         for (timeline_id, timeline_dir) in found {
+            match Ancestry::read(&timeline_dir) {
+                Ok(Some(ancestry)) => ancestries.push((timeline_id, ancestry)),
+                Ok(None) => {}
+                Err(e) => {
+                    state = TenantState::Broken {
+                        reason: format!("timeline {timeline_id}: {e}"),
+                    };
+                    break;
+                }
+            }
             let started = Instant::now();
             match remote::load_timeline(&shared, id, generation, timeline_id, &timeline_dir) {
                 Ok((timeline, client)) => {
@@ -515,6 +538,12 @@ impl Tenant {
                     timelines.clear();
                     break;
                 }
+            }
+        }
+        if matches!(state, TenantState::Active) {
+            if let Err(reason) = branch::link_branches(&timelines, ancestries) {
+                state = TenantState::Broken { reason };
+                timelines.clear();
             }
         }
         if !matches!(state, TenantState::Active) {
@@ -566,6 +595,14 @@ impl Tenant {
 
     /// Creates an empty timeline with `id`, or a fresh id.
     pub fn create_timeline(&self, id: Option<TimelineId>) -> Result<Arc<Timeline>, TenantError> {
+        self.create_timeline_inner(id, None)
+    }
+
+    pub(super) fn create_timeline_inner(
+        &self,
+        id: Option<TimelineId>,
+        branch: Option<(Ancestry, Arc<Timeline>)>,
+    ) -> Result<Arc<Timeline>, TenantError> {
         self.check_active()?;
         let id = id.unwrap_or_else(TimelineId::generate);
         let dirs = lock(&self.dirs);
@@ -587,7 +624,13 @@ impl Tenant {
         }
         let dir =
             create_dir_atomically(&self.dir.join(TIMELINES_DIR), &id.to_string(), |staging| {
-                TimelineMetadata::empty(self.id, id)
+                let mut manifest = TimelineMetadata::empty(self.id, id);
+                if let Some((ancestry, _)) = &branch {
+                    // The branch starts where its ancestor's history is taken.
+                    manifest.disk_consistent_lsn = ancestry.lsn;
+                    ancestry.write(staging)?;
+                }
+                manifest
                     .store(staging)
                     .map_err(|e| TenantError::Timeline(e.into()))
             })?;
@@ -596,6 +639,9 @@ impl Tenant {
         let timeline = timeline
             .with_flush_wakeup(self.shared.wakeup.clone())
             .with_compaction_wakeup(self.shared.compaction_wakeup.clone());
+        if let Some((ancestry, ancestor)) = branch {
+            timeline.set_ancestor(ancestor, ancestry.lsn)?;
+        }
         if let Some(client) = client {
             lock(&self.remote_clients).insert(id, client);
         }
@@ -642,15 +688,27 @@ impl Tenant {
             if dirs.deleting {
                 return Err(not_found);
             }
-            let timeline = self
-                .timelines
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id)
-                .ok_or(not_found)?;
+            let mut timelines = self.timelines.write().unwrap_or_else(|e| e.into_inner());
+            let branches: Vec<String> = timelines
+                .values()
+                .filter(|t| t.ancestor().is_some_and(|(a, _)| a.timeline_id() == id))
+                .map(|t| t.timeline_id().to_string())
+                .collect();
+            if !branches.is_empty() {
+                return Err(TenantError::TimelineHasBranches {
+                    tenant: self.id,
+                    timeline: id,
+                    branches: branches.join(", "),
+                });
+            }
+            let timeline = timelines.remove(&id).ok_or(not_found)?;
+            drop(timelines);
             dirs.removing.insert(id, timeline.clone());
             timeline
         };
+        if let Some((ancestor, lsn)) = timeline.ancestor() {
+            ancestor.remove_branch_point(lsn);
+        }
         // Only waits for a flush in progress; errors do not matter for data being deleted.
         let _ = timeline.shutdown(false);
         if let Some(client) = lock(&self.remote_clients).remove(&id) {
@@ -765,6 +823,7 @@ fn fsync_dir(dir: &Path) -> Result<(), TenantError> {
 }
 
 mod attach;
+mod branch;
 mod remote;
 #[cfg(test)]
 mod tests;

@@ -124,6 +124,8 @@ fn timeline_json(timeline: &Timeline) -> JsonValue {
         "last_record_lsn": timeline.last_record_lsn().to_string(),
         "disk_consistent_lsn": timeline.disk_consistent_lsn().to_string(),
         "gc_cutoff_lsn": timeline.gc_cutoff_lsn().to_string(),
+        "ancestor_timeline_id": timeline.ancestor().map(|(a, _)| a.timeline_id().to_string()),
+        "ancestor_lsn": timeline.ancestor().map(|(_, lsn)| lsn.to_string()),
         "remote_consistent_lsn": timeline.remote_consistent_lsn().map(|l| l.to_string()),
         "state": if broken.is_some() { "Broken" } else { "Active" },
         "broken_reason": broken,
@@ -202,6 +204,10 @@ pub async fn timeline_list(
 #[serde(deny_unknown_fields)]
 pub struct TimelineCreateRequest {
     new_timeline_id: Option<String>,
+    /// A branch of this timeline...
+    ancestor_timeline_id: Option<String>,
+    /// ...at this LSN (default: its `last_record_lsn`).
+    ancestor_start_lsn: Option<String>,
 }
 
 pub async fn timeline_create(
@@ -218,7 +224,30 @@ pub async fn timeline_create(
         .as_deref()
         .map(parse_timeline)
         .transpose()?;
-    let timeline = blocking(move || Ok(tenant.create_timeline(id)?)).await?;
+    let ancestor = request
+        .ancestor_timeline_id
+        .as_deref()
+        .map(parse_timeline)
+        .transpose()?;
+    let start_lsn = match request.ancestor_start_lsn.as_deref() {
+        None => None,
+        Some(_) if ancestor.is_none() => {
+            return Err(ApiError::bad_request(
+                "ancestor_start_lsn needs ancestor_timeline_id",
+            ))
+        }
+        Some(text) => Some(
+            text.parse::<Lsn>()
+                .map_err(|e| ApiError::bad_request(format!("ancestor_start_lsn {text:?}: {e}")))?,
+        ),
+    };
+    let timeline = blocking(move || {
+        Ok(match ancestor {
+            Some(ancestor) => tenant.create_branch(id, ancestor, start_lsn)?,
+            None => tenant.create_timeline(id)?,
+        })
+    })
+    .await?;
     Ok((StatusCode::CREATED, Json(timeline_json(&timeline))))
 }
 

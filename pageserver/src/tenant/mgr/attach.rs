@@ -107,6 +107,10 @@ impl TenantManager {
                     .to_manifest()
                     .store(&dir)
                     .map_err(|e| TenantError::Timeline(e.into()))?;
+                // A branch: linked to its ancestor when the tenant loads.
+                if let Some(ancestry) = claimed.ancestry {
+                    ancestry.write(&dir)?;
+                }
             }
             Ok(())
         })?;

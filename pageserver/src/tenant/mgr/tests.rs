@@ -359,3 +359,154 @@ fn the_compaction_loop_merges_l0s_as_flushes_add_them() {
         assert_eq!(page[0], newest as u8);
     }
 }
+
+fn delta(offset: u32, byte: u8) -> Value {
+    Value::Delta {
+        will_init: false,
+        patches: vec![pageserver_api::Patch::new(offset, vec![byte])],
+    }
+}
+
+#[test]
+fn a_branch_reads_its_ancestor_below_its_lsn_and_its_own_history_above_it() {
+    let workdir = tempfile::tempdir().unwrap();
+    let conf = TimelineConf {
+        gc_horizon: 0,
+        ..TimelineConf::default()
+    };
+    let mgr = load(workdir.path(), conf.clone());
+    let tenant = mgr.create_tenant(None).unwrap();
+    let main = tenant.create_timeline(None).unwrap();
+    // rel_key(3) gets the same history as rel_key(1), and is read only after GC below: no
+    // page of it is memorized in the cache.
+    let record = |key, lsn, value: Value| crate::tenant::timeline::PutRecord {
+        key,
+        lsn: Lsn(lsn),
+        value,
+    };
+    main.put_batch(&[
+        record(rel_key(1), 0x10, image(1)),
+        record(rel_key(3), 0x10, image(1)),
+        record(rel_key(1), 0x20, delta(0, 2)),
+        record(rel_key(3), 0x20, delta(0, 2)),
+    ])
+    .unwrap();
+    main.put(rel_key(2), Lsn(0x30), &image(3)).unwrap();
+
+    // At 0x20, before rel_key(2) exists and after the delta.
+    let started = Instant::now();
+    let branch = tenant
+        .create_branch(None, main.timeline_id(), Some(Lsn(0x20)))
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(branch.last_record_lsn(), Lsn(0x20));
+    assert_eq!(
+        main.disk_consistent_lsn(),
+        Lsn(0x30),
+        "the ancestor made durable first"
+    );
+    let expected_at_20 = {
+        let mut page = vec![1u8; PAGE_SZ];
+        page[0] = 2;
+        page
+    };
+    assert_eq!(
+        &branch.get_page(rel_key(1), Lsn(0x20)).unwrap().unwrap()[..],
+        &expected_at_20[..]
+    );
+    assert_eq!(
+        &branch.get_page(rel_key(1), Lsn(0x10)).unwrap().unwrap()[..],
+        &[1u8; PAGE_SZ][..]
+    );
+    assert_eq!(
+        branch.get_page(rel_key(2), Lsn(0x20)).unwrap(),
+        None,
+        "after the branch point"
+    );
+
+    // The branch's own deltas apply on top of the ancestor's page; the ancestor never sees them.
+    branch.put(rel_key(1), Lsn(0x40), &delta(1, 9)).unwrap();
+    let mut expected_at_40 = expected_at_20.clone();
+    expected_at_40[1] = 9;
+    assert_eq!(
+        &branch.get_page(rel_key(1), Lsn(0x40)).unwrap().unwrap()[..],
+        &expected_at_40[..]
+    );
+    assert_eq!(
+        &main.get_page(rel_key(1), Lsn(0x30)).unwrap().unwrap()[..],
+        &expected_at_20[..]
+    );
+    assert_eq!(branch.get_page(rel_key(2), Lsn(0x40)).unwrap(), None);
+
+    // A timeline with branches is not deleted; a branch of a branch works too.
+    let nested = tenant
+        .create_branch(None, branch.timeline_id(), None)
+        .unwrap();
+    assert_eq!(
+        &nested.get_page(rel_key(1), Lsn(0x40)).unwrap().unwrap()[..],
+        &expected_at_40[..]
+    );
+    assert!(matches!(
+        tenant.delete_timeline(main.timeline_id()),
+        Err(TenantError::TimelineHasBranches { .. })
+    ));
+    assert!(matches!(
+        tenant.create_branch(None, main.timeline_id(), Some(Lsn(0x31))),
+        Err(TenantError::InvalidBranch { .. })
+    ));
+    // Scans of a branch are refused rather than missing the ancestor's keys.
+    assert!(matches!(
+        branch.scan_layers(Lsn(0x40)),
+        Err(TimelineError::NotOnBranch { .. })
+    ));
+
+    // After a restart the links are back, whatever order the timelines load in.
+    let ids = (
+        tenant.id(),
+        main.timeline_id(),
+        branch.timeline_id(),
+        nested.timeline_id(),
+    );
+    mgr.shutdown().unwrap();
+    drop((main, branch, nested, tenant, mgr));
+    let mgr = load(workdir.path(), conf);
+    let tenant = mgr.get_tenant(ids.0).unwrap();
+    let (main, branch, nested) = (
+        tenant.get_timeline(ids.1).unwrap(),
+        tenant.get_timeline(ids.2).unwrap(),
+        tenant.get_timeline(ids.3).unwrap(),
+    );
+    assert_eq!(branch.ancestor().unwrap().1, Lsn(0x20));
+    assert_eq!(
+        &nested.get_page(rel_key(1), Lsn(0x40)).unwrap().unwrap()[..],
+        &expected_at_40[..]
+    );
+    // GC of the ancestor keeps what the branch point needs, even past its cutoff.
+    // (Two runs of L1s, the newer covered by images: the older one, with the branch point's
+    // versions, is what GC would remove.)
+    for lsn in [0x50, 0x60] {
+        main.put(rel_key(1), Lsn(lsn), &image(5)).unwrap();
+        main.checkpoint().unwrap();
+        main.compact_l0(1).unwrap();
+    }
+    main.create_images(true).unwrap();
+    let outcome = main.gc(&[]).unwrap();
+    assert!(main.gc_cutoff_lsn() > Lsn(0x20), "{}", main.gc_cutoff_lsn());
+    // (Without the branch point retained, GC removes the older L1 and the read below finds
+    // nothing.)
+    assert!(
+        main.get_page(rel_key(3), Lsn(0x20)).is_err(),
+        "below the cutoff: {outcome:?}"
+    );
+    assert_eq!(
+        &branch.get_page(rel_key(3), Lsn(0x20)).unwrap().unwrap()[..],
+        &expected_at_20[..]
+    );
+    // Deleting the branches, then the ancestor, works.
+    tenant.delete_timeline(ids.3).unwrap();
+    tenant.delete_timeline(ids.2).unwrap();
+    assert!(main.branch_points().is_empty());
+    tenant.delete_timeline(ids.1).unwrap();
+    // Branching is constant time: nothing of the ancestor is copied.
+    assert!(took < Duration::from_secs(1), "{took:?}");
+}

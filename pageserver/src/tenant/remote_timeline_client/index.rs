@@ -28,6 +28,7 @@ use utils::{Generation, Lsn, TenantId, TimelineId};
 
 use crate::tenant::storage_layer::LayerName;
 use crate::tenant::timeline::metadata::{LayerLevel, TimelineMetadata};
+use crate::tenant::timeline::Ancestry;
 
 pub const INDEX_VERSION: u32 = 1;
 pub const INDEX_FILE_PREFIX: &str = "index_part.json";
@@ -55,6 +56,9 @@ pub struct IndexPart {
     pub disk_consistent_lsn: Lsn,
     pub gc_cutoff_lsn: Lsn,
     pub layers: BTreeMap<String, IndexLayer>,
+    /// For a branch: its ancestor and branch LSN (`timeline::ancestry`), so that an attach
+    /// links it again.
+    pub ancestry: Option<Ancestry>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -67,6 +71,10 @@ struct RawIndex {
     disk_consistent_lsn: String,
     gc_cutoff_lsn: String,
     layers: BTreeMap<String, RawLayer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ancestor_timeline_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ancestor_lsn: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -105,6 +113,7 @@ impl IndexPart {
                     (l.name.clone(), layer)
                 })
                 .collect(),
+            ancestry: None,
         }
     }
 
@@ -129,6 +138,8 @@ impl IndexPart {
                     (name.clone(), raw)
                 })
                 .collect(),
+            ancestor_timeline_id: self.ancestry.map(|a| a.timeline_id.to_string()),
+            ancestor_lsn: self.ancestry.map(|a| a.lsn.to_string()),
         };
         serde_json::to_vec_pretty(&raw).expect("an index always serializes")
     }
@@ -150,6 +161,16 @@ impl IndexPart {
         };
         let disk_consistent_lsn = lsn("disk_consistent_lsn", &raw.disk_consistent_lsn)?;
         let gc_cutoff_lsn = lsn("gc_cutoff_lsn", &raw.gc_cutoff_lsn)?;
+        let ancestry = match (&raw.ancestor_timeline_id, &raw.ancestor_lsn) {
+            (None, None) => None,
+            (Some(id), Some(text)) => Some(Ancestry {
+                timeline_id: id
+                    .parse()
+                    .map_err(|e| format!("ancestor_timeline_id: {e}"))?,
+                lsn: lsn("ancestor_lsn", text)?,
+            }),
+            _ => return Err("ancestor_timeline_id and ancestor_lsn come together".to_owned()),
+        };
         let mut layers = BTreeMap::new();
         for (name, l) in raw.layers {
             let bad = |reason: String| format!("layer {name:?}: {reason}");
@@ -203,6 +224,7 @@ impl IndexPart {
             disk_consistent_lsn,
             gc_cutoff_lsn,
             layers,
+            ancestry,
         })
     }
 
@@ -296,6 +318,25 @@ mod tests {
         let parsed = IndexPart::parse(&index.to_json()).unwrap();
         assert_eq!(parsed, index);
         assert_eq!(parsed.to_manifest().layers.len(), 1);
+        assert!(!String::from_utf8(index.to_json())
+            .unwrap()
+            .contains("ancestor"));
+    }
+
+    #[test]
+    fn a_branch_index_names_its_ancestor() {
+        let mut index = sample();
+        index.ancestry = Some(Ancestry {
+            timeline_id: TimelineId::generate(),
+            lsn: Lsn(0x20),
+        });
+        let json = String::from_utf8(index.to_json()).unwrap();
+        assert_eq!(IndexPart::parse(json.as_bytes()).unwrap(), index);
+        let half = json.replace("\"ancestor_lsn\": \"0/20\"", "\"other\": 1");
+        assert!(IndexPart::parse(half.as_bytes()).is_err());
+        let one = json.replace(",\n  \"ancestor_lsn\": \"0/20\"", "");
+        let error = IndexPart::parse(one.as_bytes()).unwrap_err();
+        assert!(error.contains("come together"), "{error}: {one}");
     }
 
     #[test]

@@ -49,6 +49,7 @@ use utils::{Generation, Lsn, TenantId, TimelineId};
 
 use crate::tenant::storage_layer::on_demand::LayerDownloader;
 use crate::tenant::timeline::metadata::TimelineMetadata;
+use crate::tenant::timeline::Ancestry;
 use crate::tenant::timeline::RemoteCopy;
 
 pub mod index;
@@ -140,6 +141,8 @@ pub enum RemoteClientError {
         found_tenant: TenantId,
         found_timeline: TimelineId,
     },
+    #[error("the timeline's local directory: {0}")]
+    Local(String),
 }
 
 struct ClientState {
@@ -154,6 +157,8 @@ struct ClientState {
 /// See the module documentation.
 pub struct RemoteTimelineClient {
     context: Arc<RemoteContext>,
+    /// For a branch: written into every index.
+    ancestry: Option<Ancestry>,
     tenant_id: TenantId,
     timeline_id: TimelineId,
     generation: Generation,
@@ -189,7 +194,11 @@ impl RemoteTimelineClient {
                     .await
             })?
         };
+        // Written with the timeline's directory and never changed: read once.
+        let ancestry =
+            Ancestry::read(local_dir).map_err(|e| RemoteClientError::Local(e.to_string()))?;
         let client = Arc::new(RemoteTimelineClient {
+            ancestry,
             tenant_id,
             timeline_id,
             generation,
@@ -545,9 +554,10 @@ impl RemoteTimelineClient {
 impl RemoteCopy for RemoteTimelineClient {
     fn manifest_committed(&self, manifest: &TimelineMetadata) {
         let mut state = self.state();
-        let target = IndexPart::from_manifest(manifest, self.generation, |name| {
+        let mut target = IndexPart::from_manifest(manifest, self.generation, |name| {
             state.plan.layer_generation(name)
         });
+        target.ancestry = self.ancestry;
         state.plan.set_target(target);
         drop(state);
         self.wakeup.notify_one();

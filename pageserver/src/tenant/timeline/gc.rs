@@ -98,6 +98,10 @@ impl Timeline {
         if self.stopped.load(Ordering::Acquire) {
             return Err(TimelineError::ShuttingDown);
         }
+        // Branch points are retained like the caller's LSNs.
+        let mut retain = retain.to_vec();
+        retain.extend(self.branch_points());
+        let retain = &retain[..];
         let map = self.layer_map();
         let old = map.gc_cutoff;
         let wanted = Lsn(self

@@ -186,9 +186,15 @@ impl Timeline {
         if self.stopped.load(Ordering::Acquire) {
             return Err(TimelineError::ShuttingDown);
         }
+        let mut outcome = ImageCreationOutcome::default();
+        // The paged scan images are read with walks a timeline's own layers; a branch's pages
+        // may rest on its ancestor's history, which it does not see. Branch reads stay bounded
+        // by the ancestor's images instead.
+        if self.ancestor().is_some() {
+            return Ok(outcome);
+        }
         let started = Instant::now();
         let map = self.layer_map();
-        let mut outcome = ImageCreationOutcome::default();
         let Some(l1_end) = map.l1_end() else {
             return Ok(outcome);
         };

@@ -11,6 +11,7 @@
 //! | an unlisted image layer at the last LSN of a listed L1 layer | removes it: an image creation wrote it, and crashed before its manifest was stored |
 //! | a file the manifest names as retired | removes it, then stores the manifest without the name: a committed compaction or GC replaced it |
 //! | `*.___temp`, ephemeral files                  | removes them                            |
+//! | `ancestor` (a branch's link, `ancestry.rs`)    | leaves it: the tenant reads it          |
 //! | anything else (an unlisted layer of older versions included) | logs it by name and leaves it alone |
 //!
 //! With remote storage ([`Timeline::load_with_remote`]) the L1 and image layers are on demand
@@ -150,6 +151,8 @@ impl Timeline {
             l0_lock: Mutex::new(()),
             l0_changed: std::sync::Condvar::new(),
             l0_stop_waiters: std::sync::atomic::AtomicUsize::new(0),
+            ancestor: OnceLock::new(),
+            branch_points: Mutex::new(Vec::new()),
             import_lock: Mutex::new(()),
             importing: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),
@@ -451,7 +454,7 @@ impl LayerOpener<'_> {
                     "ignoring a file whose name is not UTF-8 in the timeline directory");
                 continue;
             };
-            if name == METADATA_FILE {
+            if name == METADATA_FILE || name == super::ANCESTOR_FILE {
                 continue;
             }
             let remove = if name.ends_with(TEMP_SUFFIX) {

@@ -4,7 +4,7 @@
 //! The struct, its settings and errors live here; `ingest.rs` holds batches and freezes,
 //! `layer_map.rs` the snapshot of layers, `read.rs` GetPage@LSN and the scan layers,
 //! `lsn_wait.rs` the wait for an LSN, `flush.rs` flushes, checkpoints and shutdown,
-//! `import.rs` imports (many versions at one LSN, all or none), `compaction.rs` L0 → L1
+//! `import.rs` imports (many versions at one LSN, all or none), `ancestry.rs` branches, `compaction.rs` L0 → L1
 //! compaction, `image_creation.rs` image layers, `gc.rs` garbage
 //! collection and the GC cutoff, `metadata.rs` the manifest, `init.rs` creation and loading
 //! against the manifest.
@@ -247,6 +247,11 @@ pub enum TimelineError {
     ShuttingDown,
     #[error("an import into the timeline is in progress; writes wait for it to finish")]
     ImportInProgress,
+    #[error("{what} of a branch are not supported yet (the timeline is a branch of {ancestor}); GetPage@LSN and basebackups are")]
+    NotOnBranch {
+        what: &'static str,
+        ancestor: TimelineId,
+    },
     #[error("ingest is stopped: {l0} L0 layers wait for compaction (l0_stop_threshold is {limit}), and none was compacted in {waited:?}; try again later")]
     IngestStopped {
         l0: usize,
@@ -404,6 +409,10 @@ pub struct Timeline {
     l0_changed: std::sync::Condvar,
     /// Batches waiting at `l0_stop_threshold` now.
     l0_stop_waiters: std::sync::atomic::AtomicUsize,
+    /// For a branch: its ancestor and the branch LSN (`ancestry.rs`); set before sharing.
+    ancestor: OnceLock<(Arc<Timeline>, Lsn)>,
+    /// The LSNs this timeline's branches start at: GC retains them.
+    branch_points: Mutex<Vec<Lsn>>,
     /// Held by an import (`import.rs`): one at a time.
     import_lock: Mutex<()>,
     /// Set while an import runs: batches are refused (set and read under `write_lock`).
@@ -682,6 +691,7 @@ impl Timeline {
     }
 }
 
+mod ancestry;
 mod compaction;
 mod flush;
 mod gc;
@@ -697,6 +707,7 @@ mod residence;
 pub mod scan;
 #[cfg(test)]
 mod test_model;
+pub use ancestry::{Ancestry, ANCESTOR_FILE};
 pub use compaction::{CompactionOutcome, MAX_COMPACTION_INPUTS};
 pub use gc::GcOutcome;
 pub use image_creation::ImageCreationOutcome;

@@ -8,6 +8,17 @@ use scan::LayerSetId;
 impl Timeline {
     /// Page `key` as of `lsn`; `None` if it has no version at or below `lsn`.
     pub fn get_page(&self, key: Key, lsn: Lsn) -> Result<Option<Bytes>, TimelineError> {
+        self.get_page_inner(key, lsn, true)
+    }
+
+    /// [`Timeline::get_page`]; `check_cutoff` false only for a branch's read at its branch
+    /// point (`ancestry.rs`), which GC retains.
+    pub(super) fn get_page_inner(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        check_cutoff: bool,
+    ) -> Result<Option<Bytes>, TimelineError> {
         let last_record = self.last_record_lsn();
         if lsn > last_record {
             return Err(TimelineError::LsnNotYetIngested { lsn, last_record });
@@ -15,7 +26,9 @@ impl Timeline {
         // The snapshot first: the cutoff is checked against the very layers walked, so GC
         // cannot remove what this read needs between the check and the walk.
         let map = self.layer_map();
-        refuse_below_cutoff(&map, lsn)?;
+        if check_cutoff {
+            refuse_below_cutoff(&map, lsn)?;
+        }
         let mat_key = MaterializedPageKey {
             tenant_id: self.tenant_id,
             timeline_id: self.cache_scope,
@@ -27,6 +40,7 @@ impl Timeline {
 
         let mut records: Vec<(Lsn, Value)> = Vec::new();
         let keys = key..key.next();
+        let mut complete = false;
         for layer in map.newest_first() {
             if !layer.may_hold(&keys, lsn) {
                 // Nothing at or below lsn, or not this key: skipped without I/O.
@@ -40,7 +54,7 @@ impl Timeline {
             }
             crate::io::read_cost::layer_visited();
             let found = layer.get(key, lsn)?;
-            let mut complete = found.complete;
+            complete = found.complete;
             for (version, value) in found.records {
                 if floor.is_some_and(|f| version <= f) {
                     complete = true;
@@ -53,6 +67,17 @@ impl Timeline {
             }
         }
         drop(map);
+        // A branch whose own layers hold no base: the rest of the history is its ancestor's,
+        // as of the branch point at the latest (a memorized page already includes it).
+        if let (false, None, Some((ancestor, branch_lsn))) = (complete, &cached, self.ancestor()) {
+            let at = lsn.min(branch_lsn);
+            if let Some(base) = ancestor.get_page_for_branch(key, at)? {
+                if records.is_empty() {
+                    return Ok(Some(base));
+                }
+                records.push((at, Value::Image(base)));
+            }
+        }
         if let Some((cached_lsn, lease)) = &cached {
             if records.is_empty() {
                 return Ok(Some(Bytes::copy_from_slice(&lease[..])));
@@ -90,6 +115,12 @@ impl Timeline {
     /// Every layer, newest first, and the id of that layer set: what a scan at `lsn` merges.
     /// Refused below the GC cutoff of that set.
     pub(crate) fn scan_layers(&self, lsn: Lsn) -> Result<(LayerSetId, Vec<Layer>), TimelineError> {
+        if let Some((ancestor, _)) = self.ancestor() {
+            return Err(TimelineError::NotOnBranch {
+                what: "paged key scans",
+                ancestor: ancestor.timeline_id(),
+            });
+        }
         let map = self.layer_map();
         refuse_below_cutoff(&map, lsn)?;
         let id = LayerSetId {

@@ -1,0 +1,126 @@
+//! Branches: a timeline that starts at an LSN of another one.
+//!
+//! A branch is created in constant time: an empty timeline whose `disk_consistent_lsn` and
+//! `last_record_lsn` start at the branch LSN, and a link to its ancestor. Every version of its
+//! own is above the branch LSN, so a read at LSN L first walks its own layers; if they hold no
+//! base for the key (an image or a `will_init` delta), the page as of min(L, branch LSN) comes
+//! from the ancestor (which may itself be a branch) and the branch's own versions are applied
+//! on top. Nothing is copied.
+//!
+//! ```text
+//!   ancestor  ──────────●──────────────────►   (its own history goes on)
+//!                       │ branch LSN
+//!   branch              └──────────────────►   reads at or below the branch LSN: the ancestor's
+//! ```
+//!
+//! The link lives in the file `ancestor` of the branch's directory, written with the directory
+//! (so a timeline never exists without it) and never changed: one line, `<ancestor timeline
+//! id> <branch LSN>`. The ancestor keeps its branch points: its GC retains what reads at them
+//! need, and a read the branch makes at its branch point is allowed below the ancestor's GC
+//! cutoff. A timeline with branches cannot be deleted (`tenant::mgr`).
+
+use std::path::Path;
+
+use super::*;
+
+/// The file in a branch's directory that names its ancestor.
+pub const ANCESTOR_FILE: &str = "ancestor";
+
+/// Where a branch starts: its ancestor and the LSN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ancestry {
+    pub timeline_id: TimelineId,
+    pub lsn: Lsn,
+}
+
+impl Ancestry {
+    /// The link in `dir`, if the timeline is a branch.
+    pub fn read(dir: &Path) -> Result<Option<Ancestry>, TimelineError> {
+        let path = dir.join(ANCESTOR_FILE);
+        let text = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(TimelineError::Io { path, source }),
+        };
+        let invalid = |reason: &str| TimelineError::Io {
+            path: path.clone(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("not `<timeline id> <lsn>`: {reason}"),
+            ),
+        };
+        let text = std::str::from_utf8(&text).map_err(|_| invalid("not UTF-8"))?;
+        let line = text
+            .strip_suffix('\n')
+            .ok_or_else(|| invalid("no newline"))?;
+        let (id, lsn) = line.split_once(' ').ok_or_else(|| invalid("no space"))?;
+        Ok(Some(Ancestry {
+            timeline_id: id.parse().map_err(|_| invalid("the id"))?,
+            lsn: lsn.parse().map_err(|_| invalid("the LSN"))?,
+        }))
+    }
+
+    /// Writes the link into `dir` (a directory being built, fsynced with it).
+    pub fn write(&self, dir: &Path) -> Result<(), TimelineError> {
+        let path = dir.join(ANCESTOR_FILE);
+        let io = |source| TimelineError::Io {
+            path: path.clone(),
+            source,
+        };
+        std::fs::write(&path, format!("{} {}\n", self.timeline_id, self.lsn)).map_err(io)?;
+        std::fs::File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(io)
+    }
+}
+
+impl Timeline {
+    /// Links this timeline (a branch, not shared yet) to its loaded ancestor, and registers the
+    /// branch point with it.
+    pub fn set_ancestor(&self, ancestor: Arc<Timeline>, lsn: Lsn) -> Result<(), TimelineError> {
+        ancestor.add_branch_point(lsn);
+        self.ancestor
+            .set((ancestor, lsn))
+            .map_err(|_| TimelineError::Broken {
+                reason: "the timeline's ancestor was set twice".to_owned(),
+            })
+    }
+
+    /// The ancestor and the branch LSN, for a branch.
+    pub fn ancestor(&self) -> Option<(&Arc<Timeline>, Lsn)> {
+        self.ancestor.get().map(|(t, lsn)| (t, *lsn))
+    }
+
+    /// The LSNs branches of this timeline start at (one per branch, repeats kept).
+    pub fn branch_points(&self) -> Vec<Lsn> {
+        self.branch_points
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(super) fn add_branch_point(&self, lsn: Lsn) {
+        let mut points = self.branch_points.lock().unwrap_or_else(|e| e.into_inner());
+        points.push(lsn);
+        points.sort();
+    }
+
+    /// Forgets one branch point at `lsn` (its branch was deleted).
+    pub fn remove_branch_point(&self, lsn: Lsn) {
+        let mut points = self.branch_points.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = points.iter().position(|p| *p == lsn) {
+            points.remove(i);
+        }
+    }
+
+    /// The page of `key` as of `lsn` for a branch of this timeline: at a branch point the GC
+    /// cutoff does not apply (GC retains what reads there need).
+    pub(super) fn get_page_for_branch(
+        &self,
+        key: Key,
+        lsn: Lsn,
+    ) -> Result<Option<Bytes>, TimelineError> {
+        let at_branch_point = self.branch_points().contains(&lsn);
+        self.get_page_inner(key, lsn, !at_branch_point)
+    }
+}
