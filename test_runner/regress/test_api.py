@@ -152,6 +152,8 @@ def test_timeline_lifecycle(pageserver: Pageserver):
         "last_record_lsn": "0/0",
         "disk_consistent_lsn": "0/0",
         "gc_cutoff_lsn": "0/0",
+        "ancestor_timeline_id": None,
+        "ancestor_lsn": None,
         "remote_consistent_lsn": "0/0",
         "state": "Active",
         "broken_reason": None,

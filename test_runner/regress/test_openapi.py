@@ -164,5 +164,7 @@ def test_server_matches_its_openapi_description(pageserver_factory: PageserverFa
     # The run is bounded, yet not empty.
     assert 200 <= cases <= 5000, cases
     # Requests got through to storage (with auth on: the token was sent, and no 401 came back).
-    assert statuses[200] + statuses[201] > cases // 20 and statuses[401] == 0, statuses
+    # Most generated cases are refused by design (random ids, archives that are not tar), so
+    # the share of successes is small; none at all would mean a blocked route or token.
+    assert statuses[200] + statuses[201] > cases // 40 and statuses[401] == 0, statuses
     ps.assert_no_errors()

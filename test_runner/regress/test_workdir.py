@@ -54,6 +54,7 @@ def test_fresh_workdir_gets_the_first_starts_settings(pageserver_factory: Pagese
         "max_request_body_size": "64MiB",
         "http_header_read_timeout": "10s",
         "http_body_read_timeout": "30s",
+        "import_body_read_timeout": "10m",
         "http_response_write_timeout": "30s",
         "max_buffered_request_bytes": "256MiB",
         "scan_cursor_cache_size": "16MiB",
