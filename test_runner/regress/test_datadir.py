@@ -6,7 +6,10 @@ store only what changed, refusals that store nothing, and a crash during an impo
 from __future__ import annotations
 
 import io
+import json
+import os
 import struct
+import subprocess
 import tarfile
 import threading
 
@@ -332,3 +335,45 @@ def test_branch_at_a_snapshot_diverges_from_its_parent(pg: PgEnv, timeline: Time
     assert requests.delete(branch.url).status_code == 200
     assert requests.delete(timeline.url).status_code == 200
     assert first < second < third
+
+
+def test_pagectl_round_trip(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
+    """`pagectl import` of a directory and of a pg_basebackup on stdin, `pagectl basebackup`
+    into a new directory that PostgreSQL starts from, and a refusal that exits 1."""
+    pagectl = str(pageserver.binary.pagectl)
+    target = ["--endpoint", pageserver.base_url, "--tenant", timeline.tenant_id, "--timeline", timeline.timeline_id]
+    cluster = pg.new_cluster("source").start()
+    cluster.pgbench("-i", "-s", "1", "-q")
+    expected = cluster.state()
+    cluster.stop()
+
+    out = subprocess.run([pagectl, "import", *target, str(cluster.datadir)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["kind"] == "stopped" and report["blocks_new"] > 0
+    assert "import:" in out.stderr and "MiB" in out.stderr, out.stderr
+
+    restored_dir = pg.base / "restored"
+    out = subprocess.run([pagectl, "basebackup", *target, "--into", str(restored_dir)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert report["lsn"] in out.stdout
+    assert oct(restored_dir.stat().st_mode & 0o777) == oct(0o700)
+    if os.geteuid() == 0:
+        subprocess.run(["chown", "-R", "postgres:postgres", str(restored_dir)], check=True)
+    restored = pg.cluster("restored").start()
+    assert restored.state() == expected
+    restored.psql("CREATE TABLE later AS SELECT 1 AS x")
+    # A pg_basebackup of the running restored cluster, through stdin.
+    backup = restored.basebackup_process()
+    out = subprocess.run([pagectl, "import", *target, "-"], stdin=backup.stdout, capture_output=True, text=True, timeout=300)
+    assert backup.wait(timeout=300) == 0
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["kind"] == "backup"
+    # A running cluster's directory: the server's refusal, exit 1.
+    out = subprocess.run([pagectl, "import", *target, str(restored.datadir)], capture_output=True, text=True, timeout=300)
+    restored.stop()
+    assert out.returncode == 1, out
+    assert "400" in out.stderr and "postmaster.pid" in out.stderr, out.stderr
+    # Into a directory that is not empty: refused before anything is fetched.
+    out = subprocess.run([pagectl, "basebackup", *target, "--into", str(restored_dir)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "not empty" in out.stderr, out.stderr

@@ -10,10 +10,16 @@
 //!                                                      the manifest beside it if there is one
 //! pagectl metadata <timeline dir | metadata file>      the manifest: disk_consistent_lsn, layers
 //! pagectl draw <timeline dir | metadata file> [-o F]   the manifest's layers as an SVG picture
+//! pagectl import --tenant T --timeline TL <PGDATA | -> [--lsn L] [--endpoint URL]
+//!                                                      a data directory (or a tar stream on
+//!                                                      stdin) into a timeline, over HTTP
+//! pagectl basebackup --tenant T --timeline TL --into DIR [--lsn L] [--endpoint URL]
+//!                                                      a timeline's snapshot into a directory
 //! ```
 //!
 //! The `layer` commands take delta and image layer files alike (`layer.rs`); `draw` is in
-//! `draw.rs`. Output goes to stdout, one line per item, so it can be grepped and diffed;
+//! `draw.rs`; `import` and `basebackup`, the only ones that talk to a running server, in
+//! `datadir.rs`. Output goes to stdout, one line per item, so it can be grepped and diffed;
 //! docs/pagectl.md shows each command's output. A problem (a missing file, a file that is not a
 //! layer, a corrupt one) is one line on stderr naming the file, and exit code 1; a usage error
 //! is exit code 2. Everything read is checked exactly as the page server checks it, through the
@@ -37,6 +43,7 @@ use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value, DEFAULT_MAX_VALUE_SIZE};
 use utils::Lsn;
 
+mod datadir;
 mod draw;
 mod layer;
 
@@ -46,7 +53,8 @@ const CACHE_PAGES: u64 = 128;
 /// Patches listed per delta before the rest are only counted.
 const MAX_PATCHES_SHOWN: usize = 16;
 
-/// Inspect the page server's files: delta and image layers, and timeline metadata.
+/// Inspect the page server's files (delta and image layers, timeline metadata), and move a
+/// PostgreSQL data directory in and out of a timeline.
 #[derive(Parser)]
 #[command(name = "pagectl", version)]
 struct Cli {
@@ -80,6 +88,13 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
+    /// Import a PostgreSQL data directory into a timeline, over the server's HTTP API.
+    ///
+    /// A cleanly stopped cluster's directory (archived by pagectl itself), or `-` for a tar
+    /// stream on stdin such as `pg_basebackup -Ft -X fetch -D -`. Prints the server's report.
+    Import(datadir::ImportArgs),
+    /// Write a timeline's snapshot at an LSN into a new directory a PostgreSQL starts from.
+    Basebackup(datadir::BasebackupArgs),
 }
 
 #[derive(Subcommand)]
@@ -181,6 +196,9 @@ enum Error {
     Cache(#[from] PageCacheConfigError),
     #[error("{}: {message}", path.display())]
     Path { path: PathBuf, message: String },
+    /// An import or a basebackup failed (the server's answer, the transfer, the directory).
+    #[error("{0:#}")]
+    Datadir(anyhow::Error),
     /// Writing to stdout failed; a closed pipe (`pagectl ... | head`) is not reported.
     #[error("writing the output: {0}")]
     Output(#[from] io::Error),
@@ -208,6 +226,8 @@ fn run(cli: Cli, out: &mut impl Write) -> Result<(), Error> {
         Command::Metadata { path } => metadata(&path, out),
         Command::Draw { path, output } => draw::draw(&path, output.as_deref(), out),
         Command::Layer(command) => layer::run(command, cli.max_value_size, out),
+        Command::Import(args) => datadir::import(args, out).map_err(Error::Datadir),
+        Command::Basebackup(args) => datadir::basebackup(args, out).map_err(Error::Datadir),
     }
 }
 
