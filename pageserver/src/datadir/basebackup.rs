@@ -80,7 +80,9 @@ pub fn write_basebackup(
     let files = read(file_dir_key())?
         .ok_or_else(|| BasebackupError::Damaged(format!("no file directory at snapshot {at}")))?;
     let files = FileDirectory::decode(&files)?;
-    let mut tar = tar::Builder::new(out);
+    // Not dropped on an error: a tar builder's drop writes the end-of-archive marker, and a
+    // failed basebackup must never end like a whole one.
+    let mut tar = std::mem::ManuallyDrop::new(tar::Builder::new(out));
     tar.mode(tar::HeaderMode::Complete);
     let mut databases = Vec::new();
     for entry in &files.entries {
@@ -151,7 +153,9 @@ pub fn write_basebackup(
             }
         }
     }
-    tar.into_inner()?.flush()?;
+    std::mem::ManuallyDrop::into_inner(tar)
+        .into_inner()?
+        .flush()?;
     Ok(())
 }
 

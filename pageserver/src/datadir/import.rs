@@ -34,6 +34,13 @@ use crate::tenant::timeline::{Import, Timeline, TimelineError};
 /// default is 16 MiB); with larger segments the caller gives the LSN.
 const MAX_WAL_SEGMENT_KEPT: u64 = 64 * 1024 * 1024;
 
+/// The most members an archive may have: each costs memory until the import ends (a data
+/// directory of 100,000 relations of three forks has about 300,000).
+const MAX_MEMBERS: usize = 4_000_000;
+
+/// The largest GNU long name or pax header an import reads (paths are at most 4 KiB).
+const MAX_EXTENSION_HEADER: u64 = 64 * 1024;
+
 /// Why an import stored nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
@@ -123,6 +130,10 @@ struct Importer<'t> {
     old_rels: BTreeMap<(u32, u32), BTreeMap<(u32, u8), u32>>,
     /// Forks the archive holds, with their sizes in blocks so far.
     new_rels: BTreeMap<RelTag, u32>,
+    /// Blocks of each fork's segments together, to find a missing or short segment.
+    rel_blocks: BTreeMap<RelTag, u64>,
+    /// Where the last member's data (with its padding) ends in the archive.
+    last_member_end: u64,
     new_entries: BTreeMap<String, FileEntry>,
     next_id: u32,
     seen: HashSet<String>,
@@ -176,6 +187,8 @@ impl<'t> Importer<'t> {
             old_snapshots,
             old_rels,
             new_rels: BTreeMap::new(),
+            rel_blocks: BTreeMap::new(),
+            last_member_end: 0,
             new_entries: BTreeMap::new(),
             seen: HashSet::new(),
             control: None,
@@ -187,16 +200,72 @@ impl<'t> Importer<'t> {
 
     fn read_archive(&mut self, input: &mut TailReader<impl Read>) -> Result<(), ImportError> {
         let mut archive = tar::Archive::new(&mut *input);
-        let entries = archive.entries().map_err(invalid_archive)?;
+        // Raw: GNU long names and pax headers come to us, to be read within a bound (the tar
+        // reader would read them whole, whatever size the header claims).
+        let entries = archive.entries().map_err(invalid_archive)?.raw(true);
+        let mut long_name: Option<Vec<u8>> = None;
         for entry in entries {
             let mut entry = entry.map_err(invalid_archive)?;
+            let size = entry.size();
+            self.last_member_end = entry
+                .raw_file_position()
+                .saturating_add(size.next_multiple_of(TAR_BLOCK as u64));
+            let kind = entry.header().entry_type();
+            if kind.is_gnu_longname()
+                || kind.is_gnu_longlink()
+                || kind.is_pax_local_extensions()
+                || kind.is_pax_global_extensions()
+            {
+                if size > MAX_EXTENSION_HEADER {
+                    return Err(ImportError::Invalid(format!(
+                        "an archive extension header of {size} bytes (at most \
+                         {MAX_EXTENSION_HEADER})"
+                    )));
+                }
+                if kind.is_gnu_longname() {
+                    let mut name = Vec::with_capacity(size as usize);
+                    entry.read_to_end(&mut name).map_err(ImportError::Read)?;
+                    while name.last() == Some(&0) {
+                        name.pop();
+                    }
+                    long_name = Some(name);
+                } else if kind.is_pax_local_extensions() {
+                    for extension in entry
+                        .pax_extensions()
+                        .map_err(invalid_archive)?
+                        .into_iter()
+                        .flatten()
+                    {
+                        let extension = extension.map_err(invalid_archive)?;
+                        match extension.key() {
+                            Ok("path") => long_name = Some(extension.value_bytes().to_vec()),
+                            // Sizes past the header's field (files over 8 GiB): not in a data
+                            // directory PostgreSQL writes.
+                            Ok("size") => {
+                                return Err(ImportError::Invalid(
+                                    "a pax size extension: members over 8 GiB are not supported"
+                                        .to_string(),
+                                ))
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                // Link targets (refused with their member) and global headers: nothing to keep.
+                continue;
+            }
             let header = entry.header();
-            let raw_path = entry.path_bytes().into_owned();
+            let raw_path = long_name
+                .take()
+                .unwrap_or_else(|| entry.path_bytes().into_owned());
             let path = normalize(&raw_path)?;
-            let kind = header.entry_type();
             let mode = header.mode().map_err(invalid_archive)? & 0o7777;
             let mtime = header.mtime().map_err(invalid_archive)?;
-            let size = entry.size();
+            if self.seen.len() >= MAX_MEMBERS {
+                return Err(ImportError::Invalid(format!(
+                    "the archive has more than {MAX_MEMBERS} members"
+                )));
+            }
             if !self.seen.insert(path.clone()) {
                 return Err(ImportError::Invalid(format!(
                     "archive member {path:?} appears twice"
@@ -250,7 +319,7 @@ impl<'t> Importer<'t> {
                 }
             }
         }
-        input.check_end()
+        input.check_end(self.last_member_end)
     }
 
     fn import_relation_segment(
@@ -291,8 +360,13 @@ impl<'t> Importer<'t> {
             self.import
                 .put(key, &Value::Image(Bytes::copy_from_slice(&buf)))?;
         }
+        // An empty segment past the data (PostgreSQL leaves one behind after a truncation,
+        // until the next checkpoint) adds no blocks: the fork ends where its data does.
         let fork_size = self.new_rels.entry(rel).or_insert(0);
-        *fork_size = (*fork_size).max(end);
+        if blocks > 0 {
+            *fork_size = (*fork_size).max(end);
+        }
+        *self.rel_blocks.entry(rel).or_insert(0) += u64::from(blocks);
         Ok(())
     }
 
@@ -435,7 +509,7 @@ impl<'t> Importer<'t> {
         };
         let lsn = match (lsn, kind) {
             (Some(lsn), _) => lsn,
-            (None, SnapshotKind::Stopped) => control.checkpoint,
+            (None, SnapshotKind::Stopped) => control.stopped_at(),
             (None, SnapshotKind::Backup) => {
                 let (_, name, bytes) = self.newest_wal.take().ok_or_else(|| {
                     ImportError::Invalid(
@@ -452,6 +526,18 @@ impl<'t> Importer<'t> {
                 "the snapshot's LSN {lsn} is not above the timeline's last record LSN {}",
                 self.import.base_lsn()
             )));
+        }
+        // Every segment before a fork's last one must be whole: a missing or short one would
+        // leave blocks that the size covers but the archive never gave.
+        for (rel, size) in &self.new_rels {
+            let given = self.rel_blocks.get(rel).copied().unwrap_or(0);
+            if given != u64::from(*size) {
+                return Err(ImportError::Invalid(format!(
+                    "relation {}/{}/{} fork {} has {given} blocks in its segment files, but its \
+                     last segment ends at block {size}: a segment is missing or short",
+                    rel.spcnode, rel.dbnode, rel.relnode, rel.forknum
+                )));
+            }
         }
         self.add_implied_directories();
         self.store_relations()?;
@@ -603,12 +689,12 @@ impl<R: Read> TailReader<R> {
         }
     }
 
-    /// After the archive's last member: the reader must have stopped at a block of zeros (the
-    /// end-of-archive marker), not at the end of input. Reads what follows (the marker's
-    /// second block, the record padding) to the end.
-    fn check_end(&mut self) -> Result<(), ImportError> {
-        let at_marker = self.total > 0
-            && self.total.is_multiple_of(TAR_BLOCK as u64)
+    /// After the archive's last member, which ends at `last_member_end`: the reader must have
+    /// read a block of zeros right after it (the end-of-archive marker), not reached the end
+    /// of input (which tar readers take quietly for the end, at a member boundary). Reads what
+    /// follows (the marker's second block, the record padding) to the end.
+    fn check_end(&mut self, last_member_end: u64) -> Result<(), ImportError> {
+        let at_marker = self.total == last_member_end + TAR_BLOCK as u64
             && self.tail.len() >= TAR_BLOCK
             && self.tail[self.tail.len() - TAR_BLOCK..]
                 .iter()

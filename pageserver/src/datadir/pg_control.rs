@@ -15,6 +15,7 @@
 //!   32    u64  checkPoint (the latest checkpoint record's LSN)
 //!   40    u64  checkPointCopy.redo
 //!   48    u32  checkPointCopy.ThisTimeLineID
+//!  136    u64  minRecoveryPoint (a standby's replay position when it stopped)
 //!  288    u32  crc (CRC-32C of bytes 0..288)
 //! ```
 
@@ -38,12 +39,23 @@ pub struct ControlFile {
     pub checkpoint: Lsn,
     pub redo: Lsn,
     pub timeline: u32,
+    pub min_recovery_point: Lsn,
 }
 
 impl ControlFile {
     /// Whether the cluster was shut down cleanly (it starts without recovery).
     pub fn is_shut_down(&self) -> bool {
         matches!(self.state, DB_SHUTDOWNED | DB_SHUTDOWNED_IN_RECOVERY)
+    }
+
+    /// The LSN a cleanly stopped cluster's data is at: its last checkpoint, or for a standby
+    /// stopped in recovery where its replay got to (its last restartpoint can be older).
+    pub fn stopped_at(&self) -> Lsn {
+        if self.state == DB_SHUTDOWNED_IN_RECOVERY {
+            self.checkpoint.max(self.min_recovery_point)
+        } else {
+            self.checkpoint
+        }
     }
 
     /// The state's name, as `pg_controldata` prints it.
@@ -95,5 +107,6 @@ pub fn parse(bytes: &[u8]) -> Result<ControlFile, ControlFileError> {
         checkpoint: Lsn(u64_at(32)),
         redo: Lsn(u64_at(40)),
         timeline: u32_at(48),
+        min_recovery_point: Lsn(u64_at(136)),
     })
 }

@@ -322,6 +322,21 @@ fn refused_archives_store_nothing() {
         assert_refused(&tl, &whole[..cut], None, "");
     }
     assert_refused(&tl, &whole[..512 * 4], None, "cut short");
+    // Cut right after a member whose data ends in zeros: the last block read is zeros, yet
+    // no end-of-archive marker came.
+    let mut zeros_last = datadir(0x2000);
+    zeros_last.insert("zz_zeros".into(), Member::File(vec![0; 1024]));
+    let zeros_last = tar_of(&zeros_last);
+    assert_refused(
+        &tl,
+        &zeros_last[..zeros_last.len() - 1024],
+        None,
+        "cut short",
+    );
+    // A relation with a segment missing or short before its last one.
+    let mut gap = datadir(0x2000);
+    gap.insert("base/5/16384.1".into(), Member::File(blocks(5, 1)));
+    assert_refused(&tl, &tar_of(&gap), None, "segment is missing or short");
     assert_refused(&tl, &[], None, "empty");
     assert_refused(&tl, &b"not a tar archive at all"[..], None, "");
     assert_refused(&tl, &vec![0x41; 4096][..], None, "tar");
@@ -357,6 +372,44 @@ fn refused_archives_store_nothing() {
 
     // After all that, a good import still goes through.
     import_archive(&tl, &tar_of(&datadir(0x2000))[..], None).unwrap();
+}
+
+#[test]
+fn long_names_come_back_and_oversized_extension_headers_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let tl = timeline(dir.path());
+    let mut long = datadir(0x1000);
+    let name = format!("pg_logical/{}", "m".repeat(180));
+    long.insert("pg_logical".into(), Member::Dir);
+    long.insert(name.clone(), Member::File(b"mapping".to_vec()));
+    import_archive(&tl, &tar_of(&long)[..], None).unwrap();
+    assert_eq!(basebackup(&tl, Lsn(0x1000)).1, long);
+
+    // A GNU long-name member claiming a megabyte: refused before it is read.
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::GNULongName);
+    header.set_size(1 << 20);
+    header.as_gnu_mut().unwrap().name[..13].copy_from_slice(b"././@LongLink");
+    header.set_cksum();
+    let mut archive = header.as_bytes().to_vec();
+    archive.extend_from_slice(&vec![b'a'; 1 << 20]);
+    archive.extend_from_slice(&tar_of(&datadir(0x2000)));
+    let error = import_archive(&tl, &archive[..], None).unwrap_err();
+    assert!(error.to_string().contains("extension header"), "{error}");
+    assert_eq!(tl.last_record_lsn(), Lsn(0x1000));
+}
+
+#[test]
+fn an_empty_segment_left_by_a_truncation_adds_no_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let tl = timeline(dir.path());
+    let mut truncated = datadir(0x1000);
+    truncated.insert("base/5/16384.1".into(), Member::File(Vec::new()));
+    let report = import_archive(&tl, &tar_of(&truncated)[..], None).unwrap();
+    assert_eq!(report.blocks_new, 7);
+    // The fork is its 3 blocks; the empty segment file is not reproduced.
+    truncated.remove("base/5/16384.1");
+    assert_eq!(basebackup(&tl, Lsn(0x1000)).1, truncated);
 }
 
 #[test]
@@ -396,6 +449,16 @@ fn writes_wait_for_an_import_and_an_abandoned_one_leaves_no_trace() {
     assert_eq!(ephemeral, 1, "the open layer's only; the import's is gone");
 }
 
+/// An import of `archive` into an empty timeline is refused, mentioning `expect`.
+fn assert_refused_at(tl: &Timeline, archive: &[u8], expect: &str) {
+    let error = import_archive(tl, archive, None).unwrap_err();
+    assert!(
+        error.to_string().contains(expect),
+        "expected {expect:?} in {error}"
+    );
+    assert_eq!(tl.last_record_lsn(), Lsn(0));
+}
+
 #[test]
 fn a_backup_is_stored_at_the_end_of_its_wal() {
     let dir = tempfile::tempdir().unwrap();
@@ -411,7 +474,15 @@ fn a_backup_is_stored_at_the_end_of_its_wal() {
         "backup_label".into(),
         Member::File(b"START WAL LOCATION: 0/1000028\n".to_vec()),
     );
-    let (segment, end) = wal::segment(0x0100_0000, &[100, 9000, 30]);
+    // Segment 1 of 1 MiB segments starts at 0/100000.
+    let (segment, end) = wal::segment(0x0010_0000, &[100, 9000, 30]);
+    // The file named as another segment (a recycled file): refused, not misdated.
+    let mut recycled = backup.clone();
+    recycled.insert(
+        "pg_wal/000000010000000000000002".into(),
+        Member::File(segment.clone()),
+    );
+    assert_refused_at(&tl, &tar_of(&recycled), "recycled");
     backup.insert(
         "pg_wal/000000010000000000000001".into(),
         Member::File(segment),

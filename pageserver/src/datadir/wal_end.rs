@@ -74,6 +74,19 @@ pub fn wal_end(name: &str, bytes: &[u8]) -> Result<Lsn, WalEndError> {
             Lsn(segment.start)
         )));
     }
+    // The file's name says where it is; a recycled file keeps the header of its older use.
+    if let Some((position, _)) = segment_name_order(name.rsplit('/').next().unwrap_or(name)) {
+        let per_log = (1u64 << 32) / seg_size as u64;
+        let named = ((position >> 32) * per_log + (position & 0xFFFF_FFFF)) * seg_size as u64;
+        if named != segment.start {
+            return Err(fail(format!(
+                "its name is the segment at {} but its pages are of {}: a recycled file (give \
+                 the snapshot's LSN with lsn=)",
+                Lsn(named),
+                Lsn(segment.start)
+            )));
+        }
+    }
 
     let mut cursor = Cursor {
         segment: &segment,
@@ -95,7 +108,8 @@ pub fn wal_end(name: &str, bytes: &[u8]) -> Result<Lsn, WalEndError> {
             break;
         }
         let tot_len = u32_at(&header, 0) as usize;
-        if tot_len < RECORD_HEADER || tot_len > bytes.len() * 4 {
+        // A record longer than what is left of the segment cannot end in it.
+        if tot_len < RECORD_HEADER || tot_len > bytes.len() - start {
             break;
         }
         let xl_prev = u64_at(&header, 8);

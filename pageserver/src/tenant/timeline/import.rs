@@ -34,10 +34,14 @@ pub struct Import<'t> {
 impl Timeline {
     /// Begins an import; see the module documentation. Refused while another one runs.
     pub fn begin_import(&self) -> Result<Import<'_>, TimelineError> {
-        let exclusive = self
-            .import_lock
-            .try_lock()
-            .map_err(|_| TimelineError::ImportInProgress)?;
+        let exclusive = match self.import_lock.try_lock() {
+            Ok(guard) => guard,
+            // An import that panicked is over: its layer was dropped with it.
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Err(TimelineError::ImportInProgress)
+            }
+        };
         let writer = self.writer();
         if writer.stopping {
             return Err(TimelineError::ShuttingDown);
