@@ -17,9 +17,9 @@
 //!   fails its read, and the handler answers 408. The read stops, its buffer is dropped, and
 //!   hyper closes the connection because the body was not read to its end.
 //! - **Streamed bodies**: an import (`PUT .../import`) reads its body as it arrives, holding a
-//!   chunk at a time, so it reserves and takes nothing from the budget and has no minimum rate;
-//!   its stall timeout is `import_body_read_timeout` (a `pg_basebackup` sends nothing until its
-//!   start checkpoint is done).
+//!   chunk at a time, so it reserves and takes nothing from the budget. Its stall timeout is
+//!   `import_body_read_timeout` (a `pg_basebackup` sends nothing until its start checkpoint is
+//!   done), and its minimum rate counts from its first byte.
 //! - **A minimum rate** ([`MIN_BODY_RATE`]): past its first `http_body_read_timeout`, a body must
 //!   have sent at least 1 MiB for every second since; one that trickles a byte now and then
 //!   (never stalling long enough for the timeout) fails with 408 too, so no client holds its
@@ -161,7 +161,8 @@ pub async fn limit_body(
     // reserves no more (what it reads beyond is counted as it comes).
     let ingest = request.uri().path().ends_with("/ingest");
     // An import reads its body as it arrives and holds a chunk at a time: it reserves nothing
-    // and takes nothing from the budget (it is still under the stall timeout and the rate).
+    // and takes nothing from the budget; it has its own stall timeout, and its minimum rate
+    // counts from its first byte (see `LimitedBody::deadline`).
     let streamed = request.uri().path().ends_with("/import");
     let reserved = declared
         .filter(|len| *len <= state.conf.max_request_body_size && !streamed)
@@ -203,6 +204,7 @@ pub async fn limit_body(
         held: held.clone(),
         covered: reserved.div_ceil(UNIT) * UNIT,
         budgeted: !streamed,
+        first_byte: None,
         received: 0,
         stall_timeout,
         stall: Box::pin(tokio::time::sleep(stall_timeout)),
@@ -230,6 +232,8 @@ struct LimitedBody {
     covered: usize,
     /// Whether bytes past `covered` are taken from the budget (not for a streamed body).
     budgeted: bool,
+    /// When the first byte came (a streamed body's minimum rate counts from there).
+    first_byte: Option<tokio::time::Instant>,
     received: usize,
     stall_timeout: Duration,
     /// Fires when the body has sent nothing for `stall_timeout`, or falls behind
@@ -248,11 +252,18 @@ impl LimitedBody {
     /// what it has sent falls behind the minimum rate, whichever comes first.
     fn deadline(&self) -> tokio::time::Instant {
         let by_stall = self.last_frame + self.stall_timeout;
-        if !self.budgeted {
-            // A streamed body holds no budget: only a pause counts.
-            return by_stall;
-        }
-        let by_rate = self.started
+        // A streamed body (an import) may wait long for its first byte (a pg_basebackup's
+        // start checkpoint), so its rate counts from there; a trickle still cannot hold it,
+        // and with it its timeline's writes, for long.
+        let rate_from = if self.budgeted {
+            self.started
+        } else {
+            match self.first_byte {
+                Some(first) => first,
+                None => return by_stall,
+            }
+        };
+        let by_rate = rate_from
             + self.stall_timeout
             + Duration::from_secs_f64(self.received as f64 / MIN_BODY_RATE as f64);
         by_stall.min(by_rate)
@@ -295,6 +306,9 @@ impl HttpBody for LimitedBody {
                 this.last_frame = tokio::time::Instant::now();
                 if let Some(data) = frame.data_ref() {
                     this.received += data.len();
+                    if !data.is_empty() && this.first_byte.is_none() {
+                        this.first_byte = Some(this.last_frame);
+                    }
                 }
                 let deadline = this.deadline();
                 this.stall.as_mut().reset(deadline);
@@ -375,6 +389,7 @@ mod tests {
             held: held.clone(),
             covered: 0,
             budgeted: true,
+            first_byte: None,
             received: 0,
             stall_timeout: Duration::from_millis(50),
             stall: Box::pin(tokio::time::sleep(Duration::from_millis(50))),
@@ -412,8 +427,9 @@ mod tests {
     }
 
     /// A body that sends one byte every 50 ms (never a gap of `stall`, far below the minimum
-    /// rate), budgeted or streamed; the error that cut it off, if one did within 1.5 s.
-    async fn trickle(budgeted: bool) -> Option<axum::Error> {
+    /// rate), budgeted or streamed; the error that cut it off, if one did within 1.5 s, and the
+    /// budget held then.
+    async fn trickle(budgeted: bool) -> (Option<axum::Error>, u64) {
         use http_body_util::BodyExt;
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(4);
         let stall = Duration::from_millis(200);
@@ -424,6 +440,7 @@ mod tests {
             held: SharedHeld::default(),
             covered: 0,
             budgeted,
+            first_byte: None,
             received: 0,
             stall_timeout: stall,
             stall: Box::pin(tokio::time::sleep(stall)),
@@ -444,28 +461,26 @@ mod tests {
         });
         loop {
             match body.frame().await {
-                None => {
-                    // A streamed body takes nothing from the budget.
-                    assert_eq!(budget.used_bytes(), 0);
-                    return None;
-                }
+                None => return (None, budget.used_bytes()),
                 Some(Ok(_)) => {}
-                Some(Err(e)) => return Some(e),
+                Some(Err(e)) => return (Some(e), budget.used_bytes()),
             }
         }
     }
 
     #[tokio::test]
     async fn a_body_that_trickles_without_stalling_fails_its_minimum_rate() {
-        let error = trickle(true).await.expect("the trickle was never cut off");
-        let api = api_error(&error).unwrap();
-        assert_eq!(api.status, StatusCode::REQUEST_TIMEOUT);
-        assert!(api.msg.contains("minimum rate"), "{}", api.msg);
-    }
-
-    #[tokio::test]
-    async fn a_streamed_body_is_held_to_its_stall_timeout_only() {
-        assert!(trickle(false).await.is_none());
+        for budgeted in [true, false] {
+            let (error, held) = trickle(budgeted).await;
+            let error = error.expect("the trickle was never cut off");
+            let api = api_error(&error).unwrap();
+            assert_eq!(api.status, StatusCode::REQUEST_TIMEOUT);
+            assert!(api.msg.contains("minimum rate"), "{}", api.msg);
+            if !budgeted {
+                // A streamed body takes nothing from the budget.
+                assert_eq!(held, 0);
+            }
+        }
     }
 
     /// A body whose frames come from a channel: it stalls when the test sends nothing.

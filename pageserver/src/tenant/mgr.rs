@@ -622,6 +622,17 @@ impl Tenant {
                 timeline: id,
             });
         }
+        if let Some((ancestry, ancestor)) = &branch {
+            // Still the tenant's: a deletion takes `dirs` too, and checks for branches under
+            // it, so the ancestor cannot go between this check and the branch's insertion.
+            let current = self.get_timeline(ancestry.timeline_id).ok();
+            if !current.is_some_and(|t| Arc::ptr_eq(&t, ancestor)) {
+                return Err(TenantError::TimelineNotFound {
+                    tenant: self.id,
+                    timeline: ancestry.timeline_id,
+                });
+            }
+        }
         let dir =
             create_dir_atomically(&self.dir.join(TIMELINES_DIR), &id.to_string(), |staging| {
                 let mut manifest = TimelineMetadata::empty(self.id, id);
@@ -706,9 +717,7 @@ impl Tenant {
             dirs.removing.insert(id, timeline.clone());
             timeline
         };
-        if let Some((ancestor, lsn)) = timeline.ancestor() {
-            ancestor.remove_branch_point(lsn);
-        }
+
         // Only waits for a flush in progress; errors do not matter for data being deleted.
         let _ = timeline.shutdown(false);
         if let Some(client) = lock(&self.remote_clients).remove(&id) {
@@ -723,6 +732,11 @@ impl Tenant {
         dirs.removing.remove(&id);
         drop(dirs);
         result?;
+        // Only once the directory is gone: until then a restart would load the branch again,
+        // and its ancestor must still keep what its branch point needs.
+        if let Some((ancestor, lsn)) = timeline.ancestor() {
+            ancestor.remove_branch_point(lsn);
+        }
         tracing::info!(tenant = %self.id, timeline = %id, "deleted timeline");
         Ok(())
     }

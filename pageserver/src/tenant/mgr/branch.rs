@@ -33,23 +33,30 @@ impl Tenant {
                 "the ancestor's last record LSN is {last_record}"
             )));
         }
-        let cutoff = ancestor.gc_cutoff_lsn();
-        if lsn < cutoff {
-            return Err(invalid(format!(
-                "its history below the GC cutoff {cutoff} is no longer kept"
-            )));
-        }
         if lsn == Lsn::INVALID {
             return Err(invalid("a branch starts above LSN 0".to_owned()));
         }
-        if ancestor.disk_consistent_lsn() < lsn {
-            ancestor.checkpoint()?;
+        // Registered first, atomically with GC's cutoff: from here GC keeps what the branch
+        // point needs, whatever happens until the branch is linked.
+        ancestor.reserve_branch_point(lsn).map_err(|cutoff| {
+            invalid(format!(
+                "its history below the GC cutoff {cutoff} is no longer kept"
+            ))
+        })?;
+        let created = (|| {
+            if ancestor.disk_consistent_lsn() < lsn {
+                ancestor.checkpoint()?;
+            }
+            let ancestry = Ancestry {
+                timeline_id: ancestor_id,
+                lsn,
+            };
+            self.create_timeline_inner(id, Some((ancestry, ancestor.clone())))
+        })();
+        if created.is_err() {
+            ancestor.remove_branch_point(lsn);
         }
-        let ancestry = Ancestry {
-            timeline_id: ancestor_id,
-            lsn,
-        };
-        self.create_timeline_inner(id, Some((ancestry, ancestor)))
+        created
     }
 }
 
@@ -70,6 +77,7 @@ pub(super) fn link_branches(
                 ancestry.timeline_id
             ));
         };
+        ancestor.add_branch_point(ancestry.lsn);
         branch
             .set_ancestor(ancestor.clone(), ancestry.lsn)
             .map_err(|e| format!("timeline {timeline_id}: {e}"))?;

@@ -75,10 +75,10 @@ impl Ancestry {
 }
 
 impl Timeline {
-    /// Links this timeline (a branch, not shared yet) to its loaded ancestor, and registers the
-    /// branch point with it.
+    /// Links this timeline (a branch, not shared yet) to its loaded ancestor, whose branch
+    /// point at `lsn` is registered already ([`Timeline::reserve_branch_point`], or
+    /// [`Timeline::add_branch_point`] for a branch loaded from disk).
     pub fn set_ancestor(&self, ancestor: Arc<Timeline>, lsn: Lsn) -> Result<(), TimelineError> {
-        ancestor.add_branch_point(lsn);
         self.ancestor
             .set((ancestor, lsn))
             .map_err(|_| TimelineError::Broken {
@@ -99,13 +99,28 @@ impl Timeline {
             .clone()
     }
 
-    pub(super) fn add_branch_point(&self, lsn: Lsn) {
+    /// Registers a branch point at `lsn` for a new branch, refused below the GC cutoff (which
+    /// it returns). Under the lock GC holds for its whole pass: GC either ran before, and the
+    /// check sees its cutoff, or runs after, and retains the point.
+    pub fn reserve_branch_point(&self, lsn: Lsn) -> Result<(), Lsn> {
+        let _gc = self.image_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let cutoff = self.gc_cutoff_lsn();
+        if lsn < cutoff {
+            return Err(cutoff);
+        }
+        self.add_branch_point(lsn);
+        Ok(())
+    }
+
+    /// Registers the branch point of a branch that exists (loaded from disk): retained
+    /// whatever the cutoff, since GC has retained it all along.
+    pub fn add_branch_point(&self, lsn: Lsn) {
         let mut points = self.branch_points.lock().unwrap_or_else(|e| e.into_inner());
         points.push(lsn);
         points.sort();
     }
 
-    /// Forgets one branch point at `lsn` (its branch was deleted).
+    /// Forgets one branch point at `lsn` (its branch is gone, or was never made).
     pub fn remove_branch_point(&self, lsn: Lsn) {
         let mut points = self.branch_points.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(i) = points.iter().position(|p| *p == lsn) {
