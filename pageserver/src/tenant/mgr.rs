@@ -541,7 +541,7 @@ impl Tenant {
             }
         }
         if matches!(state, TenantState::Active) {
-            if let Err(reason) = branch::link_branches(&timelines, ancestries) {
+            if let Err(reason) = create::link_branches(&timelines, ancestries) {
                 state = TenantState::Broken { reason };
                 timelines.clear();
             }
@@ -837,7 +837,7 @@ fn fsync_dir(dir: &Path) -> Result<(), TenantError> {
 }
 
 mod attach;
-mod branch;
+mod create;
 mod remote;
 #[cfg(test)]
 mod tests;
