@@ -1,15 +1,88 @@
-//! Branches of a tenant's timelines: creation checks the branch point against the ancestor;
-//! the link itself and the reads through it are `timeline::ancestry`'s.
+//! Creating a tenant's timelines: empty ones, and branches (creation checks the branch point
+//! against the ancestor; the link itself and the reads through it are `timeline::ancestry`'s).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use utils::{Lsn, TimelineId};
 
-use super::{Tenant, TenantError};
+use super::{create_dir_atomically, lock, remote, Tenant, TenantError, TIMELINES_DIR};
+use crate::tenant::timeline::metadata::TimelineMetadata;
 use crate::tenant::timeline::{Ancestry, Timeline};
 
 impl Tenant {
+    /// Creates an empty timeline with `id`, or a fresh id.
+    pub fn create_timeline(&self, id: Option<TimelineId>) -> Result<Arc<Timeline>, TenantError> {
+        self.create_timeline_inner(id, None)
+    }
+
+    pub(super) fn create_timeline_inner(
+        &self,
+        id: Option<TimelineId>,
+        branch: Option<(Ancestry, Arc<Timeline>)>,
+    ) -> Result<Arc<Timeline>, TenantError> {
+        self.check_active()?;
+        let id = id.unwrap_or_else(TimelineId::generate);
+        let dirs = lock(&self.dirs);
+        if dirs.deleting {
+            return Err(TenantError::TenantNotFound(self.id));
+        }
+        if dirs.removing.contains_key(&id) {
+            return Err(TenantError::TimelineBeingDeleted {
+                tenant: self.id,
+                timeline: id,
+            });
+        }
+        let on_disk = self.dir.join(TIMELINES_DIR).join(id.to_string()).exists();
+        if self.get_timeline(id).is_ok() || on_disk {
+            return Err(TenantError::TimelineExists {
+                tenant: self.id,
+                timeline: id,
+            });
+        }
+        if let Some((ancestry, ancestor)) = &branch {
+            // Still the tenant's: a deletion takes `dirs` too, and checks for branches under
+            // it, so the ancestor cannot go between this check and the branch's insertion.
+            let current = self.get_timeline(ancestry.timeline_id).ok();
+            if !current.is_some_and(|t| Arc::ptr_eq(&t, ancestor)) {
+                return Err(TenantError::TimelineNotFound {
+                    tenant: self.id,
+                    timeline: ancestry.timeline_id,
+                });
+            }
+        }
+        let dir =
+            create_dir_atomically(&self.dir.join(TIMELINES_DIR), &id.to_string(), |staging| {
+                let mut manifest = TimelineMetadata::empty(self.id, id);
+                if let Some((ancestry, _)) = &branch {
+                    // The branch starts where its ancestor's history is taken.
+                    manifest.disk_consistent_lsn = ancestry.lsn;
+                    ancestry.write(staging)?;
+                }
+                manifest
+                    .store(staging)
+                    .map_err(|e| TenantError::Timeline(e.into()))
+            })?;
+        let (timeline, client) =
+            remote::load_timeline(&self.shared, self.id, self.generation, id, &dir)?;
+        let timeline = timeline
+            .with_flush_wakeup(self.shared.wakeup.clone())
+            .with_compaction_wakeup(self.shared.compaction_wakeup.clone());
+        if let Some((ancestry, ancestor)) = branch {
+            timeline.set_ancestor(ancestor, ancestry.lsn)?;
+        }
+        if let Some(client) = client {
+            lock(&self.remote_clients).insert(id, client);
+        }
+        let timeline = Arc::new(timeline);
+        self.timelines
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, timeline.clone());
+        tracing::info!(tenant = %self.id, timeline = %id, "created timeline");
+        Ok(timeline)
+    }
+
     /// Creates timeline `id` (or a fresh id) as a branch of timeline `ancestor_id` at `lsn`
     /// (default: its `last_record_lsn`), in constant time: nothing is copied (see
     /// `timeline::ancestry`). The ancestor's history up to `lsn` is made durable first if it
