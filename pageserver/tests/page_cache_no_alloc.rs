@@ -1,8 +1,10 @@
 //! The page cache allocates its page memory once: inserting, evicting, hitting and reading
 //! through must not touch the heap. Checked with a counting global allocator, which is why this
-//! test is a binary of its own.
+//! test is a binary of its own. Only the test thread's allocations count: the test harness's
+//! own threads may allocate at any time, and are not the page cache.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use pageserver::page_cache::{Arrival, FileId, PageCache, PageCacheConfig};
@@ -12,18 +14,30 @@ struct CountingAlloc;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
+thread_local! {
+    /// Set on the test thread for the measured region.
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+}
+
+fn count() {
+    // `try_with`: an allocation while the thread's locals are torn down is not counted.
+    if COUNTING.try_with(Cell::get).unwrap_or(false) {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 // SAFETY: forwards to the system allocator unchanged; only counts.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         System.alloc(layout)
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         System.alloc_zeroed(layout)
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count();
         System.realloc(ptr, layout, new_size)
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -47,6 +61,7 @@ fn file_page_operations_do_not_allocate() {
     let _ = cache.get_file_page(file, u32::MAX);
 
     let before = ALLOCATIONS.load(Ordering::Relaxed);
+    COUNTING.with(|c| c.set(true));
     let mut hits = 0u64;
     for blk in 0..10_000u32 {
         // Far more inserts than slots: every one after the first 256 evicts.
@@ -64,6 +79,7 @@ fn file_page_operations_do_not_allocate() {
             .unwrap();
         hits += u64::from(lease[0]);
     }
+    COUNTING.with(|c| c.set(false));
     let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
     assert!(hits > 0);
     assert_eq!(
