@@ -13,8 +13,6 @@
 //!   16    u32  state (1 shut down, 2 shut down in recovery, 6 in production, ...)
 //!   24    i64  time
 //!   32    u64  checkPoint (the latest checkpoint record's LSN)
-//!   40    u64  checkPointCopy.redo
-//!   48    u32  checkPointCopy.ThisTimeLineID
 //!  136    u64  minRecoveryPoint (a standby's replay position when it stopped)
 //!  288    u32  crc (CRC-32C of bytes 0..288)
 //! ```
@@ -37,8 +35,6 @@ pub struct ControlFile {
     pub system_identifier: u64,
     pub state: u32,
     pub checkpoint: Lsn,
-    pub redo: Lsn,
-    pub timeline: u32,
     pub min_recovery_point: Lsn,
 }
 
@@ -105,8 +101,6 @@ pub fn parse(bytes: &[u8]) -> Result<ControlFile, ControlFileError> {
         system_identifier: u64_at(0),
         state: u32_at(16),
         checkpoint: Lsn(u64_at(32)),
-        redo: Lsn(u64_at(40)),
-        timeline: u32_at(48),
         min_recovery_point: Lsn(u64_at(136)),
     })
 }
