@@ -35,6 +35,20 @@ def restored_state(pg: PgEnv, timeline: TimelineHandle, name: str, lsn: Lsn | No
         cluster.stop()
 
 
+def scan_all(timeline: TimelineHandle, lsn: Lsn) -> dict[str, str]:
+    """Every key of the timeline with its page (base64) as of `lsn`, by paged scans."""
+    pages: dict[str, str] = {}
+    token = None
+    while True:
+        page = timeline.http.scan_keys(
+            timeline.tenant_id, timeline.timeline_id, bytes(18), b"\xff" * 18, lsn, limit=1000, page_token=token
+        )
+        pages.update((e["key"], e["page"]) for e in page["entries"])
+        token = page["next_page_token"]
+        if token is None:
+            return pages
+
+
 def test_pgbench_database_round_trip(pg: PgEnv, timeline: TimelineHandle):
     original = pg.new_cluster("original").start()
     original.pgbench("-i", "-s", "5", "-q")
@@ -308,9 +322,13 @@ def test_branch_at_a_snapshot_diverges_from_its_parent(pg: PgEnv, timeline: Time
     assert info["ancestor_timeline_id"] == timeline.timeline_id
     assert Lsn.parse(info["ancestor_lsn"]) == second
     assert Lsn.parse(info["last_record_lsn"]) == second
-    # The branch gives the parent's snapshots at and below its LSN.
+    # The branch gives the parent's snapshots at and below its LSN, to point reads, scans and
+    # basebackups alike.
     state, at = restored_state(pg, branch, "branch_at_second")
     assert at == second and state == second_state
+    parent_pages = scan_all(timeline, second)
+    assert len(parent_pages) > 100
+    assert scan_all(branch, second) == parent_pages
 
     # New work on a cluster restored from the branch, imported into the branch.
     work, _ = pg.restore(branch.url, "work", second)
@@ -323,6 +341,21 @@ def test_branch_at_a_snapshot_diverges_from_its_parent(pg: PgEnv, timeline: Time
     assert report["blocks_unchanged"] > report["blocks_changed"] + report["blocks_new"], report
     state, _ = restored_state(pg, branch, "branch_latest")
     assert state == work_state and "branch_only" in state
+    # More work, a second snapshot on the branch (two L0 layers, so compaction makes L1s), then
+    # images on the branch: they hold its pages, the parent's included, so the scan and the
+    # restore after them are the same as before.
+    work.start()
+    work.pgbench("-t", "50", "-n")
+    work_state = work.state()
+    work.stop()
+    import_stopped(pg, branch, work)
+    latest = branch.info()["last_record_lsn"]
+    branch_pages = scan_all(branch, Lsn.parse(latest))
+    imaged = branch.http.compact(branch.tenant_id, branch.timeline_id, force_images=True)["image_creation"]
+    assert imaged["images"] >= len(branch_pages) > len(parent_pages), imaged
+    assert scan_all(branch, Lsn.parse(latest)) == branch_pages
+    state, _ = restored_state(pg, branch, "branch_imaged")
+    assert state == work_state
 
     # The parent is unchanged, at every snapshot.
     for lsn, expected in [(second, second_state), (third, third_state)]:

@@ -130,7 +130,6 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         | BatchSpanTooWide { .. } => StatusCode::BAD_REQUEST,
         // That history is gone for good.
         BelowGcCutoff { .. } => StatusCode::GONE,
-        NotOnBranch { .. } => StatusCode::NOT_IMPLEMENTED,
         // Retrying later may succeed.
         LsnNotYetIngested { .. }
         | WaitLsnTimeout { .. }

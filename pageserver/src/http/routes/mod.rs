@@ -687,7 +687,7 @@ pub async fn gc(
 ) -> ApiResult<Json<JsonValue>> {
     let timeline = timeline_of(&state, &ids)?;
     let (timeline, outcome) = blocking(move || {
-        // No branches yet: no LSN to retain.
+        // The timeline's branch points are retained by `gc` itself.
         let outcome = timeline.gc(&[])?;
         Ok((timeline, outcome))
     })

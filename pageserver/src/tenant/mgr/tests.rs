@@ -1,11 +1,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use pageserver_api::Value;
+use pageserver_api::{Key, Value};
 use utils::Lsn;
 
 use super::*;
 use crate::tenant::test_support::*;
+use crate::tenant::timeline::scan::ScanCursor;
 use crate::tenant::timeline::Timeline;
 use crate::tenant::timeline::TimelineError;
 use crate::PAGE_SZ;
@@ -454,11 +455,12 @@ fn a_branch_reads_its_ancestor_below_its_lsn_and_its_own_history_above_it() {
         tenant.create_branch(None, main.timeline_id(), Some(Lsn(0x31))),
         Err(TenantError::InvalidBranch { .. })
     ));
-    // Scans of a branch are refused rather than missing the ancestor's keys.
-    assert!(matches!(
-        branch.scan_layers(Lsn(0x40)),
-        Err(TimelineError::NotOnBranch { .. })
-    ));
+    // A scan of a branch sees the ancestor's keys as of the branch point, and its own.
+    let mut cursor = ScanCursor::new(Key::MIN, Key::MAX, Lsn(0x40));
+    let page = branch.scan_page(&mut cursor, 10).unwrap();
+    let keys: Vec<Key> = page.entries.iter().map(|(k, _)| *k).collect();
+    assert_eq!(keys, [rel_key(1), rel_key(3)]);
+    assert_eq!(&page.entries[0].1[..], &expected_at_40[..]);
 
     // After a restart the links are back, whatever order the timelines load in.
     let ids = (

@@ -46,6 +46,9 @@
 //! A piece's pages are read with the paged scan of `[start, end)` at `B - 1`
 //! ([`Timeline::scan_page`]): the same pages a client scan returns, byte for byte. A key whose
 //! versions hold no base has no page and no image (a read of it answers "no page" either way).
+//! On a branch the scan reads through to the ancestor's layers at the branch LSN, so a branch's
+//! images hold every page of their range, its ancestor's included: an image layer answers for
+//! its whole key range, and reads of those keys stop there rather than at the ancestor.
 //!
 //! # Steps, and what a crash after each leaves
 //!
@@ -187,12 +190,6 @@ impl Timeline {
             return Err(TimelineError::ShuttingDown);
         }
         let mut outcome = ImageCreationOutcome::default();
-        // The paged scan images are read with walks a timeline's own layers; a branch's pages
-        // may rest on its ancestor's history, which it does not see. Branch reads stay bounded
-        // by the ancestor's images instead.
-        if self.ancestor().is_some() {
-            return Ok(outcome);
-        }
         let started = Instant::now();
         let map = self.layer_map();
         let Some(l1_end) = map.l1_end() else {

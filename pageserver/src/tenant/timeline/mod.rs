@@ -247,11 +247,6 @@ pub enum TimelineError {
     ShuttingDown,
     #[error("an import into the timeline is in progress; writes wait for it to finish")]
     ImportInProgress,
-    #[error("{what} of a branch are not supported yet (the timeline is a branch of {ancestor}); GetPage@LSN and basebackups are")]
-    NotOnBranch {
-        what: &'static str,
-        ancestor: TimelineId,
-    },
     #[error("ingest is stopped: {l0} L0 layers wait for compaction (l0_stop_threshold is {limit}), and none was compacted in {waited:?}; try again later")]
     IngestStopped {
         l0: usize,

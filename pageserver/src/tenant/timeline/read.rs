@@ -3,7 +3,7 @@
 //! layers a paged scan merges.
 
 use super::*;
-use scan::LayerSetId;
+use scan::{LayerSetId, ScanLayer};
 
 impl Timeline {
     /// Page `key` as of `lsn`; `None` if it has no version at or below `lsn`.
@@ -112,22 +112,38 @@ impl Timeline {
         scan::next_page(self, cursor, limit)
     }
 
-    /// Every layer, newest first, and the id of that layer set: what a scan at `lsn` merges.
-    /// Refused below the GC cutoff of that set.
-    pub(crate) fn scan_layers(&self, lsn: Lsn) -> Result<(LayerSetId, Vec<Layer>), TimelineError> {
-        if let Some((ancestor, _)) = self.ancestor() {
-            return Err(TimelineError::NotOnBranch {
-                what: "paged key scans",
-                ancestor: ancestor.timeline_id(),
-            });
-        }
-        let map = self.layer_map();
-        refuse_below_cutoff(&map, lsn)?;
-        let id = LayerSetId {
-            incarnation: self.cache_scope,
-            version: map.version,
+    /// What a scan at `lsn` merges, and the id of that layer set: every layer of this timeline,
+    /// newest first, read at `lsn`; then, for a branch, every layer of its ancestor read at the
+    /// branch LSN (or `lsn`, if lower), and so on up the chain. That is the order and the LSNs
+    /// GetPage walks in, so a scan of a branch sees the keys and pages its point reads see.
+    /// Refused below the GC cutoff of this timeline's set; an ancestor's is checked as GetPage
+    /// checks it (not at a branch point, which GC retains).
+    pub(crate) fn scan_layers(
+        &self,
+        lsn: Lsn,
+    ) -> Result<(LayerSetId, Vec<ScanLayer>), TimelineError> {
+        let mut id = LayerSetId {
+            timelines: Vec::new(),
         };
-        Ok((id, map.newest_first().collect()))
+        let mut layers = Vec::new();
+        let (mut timeline, mut at, mut check_cutoff) = (self, lsn, true);
+        loop {
+            // Each snapshot before its cutoff check, as in GetPage.
+            let map = timeline.layer_map();
+            if check_cutoff {
+                refuse_below_cutoff(&map, at)?;
+            }
+            id.timelines.push((timeline.cache_scope, map.version));
+            layers.extend(map.newest_first().map(|layer| ScanLayer { layer, lsn: at }));
+            drop(map);
+            let Some((ancestor, branch_lsn)) = timeline.ancestor() else {
+                break;
+            };
+            at = at.min(branch_lsn);
+            check_cutoff = !ancestor.branch_points().contains(&at);
+            timeline = ancestor;
+        }
+        Ok((id, layers))
     }
 
     /// The GC cutoff: reads below it are refused.

@@ -73,7 +73,7 @@ fn a_reader_keeps_a_compacted_layer_readable_until_it_lets_go() {
     tl.compact_l0(2).unwrap();
     for layer in &layers {
         let key = rel_key(1);
-        layer.get(key, tl.last_record_lsn()).unwrap();
+        layer.layer.get(key, tl.last_record_lsn()).unwrap();
     }
     // The retired L0s are still there for it, and the manifest names them as retired.
     assert!(before.iter().all(|n| dir.path().join(n).exists()));

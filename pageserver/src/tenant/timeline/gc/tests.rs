@@ -146,7 +146,7 @@ fn a_reader_keeps_a_collected_layer_readable_until_it_lets_go() {
     assert!(tl.gc(&[]).unwrap().layers_removed > 0);
     // Its snapshot still reads below the new cutoff, from the files GC retired.
     for layer in &layers {
-        layer.get(rel_key(1), old_lsn).unwrap();
+        layer.layer.get(rel_key(1), old_lsn).unwrap();
     }
     assert!(before.iter().all(|n| dir.path().join(n).exists()));
     drop(layers);

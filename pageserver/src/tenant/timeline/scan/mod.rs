@@ -51,11 +51,17 @@
 //! last key taken. The next page resumes from those buffers without seeking again; the cursor
 //! cache (`scan::cursor_cache`) keeps cursors between requests.
 //!
+//! **Branches.** A scan of a branch merges its own layers at L and then its ancestor's at
+//! min(L, branch LSN), and so on up the chain ([`Timeline::scan_layers`]): the layers and LSNs
+//! GetPage walks, in its order. The ancestor's layers come after every layer of the branch, so
+//! a base in the branch (an image, a `will_init` delta, an image layer's range) stops the
+//! collection before the ancestor's versions of the key, as the point read stops there.
+//!
 //! A stream names its layer by its place in the layer map's list (newest first), which is only
-//! meaningful for one layer set: the cursor remembers the [`LayerSetId`] (the timeline's
-//! incarnation and the layer map's generation) its streams were built on. When a page finds
-//! another one (a freeze, flush or compaction happened, or the timeline was reloaded), the
-//! streams are thrown away and rebuilt from the cursor's position: a *re-seek*. A cursor created
+//! meaningful for one layer set: the cursor remembers the [`LayerSetId`] (the incarnation and
+//! layer map generation of the timeline and of each ancestor it reads) its streams were built
+//! on. When a page finds another one (a freeze, flush or compaction happened, or the timeline
+//! was reloaded), the streams are thrown away and rebuilt from the cursor's position: a *re-seek*. A cursor created
 //! from nothing but a position (a token whose cursor was evicted) re-seeks the same way.
 //! Re-seeking costs index descents, never a different answer.
 //!
@@ -114,12 +120,21 @@ pub const MIN_CHUNK_KEYS: usize = 16;
 /// unless one page's worth per layer is more.
 pub const CURSOR_BUFFER_KEYS: usize = 4096;
 
-/// Which set of layers a cursor's streams describe: the timeline's incarnation (a reload or a
-/// timeline created again under the same id starts a new one) and the layer map's generation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which set of layers a cursor's streams describe: for the timeline and each ancestor a scan
+/// of a branch reads, its incarnation (a reload or a timeline created again under the same id
+/// starts a new one) and its layer map's generation.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LayerSetId {
-    pub(crate) incarnation: TimelineId,
-    pub(crate) version: u64,
+    /// The scanned timeline first, then its ancestors, nearest first.
+    pub(crate) timelines: Vec<(TimelineId, u64)>,
+}
+
+/// A layer a scan merges and the LSN its versions are read at: the scan's LSN for the scanned
+/// timeline's own layers, the branch LSN (or the scan's, if lower) for an ancestor's.
+#[derive(Clone)]
+pub(crate) struct ScanLayer {
+    pub(crate) layer: Layer,
+    pub(crate) lsn: Lsn,
 }
 
 /// The streams of a positioned cursor and the layer set they were built on.
@@ -221,7 +236,7 @@ impl ScanCursor {
 
     /// Makes the streams describe `layers`: keeps them if they were built on `layer_set`,
     /// otherwise builds them from the cursor's position. Returns whether they were kept.
-    fn position(&mut self, layer_set: LayerSetId, layers: &[Layer]) -> bool {
+    fn position(&mut self, layer_set: LayerSetId, layers: &[ScanLayer]) -> bool {
         if self
             .positioned
             .as_ref()
@@ -232,7 +247,7 @@ impl ScanCursor {
         let streams = layers
             .iter()
             .enumerate()
-            .filter(|(_, layer)| layer.may_hold(&(self.from..self.end), self.lsn))
+            .filter(|(_, l)| l.layer.may_hold(&(self.from..self.end), l.lsn))
             .map(|(index, _)| {
                 VersionStream::new(index, (self.from < self.end).then_some(self.from))
             })
@@ -257,13 +272,18 @@ impl ScanCursor {
     }
 
     /// The least key any stream holds next, reading chunks where buffers are drained.
-    fn peek(&mut self, layers: &[Layer], sizes: ChunkSizes) -> Result<Option<Key>, TimelineError> {
+    fn peek(
+        &mut self,
+        layers: &[ScanLayer],
+        sizes: ChunkSizes,
+    ) -> Result<Option<Key>, TimelineError> {
         let Some(positioned) = &mut self.positioned else {
             return Ok(None);
         };
         let mut least: Option<Key> = None;
         for stream in &mut positioned.streams {
-            if let Some(head) = stream.head(&layers[stream.layer], self.end, self.lsn, sizes)? {
+            let at = &layers[stream.layer];
+            if let Some(head) = stream.head(&at.layer, self.end, at.lsn, sizes)? {
                 least = Some(least.map_or(head, |l| l.min(head)));
             }
         }
@@ -275,7 +295,7 @@ impl ScanCursor {
     /// down to the first that needs no older history, then redone.
     fn take(
         &mut self,
-        layers: &[Layer],
+        layers: &[ScanLayer],
         sizes: ChunkSizes,
         max_value_size: usize,
     ) -> Result<Option<(Key, Option<Bytes>)>, TimelineError> {
@@ -295,7 +315,7 @@ impl ScanCursor {
             // Streams are in layer order, newest first, as GetPage walks the layers; `peek`
             // left every stream with a head, or exhausted.
             for stream in &mut positioned.streams {
-                let layer = &layers[stream.layer];
+                let layer = &layers[stream.layer].layer;
                 let versions: &[VersionRef] = stream.take(key);
                 if complete {
                     // Older than the base already found: skipped past, never read.

@@ -78,6 +78,19 @@ fn expected_scan(model: &Model, start: Key, end: Key, lsn: Lsn) -> Vec<(Key, Byt
         .collect()
 }
 
+/// Every page of the key space at `lsn`, in pages of `limit`.
+fn whole_scan(tl: &Timeline, lsn: Lsn, limit: usize) -> Vec<(Key, Bytes)> {
+    let mut cursor = ScanCursor::new(Key::MIN, Key::MAX, lsn);
+    let mut got = Vec::new();
+    loop {
+        let page = tl.scan_page(&mut cursor, limit).unwrap();
+        got.extend(page.entries);
+        if !page.more {
+            return got;
+        }
+    }
+}
+
 /// How a test pages through a scan.
 #[derive(Debug, Clone, Copy)]
 enum Paging {
@@ -234,10 +247,8 @@ fn scan_case() -> impl Strategy<Value = ScanCase> {
         })
 }
 
-fn run(build: Vec<BuildOp>, scans: Vec<ScanCase>) -> Result<(), TestCaseError> {
-    let (_dir, _cache, tl) = fresh_timeline(64);
-    let mut model = Model::new();
-    let mut next_lsn = 1u64;
+/// Applies `build` to `tl` and `model`, a version at each LSN from `next_lsn` on.
+fn apply_build(tl: &Timeline, model: &mut Model, next_lsn: &mut u64, build: Vec<BuildOp>) {
     for op in build {
         match op {
             BuildOp::Put(versions) => {
@@ -247,7 +258,7 @@ fn run(build: Vec<BuildOp>, scans: Vec<ScanCase>) -> Result<(), TestCaseError> {
                     .filter(|(k, ..)| seen.insert(*k))
                     .map(|(k, image, byte, will_init)| PutRecord {
                         key: rel_key(k),
-                        lsn: Lsn(next_lsn),
+                        lsn: Lsn(*next_lsn),
                         value: if image {
                             Value::Image(Bytes::from(vec![byte; 24 + (k as usize % 5) * 7]))
                         } else {
@@ -258,25 +269,42 @@ fn run(build: Vec<BuildOp>, scans: Vec<ScanCase>) -> Result<(), TestCaseError> {
                         },
                     })
                     .collect();
-                put(&tl, &mut model, batch);
-                next_lsn += 1;
+                put(tl, model, batch);
+                *next_lsn += 1;
             }
-            BuildOp::Freeze => freeze(&tl),
+            BuildOp::Freeze => freeze(tl),
             BuildOp::Flush => tl.flush_frozen().unwrap(),
             BuildOp::Checkpoint => tl.checkpoint().unwrap(),
         }
     }
+}
+
+fn run(build: Vec<BuildOp>, scans: Vec<ScanCase>) -> Result<(), TestCaseError> {
+    let (_dir, _cache, tl) = fresh_timeline(64);
+    let mut model = Model::new();
+    let mut next_lsn = 1u64;
+    apply_build(&tl, &mut model, &mut next_lsn, build);
+    check_scans(&tl, &mut model, &mut next_lsn, scans)
+}
+
+/// Runs `scans` on `tl`, each checked against `model`.
+fn check_scans(
+    tl: &Timeline,
+    model: &mut Model,
+    next_lsn: &mut u64,
+    scans: Vec<ScanCase>,
+) -> Result<(), TestCaseError> {
     for case in scans {
         let (start, end) = match case.range {
             Some((a, b)) => (rel_key(a), rel_key(b)),
             None => (Key::MIN, Key::MAX),
         };
         let lsn = Lsn(tl.last_record_lsn().0.saturating_sub(case.lsn_back));
-        let want = expected_scan(&model, start, end, lsn);
+        let want = expected_scan(model, start, end, lsn);
         let paged = page_through(
-            &tl,
-            &mut model,
-            &mut next_lsn,
+            tl,
+            model,
+            next_lsn,
             (start, end, lsn, case.limit),
             case.paging,
             &case.between,
@@ -622,15 +650,7 @@ fn a_scan_across_an_image_layer_matches_point_reads() {
             })
             .collect();
         for limit in [1, 3, 100] {
-            let mut cursor = ScanCursor::new(Key::MIN, Key::MAX, lsn);
-            let mut got = Vec::new();
-            loop {
-                let page = tl.scan_page(&mut cursor, limit).unwrap();
-                got.extend(page.entries);
-                if !page.more {
-                    break;
-                }
-            }
+            let got = whole_scan(&tl, lsn, limit);
             assert_eq!(got, point, "at {lsn}, pages of {limit}");
         }
         let present = |k: u32| point.iter().any(|(key, _)| *key == rel_key(k));
@@ -643,3 +663,5 @@ fn a_scan_across_an_image_layer_matches_point_reads() {
         }
     }
 }
+
+mod branches;
