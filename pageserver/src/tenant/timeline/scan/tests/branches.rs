@@ -86,7 +86,12 @@ fn run_branch(
     apply_build(&ancestor, &mut model, &mut next_lsn, before);
     if next_lsn == 1 {
         // A branch starts above LSN 0.
-        apply_build(&ancestor, &mut model, &mut next_lsn, vec![images_of(0..1, 0)]);
+        apply_build(
+            &ancestor,
+            &mut model,
+            &mut next_lsn,
+            vec![images_of(0..1, 0)],
+        );
     }
     let branch_lsn = Lsn(next_lsn.saturating_sub(1 + branch_at_back).max(1));
     let (_branch_dir, branch) = branch_of(&ancestor, BRANCH, branch_lsn, cache);
