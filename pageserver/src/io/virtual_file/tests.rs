@@ -188,3 +188,24 @@ fn many_threads_over_few_descriptors_read_right() {
     drop(Arc::try_unwrap(opened).unwrap());
     assert_eq!(descriptors_under(dir.path()), 0);
 }
+
+/// Starting writeback is a hint: on any range (past the end too) it leaves the file as written,
+/// and where the system can do it, it says so.
+#[test]
+fn start_writeback_leaves_the_file_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    let data: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(&path, &data).unwrap();
+    let file = VirtualFile::open_in(&Arc::new(OpenFiles::new(2)), &path).unwrap();
+    let started = file.start_writeback(0, 1 << 19).unwrap();
+    file.start_writeback(1 << 19, 1 << 30).unwrap();
+    if cfg!(target_os = "linux") {
+        assert!(
+            started,
+            "sync_file_range is supported on the test's file system"
+        );
+    }
+    file.sync_all().unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), data);
+}

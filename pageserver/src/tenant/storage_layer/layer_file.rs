@@ -25,6 +25,11 @@ use crate::PAGE_SZ;
 /// whole (for their CRC-32C) in chunks of it too.
 pub(crate) const WRITE_CHUNK: usize = 1 << 20;
 
+/// A layer file being written asks the kernel to start writing each this many bytes to disk
+/// as soon as they are written ([`FileIo::start_writeback`]): the disk works while the rest is
+/// produced, and the fsync at the end waits for the last few MiB rather than the whole file.
+pub(crate) const WRITEBACK_STEP: u64 = 8 << 20;
+
 /// A layer file's problem before its kind of layer names it; every layer error converts from
 /// it variant for variant.
 #[derive(Debug)]
@@ -445,6 +450,9 @@ pub(crate) struct LayerFileWriter {
     crc_after_summary: u32,
     /// A write failed: what follows it in the file may be missing, so nothing more is taken.
     failed: bool,
+    /// Bytes from block 1 up to here were handed to [`FileIo::start_writeback`]; `None` once
+    /// the file system said it cannot start writeback.
+    writeback_from: Option<u64>,
 }
 
 impl LayerFileWriter {
@@ -468,6 +476,7 @@ impl LayerFileWriter {
             pending_offset: PAGE_SZ as u64,
             crc_after_summary: 0,
             failed: false,
+            writeback_from: Some(PAGE_SZ as u64),
         })
     }
 
@@ -539,6 +548,27 @@ impl LayerFileWriter {
         self.crc_after_summary = crc32c::crc32c_append(self.crc_after_summary, &self.pending);
         self.pending_offset += self.pending.len() as u64;
         self.pending.clear();
+        self.start_writeback()
+    }
+
+    /// Starts writeback of what was written since the last step, once a step has piled up.
+    fn start_writeback(&mut self) -> Result<(), LayerFileError> {
+        let Some(from) = self.writeback_from else {
+            return Ok(());
+        };
+        let len = self.pending_offset - from;
+        if len < WRITEBACK_STEP {
+            return Ok(());
+        }
+        match self.file.file().start_writeback(from, len) {
+            Ok(true) => self.writeback_from = Some(self.pending_offset),
+            Ok(false) => self.writeback_from = None,
+            // An error of the device: the file cannot be trusted to become durable.
+            Err(e) => {
+                self.failed = true;
+                return Err(self.io_error(e));
+            }
+        }
         Ok(())
     }
 

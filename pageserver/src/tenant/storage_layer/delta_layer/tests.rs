@@ -265,3 +265,45 @@ fn an_index_block_is_read_once_then_hit() {
     assert_eq!((index.inserts, index.misses), (1, 1), "read once, then hit");
     assert!(index.hits >= 19, "{index:?}");
 }
+
+/// A layer of several writeback steps (`layer_file::WRITEBACK_STEP`): writeback started as it
+/// is written changes nothing in it. Every value reads back, the whole file verifies, and the
+/// CRC-32C computed while writing is the file's.
+#[test]
+fn a_layer_larger_than_a_writeback_step_reads_back_whole() {
+    use crate::tenant::storage_layer::layer_file::WRITEBACK_STEP;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = small_cache(64);
+    let keys = (3 * WRITEBACK_STEP / PAGE_SZ as u64) as u32;
+    let model: Model = (0..keys)
+        .map(|i| {
+            let page: Vec<u8> = (0..PAGE_SZ).map(|b| (i as usize * 31 + b) as u8).collect();
+            (
+                (rel_key(i), Lsn(100 + u64::from(i))),
+                Value::Image(page.into()),
+            )
+        })
+        .collect();
+    let mut writer = DeltaLayerWriter::new(
+        dir.path(),
+        TENANT,
+        TIMELINE,
+        Lsn(100),
+        Lsn(100 + 1 + u64::from(keys)),
+    )
+    .unwrap();
+    for ((key, lsn), value) in &model {
+        writer.put_value(*key, *lsn, value).unwrap();
+    }
+    let written = writer.finish().unwrap();
+    let bytes = std::fs::read(&written.path).unwrap();
+    assert!(bytes.len() as u64 > 3 * WRITEBACK_STEP);
+    assert_eq!(written.size, bytes.len() as u64);
+    assert_eq!(written.crc32c, crc32c::crc32c(&bytes));
+    let layer = DeltaLayer::open(&written.path, cache, DEFAULT_MAX_VALUE_SIZE).unwrap();
+    layer.verify().unwrap();
+    for ((key, lsn), value) in &model {
+        let found = layer.get(*key, *lsn).unwrap();
+        assert_eq!(found.records, vec![(*lsn, value.clone())]);
+    }
+}
