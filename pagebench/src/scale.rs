@@ -179,8 +179,23 @@ impl Server {
 
     /// The server's peak resident memory, from `/proc`.
     pub(crate) fn peak_rss_bytes(&self) -> Option<u64> {
+        self.status_bytes("VmHWM:")
+    }
+
+    /// The server's resident memory now, from `/proc`.
+    pub(crate) fn rss_bytes(&self) -> Option<u64> {
+        self.status_bytes("VmRSS:")
+    }
+
+    /// Starts the peak over from the resident memory now (`clear_refs` 5, Linux 4.0 on);
+    /// whether it could.
+    pub(crate) fn reset_peak_rss(&self) -> bool {
+        std::fs::write(format!("/proc/{}/clear_refs", self.pid()), "5").is_ok()
+    }
+
+    fn status_bytes(&self, field: &str) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        let line = status.lines().find(|l| l.starts_with(field))?;
         let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
         Some(kib * 1024)
     }

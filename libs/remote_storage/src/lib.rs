@@ -58,8 +58,13 @@ use faults::FaultInjection;
 
 /// Objects up to this size are written in one request; larger ones in parts of this size.
 pub const PART_SIZE: usize = 8 << 20;
-/// Parts of one object in flight at once.
+/// Parts of one object in flight at once over the network: they hide the round trips. Each
+/// holds a part in memory, so an upload holds up to `(parts in flight + 2) × PART_SIZE` (the
+/// parts in flight, the one being gathered, and the read buffer).
 const PARTS_IN_FLIGHT: usize = 4;
+/// Parts of one object in flight at once into a local directory: a part is a write into the
+/// page cache, with no round trip to hide, so one is enough and the upload holds 24 MiB.
+const LOCAL_PARTS_IN_FLIGHT: usize = 1;
 
 /// A key in the remote store, relative to its root (the directory, or the bucket's prefix).
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -212,6 +217,8 @@ pub struct RemoteStorage {
     retry: RetryPolicy,
     faults: Option<Arc<FaultInjection>>,
     description: String,
+    /// [`PARTS_IN_FLIGHT`] or [`LOCAL_PARTS_IN_FLIGHT`].
+    parts_in_flight: usize,
 }
 
 impl fmt::Debug for RemoteStorage {
@@ -223,6 +230,10 @@ impl fmt::Debug for RemoteStorage {
 impl RemoteStorage {
     /// Opens the backend `config` names. A local directory is created if missing.
     pub fn new(config: &RemoteStorageConfig) -> Result<RemoteStorage, RemoteError> {
+        let parts_in_flight = match config {
+            RemoteStorageConfig::LocalFs { .. } => LOCAL_PARTS_IN_FLIGHT,
+            RemoteStorageConfig::S3(_) => PARTS_IN_FLIGHT,
+        };
         let (store, prefix, description): (Arc<dyn ObjectStore>, String, String) = match config {
             RemoteStorageConfig::LocalFs { local_path } => {
                 std::fs::create_dir_all(local_path).map_err(|e| {
@@ -284,6 +295,7 @@ impl RemoteStorage {
             retry: RetryPolicy::default(),
             faults: None,
             description,
+            parts_in_flight,
         })
     }
 
@@ -453,7 +465,7 @@ impl RemoteStorage {
                 if n == 0 {
                     break;
                 }
-                if let Err(e) = writer.wait_for_capacity(PARTS_IN_FLIGHT).await {
+                if let Err(e) = writer.wait_for_capacity(self.parts_in_flight).await {
                     return Err(classify("upload", key, e));
                 }
                 writer.write(&buf[..n]);
