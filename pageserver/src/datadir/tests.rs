@@ -14,7 +14,7 @@ use utils::Lsn;
 use super::path::{classify, normalize, DatadirPath, PathError};
 use super::*;
 use crate::tenant::test_support::small_cache;
-use crate::tenant::timeline::{Timeline, TimelineConf, TimelineError};
+use crate::tenant::timeline::{PutRecord, Timeline, TimelineConf, TimelineError};
 
 mod wal;
 
@@ -543,4 +543,72 @@ fn paths_are_classified_as_postgres_names_them() {
         classify("pg_tblspc", false).unwrap(),
         DatadirPath::Other(_)
     ));
+}
+
+/// An import's values stay out of the page cache while it streams in (no reader sees them
+/// before the commit, whose flush reads them back bypassing the cache): another timeline's hot
+/// pages, in a cache far smaller than the import, are all still there after it.
+#[test]
+fn an_import_leaves_readers_pages_in_the_page_cache() {
+    use crate::io::read_cost::measure;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = small_cache(64);
+    let (hot_dir, import_dir) = (dir.path().join("hot"), dir.path().join("import"));
+    std::fs::create_dir(&hot_dir).unwrap();
+    std::fs::create_dir(&import_dir).unwrap();
+    let tenant = TenantId::from_bytes([1; 16]);
+    let hot = Timeline::create(
+        &hot_dir,
+        tenant,
+        TimelineId::from_bytes([3; 16]),
+        cache.clone(),
+        TimelineConf::default(),
+    )
+    .unwrap();
+    let rel = RelTag {
+        spcnode: 1663,
+        dbnode: 7,
+        relnode: 1,
+        forknum: 0,
+    };
+    let keys: Vec<Key> = (0..16).map(|b| rel.block_key(b)).collect();
+    let batch: Vec<PutRecord> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| PutRecord {
+            key: *key,
+            lsn: Lsn(0x10),
+            value: Value::Image(Bytes::from(vec![i as u8; BLCKSZ])),
+        })
+        .collect();
+    hot.put_batch(&batch).unwrap();
+    hot.checkpoint().unwrap();
+    let read_all = || {
+        for key in &keys {
+            hot.get_page(*key, Lsn(0x10)).unwrap().unwrap();
+        }
+    };
+    read_all();
+    let ((), warm) = measure(read_all);
+    assert_eq!(
+        warm.idx_miss + warm.val_miss,
+        0,
+        "the hot set fits: {warm:?}"
+    );
+
+    let tl = Timeline::create(
+        &import_dir,
+        tenant,
+        TimelineId::from_bytes([4; 16]),
+        cache,
+        TimelineConf::default(),
+    )
+    .unwrap();
+    let mut big = datadir(0x1000);
+    // Eight times the cache.
+    big.insert("base/5/16386".into(), Member::File(blocks(5, 512)));
+    let report = import_archive(&tl, &tar_of(&big)[..], None).unwrap();
+    assert_eq!(report.blocks_new, 7 + 512);
+    let ((), after) = measure(read_all);
+    assert_eq!(after.idx_miss + after.val_miss, 0, "{after:?}");
 }

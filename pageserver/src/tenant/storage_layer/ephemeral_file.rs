@@ -30,6 +30,9 @@
 //!   for page reconstruction or the flush to a delta layer), and only then un-publishes it. So
 //!   block N is always in memory, in the sealed copy, until it is in the page cache or on disk.
 //!   The page cache never writes this file and never holds a page of it that can still change.
+//!   A file created [without pre-warm](EphemeralFile::create_without_pre_warm) skips that step:
+//!   for a layer no reader sees until it is flushed (an import's), whose blocks would only push
+//!   readers' pages out of the cache before the flush reads them back bypassing it.
 //! * The sealed block's write is done at the end of the `write_blob` that sealed it, after the
 //!   rest of the blob is in the new tail; a blob spanning more blocks writes each sealed block
 //!   before it seals the next one. At most one block is sealed at a time, and it is always the
@@ -157,6 +160,8 @@ pub struct EphemeralFile {
     sealed: RwLock<Option<SealedBlock>>,
     /// Serializes writers; readers never take it, so it may be held across I/O.
     writer: Mutex<WriterState>,
+    /// Whether a written block is inserted into the page cache.
+    pre_warm: bool,
 }
 
 #[derive(Clone)]
@@ -181,6 +186,14 @@ impl EphemeralFile {
         Ok(Self::from_parts(file_id, path, Box::new(file), cache))
     }
 
+    /// [`EphemeralFile::create`], but written blocks are not inserted into the page cache:
+    /// for a file read only once, bypassing the cache, after all of it is written.
+    pub fn create_without_pre_warm(dir: &Path, cache: Arc<PageCache>) -> io::Result<EphemeralFile> {
+        let mut file = Self::create(dir, cache)?;
+        file.pre_warm = false;
+        Ok(file)
+    }
+
     pub(crate) fn from_parts(
         file_id: FileId,
         path: PathBuf,
@@ -196,6 +209,7 @@ impl EphemeralFile {
             tail: Box::new(RwLock::new([0u8; PAGE_SZ])),
             sealed: RwLock::new(None),
             writer: Mutex::new(WriterState::default()),
+            pre_warm: true,
         }
     }
 
@@ -329,10 +343,13 @@ impl EphemeralFile {
             });
         }
         crate::metrics::EPHEMERAL_BYTES_WRITTEN.inc_by(PAGE_SZ as u64);
-        if let Err(e) =
+        let warmed = if self.pre_warm {
             self.cache
                 .insert_file_page(self.file_id, block.blkno, &block.page, Arrival::PreWarm)
-        {
+        } else {
+            Ok(())
+        };
+        if let Err(e) = warmed {
             tracing::warn!(
                 path = %self.path.display(),
                 blkno = block.blkno,

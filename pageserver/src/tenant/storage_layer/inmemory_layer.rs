@@ -379,6 +379,20 @@ impl InMemoryLayer {
         Ok(Self::with_file(file, start_lsn, max_value_size))
     }
 
+    /// [`InMemoryLayer::create`] for a layer no reader sees before it is flushed: its values
+    /// are not put into the page cache as they are written (see
+    /// [`EphemeralFile::create_without_pre_warm`]), where they would push out the pages
+    /// readers use.
+    pub fn create_unread(
+        timeline_dir: &Path,
+        cache: Arc<PageCache>,
+        start_lsn: Lsn,
+        max_value_size: usize,
+    ) -> std::io::Result<InMemoryLayer> {
+        let file = EphemeralFile::create_without_pre_warm(timeline_dir, cache)?;
+        Ok(Self::with_file(file, start_lsn, max_value_size))
+    }
+
     /// A new, empty layer starting at `start_lsn`, its values in `file`, which must be empty.
     pub(crate) fn with_file(
         file: EphemeralFile,

@@ -51,7 +51,9 @@ impl Timeline {
         }
         let base_lsn = self.last_record_lsn();
         // A placeholder until the commit dates the versions: above everything ingested.
-        let layer = InMemoryLayer::create(
+        // Unread until the commit flushes it (which reads it back bypassing the page cache):
+        // its values stay out of the cache, an import of gigabytes leaves readers' pages there.
+        let layer = InMemoryLayer::create_unread(
             &self.dir,
             self.cache.clone(),
             Lsn(base_lsn.0 + 1),
