@@ -540,7 +540,7 @@ impl Tenant {
             }
         }
         if matches!(state, TenantState::Active) {
-            if let Err(reason) = create::link_branches(&timelines, ancestries) {
+            if let Err(reason) = create::link_branches(&timelines, &remote_clients, ancestries) {
                 state = TenantState::Broken { reason };
                 timelines.clear();
             }

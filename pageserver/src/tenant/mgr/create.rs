@@ -7,6 +7,7 @@ use std::sync::Arc;
 use utils::{Lsn, TimelineId};
 
 use super::{create_dir_atomically, lock, remote, Tenant, TenantError, TIMELINES_DIR};
+use crate::tenant::remote_timeline_client::RemoteTimelineClient;
 use crate::tenant::timeline::metadata::TimelineMetadata;
 use crate::tenant::timeline::{Ancestry, Timeline};
 
@@ -72,7 +73,9 @@ impl Tenant {
             timeline.set_ancestor(ancestor, ancestry.lsn)?;
         }
         if let Some(client) = client {
-            lock(&self.remote_clients).insert(id, client);
+            let mut clients = lock(&self.remote_clients);
+            follow_ancestor(&clients, &client);
+            clients.insert(id, client);
         }
         let timeline = Arc::new(timeline);
         self.timelines
@@ -138,6 +141,7 @@ impl Tenant {
 /// reason the tenant is broken if an ancestor is missing.
 pub(super) fn link_branches(
     timelines: &BTreeMap<TimelineId, Arc<Timeline>>,
+    clients: &BTreeMap<TimelineId, Arc<RemoteTimelineClient>>,
     ancestries: Vec<(TimelineId, Ancestry)>,
 ) -> Result<(), String> {
     for (timeline_id, ancestry) in ancestries {
@@ -150,10 +154,37 @@ pub(super) fn link_branches(
                 ancestry.timeline_id
             ));
         };
+        // The ancestor's history must reach the branch point: reads there would otherwise be
+        // answered from whatever the ancestor ingests next, not from the branch's base.
+        let ancestor_end = ancestor.last_record_lsn();
+        if ancestor_end < ancestry.lsn {
+            return Err(format!(
+                "timeline {timeline_id}: its ancestor {} holds history up to {ancestor_end} only, \
+                 below the branch point {}",
+                ancestry.timeline_id, ancestry.lsn
+            ));
+        }
+        if let Some(client) = clients.get(&timeline_id) {
+            follow_ancestor(clients, client);
+        }
         ancestor.add_branch_point(ancestry.lsn);
         branch
             .set_ancestor(ancestor.clone(), ancestry.lsn)
             .map_err(|e| format!("timeline {timeline_id}: {e}"))?;
     }
     Ok(())
+}
+
+/// Makes a branch's remote client wait for its ancestor's before each index upload (see
+/// `RemoteTimelineClient::follow_ancestor`); `clients` are the tenant's by timeline.
+fn follow_ancestor(
+    clients: &BTreeMap<TimelineId, Arc<RemoteTimelineClient>>,
+    client: &RemoteTimelineClient,
+) {
+    let ancestor = client
+        .ancestry()
+        .and_then(|a| clients.get(&a.timeline_id).cloned());
+    if let Some(ancestor) = ancestor {
+        client.follow_ancestor(ancestor);
+    }
 }

@@ -512,3 +512,42 @@ fn a_branch_reads_its_ancestor_below_its_lsn_and_its_own_history_above_it() {
     // Branching is constant time: nothing of the ancestor is copied.
     assert!(took < Duration::from_secs(1), "{took:?}");
 }
+
+/// A branch whose ancestor's history ends below its branch point (an ancestor restored from an
+/// older copy) would be answered at its branch point from whatever the ancestor ingests next:
+/// the tenant loads as broken instead, naming both and the LSNs.
+#[test]
+fn a_branch_past_its_ancestors_history_breaks_the_tenant() {
+    use crate::tenant::timeline::Ancestry;
+    let workdir = tempfile::tempdir().unwrap();
+    let (tenant_id, main_id, branch_dir) = {
+        let mgr = load(workdir.path(), TimelineConf::default());
+        let tenant = mgr.create_tenant(None).unwrap();
+        let main = tenant.create_timeline(None).unwrap();
+        main.put(rel_key(1), Lsn(0x10), &image(1)).unwrap();
+        let branch = tenant
+            .create_branch(None, main.timeline_id(), Some(Lsn(0x10)))
+            .unwrap();
+        let ids = (tenant.id(), main.timeline_id(), branch.dir().to_owned());
+        mgr.shutdown().unwrap();
+        ids
+    };
+    // The ancestor file as if the branch started above what the ancestor holds.
+    std::fs::remove_file(branch_dir.join(crate::tenant::timeline::ANCESTOR_FILE)).unwrap();
+    Ancestry {
+        timeline_id: main_id,
+        lsn: Lsn(0x30),
+    }
+    .write(&branch_dir)
+    .unwrap();
+    let (mgr, report) =
+        TenantManager::load(workdir.path(), small_cache(128), TimelineConf::default()).unwrap();
+    assert_eq!(report.broken_tenants, 1);
+    let TenantState::Broken { reason } = mgr.get_tenant(tenant_id).unwrap().state().clone() else {
+        panic!("the tenant should be broken");
+    };
+    assert!(
+        reason.contains("below the branch point 0/30") && reason.contains("0/10"),
+        "{reason}"
+    );
+}

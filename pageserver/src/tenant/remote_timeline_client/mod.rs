@@ -52,6 +52,7 @@ use crate::tenant::timeline::metadata::TimelineMetadata;
 use crate::tenant::timeline::Ancestry;
 use crate::tenant::timeline::RemoteCopy;
 
+mod discovery;
 pub mod index;
 #[cfg(test)]
 mod tests;
@@ -59,9 +60,11 @@ mod upload_plan;
 
 use index::{
     classify_object, index_path, layer_path, timeline_path, IndexLayer, IndexPart, RemoteObject,
-    MAX_INDEX_BYTES,
 };
 use upload_plan::{Step, UploadPlan};
+
+use discovery::parse_index;
+pub use discovery::{download_newest_index, list_tenant, TenantInStore};
 
 /// Layer uploads of one timeline in flight at once.
 const UPLOADS_IN_FLIGHT: usize = 4;
@@ -69,6 +72,9 @@ const UPLOADS_IN_FLIGHT: usize = 4;
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 /// ...up to this.
 const RETRY_MAX: Duration = Duration::from_secs(30);
+/// A branch waiting for its ancestor's uploads looks again at least this often (a stop, or an
+/// ancestor index uploaded while it was not listening yet).
+const ANCESTOR_RECHECK: Duration = Duration::from_secs(1);
 /// How long a graceful shutdown waits for a timeline's uploads to drain.
 pub const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -159,6 +165,15 @@ pub struct RemoteTimelineClient {
     context: Arc<RemoteContext>,
     /// For a branch: written into every index.
     ancestry: Option<Ancestry>,
+    /// For a branch: its ancestor's client. No index of the branch is uploaded before the
+    /// ancestor's `remote_consistent_lsn` reaches the branch LSN, so the store never holds a
+    /// branch whose ancestor's history there ends below its branch point (an attach from it
+    /// would find reads at the branch point answered from history the ancestor does not have).
+    ancestor: std::sync::OnceLock<Arc<RemoteTimelineClient>>,
+    /// Signalled whenever an index of this timeline is uploaded (for branches waiting on it).
+    index_uploaded: tokio::sync::Notify,
+    /// Index uploads of this branch held back because the ancestor's store lagged.
+    held_for_ancestor: AtomicU64,
     tenant_id: TenantId,
     timeline_id: TimelineId,
     generation: Generation,
@@ -199,6 +214,9 @@ impl RemoteTimelineClient {
             Ancestry::read(local_dir).map_err(|e| RemoteClientError::Local(e.to_string()))?;
         let client = Arc::new(RemoteTimelineClient {
             ancestry,
+            ancestor: std::sync::OnceLock::new(),
+            index_uploaded: tokio::sync::Notify::new(),
+            held_for_ancestor: AtomicU64::new(0),
             tenant_id,
             timeline_id,
             generation,
@@ -225,6 +243,32 @@ impl RemoteTimelineClient {
 
     pub fn generation(&self) -> Generation {
         self.generation
+    }
+
+    /// Holds this branch's index uploads until `ancestor` (the client of its ancestor) has
+    /// its history up to the branch LSN in the store; see the field `ancestor`. Once per
+    /// client; a client that is not a branch's ignores it.
+    pub fn follow_ancestor(&self, ancestor: Arc<RemoteTimelineClient>) {
+        if self.ancestry.is_some() {
+            let _ = self.ancestor.set(ancestor);
+            self.wakeup.notify_one();
+        }
+    }
+
+    /// For a branch: its ancestor and branch LSN, as its directory names them.
+    pub fn ancestry(&self) -> Option<Ancestry> {
+        self.ancestry
+    }
+
+    /// How many times an index upload of this branch was held back for its ancestor's.
+    pub fn index_uploads_held_for_ancestor(&self) -> u64 {
+        self.held_for_ancestor.load(Ordering::Acquire)
+    }
+
+    /// The ancestor's client, while its `remote_consistent_lsn` is below the branch LSN.
+    fn ancestor_behind(&self) -> Option<&Arc<RemoteTimelineClient>> {
+        let (ancestor, branch_lsn) = (self.ancestor.get()?, self.ancestry?.lsn);
+        (RemoteCopy::remote_consistent_lsn(ancestor.as_ref()) < branch_lsn).then_some(ancestor)
     }
 
     /// Bytes of committed layers not yet in the store.
@@ -369,6 +413,19 @@ impl RemoteTimelineClient {
                 first_error.map_or(Ok(()), Err)
             }
             Step::UploadIndex(index) => {
+                if let Some(ancestor) = self.ancestor_behind() {
+                    // Not a failure: the step is planned again once the ancestor's next index
+                    // is up (or after a while, to see a stop).
+                    if self.held_for_ancestor.fetch_add(1, Ordering::AcqRel) == 0 {
+                        tracing::info!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                            "the branch's index waits for its ancestor's history up to the branch point to reach the store");
+                    }
+                    let uploaded = ancestor.index_uploaded.notified();
+                    if self.ancestor_behind().is_some() {
+                        let _ = tokio::time::timeout(ANCESTOR_RECHECK, uploaded).await;
+                    }
+                    return Ok(());
+                }
                 let key = index_path(&self.remote_dir, self.generation);
                 fail::fail_point!("remote-before-index-upload", |_| Err(
                     RemoteClientError::Storage(RemoteError::Failed {
@@ -409,6 +466,7 @@ impl RemoteTimelineClient {
                         let durable = parse_index(&key, &found, self.tenant_id, self.timeline_id)?;
                         self.remote_consistent_lsn
                             .store(durable.disk_consistent_lsn.0, Ordering::Release);
+                        self.index_uploaded.notify_waiters();
                         self.state().plan.index_uploaded(durable);
                         return Ok(());
                     }
@@ -419,6 +477,7 @@ impl RemoteTimelineClient {
                 }
                 self.remote_consistent_lsn
                     .store(index.disk_consistent_lsn.0, Ordering::Release);
+                self.index_uploaded.notify_waiters();
                 tracing::debug!(tenant = %self.tenant_id, timeline = %self.timeline_id,
                     layers = index.layers.len(), "uploaded index {key}; remote_consistent_lsn is now {}",
                     index.disk_consistent_lsn);
@@ -649,118 +708,6 @@ impl LayerDownloader for RemoteTimelineClient {
         }
         Ok(())
     }
-}
-
-/// What the store holds of a tenant: its timelines (those with an index) and the newest
-/// generation of any of their indexes.
-#[derive(Debug, Default)]
-pub struct TenantInStore {
-    pub timelines: std::collections::BTreeSet<TimelineId>,
-    pub newest_generation: Option<Generation>,
-}
-
-/// Lists the tenant's objects (one listing) for [`TenantInStore`].
-pub async fn list_tenant(
-    storage: &RemoteStorage,
-    tenant_id: TenantId,
-) -> Result<TenantInStore, RemoteClientError> {
-    let listed = storage.list(&index::tenant_path(tenant_id)).await;
-    count("list", &listed);
-    let mut found = TenantInStore::default();
-    for object in listed? {
-        // tenants/<tenant>/timelines/<timeline>/<file>
-        let parts: Vec<&str> = object.key.as_str().split('/').collect();
-        let [_, _, "timelines", timeline, file] = parts[..] else {
-            continue;
-        };
-        let (Ok(timeline), RemoteObject::Index(generation)) =
-            (timeline.parse::<TimelineId>(), classify_object(file))
-        else {
-            continue;
-        };
-        found.timelines.insert(timeline);
-        found.newest_generation = found.newest_generation.max(Some(generation));
-    }
-    Ok(found)
-}
-
-/// The newest index of the timeline at or below `generation`: this generation's own if it
-/// has one (a restart), else the highest older one a listing finds.
-pub async fn download_newest_index(
-    storage: &RemoteStorage,
-    remote_dir: &RemotePath,
-    tenant_id: TenantId,
-    timeline_id: TimelineId,
-    generation: Generation,
-) -> Result<Option<IndexPart>, RemoteClientError> {
-    let own = index_path(remote_dir, generation);
-    let key = match storage.get(&own).await {
-        Ok(bytes) => return parse_index(&own, &bytes, tenant_id, timeline_id).map(Some),
-        Err(RemoteError::NotFound { .. }) => {
-            let listed = storage.list(remote_dir).await;
-            count("list", &listed);
-            let newest = listed?
-                .into_iter()
-                .filter_map(|o| match classify_object(o.key.file_name()) {
-                    RemoteObject::Index(g) if g < generation => Some((g, o.key, o.size)),
-                    _ => None,
-                })
-                .max_by_key(|(g, _, _)| *g);
-            match newest {
-                None => return Ok(None),
-                Some((_, _, size)) if size > MAX_INDEX_BYTES => {
-                    return Err(RemoteClientError::CorruptIndex {
-                        key: own.to_string(),
-                        reason: format!("{size} bytes, more than any index takes"),
-                    })
-                }
-                Some((_, key, _)) => key,
-            }
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let bytes = storage.get(&key).await;
-    count("download", &bytes);
-    let bytes = bytes?;
-    crate::metrics::REMOTE_DOWNLOADED_BYTES.inc_by(bytes.len() as u64);
-    parse_index(&key, &bytes, tenant_id, timeline_id).map(Some)
-}
-
-fn parse_index(
-    key: &RemotePath,
-    bytes: &[u8],
-    tenant_id: TenantId,
-    timeline_id: TimelineId,
-) -> Result<IndexPart, RemoteClientError> {
-    let corrupt = |reason: String| RemoteClientError::CorruptIndex {
-        key: key.to_string(),
-        reason,
-    };
-    if bytes.len() as u64 > MAX_INDEX_BYTES {
-        return Err(corrupt(format!(
-            "{} bytes, more than any index takes",
-            bytes.len()
-        )));
-    }
-    let index = IndexPart::parse(bytes).map_err(corrupt)?;
-    let named = match classify_object(key.file_name()) {
-        RemoteObject::Index(generation) => Some(generation),
-        _ => None,
-    };
-    if named != Some(index.generation) {
-        return Err(corrupt(format!(
-            "it says generation {}, its name another",
-            index.generation.get()
-        )));
-    }
-    if (index.tenant_id, index.timeline_id) != (tenant_id, timeline_id) {
-        return Err(RemoteClientError::WrongIndex {
-            key: key.to_string(),
-            found_tenant: index.tenant_id,
-            found_timeline: index.timeline_id,
-        });
-    }
-    Ok(index)
 }
 
 fn count<T>(op: &str, result: &Result<T, RemoteError>) {

@@ -304,3 +304,79 @@ fn a_stale_generation_deletes_nothing_a_newer_one_lists() {
     old.shutdown().unwrap();
     new.shutdown().unwrap();
 }
+
+/// A branch's index waits for its ancestor's: while the ancestor's history in the store ends
+/// below the branch point, the branch has no index there (an attach would find nothing of it,
+/// rather than a branch whose base is missing); once the ancestor's index reaches the branch
+/// point, the branch's follows.
+#[test]
+fn a_branch_index_waits_for_the_ancestor_to_reach_the_branch_point() {
+    use super::RemoteTimelineClient;
+    use crate::tenant::timeline::metadata::TimelineMetadata;
+    use crate::tenant::timeline::{Ancestry, RemoteCopy};
+    use utils::{TenantId, TimelineId};
+
+    let (local, remote) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let context = context(remote.path(), 0);
+    let tenant = TenantId::from_bytes([7; 16]);
+    let (main_id, branch_id) = (
+        TimelineId::from_bytes([1; 16]),
+        TimelineId::from_bytes([2; 16]),
+    );
+    let (main_dir, branch_dir) = (local.path().join("main"), local.path().join("branch"));
+    std::fs::create_dir(&main_dir).unwrap();
+    std::fs::create_dir(&branch_dir).unwrap();
+    Ancestry {
+        timeline_id: main_id,
+        lsn: Lsn(0x20),
+    }
+    .write(&branch_dir)
+    .unwrap();
+    let start = |id, dir: &Path| {
+        RemoteTimelineClient::start(context.clone(), tenant, id, Generation::FIRST, dir)
+            .unwrap()
+            .0
+    };
+    let (main, branch) = (start(main_id, &main_dir), start(branch_id, &branch_dir));
+    branch.follow_ancestor(main.clone());
+    let manifest = |id, lsn| {
+        let mut manifest = TimelineMetadata::empty(tenant, id);
+        manifest.disk_consistent_lsn = Lsn(lsn);
+        manifest
+    };
+    let index_of = |id: TimelineId| {
+        let prefix = format!("tenants/{tenant}/timelines/{id}/index_part.json-");
+        objects(remote.path())
+            .into_iter()
+            .any(|o| o.starts_with(&prefix))
+    };
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+
+    // The ancestor's store holds history up to 0x10 only.
+    main.manifest_committed(&manifest(main_id, 0x10));
+    wait_for("the ancestor's index at 0x10", &|| {
+        main.remote_consistent_lsn() == Lsn(0x10)
+    });
+    branch.manifest_committed(&manifest(branch_id, 0x30));
+    wait_for("the branch's index held back", &|| {
+        branch.index_uploads_held_for_ancestor() > 0
+    });
+    assert!(!index_of(branch_id), "{:?}", objects(remote.path()));
+    assert_eq!(branch.remote_consistent_lsn(), Lsn(0));
+
+    // The ancestor reaches the branch point: the branch's index follows.
+    main.manifest_committed(&manifest(main_id, 0x20));
+    wait_for("the branch's index", &|| {
+        branch.remote_consistent_lsn() == Lsn(0x30)
+    });
+    assert!(index_of(branch_id));
+    assert!(main.remote_consistent_lsn() >= Lsn(0x20));
+    branch.stop(true);
+    main.stop(true);
+}
