@@ -75,7 +75,7 @@ use utils::{Lsn, TenantId, TimelineId};
 use crate::format::blob_io::{BlobHeader, BlobReadError, BlockCursor};
 use crate::format::block_io::{read_range_through_cache, FileBlockReader};
 use crate::format::disk_btree::{
-    node_is_valid, BtreeBuildError, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
+    node_is_valid, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
 use crate::io::crashsafe::PathError;
 use crate::io::read_cost::BlockKind;

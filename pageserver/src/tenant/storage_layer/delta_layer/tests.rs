@@ -307,3 +307,63 @@ fn a_layer_larger_than_a_writeback_step_reads_back_whole() {
         assert_eq!(found.records, vec![(*lsn, value.clone())]);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// An undated writer dated at L makes the very file a writer of the range [L, L+1) makes
+    /// from the same versions: the same name and the same bytes.
+    #[test]
+    fn an_undated_layer_is_the_dated_one(
+        values in prop::collection::btree_map(0u32..5000, value_strategy(), 1..60),
+        lsn in 1u64..u64::MAX / 2,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let lsn = Lsn(lsn);
+        let mut dated =
+            DeltaLayerWriter::new(dir.path(), TENANT, TIMELINE, lsn, Lsn(lsn.0 + 1)).unwrap();
+        let mut undated = DeltaLayerWriter::new_undated(dir.path(), TENANT, TIMELINE).unwrap();
+        for (k, v) in &values {
+            dated.put_value(rel_key(*k), lsn, v).unwrap();
+            undated.put_undated(rel_key(*k), v).unwrap();
+        }
+        let dated = dated.finish().unwrap();
+        let dated_bytes = std::fs::read(&dated.path).unwrap();
+        std::fs::remove_file(&dated.path).unwrap();
+        let undated = undated.finish_at(lsn).unwrap();
+        prop_assert_eq!(&undated.path, &dated.path);
+        prop_assert_eq!(std::fs::read(&undated.path).unwrap(), dated_bytes);
+        prop_assert_eq!(undated.crc32c, dated.crc32c);
+    }
+}
+
+#[test]
+fn an_undated_writer_refuses_keys_out_of_order_and_the_dated_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = Value::Image(Bytes::from(vec![3u8; PAGE_SZ]));
+    let mut undated = DeltaLayerWriter::new_undated(dir.path(), TENANT, TIMELINE).unwrap();
+    undated.put_undated(rel_key(5), &image).unwrap();
+    let written = undated.values_bytes();
+    for k in [5, 4] {
+        let e = undated.put_undated(rel_key(k), &image).unwrap_err();
+        assert!(e.to_string().contains("does not follow"), "{e}");
+    }
+    let e = undated.put_value(rel_key(6), Lsn(0), &image).unwrap_err();
+    assert!(e.to_string().contains("undated"), "{e}");
+    assert_eq!(
+        undated.values_bytes(),
+        written,
+        "a refused value writes nothing"
+    );
+    let e = undated.finish().unwrap_err();
+    assert!(e.to_string().contains("finish_at"), "{e}");
+
+    let mut dated = DeltaLayerWriter::new(dir.path(), TENANT, TIMELINE, Lsn(1), Lsn(9)).unwrap();
+    let e = dated.put_undated(rel_key(1), &image).unwrap_err();
+    assert!(e.to_string().contains("dated"), "{e}");
+    dated.put_value(rel_key(1), Lsn(2), &image).unwrap();
+    let e = dated.finish_at(Lsn(2)).unwrap_err();
+    assert!(e.to_string().contains("not undated"), "{e}");
+    // Every writer above was dropped or failed: no file is left.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

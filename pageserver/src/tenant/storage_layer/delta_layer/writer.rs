@@ -1,6 +1,11 @@
 //! Writing a delta layer file: values streamed out in (key, LSN) order, the index built in
 //! memory alongside, then the summary; durable under its final name when `finish` returns (see
 //! "Creation is atomic" in the `delta_layer` module documentation).
+//!
+//! An [undated](DeltaLayerWriter::new_undated) writer takes versions whose one LSN is not known
+//! yet (an import's, dated by the end of its input): it keeps each key's value offset in
+//! memory, about 32 bytes a version, and builds the index only when
+//! [`finish_at`](DeltaLayerWriter::finish_at) gives the LSN. The file is the same either way.
 
 use super::*;
 
@@ -15,7 +20,15 @@ pub struct DeltaLayerWriter {
     first_key: Option<Key>,
     last_key: Option<Key>,
     scratch: Vec<u8>,
-    tree: DiskBtreeBuilder<INDEX_KEY_LEN, VecBlockSink>,
+    index: Index,
+}
+
+enum Index {
+    /// Built as the values stream out: their LSNs are known.
+    Building(DiskBtreeBuilder<INDEX_KEY_LEN, VecBlockSink>),
+    /// An undated writer's keys, strictly increasing, each with its index value (the blob's
+    /// offset << 1 | will_init); the index is built from them once the LSN is known.
+    Undated(Vec<(Key, u64)>),
 }
 
 /// What [`DeltaLayerWriter::finish`] made: a durable layer file under its final name.
@@ -46,7 +59,29 @@ impl DeltaLayerWriter {
             first_key: None,
             last_key: None,
             scratch: Vec::new(),
-            tree: DiskBtreeBuilder::new(VecBlockSink::new()),
+            index: Index::Building(DiskBtreeBuilder::new(VecBlockSink::new())),
+        })
+    }
+
+    /// A writer of one version per key, all at one LSN that [`Self::finish_at`] gives: values
+    /// go in with [`Self::put_undated`], in strictly increasing key order.
+    pub fn new_undated(
+        dir: &Path,
+        tenant_id: TenantId,
+        timeline_id: TimelineId,
+    ) -> Result<DeltaLayerWriter, DeltaLayerError> {
+        let file = LayerFileWriter::create(dir, &LayerFileWriter::temp_name("delta"), "layer")?;
+        Ok(DeltaLayerWriter {
+            file,
+            tenant_id,
+            timeline_id,
+            // Set by finish_at.
+            lsn_start: Lsn(0),
+            lsn_end: Lsn(1),
+            first_key: None,
+            last_key: None,
+            scratch: Vec::new(),
+            index: Index::Undated(Vec::new()),
         })
     }
 
@@ -62,6 +97,11 @@ impl DeltaLayerWriter {
         self.file.offset()
     }
 
+    /// The last key put so far.
+    pub fn last_key(&self) -> Option<Key> {
+        self.last_key
+    }
+
     /// Appends version `lsn` of `key`. Calls must come in strictly increasing (key, lsn) order.
     pub fn put_value(&mut self, key: Key, lsn: Lsn, value: &Value) -> Result<(), DeltaLayerError> {
         if lsn < self.lsn_start || lsn >= self.lsn_end {
@@ -70,27 +110,74 @@ impl DeltaLayerWriter {
                 self.lsn_start, self.lsn_end
             )));
         }
-        let index_key = index_key(key, lsn);
-        let offset = self.file.offset();
-        let will_init = if value.will_init() { WILL_INIT_BIT } else { 0 };
+        let Index::Building(tree) = &mut self.index else {
+            return Err(self.usage(format!("key {key} at {lsn}: the writer is undated")));
+        };
+        let entry = (self.file.offset() << 1) | will_init_bit(value);
         // The index checks the order; nothing is written before it accepts the key.
-        self.tree
-            .append(&index_key, (offset << 1) | will_init)
-            .map_err(|e: BtreeBuildError| self.usage(format!("key {key} at {lsn}: {e}")))?;
+        if let Err(e) = tree.append(&index_key(key, lsn), entry) {
+            return Err(self.usage(format!("key {key} at {lsn}: {e}")));
+        }
+        self.append_blob(key, value, &lsn.to_string())
+    }
 
+    /// Appends the version of `key` of an undated writer. Keys must strictly increase.
+    pub fn put_undated(&mut self, key: Key, value: &Value) -> Result<(), DeltaLayerError> {
+        let last = self.last_key;
+        let entry = (self.file.offset() << 1) | will_init_bit(value);
+        let Index::Undated(entries) = &mut self.index else {
+            return Err(self.usage(format!("key {key}: the writer is dated")));
+        };
+        if last.is_some_and(|last| key <= last) {
+            return Err(self.usage(format!(
+                "key {key} does not follow the previous key {}",
+                last.expect("checked")
+            )));
+        }
+        entries.push((key, entry));
+        self.append_blob(key, value, "the undated LSN")
+    }
+
+    /// Writes `value` as the next blob: its serialized bytes and their CRC-32C.
+    fn append_blob(&mut self, key: Key, value: &Value, at: &str) -> Result<(), DeltaLayerError> {
         self.scratch.clear();
         value
             .serialize_into(&mut self.scratch)
-            .map_err(|e| self.usage(format!("value of key {key} at {lsn}: {e}")))?;
+            .map_err(|e| self.usage(format!("value of key {key} at {at}: {e}")))?;
         let crc = crc32c::crc32c(&self.scratch);
         self.scratch.extend_from_slice(&crc.to_be_bytes());
         let header = BlobHeader::new(self.scratch.len())
-            .map_err(|e| self.usage(format!("value of key {key} at {lsn}: {e}")))?;
+            .map_err(|e| self.usage(format!("value of key {key} at {at}: {e}")))?;
         self.file.append(header.as_bytes())?;
         self.file.append(&self.scratch)?;
         self.first_key.get_or_insert(key);
         self.last_key = Some(key);
         Ok(())
+    }
+
+    /// Dates an undated writer's versions at `lsn` (the layer's range is `[lsn, lsn + 1)`) and
+    /// finishes it as [`Self::finish`] does.
+    pub fn finish_at(mut self, lsn: Lsn) -> Result<WrittenLayer, DeltaLayerError> {
+        let Index::Undated(entries) = std::mem::replace(
+            &mut self.index,
+            Index::Building(DiskBtreeBuilder::new(VecBlockSink::new())),
+        ) else {
+            return Err(self.usage(format!("dated at {lsn}: the writer is not undated")));
+        };
+        let Some(lsn_end) = lsn.0.checked_add(1).map(Lsn) else {
+            return Err(self.usage(format!("LSN {lsn} leaves no room for the layer's end")));
+        };
+        (self.lsn_start, self.lsn_end) = (lsn, lsn_end);
+        let Index::Building(tree) = &mut self.index else {
+            unreachable!("just set");
+        };
+        for (key, entry) in entries {
+            if let Err(e) = tree.append(&index_key(key, lsn), entry) {
+                let message = format!("key {key} at {lsn}: {e}");
+                return Err(self.usage(message));
+            }
+        }
+        self.finish()
     }
 
     /// Writes the index and summary, makes the file durable under its final name, and returns
@@ -99,11 +186,16 @@ impl DeltaLayerWriter {
         let (Some(first), Some(last)) = (self.first_key, self.last_key) else {
             return Err(self.usage("a delta layer needs at least one value".to_owned()));
         };
+        let tree = match std::mem::replace(&mut self.index, Index::Undated(Vec::new())) {
+            Index::Building(tree) => tree,
+            Index::Undated(_) => {
+                return Err(self.usage("an undated writer is finished by finish_at".to_owned()))
+            }
+        };
         let values_end = self.file.offset();
         let index_start = values_end.div_ceil(PAGE_SZ as u64);
         let index_start_blk = u32::try_from(index_start)
             .map_err(|_| self.usage(format!("values end at byte {values_end}: file too large")))?;
-        let tree = std::mem::replace(&mut self.tree, DiskBtreeBuilder::new(VecBlockSink::new()));
         let (info, blocks) = tree
             .finish()
             .map_err(|e| self.usage(format!("index: {e}")))?;
@@ -127,5 +219,13 @@ impl DeltaLayerWriter {
         let summary_block = summary.encode();
         let name = summary.file_name();
         Ok(self.file.commit(&summary_block, summary, &name)?)
+    }
+}
+
+fn will_init_bit(value: &Value) -> u64 {
+    if value.will_init() {
+        WILL_INIT_BIT
+    } else {
+        0
     }
 }
