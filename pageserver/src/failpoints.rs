@@ -14,6 +14,7 @@
 //! | `metadata-after-rename` | the new manifest is `metadata`, its directory not fsynced   |
 //! | `compaction-before-manifest` | a compaction's L1 outputs are durable, its manifest not stored |
 //! | `compaction-after-manifest` | a compaction's manifest is durable, the layer map unchanged |
+//! | `import-before-manifest` | an import's layer files are durable under their names, its manifest not stored |
 //! | `flush-loop`            | the background flush loop, before it serves each timeline  |
 //!
 //! Actions are the `fail` crate's (`return`, `sleep(100)`, `pause`, `panic`, `off`,

@@ -13,6 +13,7 @@ import subprocess
 import tarfile
 import threading
 
+import pytest
 import requests
 
 from fixtures.pageserver import Pageserver
@@ -295,6 +296,42 @@ def test_crash_during_import_leaves_the_previous_snapshot(pg: PgEnv, pageserver:
     state, at = restored_state(pg, timeline, "restored")
     assert at == first and state == first_state
     # The interrupted import left no files behind, and a full one goes through.
+    assert pageserver.leftovers() == []
+    r = requests.put(f"{timeline.url}/import", data=body)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.needs_testing
+def test_crash_before_an_imports_manifest_leaves_the_previous_snapshot(
+    pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle
+):
+    """The process dies once an import's layer files (runs of its large members written straight
+    to disk, and the rest) are durable under their final names, before the manifest that lists
+    them: the restart removes every one, and the timeline is at its previous snapshot."""
+    cluster = pg.new_cluster("source").start()
+    cluster.pgbench("-i", "-s", "1", "-q")
+    first_state = cluster.state()
+    cluster.stop()
+    first = Lsn.parse(import_stopped(pg, timeline, cluster)["lsn"])
+    files_before = timeline.dir_files()
+    cluster.start()
+    cluster.pgbench("-t", "100", "-n")
+    cluster.stop()
+    body = directory_tar(cluster)
+
+    pageserver.http.configure_failpoints(("import-before-manifest", "exit"))
+    with pytest.raises(requests.RequestException):
+        requests.put(f"{timeline.url}/import", data=body, timeout=120)
+    assert pageserver.wait_for_exit() == 1
+    # The changed blocks of pgbench_accounts and the WAL went to run files, the rest to one more.
+    new_layers = [f for f in timeline.dir_files() if f not in files_before and "__" in f]
+    assert len(new_layers) >= 2, timeline.dir_files()
+    pageserver.start()
+
+    assert timeline.dir_files() == files_before
+    assert Lsn.parse(timeline.info()["last_record_lsn"]) == first
+    state, at = restored_state(pg, timeline, "restored")
+    assert at == first and state == first_state
     assert pageserver.leftovers() == []
     r = requests.put(f"{timeline.url}/import", data=body)
     assert r.status_code == 200, r.text

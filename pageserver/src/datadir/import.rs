@@ -5,7 +5,9 @@
 //! the timeline's current one and stored only if it differs or is new, so a second import of
 //! the same cluster stores what changed. Everything goes through one [`Import`], which keeps
 //! it invisible until its commit and drops it all on any error: a refused or interrupted import
-//! stores nothing. Checks that need the whole archive (`pg_control`, `postmaster.pid`, the
+//! stores nothing. The blocks or chunks of a member of at least `IMPORT_RUN_MIN_BYTES` come in
+//! key order and are put as such ([`Import::put_in_order`]): written once, straight into a
+//! layer file. Checks that need the whole archive (`pg_control`, `postmaster.pid`, the
 //! cluster's identity, the snapshot's LSN) run at the end, before the commit.
 //!
 //! The snapshot's LSN is the `lsn` the caller gives, else, for a `pg_basebackup` archive
@@ -28,7 +30,7 @@ use utils::Lsn;
 use super::path::{classify, database_dir, database_of_dir, normalize, DatadirPath, PathError};
 use super::pg_control::{self, ControlFile, ControlFileError};
 use super::wal_end::{segment_name_order, wal_end, WalEndError};
-use crate::tenant::timeline::{Import, Timeline, TimelineError};
+use crate::tenant::timeline::{Import, Timeline, TimelineError, IMPORT_RUN_MIN_BYTES};
 
 /// The largest WAL segment an import keeps in memory to find a backup's end (PostgreSQL's
 /// default is 16 MiB); with larger segments the caller gives the LSN.
@@ -344,6 +346,7 @@ impl<'t> Importer<'t> {
             ImportError::Invalid(format!("relation file {path:?} reaches past block 2^32"))
         })?;
         let old_size = self.old_size(&rel);
+        let in_order = size >= IMPORT_RUN_MIN_BYTES;
         let mut buf = vec![0u8; BLCKSZ];
         for blknum in first..end {
             data.read_exact(&mut buf).map_err(ImportError::Read)?;
@@ -357,8 +360,12 @@ impl<'t> Importer<'t> {
             } else {
                 self.report.blocks_new += 1;
             }
-            self.import
-                .put(key, &Value::Image(Bytes::copy_from_slice(&buf)))?;
+            let value = Value::Image(Bytes::copy_from_slice(&buf));
+            if in_order {
+                self.import.put_in_order(key, &value)?;
+            } else {
+                self.import.put(key, &value)?;
+            }
         }
         // An empty segment past the data (PostgreSQL leaves one behind after a truncation,
         // until the next checkpoint) adds no blocks: the fork ends where its data does.
@@ -432,6 +439,7 @@ impl<'t> Importer<'t> {
             .as_ref()
             .is_none_or(|o| o.size != size || o.mode != mode);
         let mut left = size;
+        let in_order = size >= IMPORT_RUN_MIN_BYTES;
         let mut buf = vec![0u8; FILE_CHUNK_SIZE];
         for chunk in 0..chunks as u32 {
             let n = left.min(FILE_CHUNK_SIZE as u64) as usize;
@@ -447,8 +455,12 @@ impl<'t> Importer<'t> {
                 continue;
             }
             changed = true;
-            self.import
-                .put(key, &Value::Image(Bytes::copy_from_slice(&buf[..n])))?;
+            let value = Value::Image(Bytes::copy_from_slice(&buf[..n]));
+            if in_order {
+                self.import.put_in_order(key, &value)?;
+            } else {
+                self.import.put(key, &value)?;
+            }
         }
         match old {
             None => self.report.files_new += 1,

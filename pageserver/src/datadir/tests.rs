@@ -254,6 +254,71 @@ fn a_second_import_stores_what_changed_and_each_lsn_reads_its_snapshot() {
     assert_eq!(basebackup(&tl, Lsn(0x2500)).1, second);
 }
 
+#[test]
+fn large_members_are_written_straight_into_layers_and_come_back() {
+    use crate::tenant::timeline::IMPORT_RUN_MIN_BYTES;
+    let dir = tempfile::tempdir().unwrap();
+    let tl = timeline(dir.path());
+    let large = (IMPORT_RUN_MIN_BYTES as usize).div_ceil(BLCKSZ) + 2;
+    let mut first = datadir(0x1000);
+    // In the archive's (path) order the relation numbers go 16390, 20000, then down to 9000:
+    // two runs; the large file's chunks come later, and their keys above every block's
+    // continue the second.
+    for (n, path) in ["base/5/16390", "base/5/20000", "base/5/9000"]
+        .into_iter()
+        .enumerate()
+    {
+        first.insert(path.into(), Member::File(blocks(20 + n as u8, large)));
+    }
+    first.insert(
+        "pg_xact/0001".into(),
+        Member::File(blocks(40, large)[..large * BLCKSZ - 100].to_vec()),
+    );
+    let layers_before = tl.layer_counts().l0;
+    let report = import_archive(&tl, &tar_of(&first)[..], None).unwrap();
+    assert_eq!(report.blocks_new as usize, 7 + 3 * large);
+    assert_eq!(
+        tl.layer_counts().l0 - layers_before,
+        3,
+        "two runs and the rest"
+    );
+    assert_eq!(tl.l0_depth(), 1);
+    assert_eq!(basebackup(&tl, Lsn(0x1000)), (Lsn(0x1000), first.clone()));
+
+    // The same cluster later: a block of two large relations and a chunk of the large file.
+    let mut second = first.clone();
+    second.insert(
+        "global/pg_control".into(),
+        Member::File(pg_control(SYSID, 1, 0x2000)),
+    );
+    for (path, at) in [
+        ("base/5/9000", 3 * BLCKSZ + 1),
+        ("base/5/20000", (large - 1) * BLCKSZ),
+        ("pg_xact/0001", 17),
+    ] {
+        let Member::File(bytes) = second.get_mut(path).unwrap() else {
+            unreachable!()
+        };
+        bytes[at] ^= 0x5a;
+    }
+    let report = import_archive(&tl, &tar_of(&second)[..], None).unwrap();
+    assert_eq!((report.blocks_changed, report.blocks_new), (2, 0));
+    assert_eq!(report.files_changed, 2, "pg_xact/0001 and pg_control");
+    assert!(
+        report.bytes_stored < 8 * BLCKSZ as u64,
+        "{}",
+        report.bytes_stored
+    );
+    assert_eq!(tl.l0_depth(), 2);
+    assert_eq!(basebackup(&tl, Lsn(0x2000)).1, second);
+    assert_eq!(basebackup(&tl, Lsn(0x1fff)).1, first);
+    // Compacted together, the two groups read the same.
+    assert!(tl.compact_l0(2).unwrap().inputs > 0);
+    assert_eq!(tl.layer_counts().l0, 0);
+    assert_eq!(basebackup(&tl, Lsn(0x2000)).1, second);
+    assert_eq!(basebackup(&tl, Lsn(0x1000)).1, first);
+}
+
 /// A refused import stores nothing: the timeline's tip and snapshots are as before.
 fn assert_refused(tl: &Timeline, archive: &[u8], lsn: Option<Lsn>, expect: &str) -> ImportError {
     let before = tl.last_record_lsn();

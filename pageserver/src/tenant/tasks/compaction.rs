@@ -32,7 +32,7 @@ pub fn run_pass(timelines: &[Arc<Timeline>], again: &Wakeup, after_compaction: &
         match timeline.compact_l0(threshold) {
             Ok(outcome) if outcome.inputs > 0 => {
                 after_compaction.notify();
-                if timeline.layer_counts().l0 >= threshold {
+                if timeline.l0_depth() >= threshold {
                     again.notify();
                 }
             }

@@ -26,9 +26,9 @@
 //!
 //! # Invariants
 //!
-//! - Only the oldest L0s are compacted, at least two at a time, so the outputs' LSN range
-//!   starts where the L1s end and is never any single L0's (an output never takes an input's
-//!   name).
+//! - Only the oldest L0s are compacted, of at least two distinct LSN ranges and never part of
+//!   an import's group (`layer_map.rs`), so the outputs' LSN range starts where the L1s end
+//!   and is never any single L0's (an output never takes an input's name).
 //! - An output holds every version of each of its keys in the inputs: a key's versions are
 //!   never split between two outputs, so a read visits exactly one of them.
 //! - Memory: the inputs' stream buffers, one pending version each, and the index of the output
@@ -45,6 +45,26 @@ pub const MAX_COMPACTION_INPUTS: usize = 32;
 /// by a materialized image: the version at its newest delta is written as the page itself, so
 /// no read replays more than this many deltas of one run.
 pub const MATERIALIZE_AFTER_DELTAS: usize = 16;
+
+/// The oldest L0s to merge: whole LSN ranges (an import's group is never split), as many as
+/// fit in [`MAX_COMPACTION_INPUTS`] layers, and always the first two ranges (a group holds at
+/// most `MAX_IMPORT_RUNS + 1` layers, so two fit).
+fn compaction_inputs(l0: &[Layer]) -> Vec<Layer> {
+    let mut inputs: Vec<Layer> = Vec::new();
+    let mut ranges = 0;
+    let mut rest = l0;
+    while let Some(first) = rest.first() {
+        let range = first.lsn_range();
+        let group = rest.iter().take_while(|l| l.lsn_range() == range).count();
+        if ranges >= 2 && inputs.len() + group > MAX_COMPACTION_INPUTS {
+            break;
+        }
+        inputs.extend(rest[..group].iter().cloned());
+        ranges += 1;
+        rest = &rest[group..];
+    }
+    inputs
+}
 
 /// What one compaction did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,7 +102,9 @@ impl Timeline {
         }
         let input_layers: Vec<Layer> = {
             let map = self.layer_map();
-            if map.l0.len() < min_inputs.max(2) {
+            // A depth of one is never compacted: an output's LSN range must differ from every
+            // input's (an import's group alone would give its outputs its range).
+            if map.l0_depth() < min_inputs.max(2) {
                 return Ok(CompactionOutcome::default());
             }
             // Image creation has fallen behind: another run of L1s would put one more layer
@@ -103,7 +125,7 @@ impl Timeline {
                     });
                 }
             }
-            map.l0.iter().take(MAX_COMPACTION_INPUTS).cloned().collect()
+            compaction_inputs(&map.l0)
         };
         // An L0 an attach left on demand is downloaded to be merged.
         let inputs = input_layers

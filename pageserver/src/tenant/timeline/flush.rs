@@ -85,7 +85,7 @@ impl Timeline {
             })?;
             if let Some(compaction) = &self.compaction_wakeup {
                 let threshold = self.conf.compaction_threshold;
-                if threshold != 0 && self.layer_map().l0.len() >= threshold {
+                if threshold != 0 && self.layer_map().l0_depth() >= threshold {
                     compaction.notify();
                 }
             }

@@ -4,22 +4,49 @@
 //! megabytes at one LSN, which it may learn only at the end of its input, and must be applied
 //! whole or not at all: a basebackup must never see half of one. Batches cannot do that (each
 //! batch is its own LSN, and a freeze between two of them makes the first durable), so an
-//! import writes into a layer of its own:
+//! import writes into layers of its own that no reader sees until its commit:
 //!
 //! ```text
-//!   begin_import ──> private InMemoryLayer (versions at a placeholder LSN; no reader sees it)
-//!       │                 puts, read_current (the state at the base LSN, for comparisons)
-//!       ├── commit(lsn): date the versions at lsn, freeze the open layer, queue the private
-//!       │                one frozen [lsn, lsn+1), last_record_lsn = lsn, flush both: durable
-//!       └── dropped:     the private layer and its ephemeral file are dropped; nothing changed
+//!   begin_import ──> runs: undated delta layer files, written as the input streams in
+//!       │            (put_in_order: one large input's values in key order, straight to disk)
+//!       │            rest: a private InMemoryLayer at a placeholder LSN (put: any order)
+//!       │            read_current: the state at the base LSN, for comparisons
+//!       ├── commit(lsn): every run finished at lsn, the private layer dated at lsn and written
+//!       │                as one more file; what the open layer held flushed; then one manifest
+//!       │                lists them all as L0s [lsn, lsn+1) with disk_consistent_lsn = lsn, and
+//!       │                last_record_lsn = lsn: durable and visible together
+//!       └── dropped:     the runs' temporary files and the private layer go; nothing changed
 //! ```
+//!
+//! # Why runs
+//!
+//! A version that goes through the private layer is written twice: into its ephemeral file, and
+//! from there, in key order, into a layer file at the commit. The values of one relation
+//! segment or one file arrive in key order, so a large one is written once, straight into a
+//! layer file of its own (a run), whose index is built when the commit gives the LSN. A run
+//! goes on as long as the keys keep increasing (the next large input may continue it); one
+//! whose first key is lower starts a new run, up to [`MAX_IMPORT_RUNS`], after which the rest
+//! goes through the private layer. Every key is put once, so the import's layers hold disjoint
+//! sets of keys at the same LSN range: an L0 group, which reads walk like any L0s and compaction
+//! takes whole (see `layer_map.rs`).
 //!
 //! While an import runs, batches are refused (`ImportInProgress`): the import compares what it
 //! is given with the state at its base LSN and stores only what differs, which is right only if
-//! nothing lands between the base and the snapshot. A crash before the commit's flush leaves
-//! the private layer's ephemeral file behind, which the next load removes like any other.
+//! nothing lands between the base and the snapshot. A crash before the commit's manifest leaves
+//! temporary run files and the private layer's ephemeral file, which the next load removes, or
+//! finished files above `disk_consistent_lsn` that no manifest lists, which it removes too.
 
 use super::*;
+use crate::tenant::storage_layer::delta_layer::DeltaLayerWriter;
+
+/// The most runs one import writes straight into layer files (the size of its L0 group is at
+/// most one more: the private layer's file).
+pub const MAX_IMPORT_RUNS: usize = 8;
+
+/// Inputs at least this large are worth a run of their own if their keys cannot continue the
+/// current one (a smaller one goes through the private layer: a file per tiny input would cost
+/// more than writing it twice).
+pub const IMPORT_RUN_MIN_BYTES: u64 = 1 << 20;
 
 /// An import in progress: see the module documentation.
 pub struct Import<'t> {
@@ -27,6 +54,8 @@ pub struct Import<'t> {
     /// `last_record_lsn` when the import began: the state it compares with.
     base_lsn: Lsn,
     layer: Option<InMemoryLayer>,
+    /// Oldest first; only the last one takes more values.
+    runs: Vec<DeltaLayerWriter>,
     /// Held for the import's lifetime: one import per timeline at a time.
     _exclusive: MutexGuard<'t, ()>,
 }
@@ -36,7 +65,7 @@ impl Timeline {
     pub fn begin_import(&self) -> Result<Import<'_>, TimelineError> {
         let exclusive = match self.import_lock.try_lock() {
             Ok(guard) => guard,
-            // An import that panicked is over: its layer was dropped with it.
+            // An import that panicked is over: its layers were dropped with it.
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => {
                 return Err(TimelineError::ImportInProgress)
@@ -51,7 +80,7 @@ impl Timeline {
         }
         let base_lsn = self.last_record_lsn();
         // A placeholder until the commit dates the versions: above everything ingested.
-        // Unread until the commit flushes it (which reads it back bypassing the page cache):
+        // Unread until the commit writes it out (reading it back bypassing the page cache):
         // its values stay out of the cache, an import of gigabytes leaves readers' pages there.
         let layer = InMemoryLayer::create_unread(
             &self.dir,
@@ -69,6 +98,7 @@ impl Timeline {
             timeline: self,
             base_lsn,
             layer: Some(layer),
+            runs: Vec::new(),
             _exclusive: exclusive,
         })
     }
@@ -88,8 +118,7 @@ impl Import<'_> {
         self.timeline.get_page(key, self.base_lsn)
     }
 
-    /// Stores `value` as the new version of `key`. A key can be put once per import.
-    pub fn put(&mut self, key: Key, value: &Value) -> Result<(), TimelineError> {
+    fn check_put(&self, key: Key) -> Result<(), TimelineError> {
         if self.timeline.is_shutting_down() {
             return Err(TimelineError::ShuttingDown);
         }
@@ -99,19 +128,59 @@ impl Import<'_> {
                 what: format!("key {key}"),
             });
         }
+        Ok(())
+    }
+
+    /// Stores `value` as the new version of `key`, in any order. A key can be put once per
+    /// import (by this or by [`Self::put_in_order`]).
+    pub fn put(&mut self, key: Key, value: &Value) -> Result<(), TimelineError> {
+        self.check_put(key)?;
         let layer = self.layer.as_ref().expect("present until commit");
         layer.put(key, layer.start_lsn(), value)?;
         Ok(())
     }
 
-    /// Bytes the import has stored so far (serialized values in its ephemeral file).
+    /// Stores `value` as the new version of `key`, for the values of one large input (at least
+    /// [`IMPORT_RUN_MIN_BYTES`]) put in increasing key order: written straight into a run's
+    /// layer file when the keys allow (see the module documentation), else as [`Self::put`].
+    pub fn put_in_order(&mut self, key: Key, value: &Value) -> Result<(), TimelineError> {
+        self.check_put(key)?;
+        let max = max_stored_value_len(self.timeline.conf.max_value_size);
+        if value.serialized_len() > max {
+            // The private layer refuses it with the reason.
+            return self.put(key, value);
+        }
+        let continues = self
+            .runs
+            .last()
+            .and_then(|run| run.last_key())
+            .is_some_and(|last| key > last);
+        if !continues {
+            if self.runs.len() >= MAX_IMPORT_RUNS {
+                return self.put(key, value);
+            }
+            let timeline = self.timeline;
+            self.runs.push(DeltaLayerWriter::new_undated(
+                &timeline.dir,
+                timeline.tenant_id,
+                timeline.timeline_id,
+            )?);
+        }
+        let run = self.runs.last_mut().expect("one was just ensured");
+        run.put_undated(key, value)?;
+        Ok(())
+    }
+
+    /// Bytes the import has stored so far (serialized values in its run files and its
+    /// ephemeral file).
     pub fn bytes_written(&self) -> u64 {
-        self.layer.as_ref().map_or(0, |l| l.bytes_written())
+        let private = self.layer.as_ref().map_or(0, |l| l.bytes_written());
+        private + self.runs.iter().map(|r| r.values_bytes()).sum::<u64>()
     }
 
     /// Dates every version at `lsn` (above the base LSN) and makes them durable, as one
     /// change: readers see none of them until `last_record_lsn` reaches `lsn`, and a crash
-    /// before the flush's manifest commit leaves the timeline at its base.
+    /// before the manifest that lists them leaves the timeline at its base.
     pub fn commit(mut self, lsn: Lsn) -> Result<(), TimelineError> {
         let timeline = self.timeline;
         if lsn <= self.base_lsn {
@@ -126,37 +195,131 @@ impl Import<'_> {
                 what: format!("LSN {lsn}"),
             });
         }
+        if let Some(remote) = timeline.remote.get() {
+            remote.wait_for_upload_room(&|| timeline.shutting_down.load(Ordering::Acquire));
+        }
+        let started = Instant::now();
+        let mut written = Vec::new();
+        let result = self.write_layers(lsn, &mut written).and_then(|()| {
+            // What the open layer holds (below the base) goes first: the import's layers are
+            // the newest L0s, and no in-memory layer may be left older than them.
+            timeline.checkpoint()?;
+            fail::fail_point!("import-before-manifest", |_| Err(TimelineError::Io {
+                path: timeline.dir.clone(),
+                source: std::io::Error::other("failpoint import-before-manifest"),
+            }));
+            self.publish(lsn, &written)
+        });
+        if let Err(e) = result {
+            timeline.remove_uncommitted(written.iter().map(|w| w.path.clone()));
+            return Err(e);
+        }
+        crate::metrics::LAYER_FLUSHES.inc_by(written.len() as u64);
+        crate::metrics::LAYER_FLUSH_BYTES.inc_by(written.iter().map(|w| w.size).sum());
+        tracing::info!(
+            tenant = %timeline.tenant_id,
+            timeline = %timeline.timeline_id,
+            layers = written.len(),
+            bytes = written.iter().map(|w| w.size).sum::<u64>(),
+            commit_ms = started.elapsed().as_millis() as u64,
+            "committed an import at {lsn}"
+        );
+        if let Some(compaction) = &timeline.compaction_wakeup {
+            let threshold = timeline.conf.compaction_threshold;
+            if threshold != 0 && timeline.layer_map().l0_depth() >= threshold {
+                compaction.notify();
+            }
+        }
+        Ok(())
+    }
+
+    /// Finishes every run at `lsn` and writes the private layer out, each durable under its
+    /// final name; `written` gets each file as it is made, so a failure can remove them.
+    fn write_layers(
+        &mut self,
+        lsn: Lsn,
+        written: &mut Vec<WrittenLayer>,
+    ) -> Result<(), TimelineError> {
+        let timeline = self.timeline;
+        for run in self.runs.drain(..) {
+            written.push(run.finish_at(lsn)?);
+        }
         let mut layer = self.layer.take().expect("present until commit");
         layer
             .move_to_lsn(lsn)
             .expect("an import's layer is unshared, unfrozen and at one LSN");
         layer.freeze(Lsn(lsn.0 + 1))?;
+        if let Some(w) =
+            layer.write_to_disk(&timeline.dir, timeline.tenant_id, timeline.timeline_id)?
         {
-            let mut writer = timeline.writer();
-            if writer.stopping {
-                return Err(TimelineError::ShuttingDown);
+            written.push(w);
+        }
+        Ok(())
+    }
+
+    /// The commit point: one manifest lists the files as L0s, then the map and
+    /// `last_record_lsn` show them.
+    fn publish(&self, lsn: Lsn, written: &[WrittenLayer]) -> Result<(), TimelineError> {
+        let timeline = self.timeline;
+        let deltas = written
+            .iter()
+            .map(|w| {
+                let delta = DeltaLayer::open(
+                    &w.path,
+                    timeline.cache.clone(),
+                    timeline.conf.max_value_size,
+                )?;
+                Ok(Arc::new(delta))
+            })
+            .collect::<Result<Vec<_>, TimelineError>>()?;
+        // No flush may run between the check below and the commit: it would store a manifest
+        // with an older disk_consistent_lsn after this one.
+        let _flusher = timeline
+            .flush_lock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let mut writer = timeline.writer();
+        if writer.stopping || timeline.stopped.load(Ordering::Acquire) {
+            return Err(TimelineError::ShuttingDown);
+        }
+        let map = timeline.layer_map();
+        if !map.frozen.is_empty() || map.open.as_ref().is_some_and(|open| !open.is_empty()) {
+            // Batches are refused while an import runs, and the checkpoint flushed the rest.
+            return Err(TimelineError::LayerSet {
+                file: "the open layer".to_owned(),
+                reason: "versions arrived in memory during an import's commit".to_owned(),
+            });
+        }
+        drop(map);
+        timeline.commit_manifest(|manifest| {
+            manifest.disk_consistent_lsn = lsn;
+            for w in written {
+                manifest.add_layer(LayerFileEntry {
+                    name: w.summary.file_name(),
+                    size: w.size,
+                    crc32c: w.crc32c,
+                    level: LayerLevel::L0,
+                });
             }
-            // Batches were refused since the import began: nothing was ingested above the
-            // base, so the open layer ends below the import's layer.
-            timeline.update_layer_map(|map| {
-                timeline.freeze_open(&mut writer, map, Lsn(self.base_lsn.0 + 1))?;
-                map.frozen.push(Arc::new(layer));
-                Ok::<_, TimelineError>(())
-            })?;
-            timeline.advance_last_record_lsn(lsn);
-            timeline.importing.store(false, Ordering::Release);
-        }
-        if let Some(wakeup) = &timeline.flush_wakeup {
-            wakeup.notify();
-        }
-        timeline.flush_frozen_until(lsn)
+        })?;
+        timeline.update_layer_map(|map| {
+            map.l0
+                .extend(deltas.iter().map(|delta| Layer::Delta(delta.clone())));
+            // Under the map's lock: a put that finds no layer starts the next one above.
+            timeline.disk_consistent_lsn.store(lsn.0, Ordering::Release);
+            Ok::<_, TimelineError>(())
+        })?;
+        timeline.advance_last_record_lsn(lsn);
+        timeline.importing.store(false, Ordering::Release);
+        writer.open_since = None;
+        Ok(())
     }
 }
 
 impl Drop for Import<'_> {
     fn drop(&mut self) {
-        // Not committed (or committed: then the flag is already down). The private layer, if
-        // still here, is dropped with its ephemeral file.
+        // Not committed (or committed: then the flag is already down). The runs' temporary
+        // files and the private layer, if still here, are dropped with it.
         self.timeline.importing.store(false, Ordering::Release);
     }
 }

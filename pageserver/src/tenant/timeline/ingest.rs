@@ -135,7 +135,8 @@ impl Timeline {
         })
     }
 
-    /// Backpressure on the L0 count, when a compaction loop serves this timeline: with
+    /// Backpressure on the L0 count (its depth: an import's group counts once, see
+    /// `layer_map.rs`), when a compaction loop serves this timeline: with
     /// `l0_slowdown_threshold` L0 layers a batch first waits a little (longer the more L0s) or
     /// until a compaction finishes; with `l0_stop_threshold` it waits until compaction brings
     /// the count below that, for at most `L0_STOP_MAX_WAIT`, then is refused (503). At most
@@ -148,7 +149,7 @@ impl Timeline {
         if conf.compaction_threshold == 0 {
             return Ok(());
         }
-        let l0 = self.layer_map().l0.len();
+        let l0 = self.layer_map().l0_depth();
         if l0 < conf.l0_slowdown_threshold {
             return Ok(());
         }
@@ -182,7 +183,7 @@ impl Timeline {
         );
         let mut guard = guard;
         let outcome = loop {
-            let now = self.layer_map().l0.len();
+            let now = self.layer_map().l0_depth();
             if now < conf.l0_stop_threshold {
                 break Ok(());
             }
@@ -222,7 +223,7 @@ impl Timeline {
     fn l0_stopped(&self) -> bool {
         self.compaction_wakeup.is_some()
             && self.conf.compaction_threshold != 0
-            && self.layer_map().l0.len() >= self.conf.l0_stop_threshold
+            && self.layer_map().l0_depth() >= self.conf.l0_stop_threshold
     }
 
     /// Tells batches held by backpressure that the L0 count may have dropped.

@@ -6,8 +6,8 @@
 //! |-----------------------------------------------|-----------------------------------------|
 //! | a listed layer file, of the listed size, whose summary names this tenant, timeline and the ranges its name says | opens it |
 //! | a listed layer file that is missing, of another size, or another layer | refuses to load, naming the file (the tenant is broken) |
-//! | a layer-named file the manifest does not list, starting above `disk_consistent_lsn` | removes it (after the listed layers pass): a flush wrote it, and crashed before its manifest was stored |
-//! | an unlisted delta layer spanning exactly two or more consecutive listed L0s | removes it: a compaction wrote it, and crashed before its manifest was stored |
+//! | a layer-named file the manifest does not list, starting above `disk_consistent_lsn` | removes it (after the listed layers pass): a flush or an import wrote it, and crashed before its manifest was stored |
+//! | an unlisted delta layer spanning exactly two or more consecutive listed L0 LSN ranges | removes it: a compaction wrote it, and crashed before its manifest was stored |
 //! | an unlisted image layer at the last LSN of a listed L1 layer | removes it: an image creation wrote it, and crashed before its manifest was stored |
 //! | a file the manifest names as retired | removes it, then stores the manifest without the name: a committed compaction or GC replaced it |
 //! | `*.___temp`, ephemeral files                  | removes them                            |
@@ -533,20 +533,22 @@ pub fn open_listed_layer(
     Ok(layer)
 }
 
-/// Whether `range` is exactly the LSN range of two or more consecutive L0 layers of `l0`
-/// (sorted, tiling): what an L0 compaction's outputs span.
+/// Whether `range` runs exactly from the start of one of `l0`'s LSN ranges (sorted) to the end
+/// of a later one, over two or more of them: what an L0 compaction's outputs span.
 fn is_uncommitted_compaction(l0: &[std::ops::Range<Lsn>], range: &std::ops::Range<Lsn>) -> bool {
-    let Some(first) = l0.iter().position(|r| r.start == range.start) else {
+    // The distinct ranges, oldest first: an import's group of L0s shares one, and an import's
+    // range starts above the flushes' end (the LSNs in between hold nothing).
+    let mut distinct: Vec<&std::ops::Range<Lsn>> = l0.iter().collect();
+    distinct.dedup();
+    let Some(first) = distinct.iter().position(|r| r.start == range.start) else {
         return false;
     };
-    let mut end = range.start;
-    for (n, r) in l0[first..].iter().enumerate() {
-        if r.start != end {
-            return false;
-        }
-        end = r.end;
-        if end == range.end {
+    for (n, r) in distinct[first..].iter().enumerate() {
+        if r.end == range.end {
             return n >= 1;
+        }
+        if r.end > range.end {
+            return false;
         }
     }
     false

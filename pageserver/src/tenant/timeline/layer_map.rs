@@ -5,8 +5,12 @@
 //!   open InMemoryLayer -> frozen InMemoryLayers -> L0 deltas -> L1 deltas and images
 //! ```
 //!
-//! L0 delta layers are the flushes' output: one per flush, their LSN ranges tiling the newest
-//! history above the L1s. Below them lie what compaction and image creation write: runs of L1
+//! L0 delta layers are the flushes' and imports' output: one per flush, their LSN ranges
+//! tiling the newest history above the L1s, and a group per import (`import.rs`): up to
+//! `MAX_IMPORT_RUNS + 1` layers sharing one LSN range `[lsn, lsn+1)`, each holding its own keys
+//! (no key is in two of them). A read walks a group like any L0s; what counts against the L0
+//! thresholds is the [depth](LayerMap::l0_depth), the number of distinct LSN ranges, since a
+//! read finds a key in at most one layer of a group. Compaction takes groups whole. Below them lie what compaction and image creation write: runs of L1
 //! delta layers (one LSN range, each a part of the key space) and image layers (every page of a
 //! key range at one LSN). They are kept newest first: by the end of their LSN range, and an
 //! image before the deltas that end where it does (it is their keys' pages as of their last
@@ -64,6 +68,11 @@ impl LayerMap {
             .chain(self.below_l0.iter().cloned())
     }
 
+    /// The L0 layers' distinct LSN ranges: a flush adds one, an import one for its whole group.
+    pub(crate) fn l0_depth(&self) -> usize {
+        l0_depth(&self.l0)
+    }
+
     /// Where the L1 layers (and images) end: the end of the newest one's LSN range. `None`
     /// when there are none.
     pub(crate) fn l1_end(&self) -> Option<Lsn> {
@@ -106,4 +115,18 @@ impl LayerMap {
                 .then(a.key_range().start.cmp(&b.key_range().start))
         });
     }
+}
+
+/// The distinct LSN ranges of `l0`, kept oldest first (a group's layers are adjacent).
+pub(crate) fn l0_depth(l0: &[Layer]) -> usize {
+    let mut depth = 0;
+    let mut previous = None;
+    for layer in l0 {
+        let range = layer.lsn_range();
+        if previous.as_ref() != Some(&range) {
+            depth += 1;
+            previous = Some(range);
+        }
+    }
+    depth
 }

@@ -490,6 +490,12 @@ impl Timeline {
         })
     }
 
+    /// The L0 layers' depth: what the compaction and backpressure thresholds count (see
+    /// `layer_map.rs`: an import's group of L0s counts once).
+    pub fn l0_depth(&self) -> usize {
+        self.layer_map().l0_depth()
+    }
+
     pub fn layer_counts(&self) -> LayerCounts {
         let map = self.layer_map();
         let images = map.below_l0.iter().filter(|l| l.is_image()).count();
@@ -706,7 +712,7 @@ pub use ancestry::{Ancestry, ANCESTOR_FILE};
 pub use compaction::{CompactionOutcome, MAX_COMPACTION_INPUTS};
 pub use gc::GcOutcome;
 pub use image_creation::ImageCreationOutcome;
-pub use import::Import;
+pub use import::{Import, IMPORT_RUN_MIN_BYTES, MAX_IMPORT_RUNS};
 pub use init::{open_listed_layer, RemoteLayers};
 use layer_map::LayerMap;
 use lsn_wait::LsnWait;

@@ -337,3 +337,38 @@ fn retired_files_are_removed_at_load_and_an_image_layer_serves_reads() {
     assert_eq!(page.unwrap(), None);
     assert_eq!(cost.layers, 2, "the L0, then the image: {cost}");
 }
+
+#[test]
+fn a_compaction_output_is_told_apart_over_import_groups_and_gaps() {
+    let r = |a: u64, b: u64| Lsn(a)..Lsn(b);
+    // Flushes tiling [1, 0x21), then an import's group of three at 0x100 (its range starts
+    // above the flushes' end), then a flush.
+    let l0 = [
+        r(1, 0x11),
+        r(0x11, 0x21),
+        r(0x100, 0x101),
+        r(0x100, 0x101),
+        r(0x100, 0x101),
+        r(0x101, 0x150),
+    ];
+    for (range, uncommitted) in [
+        (r(1, 0x21), true),
+        (r(1, 0x101), true),
+        (r(0x11, 0x150), true),
+        (r(0x100, 0x150), true),
+        // One range alone: a flush's or an import's own file, never a compaction's.
+        (r(0x100, 0x101), false),
+        (r(1, 0x11), false),
+        // Not from one L0's start to another's end.
+        (r(2, 0x21), false),
+        (r(1, 0x20), false),
+        (r(1, 0x100), false),
+        (r(0x150, 0x200), false),
+    ] {
+        assert_eq!(
+            is_uncommitted_compaction(&l0, &range),
+            uncommitted,
+            "{range:?}"
+        );
+    }
+}

@@ -679,4 +679,5 @@ fn lsns_may_jump_by_more_than_a_layer_can_span() {
     assert_eq!(tl.get_page(rel_key(1), Lsn(far - 1)).unwrap(), None);
 }
 
+mod import;
 mod model;
