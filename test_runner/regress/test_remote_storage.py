@@ -147,7 +147,7 @@ def test_deleting_a_timeline_deletes_its_objects(pageserver_factory: PageserverF
 
 
 def test_large_layers_upload_in_parts_and_download_whole(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
-    """Layers over the 8 MiB part size: multipart uploads (S3's too), and downloads of them
+    """Layers over the part size (8 MiB to S3, 1 MiB to a directory): multipart uploads, and downloads of them
     (streamed from S3, copied from a directory) after an eviction."""
     ps = pageserver_factory.start({**ON_REQUEST, "compaction_target_size": "64MiB", "max_local_layer_bytes": "1MiB"}, remote=remote_store)
     timeline = TimelineHandle.create(ps)

@@ -13,7 +13,7 @@
 //!
 //! | operation | what it does | an absent object |
 //! |---|---|---|
-//! | [`put`](RemoteStorage::put), [`put_file`](RemoteStorage::put_file) | writes a whole object (a file in parts of 8 MiB, never whole in memory) | created |
+//! | [`put`](RemoteStorage::put), [`put_file`](RemoteStorage::put_file) | writes a whole object (a file in parts of 8 MiB to S3 or 1 MiB to a directory, never whole in memory) | created |
 //! | [`create_if_absent`](RemoteStorage::create_if_absent) | writes only if no object has the key | created; otherwise `Ok(false)` and nothing changes |
 //! | [`get`](RemoteStorage::get), [`get_range`](RemoteStorage::get_range) | reads an object or a byte range of it | [`RemoteError::NotFound`] |
 //! | [`download_to_file`](RemoteStorage::download_to_file) | streams an object into a local file, fsynced | [`RemoteError::NotFound`] |
@@ -56,15 +56,26 @@ mod faults;
 pub use config::{RemoteStorageConfig, S3Config};
 use faults::FaultInjection;
 
-/// Objects up to this size are written in one request; larger ones in parts of this size.
+/// Objects up to this size are written to S3 in one request; larger ones in parts of this size
+/// (S3's multipart minimum is 5 MiB).
 pub const PART_SIZE: usize = 8 << 20;
+/// The same for a local directory, where a part is only a write: small parts keep an upload's
+/// buffers small.
+pub const LOCAL_PART_SIZE: usize = 1 << 20;
 /// Parts of one object in flight at once over the network: they hide the round trips. Each
-/// holds a part in memory, so an upload holds up to `(parts in flight + 2) × PART_SIZE` (the
-/// parts in flight, the one being gathered, and the read buffer).
+/// holds a part in memory, so an upload holds up to `(parts in flight + 2) × part size` (the
+/// parts in flight, the one being gathered, and the read buffer): 48 MiB.
 const PARTS_IN_FLIGHT: usize = 4;
 /// Parts of one object in flight at once into a local directory: a part is a write into the
-/// page cache, with no round trip to hide, so one is enough and the upload holds 24 MiB.
+/// page cache, with no round trip to hide, so one is enough and the upload holds 3 MiB.
 const LOCAL_PARTS_IN_FLIGHT: usize = 1;
+
+/// Objects worth writing at once over the network (what a caller uploading many may run in
+/// parallel): each hides the others' round trips.
+const OBJECTS_IN_FLIGHT: usize = 4;
+/// Objects worth writing at once into a local directory: the writes share one disk and have no
+/// round trip to hide, while each holds its 24 MiB of buffers.
+const LOCAL_OBJECTS_IN_FLIGHT: usize = 1;
 
 /// A key in the remote store, relative to its root (the directory, or the bucket's prefix).
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -219,6 +230,10 @@ pub struct RemoteStorage {
     description: String,
     /// [`PARTS_IN_FLIGHT`] or [`LOCAL_PARTS_IN_FLIGHT`].
     parts_in_flight: usize,
+    /// [`PART_SIZE`] or [`LOCAL_PART_SIZE`].
+    part_size: usize,
+    /// [`OBJECTS_IN_FLIGHT`] or [`LOCAL_OBJECTS_IN_FLIGHT`].
+    objects_in_flight: usize,
 }
 
 impl fmt::Debug for RemoteStorage {
@@ -230,9 +245,13 @@ impl fmt::Debug for RemoteStorage {
 impl RemoteStorage {
     /// Opens the backend `config` names. A local directory is created if missing.
     pub fn new(config: &RemoteStorageConfig) -> Result<RemoteStorage, RemoteError> {
-        let parts_in_flight = match config {
-            RemoteStorageConfig::LocalFs { .. } => LOCAL_PARTS_IN_FLIGHT,
-            RemoteStorageConfig::S3(_) => PARTS_IN_FLIGHT,
+        let (parts_in_flight, part_size, objects_in_flight) = match config {
+            RemoteStorageConfig::LocalFs { .. } => (
+                LOCAL_PARTS_IN_FLIGHT,
+                LOCAL_PART_SIZE,
+                LOCAL_OBJECTS_IN_FLIGHT,
+            ),
+            RemoteStorageConfig::S3(_) => (PARTS_IN_FLIGHT, PART_SIZE, OBJECTS_IN_FLIGHT),
         };
         let (store, prefix, description): (Arc<dyn ObjectStore>, String, String) = match config {
             RemoteStorageConfig::LocalFs { local_path } => {
@@ -296,10 +315,18 @@ impl RemoteStorage {
             faults: None,
             description,
             parts_in_flight,
+            part_size,
+            objects_in_flight,
         })
     }
 
     /// Makes every operation on a key fail its first `tries` attempts (`test_remote_failures`).
+    /// How many objects a caller with many to upload should write at once: several over the
+    /// network, one into a local directory.
+    pub fn objects_in_flight(&self) -> usize {
+        self.objects_in_flight
+    }
+
     pub fn with_injected_failures(mut self, tries: u32) -> RemoteStorage {
         self.faults = (tries > 0).then(|| Arc::new(FaultInjection::new(tries)));
         self
@@ -413,7 +440,8 @@ impl RemoteStorage {
     }
 
     /// Writes the local file at `path` as the object `key`: in one request up to
-    /// [`PART_SIZE`], in parts beyond, never the whole file in memory. Returns the length and
+    /// the part size ([`PART_SIZE`], [`LOCAL_PART_SIZE`]), in parts beyond, never the whole
+    /// file in memory. Returns the length and
     /// CRC-32C of what it sent.
     pub async fn put_file(
         &self,
@@ -432,7 +460,7 @@ impl RemoteStorage {
             let mut file = tokio::fs::File::open(path)
                 .await
                 .map_err(|e| AttemptError::Final(local_err(e)))?;
-            if len <= PART_SIZE as u64 {
+            if len <= self.part_size as u64 {
                 let mut bytes = Vec::with_capacity(len as usize);
                 file.read_to_end(&mut bytes)
                     .await
@@ -450,10 +478,10 @@ impl RemoteStorage {
                 .put_multipart(&location)
                 .await
                 .map_err(|e| classify("upload", key, e))?;
-            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, self.part_size);
             let mut sent = 0u64;
             let mut crc = 0u32;
-            let mut buf = vec![0u8; PART_SIZE];
+            let mut buf = vec![0u8; self.part_size];
             loop {
                 let n = match read_full(&mut file, &mut buf).await {
                     Ok(n) => n,

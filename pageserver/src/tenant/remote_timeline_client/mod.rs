@@ -18,7 +18,8 @@
 //! in the store (a *target*, queued in commit order) and wakes its task, which works towards
 //! the newest step by step by the rules of `upload_plan.rs`: the newest target whose layers are
 //! all in the store is uploaded as this generation's index; otherwise the oldest target's
-//! missing layers are uploaded (four at a time, each streamed from its local file); objects no
+//! missing layers are uploaded (four at a time to S3, one at a time into a local directory, each
+//! streamed from its local file); objects no
 //! index needs are deleted last. A failed step is logged with the object's key and retried with backoff (1 s
 //! doubling to 30 s), forever: the queue is never dropped, and it is not persisted, because the
 //! local manifest and the remote index rebuild it at the next start.
@@ -66,8 +67,6 @@ use upload_plan::{Step, UploadPlan};
 use discovery::parse_index;
 pub use discovery::{download_newest_index, list_tenant, TenantInStore};
 
-/// Layer uploads of one timeline in flight at once.
-const UPLOADS_IN_FLIGHT: usize = 4;
 /// A failed step is retried after this, doubling...
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 /// ...up to this.
@@ -396,7 +395,7 @@ impl RemoteTimelineClient {
                         let result = self.upload_layer(&name, &layer).await;
                         (name, layer, result)
                     })
-                    .buffer_unordered(UPLOADS_IN_FLIGHT);
+                    .buffer_unordered(storage.objects_in_flight());
                 let mut first_error = None;
                 while let Some((name, layer, result)) = uploads.next().await {
                     match result {
