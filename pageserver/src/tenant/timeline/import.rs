@@ -272,13 +272,14 @@ impl Import<'_> {
                 Ok(Arc::new(delta))
             })
             .collect::<Result<Vec<_>, TimelineError>>()?;
-        // No flush may run between the check below and the commit: it would store a manifest
-        // with an older disk_consistent_lsn after this one.
+        // The write lock, then the flush lock: the order in which a batch's inline flush takes
+        // them. No flush may run between the check below and the commit: it would store a
+        // manifest with an older disk_consistent_lsn after this one.
+        let writer = timeline.writer();
         let _flusher = timeline
             .flush_lock
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let mut writer = timeline.writer();
         if writer.stopping || timeline.stopped.load(Ordering::Acquire) {
             return Err(TimelineError::ShuttingDown);
         }
@@ -311,7 +312,7 @@ impl Import<'_> {
         })?;
         timeline.advance_last_record_lsn(lsn);
         timeline.importing.store(false, Ordering::Release);
-        writer.open_since = None;
+        drop(writer);
         Ok(())
     }
 }
