@@ -18,7 +18,11 @@
 //! record before it as `prev`, and its CRC-32C (of the data, then of the header up to the CRC)
 //! matches. The walk starts after the continuation of a record begun in an earlier segment
 //! (`rem_len` of the first page) and stops at the first record that does not count: zeros,
-//! a page of an older segment (a recycled file), or a torn write.
+//! a page of an older segment (a recycled file), or a torn write. One exception, as in
+//! PostgreSQL: a record whose continuation page is marked as overwriting it
+//! (`XLP_FIRST_IS_OVERWRITE_CONTRECORD`: a recovery found it cut off and wrote new WAL from
+//! that page on) is skipped, and the walk goes on with that page's first record, which names
+//! the last valid record before the skipped one as its `prev`.
 
 use utils::Lsn;
 
@@ -30,6 +34,7 @@ const RECORD_HEADER: usize = 24;
 /// `xlp_info` bits.
 const XLP_FIRST_IS_CONTRECORD: u16 = 0x0001;
 const XLP_LONG_HEADER: u16 = 0x0002;
+const XLP_FIRST_IS_OVERWRITE_CONTRECORD: u16 = 0x0008;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WalEndError {
@@ -105,7 +110,13 @@ pub fn wal_end(name: &str, bytes: &[u8]) -> Result<Lsn, WalEndError> {
         let mut header = [0u8; RECORD_HEADER];
         let mut probe = cursor.clone();
         if probe.read(&mut header).is_none() {
-            break;
+            match probe.overwriting_page() {
+                Some(next) => {
+                    cursor.pos = next;
+                    continue;
+                }
+                None => break,
+            }
         }
         let tot_len = u32_at(&header, 0) as usize;
         // A record longer than what is left of the segment cannot end in it.
@@ -119,7 +130,13 @@ pub fn wal_end(name: &str, bytes: &[u8]) -> Result<Lsn, WalEndError> {
         let mut record = vec![0u8; tot_len];
         let mut reader = cursor.clone();
         if reader.read(&mut record).is_none() {
-            break;
+            match reader.overwriting_page() {
+                Some(next) => {
+                    cursor.pos = next;
+                    continue;
+                }
+                None => break,
+            }
         }
         let stored_crc = u32_at(&record, 20);
         let crc = crc32c::crc32c_append(crc32c::crc32c(&record[RECORD_HEADER..]), &record[..20]);
@@ -167,6 +184,16 @@ impl Segment<'_> {
             && u64_at(self.bytes, at + 8) == self.start + at as u64
             && (!continuation || info & XLP_FIRST_IS_CONTRECORD != 0)
     }
+
+    /// Whether page `page` has a valid header for its own address that marks it as written
+    /// over the continuation of a record cut off before it.
+    fn overwrites_contrecord(&self, page: usize) -> bool {
+        let at = page * XLOG_BLCKSZ;
+        self.page_valid(page, false)
+            && u16_at(self.bytes, at + 2)
+                & (XLP_FIRST_IS_OVERWRITE_CONTRECORD | XLP_FIRST_IS_CONTRECORD)
+                == XLP_FIRST_IS_OVERWRITE_CONTRECORD
+    }
 }
 
 /// A position in the record bytes of a segment, skipping page headers.
@@ -198,6 +225,16 @@ impl Cursor<'_> {
             return None;
         }
         Some(self.pos)
+    }
+
+    /// After a `read` that stopped at a page boundary: that page's start if it overwrites the
+    /// record being read (the walk goes on there).
+    fn overwriting_page(&self) -> Option<usize> {
+        let page = self.pos / XLOG_BLCKSZ;
+        (self.pos.is_multiple_of(XLOG_BLCKSZ)
+            && page > 0
+            && self.segment.overwrites_contrecord(page))
+        .then_some(self.pos)
     }
 
     /// Copies record bytes into `out`, crossing page headers; `None` if the bytes run past

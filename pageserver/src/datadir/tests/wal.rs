@@ -136,3 +136,59 @@ fn files_that_are_not_segments_are_refused() {
     assert_eq!(segment_name_order("00000002.history"), None);
     assert_eq!(segment_name_order("archive_status"), None);
 }
+
+/// Writes a record of `len` bytes naming `prev` at `pos` (within one page); returns its start
+/// and moves `pos` past it, aligned. The LSN right after it is `start + pos` before aligning.
+fn record_at(seg: &mut [u8], pos: &mut usize, start: u64, len: usize, prev: u64) -> (u64, u64) {
+    let record_start = start + *pos as u64;
+    let mut record: Vec<u8> = (0..len).map(|b| (b * 13) as u8).collect();
+    record[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+    record[8..16].copy_from_slice(&prev.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&record[24..]), &record[..20]);
+    record[20..24].copy_from_slice(&crc.to_le_bytes());
+    seg[*pos..*pos + len].copy_from_slice(&record);
+    *pos += len;
+    let end = start + *pos as u64;
+    *pos = pos.next_multiple_of(8);
+    (record_start, end)
+}
+
+#[test]
+fn a_page_written_over_a_cut_off_record_continues_the_wal() {
+    let start = 0x0300_0000;
+    // A 100-byte record, then one of 9000 bytes that page 1 would continue; but a recovery
+    // found that one cut off and wrote new WAL from page 1 on, marked as overwriting it.
+    let (mut seg, _) = segment(start, &[100, 9000]);
+    let (_, end_of_first) = segment(start, &[100]);
+    let first = start + 40;
+    seg[PAGE..2 * PAGE].fill(0);
+    header(&mut seg, start, 1, 0);
+    seg[PAGE + 2..PAGE + 4].copy_from_slice(&0x0008u16.to_le_bytes());
+    let mut pos = PAGE + 24;
+    // Its first record names the last valid one before the cut-off record.
+    let (overwrite, _) = record_at(&mut seg, &mut pos, start, 48, first);
+    let (_, end) = record_at(&mut seg, &mut pos, start, 300, overwrite);
+    assert_eq!(wal_end("seg", &seg).unwrap(), Lsn(end));
+
+    // Without the mark the page does not continue the cut-off record: the end is before it.
+    let mut unmarked = seg.clone();
+    unmarked[PAGE + 2..PAGE + 4].copy_from_slice(&0u16.to_le_bytes());
+    assert_eq!(wal_end("seg", &unmarked).unwrap(), end_of_first);
+    // A first record there that names another record before it ends the WAL before it too.
+    let mut wrong_prev = seg.clone();
+    wrong_prev[PAGE + 24 + 8] ^= 1;
+    assert_eq!(wal_end("seg", &wrong_prev).unwrap(), end_of_first);
+    // A record whose header is cut off at the page boundary is skipped the same way.
+    let (mut straddling, _) = segment(start, &[8192 - 40 - 10]);
+    let (_, end_of_straddling) = segment(start, &[8192 - 40 - 10]);
+    let mut pos = 8192 - 8;
+    // Only 8 bytes of a header fit before the page: written, then page 1 overwrites.
+    straddling[pos..pos + 4].copy_from_slice(&100u32.to_le_bytes());
+    straddling[PAGE..2 * PAGE].fill(0);
+    header(&mut straddling, start, 1, 0);
+    straddling[PAGE + 2..PAGE + 4].copy_from_slice(&0x0008u16.to_le_bytes());
+    pos = PAGE + 24;
+    let (_, end) = record_at(&mut straddling, &mut pos, start, 64, start + 40);
+    assert!(Lsn(end) > end_of_straddling);
+    assert_eq!(wal_end("seg", &straddling).unwrap(), Lsn(end));
+}
