@@ -162,7 +162,7 @@ def test_ingest_stops_at_the_l0_limit_until_compaction_runs(pageserver_factory: 
         done.set()
 
     t = failures.run(held_batch)
-    wait_until(lambda: ps.log_contains("ingest stopped: 5 L0 layers"), what="the stop logged")
+    wait_until(lambda: ps.log_contains("ingest stopped: an L0 depth of 5"), what="the stop logged")
     assert not done.is_set() and not failures.errors
     # Reads and the layer listing are not held.
     assert timeline.info()["layers"]["l0"] == BACKGROUND["l0_stop_threshold"]

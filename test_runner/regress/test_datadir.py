@@ -337,6 +337,36 @@ def test_crash_before_an_imports_manifest_leaves_the_previous_snapshot(
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.needs_testing
+def test_a_failed_manifest_store_keeps_the_import_for_the_restart_to_judge(
+    pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle
+):
+    """Storing the import's manifest fails after its rename (the directory's fsync): the manifest
+    on disk lists the import's files, so they are kept, the timeline takes no more writes, and
+    the restart finds the import whole."""
+    cluster = pg.new_cluster("source").start()
+    cluster.pgbench("-i", "-s", "1", "-q")
+    state = cluster.state()
+    cluster.stop()
+    body = directory_tar(cluster)
+    pageserver.allowed_errors.append("failpoint metadata-after-rename")
+    pageserver.http.configure_failpoints(("metadata-after-rename", "return"))
+    r = requests.put(f"{timeline.url}/import", data=body, timeout=120)
+    pageserver.http.configure_failpoints(("metadata-after-rename", "off"))
+    assert r.status_code == 500, r.text
+    assert "metadata-after-rename" in r.text
+    refused = requests.put(f"{timeline.url}/import", data=body, timeout=120)
+    assert refused.status_code != 200 and "reload the timeline" in refused.text, refused.text
+    # The broken timeline's shutdown flush fails: the exit code says so.
+    pageserver.stop(expect_code=None)
+    pageserver.start()
+
+    lsn = Lsn.parse(timeline.info()["last_record_lsn"])
+    restored, at = restored_state(pg, timeline, "restored")
+    assert at == lsn and restored == state
+    assert pageserver.leftovers() == []
+
+
 def test_branch_at_a_snapshot_diverges_from_its_parent(pg: PgEnv, timeline: TimelineHandle):
     cluster = pg.new_cluster("source").start()
     cluster.pgbench("-i", "-s", "1", "-q")

@@ -74,7 +74,7 @@ const LOCAL_PARTS_IN_FLIGHT: usize = 1;
 /// parallel): each hides the others' round trips.
 const OBJECTS_IN_FLIGHT: usize = 4;
 /// Objects worth writing at once into a local directory: the writes share one disk and have no
-/// round trip to hide, while each holds its 24 MiB of buffers.
+/// round trip to hide, while each holds its buffers (3 MiB).
 const LOCAL_OBJECTS_IN_FLIGHT: usize = 1;
 
 /// A key in the remote store, relative to its root (the directory, or the bucket's prefix).
@@ -320,13 +320,13 @@ impl RemoteStorage {
         })
     }
 
-    /// Makes every operation on a key fail its first `tries` attempts (`test_remote_failures`).
     /// How many objects a caller with many to upload should write at once: several over the
     /// network, one into a local directory.
     pub fn objects_in_flight(&self) -> usize {
         self.objects_in_flight
     }
 
+    /// Makes every operation on a key fail its first `tries` attempts (`test_remote_failures`).
     pub fn with_injected_failures(mut self, tries: u32) -> RemoteStorage {
         self.faults = (tries > 0).then(|| Arc::new(FaultInjection::new(tries)));
         self

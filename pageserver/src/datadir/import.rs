@@ -5,9 +5,9 @@
 //! the timeline's current one and stored only if it differs or is new, so a second import of
 //! the same cluster stores what changed. Everything goes through one [`Import`], which keeps
 //! it invisible until its commit and drops it all on any error: a refused or interrupted import
-//! stores nothing. The blocks or chunks of a member of at least `IMPORT_RUN_MIN_BYTES` come in
-//! key order and are put as such ([`Import::put_in_order`]): written once, straight into a
-//! layer file. Checks that need the whole archive (`pg_control`, `postmaster.pid`, the
+//! stores nothing. The blocks or chunks of a member come in key order: past the first
+//! `IMPORT_RUN_MIN_BYTES` it stores, they are put as such ([`Import::put_in_order`]), written
+//! once, straight into a layer file. Checks that need the whole archive (`pg_control`, `postmaster.pid`, the
 //! cluster's identity, the snapshot's LSN) run at the end, before the commit.
 //!
 //! The snapshot's LSN is the `lsn` the caller gives, else, for a `pg_basebackup` archive
@@ -23,7 +23,7 @@ use pageserver_api::datadir::{
     rel_dir_key, snapshot_list_key, DatadirDecodeError, EntryKind, FileDirectory, FileEntry,
     RelTag, Snapshot, SnapshotKind, SnapshotList, BLCKSZ, FILE_CHUNK_SIZE, RELSEG_BLOCKS,
 };
-use pageserver_api::Value;
+use pageserver_api::{Key, Value};
 use serde::Serialize;
 use utils::Lsn;
 
@@ -346,7 +346,7 @@ impl<'t> Importer<'t> {
             ImportError::Invalid(format!("relation file {path:?} reaches past block 2^32"))
         })?;
         let old_size = self.old_size(&rel);
-        let in_order = size >= IMPORT_RUN_MIN_BYTES;
+        let mut stored = 0u64;
         let mut buf = vec![0u8; BLCKSZ];
         for blknum in first..end {
             data.read_exact(&mut buf).map_err(ImportError::Read)?;
@@ -361,11 +361,7 @@ impl<'t> Importer<'t> {
                 self.report.blocks_new += 1;
             }
             let value = Value::Image(Bytes::copy_from_slice(&buf));
-            if in_order {
-                self.import.put_in_order(key, &value)?;
-            } else {
-                self.import.put(key, &value)?;
-            }
+            self.put_from_member(key, &value, &mut stored, BLCKSZ)?;
         }
         // An empty segment past the data (PostgreSQL leaves one behind after a truncation,
         // until the next checkpoint) adds no blocks: the fork ends where its data does.
@@ -374,6 +370,25 @@ impl<'t> Importer<'t> {
             *fork_size = (*fork_size).max(end);
         }
         *self.rel_blocks.entry(rel).or_insert(0) += u64::from(blocks);
+        Ok(())
+    }
+
+    /// Stores a block or chunk of one member, whose keys increase: once the member has stored
+    /// `IMPORT_RUN_MIN_BYTES`, in key order (straight into a run); before, in the private layer,
+    /// so that a member that stores little (a small file, a few changed blocks) adds no file.
+    fn put_from_member(
+        &mut self,
+        key: Key,
+        value: &Value,
+        stored: &mut u64,
+        len: usize,
+    ) -> Result<(), ImportError> {
+        if *stored >= IMPORT_RUN_MIN_BYTES {
+            self.import.put_in_order(key, value)?;
+        } else {
+            self.import.put(key, value)?;
+        }
+        *stored += len as u64;
         Ok(())
     }
 
@@ -439,7 +454,7 @@ impl<'t> Importer<'t> {
             .as_ref()
             .is_none_or(|o| o.size != size || o.mode != mode);
         let mut left = size;
-        let in_order = size >= IMPORT_RUN_MIN_BYTES;
+        let mut stored = 0u64;
         let mut buf = vec![0u8; FILE_CHUNK_SIZE];
         for chunk in 0..chunks as u32 {
             let n = left.min(FILE_CHUNK_SIZE as u64) as usize;
@@ -456,11 +471,7 @@ impl<'t> Importer<'t> {
             }
             changed = true;
             let value = Value::Image(Bytes::copy_from_slice(&buf[..n]));
-            if in_order {
-                self.import.put_in_order(key, &value)?;
-            } else {
-                self.import.put(key, &value)?;
-            }
+            self.put_from_member(key, &value, &mut stored, n)?;
         }
         match old {
             None => self.report.files_new += 1,

@@ -12,8 +12,8 @@
 //!   scale, most layers would be hairlines. By rank, every key range is at least one step wide.
 //! - LSNs: layers' LSN spans differ by orders of magnitude (a flush of one small batch next to a
 //!   bulk import, an L1 run spanning every L0 it replaced). To scale, the L0s that compaction is
-//!   waiting on would shrink to slivers above the L1 runs. By rank, every L0 is a row of its
-//!   own, so the L0 backlog can be counted, an L1 run reads as one row split into its key
+//!   waiting on would shrink to slivers above the L1 runs. By rank, every L0 (or an import's
+//!   group of L0s) is a row of its own, so the L0 backlog can be counted, an L1 run reads as one row split into its key
 //!   partitions, and each image bar sits at the top of the history it was made from. The axis
 //!   labels give the real LSNs at their ranks.
 

@@ -451,6 +451,11 @@ impl InMemoryLayer {
         self.file.len()
     }
 
+    /// Whether the layer holds any version of `key`.
+    pub fn has_key(&self, key: Key) -> bool {
+        self.read_index().heads.contains_key(&key)
+    }
+
     pub fn distinct_keys(&self) -> usize {
         self.distinct_keys.load(Ordering::Acquire)
     }

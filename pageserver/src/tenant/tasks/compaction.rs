@@ -1,9 +1,9 @@
 //! The background compaction loop: one thread that merges L0 layers into L1 layers whenever a
-//! timeline has `compaction_threshold` of them.
+//! timeline's L0 depth (an import's group counted once) reaches `compaction_threshold`.
 //!
 //! ```text
 //!   flush adds an L0 ──notify──> Wakeup ──> loop: for every timeline:
-//!                                  ^          if L0s >= compaction_threshold: compact_l0
+//!                                  ^          if L0 depth >= compaction_threshold: compact_l0
 //!                  tick ───────────┘
 //! ```
 //!

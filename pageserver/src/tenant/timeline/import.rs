@@ -22,13 +22,21 @@
 //!
 //! A version that goes through the private layer is written twice: into its ephemeral file, and
 //! from there, in key order, into a layer file at the commit. The values of one relation
-//! segment or one file arrive in key order, so a large one is written once, straight into a
-//! layer file of its own (a run), whose index is built when the commit gives the LSN. A run
-//! goes on as long as the keys keep increasing (the next large input may continue it); one
-//! whose first key is lower starts a new run, up to [`MAX_IMPORT_RUNS`], after which the rest
-//! goes through the private layer. Every key is put once, so the import's layers hold disjoint
-//! sets of keys at the same LSN range: an L0 group, which reads walk like any L0s and compaction
-//! takes whole (see `layer_map.rs`).
+//! segment or one file arrive in key order, so what a large one stores past its first
+//! [`IMPORT_RUN_MIN_BYTES`] is written once, straight into a layer file (a run), whose index is
+//! built when the commit gives the LSN. A run goes on as long as the keys keep increasing (the
+//! next large input may continue it); one whose first key is lower starts a new run, up to
+//! [`MAX_IMPORT_RUNS`], after which the rest goes through the private layer. A key is put once
+//! (a second put is refused), so the import's layers hold disjoint sets of keys at the same LSN
+//! range: an L0 group, which reads walk like any L0s and compaction takes whole (see
+//! `layer_map.rs`). A read probes every layer of the group whose key range covers its key: the
+//! private layer's file spans most of the key space (it holds the metadata keys, above every
+//! block), and runs overlap when the archive's path order is not the key order, so up to
+//! `MAX_IMPORT_RUNS + 1` until a compaction merges the group.
+//!
+//! If storing the commit's manifest fails, the files are kept and the timeline is broken: a
+//! store that failed after its rename left a manifest that lists them, and a reload finds out
+//! which it is (listed: the import is there; unlisted above `disk_consistent_lsn`: removed).
 //!
 //! While an import runs, batches are refused (`ImportInProgress`): the import compares what it
 //! is given with the state at its base LSN and stores only what differs, which is right only if
@@ -43,9 +51,9 @@ use crate::tenant::storage_layer::delta_layer::DeltaLayerWriter;
 /// most one more: the private layer's file).
 pub const MAX_IMPORT_RUNS: usize = 8;
 
-/// Inputs at least this large are worth a run of their own if their keys cannot continue the
-/// current one (a smaller one goes through the private layer: a file per tiny input would cost
-/// more than writing it twice).
+/// What an input stores through the private layer before the rest of it goes into a run: one
+/// that stores less (a small file, a few changed blocks of a large one) adds no file, which
+/// would cost more than writing its values twice.
 pub const IMPORT_RUN_MIN_BYTES: u64 = 1 << 20;
 
 /// An import in progress: see the module documentation.
@@ -131,24 +139,50 @@ impl Import<'_> {
         Ok(())
     }
 
+    /// Whether a run holds `key`.
+    fn in_a_run(&self, key: Key) -> bool {
+        self.runs.iter().any(|run| {
+            run.first_key().is_some_and(|first| first <= key)
+                && run.last_key().is_some_and(|last| key <= last)
+                && run.holds_undated(key)
+        })
+    }
+
+    /// A key put twice: its two versions would be in two layers of the group at one LSN.
+    fn duplicate(&self, key: Key) -> TimelineError {
+        let layer = self.layer.as_ref().expect("present until commit");
+        TimelineError::Put(PutError::Duplicate {
+            key,
+            lsn: layer.start_lsn(),
+        })
+    }
+
     /// Stores `value` as the new version of `key`, in any order. A key can be put once per
-    /// import (by this or by [`Self::put_in_order`]).
+    /// import (by this or by [`Self::put_in_order`]); a second time is refused.
     pub fn put(&mut self, key: Key, value: &Value) -> Result<(), TimelineError> {
         self.check_put(key)?;
+        if self.in_a_run(key) {
+            return Err(self.duplicate(key));
+        }
         let layer = self.layer.as_ref().expect("present until commit");
         layer.put(key, layer.start_lsn(), value)?;
         Ok(())
     }
 
-    /// Stores `value` as the new version of `key`, for the values of one large input (at least
-    /// [`IMPORT_RUN_MIN_BYTES`]) put in increasing key order: written straight into a run's
-    /// layer file when the keys allow (see the module documentation), else as [`Self::put`].
+    /// Stores `value` as the new version of `key`, for the values of one large input put in
+    /// increasing key order (past the first [`IMPORT_RUN_MIN_BYTES`] it stores): written straight
+    /// into a run's layer file when the keys allow (see the module documentation), else as
+    /// [`Self::put`]. A key put before is refused.
     pub fn put_in_order(&mut self, key: Key, value: &Value) -> Result<(), TimelineError> {
         self.check_put(key)?;
         let max = max_stored_value_len(self.timeline.conf.max_value_size);
         if value.serialized_len() > max {
             // The private layer refuses it with the reason.
             return self.put(key, value);
+        }
+        let private = self.layer.as_ref().expect("present until commit");
+        if private.has_key(key) || self.in_a_run(key) {
+            return Err(self.duplicate(key));
         }
         let continues = self
             .runs
@@ -195,11 +229,19 @@ impl Import<'_> {
                 what: format!("LSN {lsn}"),
             });
         }
+        // Nothing is written into a timeline that is stopping (its directory may be going).
+        if timeline.is_shutting_down() {
+            return Err(TimelineError::ShuttingDown);
+        }
         if let Some(remote) = timeline.remote.get() {
             remote.wait_for_upload_room(&|| timeline.shutting_down.load(Ordering::Acquire));
+            if timeline.is_shutting_down() {
+                return Err(TimelineError::ShuttingDown);
+            }
         }
         let started = Instant::now();
         let mut written = Vec::new();
+        let mut manifest_tried = false;
         let result = self.write_layers(lsn, &mut written).and_then(|()| {
             // What the open layer holds (below the base) goes first: the import's layers are
             // the newest L0s, and no in-memory layer may be left older than them.
@@ -208,14 +250,16 @@ impl Import<'_> {
                 path: timeline.dir.clone(),
                 source: std::io::Error::other("failpoint import-before-manifest"),
             }));
-            self.publish(lsn, &written)
+            self.publish(lsn, &written, &mut manifest_tried)
         });
         if let Err(e) = result {
-            timeline.remove_uncommitted(written.iter().map(|w| w.path.clone()));
+            // Before the manifest, the files are no one's; once its store was tried they may
+            // be listed on disk (publish broke the timeline: a reload finds out which).
+            if !manifest_tried {
+                timeline.remove_uncommitted(written.iter().map(|w| w.path.clone()));
+            }
             return Err(e);
         }
-        crate::metrics::LAYER_FLUSHES.inc_by(written.len() as u64);
-        crate::metrics::LAYER_FLUSH_BYTES.inc_by(written.iter().map(|w| w.size).sum());
         tracing::info!(
             tenant = %timeline.tenant_id,
             timeline = %timeline.timeline_id,
@@ -259,7 +303,12 @@ impl Import<'_> {
 
     /// The commit point: one manifest lists the files as L0s, then the map and
     /// `last_record_lsn` show them.
-    fn publish(&self, lsn: Lsn, written: &[WrittenLayer]) -> Result<(), TimelineError> {
+    fn publish(
+        &self,
+        lsn: Lsn,
+        written: &[WrittenLayer],
+        manifest_tried: &mut bool,
+    ) -> Result<(), TimelineError> {
         let timeline = self.timeline;
         let deltas = written
             .iter()
@@ -292,7 +341,8 @@ impl Import<'_> {
             });
         }
         drop(map);
-        timeline.commit_manifest(|manifest| {
+        *manifest_tried = true;
+        let committed = timeline.commit_manifest(|manifest| {
             manifest.disk_consistent_lsn = lsn;
             for w in written {
                 manifest.add_layer(LayerFileEntry {
@@ -302,7 +352,19 @@ impl Import<'_> {
                     level: LayerLevel::L0,
                 });
             }
-        })?;
+        });
+        if let Err(e) = committed {
+            // A store that failed after its rename (the directory's fsync) left a manifest on
+            // disk that lists the files: neither removing them nor going on is safe.
+            let reason = format!(
+                "the manifest of an import at {lsn} may or may not be stored ({e}); reload the \
+                 timeline to find out"
+            );
+            tracing::error!(tenant = %timeline.tenant_id, timeline = %timeline.timeline_id, "{reason}");
+            // Set under the write lock, and only ever once.
+            let _ = timeline.broken.set(reason);
+            return Err(e);
+        }
         timeline.update_layer_map(|map| {
             map.l0
                 .extend(deltas.iter().map(|delta| Layer::Delta(delta.clone())));

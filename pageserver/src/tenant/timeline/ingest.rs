@@ -178,7 +178,7 @@ impl Timeline {
         tracing::warn!(
             tenant = %self.tenant_id,
             timeline = %self.timeline_id,
-            "ingest stopped: {l0} L0 layers wait for compaction (l0_stop_threshold {})",
+            "ingest stopped: an L0 depth of {l0} waits for compaction (l0_stop_threshold {})",
             conf.l0_stop_threshold
         );
         let mut guard = guard;

@@ -8,9 +8,12 @@
 //! L0 delta layers are the flushes' and imports' output: one per flush, their LSN ranges
 //! tiling the newest history above the L1s, and a group per import (`import.rs`): up to
 //! `MAX_IMPORT_RUNS + 1` layers sharing one LSN range `[lsn, lsn+1)`, each holding its own keys
-//! (no key is in two of them). A read walks a group like any L0s; what counts against the L0
-//! thresholds is the [depth](LayerMap::l0_depth), the number of distinct LSN ranges, since a
-//! read finds a key in at most one layer of a group. Compaction takes groups whole. Below them lie what compaction and image creation write: runs of L1
+//! (no key is in two of them). A read walks a group like any L0s, probing each layer whose key
+//! range covers its key (the group's files overlap in key range: up to all of them). What the
+//! L0 thresholds count is the [depth](LayerMap::l0_depth), the number of distinct LSN ranges:
+//! compaction takes groups whole and cannot fold a group alone (its outputs would take the
+//! group's LSN range and could take an input's name), so a group counts once, or a lone one
+//! could hold ingest at a threshold that nothing can bring it under. Below them lie what compaction and image creation write: runs of L1
 //! delta layers (one LSN range, each a part of the key space) and image layers (every page of a
 //! key range at one LSN). They are kept newest first: by the end of their LSN range, and an
 //! image before the deltas that end where it does (it is their keys' pages as of their last

@@ -95,7 +95,8 @@ mod off {
 /// What a layer file is to the timeline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LayerLevel {
-    /// A delta layer a flush wrote: one per flush, LSN ranges tiling the newest history.
+    /// A delta layer a flush or an import wrote: one per flush, LSN ranges tiling the newest
+    /// history; an import's share one LSN range (a group, `layer_map.rs`).
     L0,
     /// A delta layer compaction wrote from L0s: a run of them shares an LSN range, each a
     /// part of the key space.

@@ -68,12 +68,13 @@
 //!
 //! # Backpressure on L0 layers
 //!
-//! Each flush adds an L0 layer, and a read may visit every one; the background compaction loop
+//! Each flush adds an L0 layer (an import a group of them at one LSN range, counted once: see
+//! `layer_map.rs`), and a read may visit every one; the background compaction loop
 //! (`tenant::tasks::compaction`, woken by a flush that reaches `compaction_threshold`) merges
 //! them into L1s. If it falls behind, ingest waits for it instead of letting reads slow down
-//! without bound: with `l0_slowdown_threshold` L0s a batch first waits 10 ms per L0 past it (at
-//! most 100 ms) or until a compaction finishes; with `l0_stop_threshold` it waits until
-//! compaction brings the count below that (refused with a 503 after `L0_STOP_MAX_WAIT`), with
+//! without bound: at an L0 depth of `l0_slowdown_threshold` a batch first waits 10 ms per L0
+//! past it (at most 100 ms) or until a compaction finishes; at `l0_stop_threshold` it waits
+//! until compaction brings the depth below that (refused with a 503 after `L0_STOP_MAX_WAIT`), with
 //! a log line and the `pageserver_ingest_l0_wait_seconds` histogram. The wait happens outside
 //! `write_lock` (nothing else waits behind a held batch) and the count is checked again under
 //! it, so one batch at a time goes through on the room there is. A batch can flush at most
@@ -148,12 +149,12 @@ pub struct TimelineConf {
     pub max_lsn_waiters: usize,
     /// Compaction writes L1 layers of about this many bytes each.
     pub compaction_target_size: u64,
-    /// The background loop compacts once this many L0 layers wait; 0: never (and no L0
-    /// backpressure).
+    /// The background loop compacts once the L0 depth (layers, an import's group counted once)
+    /// reaches this; 0: never (and no L0 backpressure).
     pub compaction_threshold: usize,
-    /// With this many L0 layers, each batch waits a little for compaction first.
+    /// At this L0 depth, each batch waits a little for compaction first.
     pub l0_slowdown_threshold: usize,
-    /// With this many L0 layers, batches wait until compaction brings the count below it.
+    /// At this L0 depth, batches wait until compaction brings the depth below it.
     pub l0_stop_threshold: usize,
     /// A key range gets new images once this many L1 layers stack over a key above its
     /// newest image; 0: never.
@@ -247,7 +248,7 @@ pub enum TimelineError {
     ShuttingDown,
     #[error("an import into the timeline is in progress; writes wait for it to finish")]
     ImportInProgress,
-    #[error("ingest is stopped: {l0} L0 layers wait for compaction (l0_stop_threshold is {limit}), and none was compacted in {waited:?}; try again later")]
+    #[error("ingest is stopped: an L0 depth of {l0} waits for compaction (l0_stop_threshold is {limit}), and none was compacted in {waited:?}; try again later")]
     IngestStopped {
         l0: usize,
         limit: usize,

@@ -97,6 +97,19 @@ impl DeltaLayerWriter {
         self.file.offset()
     }
 
+    /// Whether an undated writer holds `key` (a binary search of its keys).
+    pub fn holds_undated(&self, key: Key) -> bool {
+        match &self.index {
+            Index::Undated(entries) => entries.binary_search_by_key(&key, |(k, _)| *k).is_ok(),
+            Index::Building(_) => false,
+        }
+    }
+
+    /// The first key put so far.
+    pub fn first_key(&self) -> Option<Key> {
+        self.first_key
+    }
+
     /// The last key put so far.
     pub fn last_key(&self) -> Option<Key> {
         self.last_key

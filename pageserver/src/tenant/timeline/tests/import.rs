@@ -236,3 +236,40 @@ fn an_abandoned_import_leaves_no_run_file() {
     assert_eq!(tl.last_record_lsn(), Lsn(0));
     assert_eq!(tl.get_page(rel_key(1), Lsn(0)).unwrap(), None);
 }
+
+#[test]
+fn a_key_put_twice_into_an_import_is_refused() {
+    let (_dir, _cache, tl) = fresh_timeline(64);
+    let mut model = Model::new();
+    let mut import = tl.begin_import().unwrap();
+    for k in 10..20 {
+        import
+            .put_in_order(rel_key(k), &Value::Image(page(k, 1)))
+            .unwrap();
+        record(&mut model, k, Lsn(0x100), page(k, 1));
+    }
+    import.put(rel_key(40), &Value::Image(page(40, 1))).unwrap();
+    record(&mut model, 40, Lsn(0x100), page(40, 1));
+    let duplicate = |e: TimelineError| matches!(e, TimelineError::Put(PutError::Duplicate { .. }));
+    // In a run, from either door; in the private layer, from either door; a key inside a run's
+    // range that starts a new run.
+    let v = Value::Image(page(0, 2));
+    assert!(duplicate(import.put(rel_key(15), &v).unwrap_err()));
+    assert!(duplicate(import.put_in_order(rel_key(12), &v).unwrap_err()));
+    assert!(duplicate(import.put_in_order(rel_key(40), &v).unwrap_err()));
+    assert!(duplicate(import.put(rel_key(40), &v).unwrap_err()));
+    // A new run below the first, then keys that run into the first one's.
+    for k in 5..10 {
+        import
+            .put_in_order(rel_key(k), &Value::Image(page(k, 1)))
+            .unwrap();
+        record(&mut model, k, Lsn(0x100), page(k, 1));
+    }
+    assert!(duplicate(import.put_in_order(rel_key(10), &v).unwrap_err()));
+    import.commit(Lsn(0x100)).unwrap();
+    check(&tl, &model, 0..50, &[Lsn(0x100)]);
+    batch(&tl, 0..50, 3, Lsn(0x200), &mut model);
+    tl.checkpoint().unwrap();
+    assert!(tl.compact_l0(2).unwrap().inputs > 0);
+    check(&tl, &model, 0..50, &[Lsn(0x100), Lsn(0x200)]);
+}
