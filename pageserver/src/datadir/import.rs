@@ -5,9 +5,10 @@
 //! the timeline's current one and stored only if it differs or is new, so a second import of
 //! the same cluster stores what changed. Everything goes through one [`Import`], which keeps
 //! it invisible until its commit and drops it all on any error: a refused or interrupted import
-//! stores nothing. The blocks or chunks of a member come in key order: past the first
-//! `IMPORT_RUN_MIN_BYTES` it stores, they are put as such ([`Import::put_in_order`]), written
-//! once, straight into a layer file. Checks that need the whole archive (`pg_control`, `postmaster.pid`, the
+//! stores nothing. The blocks or chunks of a member come in key order: those of a new member of
+//! at least `IMPORT_RUN_MIN_BYTES`, and those an older one stores past its first
+//! `IMPORT_RUN_MIN_BYTES`, are put as such ([`Import::put_in_order`]), written once, straight
+//! into a layer file. Checks that need the whole archive (`pg_control`, `postmaster.pid`, the
 //! cluster's identity, the snapshot's LSN) run at the end, before the commit.
 //!
 //! The snapshot's LSN is the `lsn` the caller gives, else, for a `pg_basebackup` archive
@@ -346,7 +347,7 @@ impl<'t> Importer<'t> {
             ImportError::Invalid(format!("relation file {path:?} reaches past block 2^32"))
         })?;
         let old_size = self.old_size(&rel);
-        let mut stored = 0u64;
+        let mut stored = run_credit(first >= old_size, size);
         let mut buf = vec![0u8; BLCKSZ];
         for blknum in first..end {
             data.read_exact(&mut buf).map_err(ImportError::Read)?;
@@ -374,8 +375,9 @@ impl<'t> Importer<'t> {
     }
 
     /// Stores a block or chunk of one member, whose keys increase: once the member has stored
-    /// `IMPORT_RUN_MIN_BYTES`, in key order (straight into a run); before, in the private layer,
-    /// so that a member that stores little (a small file, a few changed blocks) adds no file.
+    /// `IMPORT_RUN_MIN_BYTES` (counting from [`run_credit`]), in key order (straight into a
+    /// run); before, in the private layer, so that a member that stores little (a small file, a
+    /// few changed blocks) adds no file.
     fn put_from_member(
         &mut self,
         key: Key,
@@ -454,7 +456,7 @@ impl<'t> Importer<'t> {
             .as_ref()
             .is_none_or(|o| o.size != size || o.mode != mode);
         let mut left = size;
-        let mut stored = 0u64;
+        let mut stored = run_credit(old.is_none(), size);
         let mut buf = vec![0u8; FILE_CHUNK_SIZE];
         for chunk in 0..chunks as u32 {
             let n = left.min(FILE_CHUNK_SIZE as u64) as usize;
@@ -685,6 +687,17 @@ impl<'t> Importer<'t> {
 }
 
 /// `a/b/c` → `a`, `a/b`.
+/// Where a member's count of stored bytes starts: a new member of `size` at least
+/// `IMPORT_RUN_MIN_BYTES` stores all of it, so it goes into a run from its first value; any
+/// other starts from zero and goes there once it has stored that much.
+fn run_credit(new: bool, size: u64) -> u64 {
+    if new && size >= IMPORT_RUN_MIN_BYTES {
+        IMPORT_RUN_MIN_BYTES
+    } else {
+        0
+    }
+}
+
 fn ancestors(path: &str) -> impl Iterator<Item = String> + '_ {
     path.match_indices('/').map(|(i, _)| path[..i].to_string())
 }

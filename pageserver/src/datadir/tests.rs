@@ -301,8 +301,14 @@ fn large_members_are_written_straight_into_layers_and_come_back() {
         };
         bytes[at] ^= 0x5a;
     }
+    let l0_before = tl.layer_counts().l0;
     let report = import_archive(&tl, &tar_of(&second)[..], None).unwrap();
     assert_eq!((report.blocks_changed, report.blocks_new), (2, 0));
+    assert_eq!(
+        tl.layer_counts().l0 - l0_before,
+        1,
+        "a few changed values of large members open no run"
+    );
     assert_eq!(report.files_changed, 2, "pg_xact/0001 and pg_control");
     assert!(
         report.bytes_stored < 8 * BLCKSZ as u64,

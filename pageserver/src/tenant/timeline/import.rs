@@ -22,9 +22,9 @@
 //!
 //! A version that goes through the private layer is written twice: into its ephemeral file, and
 //! from there, in key order, into a layer file at the commit. The values of one relation
-//! segment or one file arrive in key order, so what a large one stores past its first
-//! [`IMPORT_RUN_MIN_BYTES`] is written once, straight into a layer file (a run), whose index is
-//! built when the commit gives the LSN. A run goes on as long as the keys keep increasing (the
+//! segment or one file arrive in key order, so a new one of [`IMPORT_RUN_MIN_BYTES`] or more,
+//! or what an older one stores past its first [`IMPORT_RUN_MIN_BYTES`], is written once,
+//! straight into a layer file (a run), whose index is built when the commit gives the LSN. A run goes on as long as the keys keep increasing (the
 //! next large input may continue it); one whose first key is lower starts a new run, up to
 //! [`MAX_IMPORT_RUNS`], after which the rest goes through the private layer. A key is put once
 //! (a second put is refused), so the import's layers hold disjoint sets of keys at the same LSN
@@ -51,9 +51,10 @@ use crate::tenant::storage_layer::delta_layer::DeltaLayerWriter;
 /// most one more: the private layer's file).
 pub const MAX_IMPORT_RUNS: usize = 8;
 
-/// What an input stores through the private layer before the rest of it goes into a run: one
-/// that stores less (a small file, a few changed blocks of a large one) adds no file, which
-/// would cost more than writing its values twice.
+/// What an input that is not new stores through the private layer before the rest of it goes
+/// into a run (a new one this large goes there from its first value): one that stores less (a
+/// few changed blocks of a large file) adds no file, which would cost more than writing its
+/// values twice.
 pub const IMPORT_RUN_MIN_BYTES: u64 = 1 << 20;
 
 /// An import in progress: see the module documentation.
@@ -170,7 +171,7 @@ impl Import<'_> {
     }
 
     /// Stores `value` as the new version of `key`, for the values of one large input put in
-    /// increasing key order (past the first [`IMPORT_RUN_MIN_BYTES`] it stores): written straight
+    /// increasing key order (see [`IMPORT_RUN_MIN_BYTES`]): written straight
     /// into a run's layer file when the keys allow (see the module documentation), else as
     /// [`Self::put`]. A key put before is refused.
     pub fn put_in_order(&mut self, key: Key, value: &Value) -> Result<(), TimelineError> {
