@@ -367,6 +367,30 @@ def test_a_failed_manifest_store_keeps_the_import_for_the_restart_to_judge(
     assert pageserver.leftovers() == []
 
 
+@pytest.mark.needs_testing
+def test_a_layer_commit_failing_after_its_rename_leaves_no_file_of_the_import(
+    pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle
+):
+    """A run's file gets its final name and then its directory's fsync fails: the import fails,
+    and no file of it is left, under any name; the next import goes through."""
+    cluster = pg.new_cluster("source").start()
+    cluster.pgbench("-i", "-s", "1", "-q")
+    state = cluster.state()
+    cluster.stop()
+    body = directory_tar(cluster)
+    before = timeline.dir_files()
+    pageserver.allowed_errors.append("failpoint layer-after-rename")
+    pageserver.http.configure_failpoints(("layer-after-rename", "return"))
+    r = requests.put(f"{timeline.url}/import", data=body, timeout=120)
+    pageserver.http.configure_failpoints(("layer-after-rename", "off"))
+    assert r.status_code == 500 and "layer-after-rename" in r.text, r.text
+    assert timeline.dir_files() == before
+    r = requests.put(f"{timeline.url}/import", data=body, timeout=120)
+    assert r.status_code == 200, r.text
+    restored, _ = restored_state(pg, timeline, "restored")
+    assert restored == state
+
+
 def test_branch_at_a_snapshot_diverges_from_its_parent(pg: PgEnv, timeline: TimelineHandle):
     cluster = pg.new_cluster("source").start()
     cluster.pgbench("-i", "-s", "1", "-q")

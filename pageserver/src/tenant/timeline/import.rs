@@ -46,6 +46,7 @@
 
 use super::*;
 use crate::tenant::storage_layer::delta_layer::DeltaLayerWriter;
+use crate::tenant::storage_layer::layer_name::LayerName;
 
 /// The most runs one import writes straight into layer files (the size of its L0 group is at
 /// most one more: the private layer's file).
@@ -258,6 +259,9 @@ impl Import<'_> {
             // be listed on disk (publish broke the timeline: a reload finds out which).
             if !manifest_tried {
                 timeline.remove_uncommitted(written.iter().map(|w| w.path.clone()));
+                // A file whose commit failed after its rename (at the directory's fsync) has
+                // its final name but is in no list: nothing else makes layers at this range.
+                remove_unlisted_at(timeline, lsn);
             }
             return Err(e);
         }
@@ -378,6 +382,21 @@ impl Import<'_> {
         drop(writer);
         Ok(())
     }
+}
+
+/// Removes the layer files of `[lsn, lsn+1)` that the manifest does not list. Best effort: one
+/// left behind starts above `disk_consistent_lsn` until a later import passes it.
+fn remove_unlisted_at(timeline: &Timeline, lsn: Lsn) {
+    let Ok(entries) = std::fs::read_dir(&timeline.dir) else {
+        return;
+    };
+    let range = lsn..Lsn(lsn.0 + 1);
+    let ours = entries.filter_map(|entry| {
+        let path = entry.ok()?.path();
+        let name: LayerName = path.file_name()?.to_str()?.parse().ok()?;
+        (name.lsn_range() == range).then_some(path)
+    });
+    timeline.remove_uncommitted(ours.collect::<Vec<_>>());
 }
 
 impl Drop for Import<'_> {
