@@ -38,7 +38,7 @@ fn check(tl: &Timeline, model: &Model, keys: std::ops::Range<u32>, lsns: &[Lsn])
 }
 
 /// An input of an import: `len` keys from `first`, large (put in order) or not.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Member {
     first: u32,
     len: u32,
@@ -272,4 +272,59 @@ fn a_key_put_twice_into_an_import_is_refused() {
     tl.checkpoint().unwrap();
     assert!(tl.compact_l0(2).unwrap().inputs > 0);
     check(&tl, &model, 0..50, &[Lsn(0x100), Lsn(0x200)]);
+}
+
+/// One import of a property test: which 50-key slots it writes, how much of each, whether
+/// in order, in what order the members arrive.
+fn import_strategy() -> impl proptest::strategy::Strategy<Value = Vec<Member>> {
+    use proptest::prelude::*;
+    prop::collection::btree_map(0u32..40, (1u32..50, any::<bool>()), 1..14)
+        .prop_map(|slots| {
+            slots
+                .into_iter()
+                .map(|(slot, (len, large))| Member {
+                    first: slot * 50,
+                    len,
+                    large,
+                })
+                .collect::<Vec<_>>()
+        })
+        .prop_shuffle()
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+
+    /// Imports of members in any order and any mix of the two doors, with batches between
+    /// them, read like the model at every LSN: as committed, after a reload, and after the
+    /// groups are compacted.
+    #[test]
+    fn imports_in_any_order_read_like_the_model(
+        imports in proptest::collection::vec(import_strategy(), 1..5),
+        batches in proptest::collection::vec(proptest::option::of(0u32..2000), 5),
+        compact in proptest::bool::ANY,
+    ) {
+        let (dir, cache, tl) = fresh_timeline(128);
+        let mut model = Model::new();
+        let mut lsns = vec![];
+        for (i, members) in imports.iter().enumerate() {
+            let base = Lsn(0x1000 * (i as u64 + 1));
+            if let Some(k) = batches[i] {
+                batch(&tl, k..(k + 7).min(2000), 100 + i as u8, base, &mut model);
+                lsns.push(base);
+            }
+            let lsn = Lsn(base.0 + 0x800);
+            import(&tl, members, i as u8 + 1, lsn, &mut model);
+            lsns.push(Lsn(lsn.0 - 1));
+            lsns.push(lsn);
+        }
+        check(&tl, &model, 0..2000, &lsns);
+        drop(tl);
+        let tl = Timeline::load(dir.path(), TENANT, TIMELINE, cache, conf()).unwrap();
+        check(&tl, &model, 0..2000, &lsns);
+        if compact {
+            tl.compact_l0(2).unwrap();
+            check(&tl, &model, 0..2000, &lsns);
+        }
+    }
 }
