@@ -13,16 +13,18 @@
 //! L0 thresholds count is the [depth](LayerMap::l0_depth), the number of distinct LSN ranges:
 //! compaction takes groups whole and cannot fold a group alone (its outputs would take the
 //! group's LSN range and could take an input's name), so a group counts once, or a lone one
-//! could hold ingest at a threshold that nothing can bring it under. Below them lie what compaction and image creation write: runs of L1
-//! delta layers (one LSN range, each a part of the key space) and image layers (every page of a
-//! key range at one LSN). They are kept newest first: by the end of their LSN range, and an
+//! could hold ingest at a threshold that nothing can bring it under.
+//!
+//! Below them lie what compaction and image creation write: runs of L1 delta layers (one LSN
+//! range, each a part of the key space) and image layers (every page of a key range at one
+//! LSN). They are kept newest first: by the end of their LSN range, and an
 //! image before the deltas that end where it does (it is their keys' pages as of their last
 //! LSN). That order is a valid walk for any key because no L1 straddles an image's LSN: images
 //! are made only at the LSN where the L1s end, and only L0s above it are compacted later.
 //!
 //! A reader takes the current snapshot (`Arc<LayerMap>`: the timeline's lock on it is held only
 //! to clone the `Arc`) and walks it with no lock at all, however long its file reads take.
-//! Every change to the set of layers (an open layer started, a freeze, a flush, a compaction,
+//! Every change to the set of layers (an open layer started, a freeze, a flush, an import, a compaction,
 //! an image creation, GC) builds a new map from the current one and publishes it in one swap,
 //! under the timeline's lock on the snapshot, which also orders such changes: two of them never work from the same old map.
 //! A reader keeps the layers of its snapshot alive (an `Arc` each) until it lets go, so a layer
