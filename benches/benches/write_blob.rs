@@ -10,6 +10,17 @@
 //!   no zeroing: what the kernel charges for the bytes, so `ephemeral / pwrite_baseline` is the
 //!   cost of our own work (pre-warm, bookkeeping).
 //!
+//! Variants of the `pwrite` baseline, for what the ephemeral file could change about how it
+//! writes (the same encoding, the same 8 KiB blocks unless said otherwise):
+//!
+//! * `pwrite_fallocate/{size}`: the file's blocks allocated 1 MiB ahead of the writes
+//!   (`fallocate` with `FALLOC_FL_KEEP_SIZE`): what preallocating ahead of the tail saves.
+//! * `pwrite_overwrite/{size}`: the blocks written over a file already that long (written
+//!   untimed first): a write that neither extends the file nor allocates, the floor any
+//!   preallocation can reach.
+//! * `pwrite_1mib/{size}`: the blocks gathered into 1 MiB and written with one positional write
+//!   each: what writing the file in larger steps saves.
+//!
 //! Each sample uses a fresh file so the files stay bounded too; creating and removing it is not
 //! timed. Throughput is blob payload bytes.
 
@@ -63,6 +74,34 @@ fn write_blob(c: &mut Criterion) {
                 black_box(buf.len())
             })
         });
+
+        for variant in [Variant::Fallocate, Variant::Overwrite, Variant::Chunk1MiB] {
+            group.bench_with_input(BenchmarkId::new(variant.name(), size), &blob, |b, blob| {
+                b.iter_custom(|iters| {
+                    let path = dir.path().join("pwrite-variant");
+                    let file = File::create(&path).expect("create");
+                    let bytes = iters * (blob.len() as u64 + 4);
+                    if variant == Variant::Overwrite {
+                        // Untimed: the file as long as the timed writes will make it.
+                        let zeros = vec![0u8; 1 << 20];
+                        let mut at = 0;
+                        while at < bytes + PAGE_SZ as u64 {
+                            file.write_all_at(&zeros, at).expect("pre-write");
+                            at += zeros.len() as u64;
+                        }
+                    }
+                    let mut file = VariantAppender::new(file, variant);
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        file.append_blob(black_box(blob));
+                    }
+                    let elapsed = start.elapsed();
+                    drop(file);
+                    std::fs::remove_file(&path).expect("remove");
+                    elapsed
+                })
+            });
+        }
 
         group.bench_with_input(
             BenchmarkId::new("pwrite_baseline", size),
@@ -128,6 +167,105 @@ impl BlockAppender {
             }
         }
     }
+}
+
+/// How a [`VariantAppender`] writes its blocks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Fallocate,
+    Overwrite,
+    Chunk1MiB,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Fallocate => "pwrite_fallocate",
+            Variant::Overwrite => "pwrite_overwrite",
+            Variant::Chunk1MiB => "pwrite_1mib",
+        }
+    }
+}
+
+/// The `pwrite` baseline's encoding, written as a [`Variant`] says.
+struct VariantAppender {
+    file: File,
+    variant: Variant,
+    /// One block, or 1 MiB for `Chunk1MiB`.
+    buf: Vec<u8>,
+    used: usize,
+    written: u64,
+    /// Allocated up to here (`Fallocate`).
+    allocated: u64,
+}
+
+const STEP: usize = 1 << 20;
+
+impl VariantAppender {
+    fn new(file: File, variant: Variant) -> Self {
+        let len = if variant == Variant::Chunk1MiB {
+            STEP
+        } else {
+            PAGE_SZ
+        };
+        VariantAppender {
+            file,
+            variant,
+            buf: vec![0; len],
+            used: 0,
+            written: 0,
+            allocated: 0,
+        }
+    }
+
+    #[inline]
+    fn append_blob(&mut self, blob: &[u8]) {
+        let header = BlobHeader::new(blob.len()).expect("blob size");
+        self.append(header.as_bytes());
+        self.append(blob);
+    }
+
+    #[inline]
+    fn append(&mut self, mut src: &[u8]) {
+        while !src.is_empty() {
+            let n = (self.buf.len() - self.used).min(src.len());
+            self.buf[self.used..self.used + n].copy_from_slice(&src[..n]);
+            self.used += n;
+            src = &src[n..];
+            if self.used == self.buf.len() {
+                if self.variant == Variant::Fallocate && self.written >= self.allocated {
+                    fallocate_keep_size(&self.file, self.allocated, STEP as u64);
+                    self.allocated += STEP as u64;
+                }
+                self.file
+                    .write_all_at(&self.buf, self.written)
+                    .expect("pwrite");
+                self.written += self.buf.len() as u64;
+                self.used = 0;
+            }
+        }
+    }
+}
+
+/// Allocates `len` bytes of `file` from `offset` without changing its size (Linux; elsewhere
+/// nothing, and the variant measures plain writes).
+#[cfg(not(target_os = "linux"))]
+fn fallocate_keep_size(_file: &File, _offset: u64, _len: u64) {}
+
+/// Allocates `len` bytes of `file` from `offset` without changing its size.
+#[cfg(target_os = "linux")]
+fn fallocate_keep_size(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain system call on a descriptor this function borrows for its duration.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    assert_eq!(rc, 0, "fallocate: {}", std::io::Error::last_os_error());
 }
 
 criterion_group!(benches, write_blob);
