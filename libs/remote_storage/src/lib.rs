@@ -439,10 +439,9 @@ impl RemoteStorage {
         .await
     }
 
-    /// Writes the local file at `path` as the object `key`: in one request up to
-    /// the part size ([`PART_SIZE`], [`LOCAL_PART_SIZE`]), in parts beyond, never the whole
-    /// file in memory. Returns the length and
-    /// CRC-32C of what it sent.
+    /// Writes the local file at `path` as the object `key`: in one request up to the part size
+    /// ([`PART_SIZE`], [`LOCAL_PART_SIZE`]), in parts beyond, never the whole file in memory.
+    /// Returns the length and CRC-32C of what it sent.
     pub async fn put_file(
         &self,
         key: &RemotePath,

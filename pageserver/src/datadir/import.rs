@@ -686,7 +686,6 @@ impl<'t> Importer<'t> {
     }
 }
 
-/// `a/b/c` → `a`, `a/b`.
 /// Where a member's count of stored bytes starts: a new member of `size` at least
 /// `IMPORT_RUN_MIN_BYTES` stores all of it, so it goes into a run from its first value; any
 /// other starts from zero and goes there once it has stored that much.
@@ -698,6 +697,7 @@ fn run_credit(new: bool, size: u64) -> u64 {
     }
 }
 
+/// `a/b/c` → `a`, `a/b`.
 fn ancestors(path: &str) -> impl Iterator<Item = String> + '_ {
     path.match_indices('/').map(|(i, _)| path[..i].to_string())
 }
