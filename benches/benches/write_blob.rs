@@ -18,8 +18,8 @@
 //! * `pwrite_overwrite/{size}`: the blocks written over a file already that long (written
 //!   untimed first): a write that neither extends the file nor allocates, the floor any
 //!   preallocation can reach.
-//! * `pwrite_1mib/{size}`: the blocks gathered into 1 MiB and written with one positional write
-//!   each: what writing the file in larger steps saves.
+//! * `pwrite_64kib/{size}`, `pwrite_1mib/{size}`: the blocks gathered into 64 KiB or 1 MiB and
+//!   written with one positional write each: what writing the file in larger steps saves.
 //!
 //! Each sample uses a fresh file so the files stay bounded too; creating and removing it is not
 //! timed. Throughput is blob payload bytes.
@@ -75,7 +75,12 @@ fn write_blob(c: &mut Criterion) {
             })
         });
 
-        for variant in [Variant::Fallocate, Variant::Overwrite, Variant::Chunk1MiB] {
+        for variant in [
+            Variant::Fallocate,
+            Variant::Overwrite,
+            Variant::Chunk64KiB,
+            Variant::Chunk1MiB,
+        ] {
             group.bench_with_input(BenchmarkId::new(variant.name(), size), &blob, |b, blob| {
                 b.iter_custom(|iters| {
                     let path = dir.path().join("pwrite-variant");
@@ -174,6 +179,7 @@ impl BlockAppender {
 enum Variant {
     Fallocate,
     Overwrite,
+    Chunk64KiB,
     Chunk1MiB,
 }
 
@@ -182,7 +188,17 @@ impl Variant {
         match self {
             Variant::Fallocate => "pwrite_fallocate",
             Variant::Overwrite => "pwrite_overwrite",
+            Variant::Chunk64KiB => "pwrite_64kib",
             Variant::Chunk1MiB => "pwrite_1mib",
+        }
+    }
+
+    /// Bytes written by one positional write.
+    fn write_len(self) -> usize {
+        match self {
+            Variant::Fallocate | Variant::Overwrite => PAGE_SZ,
+            Variant::Chunk64KiB => 64 << 10,
+            Variant::Chunk1MiB => STEP,
         }
     }
 }
@@ -191,7 +207,7 @@ impl Variant {
 struct VariantAppender {
     file: File,
     variant: Variant,
-    /// One block, or 1 MiB for `Chunk1MiB`.
+    /// One write's worth: [`Variant::write_len`].
     buf: Vec<u8>,
     used: usize,
     written: u64,
@@ -203,15 +219,10 @@ const STEP: usize = 1 << 20;
 
 impl VariantAppender {
     fn new(file: File, variant: Variant) -> Self {
-        let len = if variant == Variant::Chunk1MiB {
-            STEP
-        } else {
-            PAGE_SZ
-        };
         VariantAppender {
             file,
             variant,
-            buf: vec![0; len],
+            buf: vec![0; variant.write_len()],
             used: 0,
             written: 0,
             allocated: 0,
