@@ -76,6 +76,7 @@ fn write_blob(c: &mut Criterion) {
         });
 
         for variant in [
+            Variant::Baseline,
             Variant::Fallocate,
             Variant::Overwrite,
             Variant::Chunk64KiB,
@@ -107,76 +108,15 @@ fn write_blob(c: &mut Criterion) {
                 })
             });
         }
-
-        group.bench_with_input(
-            BenchmarkId::new("pwrite_baseline", size),
-            &blob,
-            |b, blob| {
-                b.iter_custom(|iters| {
-                    let path = dir.path().join("pwrite-baseline");
-                    let mut file = BlockAppender::new(File::create(&path).expect("create"));
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        file.append_blob(black_box(blob));
-                    }
-                    let elapsed = start.elapsed();
-                    drop(file);
-                    std::fs::remove_file(&path).expect("remove");
-                    elapsed
-                })
-            },
-        );
     }
     group.finish();
-}
-
-/// The least a file of blobs written block by block can cost: encode into one block buffer and
-/// write it at its offset when full.
-struct BlockAppender {
-    file: File,
-    block: Box<[u8; PAGE_SZ]>,
-    used: usize,
-    written: u64,
-}
-
-impl BlockAppender {
-    fn new(file: File) -> Self {
-        BlockAppender {
-            file,
-            block: Box::new([0; PAGE_SZ]),
-            used: 0,
-            written: 0,
-        }
-    }
-
-    #[inline]
-    fn append_blob(&mut self, blob: &[u8]) {
-        let header = BlobHeader::new(blob.len()).expect("blob size");
-        self.append(header.as_bytes());
-        self.append(blob);
-    }
-
-    #[inline]
-    fn append(&mut self, mut src: &[u8]) {
-        while !src.is_empty() {
-            let n = (PAGE_SZ - self.used).min(src.len());
-            self.block[self.used..self.used + n].copy_from_slice(&src[..n]);
-            self.used += n;
-            src = &src[n..];
-            if self.used == PAGE_SZ {
-                self.file
-                    .write_all_at(&self.block[..], self.written)
-                    .expect("pwrite");
-                self.written += PAGE_SZ as u64;
-                self.used = 0;
-            }
-        }
-    }
 }
 
 /// How a [`VariantAppender`] writes its blocks.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Variant {
+    /// The least a file of blobs written block by block can cost: one 8 KiB write per block.
+    Baseline,
     Fallocate,
     Overwrite,
     Chunk64KiB,
@@ -186,6 +126,7 @@ enum Variant {
 impl Variant {
     fn name(self) -> &'static str {
         match self {
+            Variant::Baseline => "pwrite_baseline",
             Variant::Fallocate => "pwrite_fallocate",
             Variant::Overwrite => "pwrite_overwrite",
             Variant::Chunk64KiB => "pwrite_64kib",
@@ -196,14 +137,15 @@ impl Variant {
     /// Bytes written by one positional write.
     fn write_len(self) -> usize {
         match self {
-            Variant::Fallocate | Variant::Overwrite => PAGE_SZ,
+            Variant::Baseline | Variant::Fallocate | Variant::Overwrite => PAGE_SZ,
             Variant::Chunk64KiB => 64 << 10,
             Variant::Chunk1MiB => STEP,
         }
     }
 }
 
-/// The `pwrite` baseline's encoding, written as a [`Variant`] says.
+/// The blob encoding into a buffer, written at its offset when full, as a [`Variant`] says: no
+/// page cache, no zeroing.
 struct VariantAppender {
     file: File,
     variant: Variant,
