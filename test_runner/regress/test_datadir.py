@@ -247,7 +247,9 @@ def test_refused_imports_store_nothing(pg: PgEnv, pageserver: Pageserver, timeli
     assert requests.put(f"{timeline.url}/import", data=directory_tar(cluster)).status_code == 200
 
 
-def test_crash_during_import_leaves_the_previous_snapshot(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
+def a_snapshot_then_more_work(pg: PgEnv, timeline: TimelineHandle) -> tuple[Lsn, dict, bytes]:
+    """A pgbench cluster imported, then more work on it: the first snapshot's LSN and state,
+    and the later directory's archive."""
     cluster = pg.new_cluster("source").start()
     cluster.pgbench("-i", "-s", "1", "-q")
     first_state = cluster.state()
@@ -256,7 +258,24 @@ def test_crash_during_import_leaves_the_previous_snapshot(pg: PgEnv, pageserver:
     cluster.start()
     cluster.pgbench("-t", "100", "-n")
     cluster.stop()
-    body = directory_tar(cluster)
+    return first, first_state, directory_tar(cluster)
+
+
+def assert_back_at_the_first_snapshot(
+    pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle, first: Lsn, first_state: dict, body: bytes
+) -> None:
+    """After an import that did not happen: the timeline ends at the first snapshot, which
+    restores as it was, nothing is left behind, and the import then goes through."""
+    assert Lsn.parse(timeline.info()["last_record_lsn"]) == first
+    state, at = restored_state(pg, timeline, "restored")
+    assert at == first and state == first_state
+    assert pageserver.leftovers() == []
+    r = requests.put(f"{timeline.url}/import", data=body)
+    assert r.status_code == 200, r.text
+
+
+def test_crash_during_import_leaves_the_previous_snapshot(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
+    first, first_state, body = a_snapshot_then_more_work(pg, timeline)
 
     def metric() -> float:
         for line in pageserver.http.metrics_text().splitlines():
@@ -291,14 +310,7 @@ def test_crash_during_import_leaves_the_previous_snapshot(pg: PgEnv, pageserver:
     assert "error" in outcome, outcome
     pageserver.start()
 
-    info = timeline.info()
-    assert Lsn.parse(info["last_record_lsn"]) == first
-    state, at = restored_state(pg, timeline, "restored")
-    assert at == first and state == first_state
-    # The interrupted import left no files behind, and a full one goes through.
-    assert pageserver.leftovers() == []
-    r = requests.put(f"{timeline.url}/import", data=body)
-    assert r.status_code == 200, r.text
+    assert_back_at_the_first_snapshot(pg, pageserver, timeline, first, first_state, body)
 
 
 @pytest.mark.needs_testing
@@ -308,33 +320,20 @@ def test_crash_before_an_imports_manifest_leaves_the_previous_snapshot(
     """The process dies once an import's layer files (runs of its large members written straight
     to disk, and the rest) are durable under their final names, before the manifest that lists
     them: the restart removes every one, and the timeline is at its previous snapshot."""
-    cluster = pg.new_cluster("source").start()
-    cluster.pgbench("-i", "-s", "1", "-q")
-    first_state = cluster.state()
-    cluster.stop()
-    first = Lsn.parse(import_stopped(pg, timeline, cluster)["lsn"])
+    first, first_state, body = a_snapshot_then_more_work(pg, timeline)
     files_before = timeline.dir_files()
-    cluster.start()
-    cluster.pgbench("-t", "100", "-n")
-    cluster.stop()
-    body = directory_tar(cluster)
 
     pageserver.http.configure_failpoints(("import-before-manifest", "exit"))
     with pytest.raises(requests.RequestException):
         requests.put(f"{timeline.url}/import", data=body, timeout=120)
     assert pageserver.wait_for_exit() == 1
-    # The changed blocks of pgbench_accounts and the WAL went to run files, the rest to one more.
+    # The new WAL segments went to a run file, the rest (changed blocks too) to one more.
     new_layers = [f for f in timeline.dir_files() if f not in files_before and "__" in f]
     assert len(new_layers) >= 2, timeline.dir_files()
     pageserver.start()
 
     assert timeline.dir_files() == files_before
-    assert Lsn.parse(timeline.info()["last_record_lsn"]) == first
-    state, at = restored_state(pg, timeline, "restored")
-    assert at == first and state == first_state
-    assert pageserver.leftovers() == []
-    r = requests.put(f"{timeline.url}/import", data=body)
-    assert r.status_code == 200, r.text
+    assert_back_at_the_first_snapshot(pg, pageserver, timeline, first, first_state, body)
 
 
 @pytest.mark.needs_testing
