@@ -39,6 +39,9 @@ id = 1
 # Where the HTTP API listens.
 listen_http_addr = "127.0.0.1:9898"
 
+# Where the page service for compute (gRPC: batched, pipelined GetPage) listens.
+listen_grpc_addr = "127.0.0.1:9899"
+
 # Memory for the shared page cache (file blocks and materialized pages).
 page_cache_size = "64MiB"
 # The percentage of the page cache that layer index blocks may hold with priority over value
@@ -134,8 +137,9 @@ scan_cursor_idle_timeout = "60s"
 # Log lines as "plain" text or "json" (RUST_LOG filters them).
 log_format = "plain"
 
-# "Trust" (no auth) or "NeonJWT": every endpoint but /v1/status then needs an EdDSA-signed
-# `Authorization: Bearer` token, verified with the public key (PEM) at this path.
+# "Trust" (no auth) or "NeonJWT": every endpoint but /v1/status, and every page service call
+# but Ping, then needs an EdDSA-signed `Authorization: Bearer` token, verified with the public
+# key (PEM) at this path.
 http_auth_type = "Trust"
 # auth_validation_public_key_path = "auth_public_key.pem"
 "#;
@@ -159,6 +163,7 @@ pub enum LogFormat {
 pub struct PageServerConf {
     pub id: u64,
     pub listen_http_addr: SocketAddr,
+    pub listen_grpc_addr: SocketAddr,
     #[serde(deserialize_with = "size")]
     pub page_cache_size: u64,
     pub page_cache_index_percent: u8,
@@ -219,6 +224,7 @@ impl Default for PageServerConf {
         PageServerConf {
             id: 1,
             listen_http_addr: SocketAddr::from(([127, 0, 0, 1], 9898)),
+            listen_grpc_addr: SocketAddr::from(([127, 0, 0, 1], 9899)),
             page_cache_size: 64 << 20,
             page_cache_index_percent: (crate::page_cache::DEFAULT_INDEX_SHARE * 100.0) as u8,
             materialized_versions_per_key: PageCacheConfig::default().materialized_versions_per_key,
@@ -302,6 +308,13 @@ impl PageServerConf {
             return invalid(
                 "http_auth_type = \"NeonJWT\" needs auth_validation_public_key_path".into(),
             );
+        }
+        if self.listen_grpc_addr == self.listen_http_addr && self.listen_http_addr.port() != 0 {
+            return invalid(format!(
+                "listen_grpc_addr and listen_http_addr are both {}: the page service needs an \
+                 address of its own",
+                self.listen_http_addr
+            ));
         }
         if self.max_value_size < crate::PAGE_SZ {
             return invalid(format!(

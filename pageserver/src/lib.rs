@@ -14,12 +14,15 @@
 //!   [`tenant::mgr`]: tenants and timelines on disk;
 //! - [`datadir`]: PostgreSQL data directories in (import of a tar snapshot) and out
 //!   (basebackup at an LSN), driving timelines;
-//! - [`http`]: the API, and the `/metrics` page that reads state at scrape time.
+//! - [`http`]: the API, and the `/metrics` page that reads state at scrape time;
+//! - [`grpc`]: the page service for compute (batched, pipelined GetPage), beside the API and
+//!   sharing its auth and its error messages.
 
 pub mod config;
 pub mod datadir;
 pub mod failpoints;
 pub mod format;
+pub mod grpc;
 pub mod http;
 pub mod io;
 pub mod metrics;

@@ -272,6 +272,36 @@ pub static HTTP_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
     .expect("metric names are unique")
 });
+/// The page service's calls by method and gRPC status code name (`OK`, `NOT_FOUND`, ...); a
+/// GetPages stream counts each batch as one `GetPages` call with its own outcome.
+pub static GRPC_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "pageserver_grpc_requests_total",
+        "Page service (gRPC) calls by method and status code; each GetPages batch is one",
+        &["method", "code"]
+    )
+    .expect("metric names are unique")
+});
+/// The page service's methods, whose latency series exist from the start.
+pub const GRPC_METHODS: &[&str] = &["Ping", "GetPage", "GetPages", "GetRelSize", "RelExists"];
+pub static GRPC_REQUEST_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register_histogram_vec!(
+        "pageserver_grpc_request_seconds",
+        "Page service (gRPC) call latency by method, including any wait for the LSN; for \
+         GetPages, one batch from its arrival to its answer",
+        &["method"],
+        with_wait_buckets(LATENCY_BUCKETS)
+    )
+    .expect("metric names are unique")
+});
+pub static GRPC_BATCH_PAGES: LazyLock<Histogram> = LazyLock::new(|| {
+    register_histogram!(
+        "pageserver_grpc_batch_pages",
+        "Pages asked for by one GetPages batch",
+        vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
+    )
+    .expect("metric names are unique")
+});
 static HTTP_REQUEST_SECONDS: OnceLock<HistogramVec> = OnceLock::new();
 
 /// HTTP request latency by method and route, from the request's head to its response's head
@@ -448,6 +478,11 @@ pub fn register_all(wait_lsn_timeout: Duration) {
     }
     LazyLock::force(&HTTP_REQUESTS);
     http_request_seconds();
+    LazyLock::force(&GRPC_REQUESTS);
+    LazyLock::force(&GRPC_BATCH_PAGES);
+    for method in GRPC_METHODS {
+        GRPC_REQUEST_SECONDS.with_label_values(&[method]);
+    }
     LazyLock::force(&STARTUP_SECONDS);
     LazyLock::force(&UPLOAD_QUEUE_WAIT_SECONDS);
     for op in ["upload_layer", "upload_index", "delete", "list", "download"] {

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.auth import AuthKeys
+from fixtures.auth import AuthKeys, start_with_auth
 from fixtures.http import api_error
 from fixtures.ingest import Image, encode_batch, key, page_of
 from fixtures.pageserver import Pageserver
@@ -23,11 +23,7 @@ from fixtures.plugin import PageserverFactory
 @pytest.fixture
 def auth_env(pageserver_factory: PageserverFactory):
     keys = AuthKeys()
-    ps = pageserver_factory.create({"http_auth_type": "NeonJWT", "auth_validation_public_key_path": "auth_public_key.pem"})
-    ps.workdir.mkdir(parents=True)
-    keys.write_public_key(ps.workdir / "auth_public_key.pem")
-    ps.auth_token = keys.admin_token()
-    ps.start()
+    ps = start_with_auth(pageserver_factory, keys)
     admin = ps.http
     t1 = admin.tenant_create()["id"]
     t2 = admin.tenant_create()["id"]

@@ -30,6 +30,7 @@ def test_fresh_workdir_gets_the_first_starts_settings(pageserver_factory: Pagese
         # The harness's -c overrides.
         "id": ps.server_id,
         "listen_http_addr": f"127.0.0.1:{ps.port}",
+        "listen_grpc_addr": f"127.0.0.1:{ps.grpc_port}",
         "page_cache_size": "16MiB",
         # The defaults.
         "page_cache_index_percent": 25,

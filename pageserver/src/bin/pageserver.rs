@@ -22,6 +22,7 @@ use clap::Parser;
 use pageserver::config::{
     initial_config_file, open_files_limit, AuthType, LogFormat, PageServerConf, CONFIG_FILE,
 };
+use pageserver::grpc::PageServiceState;
 use pageserver::http::auth::JwtAuth;
 use pageserver::http::body_limits::BodyBudget;
 use pageserver::http::server::{serve, ConnectionLimit, ConnectionTimeouts};
@@ -248,15 +249,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         auth,
         started_at: SystemTime::now(),
     });
+    let page_service = Arc::new(PageServiceState {
+        tenants: tenants.clone(),
+        auth: state.auth.clone(),
+        wait_lsn_timeout: state.conf.wait_lsn_timeout,
+    });
+    let listen_grpc = state.conf.listen_grpc_addr;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("listening on {listen}"))?;
         let bound = listener.local_addr()?;
+        let grpc_listener = tokio::net::TcpListener::bind(listen_grpc)
+            .await
+            .with_context(|| format!("listening on {listen_grpc} (listen_grpc_addr)"))?;
+        let grpc_bound = grpc_listener.local_addr()?;
         phases.done(
             "http",
             format_args!(
-                "listening on http://{bound} (auth {}, at most {} connections)",
+                "listening on http://{bound} (auth {}, at most {} connections); page service \
+                 (gRPC) on {grpc_bound}",
                 if auth_enabled { "on" } else { "off" },
                 connections.max()
             ),
@@ -265,19 +277,29 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             "pageserver started in {:.1} ms",
             phases.started.elapsed().as_secs_f64() * 1e3
         );
+        // One signal stops both doors.
+        let (stop, stopped) = tokio::sync::watch::channel(false);
         let waiting_reads = tenants.clone();
-        serve(
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            // Reads waiting for an LSN would hold the shutdown up to wait_lsn_timeout.
+            waiting_reads.cancel_lsn_waits();
+            let _ = stop.send(true);
+        });
+        let http_stopped = stopped.clone();
+        let http = serve(
             listener,
             router(state),
             connections.clone(),
             timeouts,
             async move {
-                shutdown_signal().await;
-                // Reads waiting for an LSN would hold the shutdown up to wait_lsn_timeout.
-                waiting_reads.cancel_lsn_waits();
+                let mut stopped = http_stopped;
+                let _ = stopped.wait_for(|stopping| *stopping).await;
             },
-        )
-        .await;
+        );
+        let grpc = pageserver::grpc::serve(grpc_listener, page_service, stopped);
+        let ((), grpc) = tokio::join!(http, grpc);
+        grpc.context("the page service (gRPC) failed")?;
         anyhow::Ok(())
     })?;
 
@@ -368,7 +390,7 @@ async fn shutdown_signal() {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     };
-    tracing::info!("received {name}: stopping the HTTP server, then flushing");
+    tracing::info!("received {name}: stopping the HTTP server and the page service, then flushing");
 }
 
 /// What the process's descriptor limit leaves besides our files, for the startup log: the HTTP

@@ -62,6 +62,14 @@ fn mistakes_are_named() {
     assert!(err(&["checkpoint_distance=12parsecs"]).contains("unknown size unit"));
     assert!(err(&["checkpoint_timeout=soon"]).contains("not a duration"));
     assert!(err(&["listen_http_addr=nowhere"]).contains("invalid socket address"));
+    assert!(err(&["listen_grpc_addr=127.0.0.1:9898"]).contains("an address of its own"));
+    // Port 0 (any free port) may be asked for twice.
+    let both_any = [
+        "listen_http_addr=127.0.0.1:0",
+        "listen_grpc_addr=127.0.0.1:0",
+    ];
+    let both_any: Vec<String> = both_any.iter().map(|s| s.to_string()).collect();
+    assert!(PageServerConf::load(dir.path(), &both_any).is_ok());
     assert!(err(&["http_auth_type=NeonJWT"]).contains("auth_validation_public_key_path"));
     assert!(err(&["max_value_size=100"]).contains("smaller than a page"));
     assert!(err(&["page_cache_index_percent=101"]).contains("above 100"));

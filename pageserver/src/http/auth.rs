@@ -69,6 +69,7 @@ impl Claims {
 }
 
 /// The verifier: the public key and the rules a token must meet.
+#[derive(Clone)]
 pub struct JwtAuth {
     key: DecodingKey,
     validation: Validation,
@@ -118,6 +119,21 @@ impl JwtAuth {
         })?;
         let claims = self.decode(token.trim())?;
         check_permission(&claims, method, path)
+    }
+
+    /// Whether a call with this `authorization` value may read tenant `tenant`'s data: what
+    /// the page service (gRPC) checks, with the same tokens, scopes and messages as HTTP.
+    pub fn check_tenant(
+        &self,
+        authorization: Option<&str>,
+        tenant: TenantId,
+    ) -> Result<(), ApiError> {
+        // A tenant's data path as HTTP names it: the one rule decides for both.
+        self.check(
+            authorization,
+            &Method::GET,
+            &format!("/v1/tenant/{tenant}/timeline"),
+        )
     }
 }
 

@@ -113,6 +113,29 @@ impl fmt::Display for ReadCost {
     }
 }
 
+/// Adds the cost of a read of `pages` pages to the server's totals (the `pageserver_read_*`
+/// metrics); the layers-visited histogram gets the mean per page.
+pub fn record(cost: &ReadCost, pages: usize) {
+    let blocks = [
+        ("index", "hit", cost.idx_hit),
+        ("index", "miss", cost.idx_miss),
+        ("value", "hit", cost.val_hit),
+        ("value", "miss", cost.val_miss),
+    ];
+    for (kind, result, n) in blocks {
+        crate::metrics::READ_BLOCKS
+            .with_label_values(&[kind, result])
+            .inc_by(u64::from(n));
+    }
+    crate::metrics::READ_IOS.inc_by(u64::from(cost.ios));
+    crate::metrics::READ_BYTES.inc_by(cost.bytes);
+    crate::metrics::READ_LAYERS.inc_by(u64::from(cost.layers));
+    if pages > 0 {
+        crate::metrics::GETPAGE_LAYERS_VISITED.observe(f64::from(cost.layers) / pages as f64);
+    }
+    crate::metrics::READ_WAITS.inc_by(u64::from(cost.waits));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

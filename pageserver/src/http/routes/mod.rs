@@ -467,30 +467,10 @@ async fn get_page_inner(
     timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
     blocking(move || {
         let (page, cost) = read_cost::measure(|| timeline.get_page(key, lsn));
-        record_read_cost(&cost);
+        read_cost::record(&cost, 1);
         Ok((key, page?, lsn, cost))
     })
     .await
-}
-
-/// Adds one GetPage's cost to the totals.
-fn record_read_cost(cost: &read_cost::ReadCost) {
-    let blocks = [
-        ("index", "hit", cost.idx_hit),
-        ("index", "miss", cost.idx_miss),
-        ("value", "hit", cost.val_hit),
-        ("value", "miss", cost.val_miss),
-    ];
-    for (kind, result, n) in blocks {
-        crate::metrics::READ_BLOCKS
-            .with_label_values(&[kind, result])
-            .inc_by(u64::from(n));
-    }
-    crate::metrics::READ_IOS.inc_by(u64::from(cost.ios));
-    crate::metrics::READ_BYTES.inc_by(cost.bytes);
-    crate::metrics::READ_LAYERS.inc_by(u64::from(cost.layers));
-    crate::metrics::GETPAGE_LAYERS_VISITED.observe(f64::from(cost.layers));
-    crate::metrics::READ_WAITS.inc_by(u64::from(cost.waits));
 }
 
 /// Scan pages hold this many entries unless the request says otherwise...

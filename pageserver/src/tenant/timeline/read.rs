@@ -29,6 +29,46 @@ impl Timeline {
         if check_cutoff {
             refuse_below_cutoff(&map, lsn)?;
         }
+        self.get_page_in(&map, key, lsn)
+    }
+
+    /// Pages of a batch, each `(key, lsn)` its own GetPage@LSN, answered in request order.
+    ///
+    /// The batch is checked whole before any page is read (every LSN ingested, none below the
+    /// GC cutoff), then read from one layer map snapshot in key order: neighbouring keys walk
+    /// the same index blocks one after another, while they are hot, and a run of adjacent
+    /// pages reads a layer's value blocks in file order.
+    pub fn get_pages(&self, batch: &[(Key, Lsn)]) -> Result<Vec<Option<Bytes>>, TimelineError> {
+        let Some(highest) = batch.iter().map(|(_, lsn)| *lsn).max() else {
+            return Ok(Vec::new());
+        };
+        let last_record = self.last_record_lsn();
+        if highest > last_record {
+            return Err(TimelineError::LsnNotYetIngested {
+                lsn: highest,
+                last_record,
+            });
+        }
+        let map = self.layer_map();
+        let lowest = batch.iter().map(|(_, lsn)| *lsn).min().unwrap_or(highest);
+        refuse_below_cutoff(&map, lowest)?;
+        let mut order: Vec<usize> = (0..batch.len()).collect();
+        order.sort_unstable_by_key(|&i| batch[i]);
+        let mut pages = vec![None; batch.len()];
+        for i in order {
+            let (key, lsn) = batch[i];
+            pages[i] = self.get_page_in(&map, key, lsn)?;
+        }
+        Ok(pages)
+    }
+
+    /// GetPage@LSN on the layer map snapshot `map`, whose cutoff the caller has checked.
+    fn get_page_in(
+        &self,
+        map: &LayerMap,
+        key: Key,
+        lsn: Lsn,
+    ) -> Result<Option<Bytes>, TimelineError> {
         let mat_key = MaterializedPageKey {
             tenant_id: self.tenant_id,
             timeline_id: self.cache_scope,
@@ -66,7 +106,6 @@ impl Timeline {
                 break;
             }
         }
-        drop(map);
         // A branch whose own layers hold no base: the rest of the history is its ancestor's,
         // as of the branch point at the latest (a memorized page already includes it).
         if let (false, None, Some((ancestor, branch_lsn))) = (complete, &cached, self.ancestor()) {

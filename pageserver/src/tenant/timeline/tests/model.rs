@@ -18,6 +18,8 @@ enum Op {
     /// Images of several keys at one LSN, in one batch.
     Batch(Vec<u32>, u8),
     Get(u32, u64),
+    /// One `get_pages` batch of (key, LSNs back from the last).
+    GetBatch(Vec<(u32, u64)>),
     Checkpoint,
     /// The background flush loop's work: freeze by age, then flush.
     Background,
@@ -38,6 +40,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (prop::collection::btree_set(0u32..6, 1..5), any::<u8>())
             .prop_map(|(keys, fill)| Op::Batch(keys.into_iter().collect(), fill)),
         6 => (0u32..7, 0u64..60).prop_map(|(k, back)| Op::Get(k, back)),
+        2 => prop::collection::vec((0u32..7, 0u64..60), 1..12).prop_map(Op::GetBatch),
         1 => Just(Op::Checkpoint),
         1 => Just(Op::Background),
         1 => Just(Op::Restart),
@@ -116,6 +119,31 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     k,
                     at
                 );
+            }
+            Op::GetBatch(reads) => {
+                let last = tl.last_record_lsn();
+                let batch: Vec<(Key, Lsn)> = reads
+                    .iter()
+                    .map(|(k, back)| (rel_key(*k), Lsn(last.0.saturating_sub(*back))))
+                    .collect();
+                let cutoff = tl.gc_cutoff_lsn();
+                let answer = tl.get_pages(&batch);
+                // The batch is checked whole: one read below the cutoff refuses it all.
+                if batch.iter().any(|(_, at)| *at < cutoff) {
+                    prop_assert!(
+                        matches!(answer, Err(TimelineError::BelowGcCutoff { .. })),
+                        "{:?} with the cutoff at {}: {:?}",
+                        batch,
+                        cutoff,
+                        answer
+                    );
+                    continue;
+                }
+                let pages = answer.unwrap();
+                prop_assert_eq!(pages.len(), batch.len());
+                for ((key, at), page) in batch.iter().zip(pages) {
+                    prop_assert_eq!(page, expected_page(&model, *key, *at), "{} at {}", key, at);
+                }
             }
             Op::Checkpoint => {
                 tl.checkpoint().unwrap();

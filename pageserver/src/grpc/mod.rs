@@ -1,0 +1,120 @@
+//! The page service for compute: GetPage@LSN over gRPC (`libs/page_api/proto`,
+//! docs/grpc-api.md), on its own address beside the HTTP API.
+//!
+//! A call names its tenant and timeline in metadata, and with auth on carries the same JWT as
+//! HTTP, checked by the same rule ([`JwtAuth::check_tenant`]); a `GetPages` stream does both
+//! once, when it opens. Errors are the HTTP API's: the same [`ApiError`] with its message, its
+//! status mapped to a gRPC code by [`status_of`], so a client sees the same words on either
+//! door.
+//!
+//! Reads run as HTTP's do: the wait for an LSN as a task (a caller that goes away ends it),
+//! the storage work on the blocking pool. A `GetPages` stream reads its batches concurrently,
+//! up to [`service::MAX_BATCHES_IN_FLIGHT`] of them per stream, and answers each as soon as it
+//! is read, so answers overtake each other; a client that sends more waits in HTTP/2 flow
+//! control, which bounds what one stream can make the server hold.
+
+pub mod service;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use page_api::proto::page_service_server::PageServiceServer;
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+
+use crate::http::auth::JwtAuth;
+use crate::http::error::{redact_paths, ApiError};
+use crate::tenant::mgr::TenantManager;
+
+/// What every call can reach.
+pub struct PageServiceState {
+    pub tenants: Arc<TenantManager>,
+    pub auth: Option<JwtAuth>,
+    /// How long a read waits for its LSN to be ingested.
+    pub wait_lsn_timeout: Duration,
+}
+
+/// Serves the page service on `listener` until `shutdown` turns true. Unary calls in flight
+/// then run to their end; open `GetPages` streams end with UNAVAILABLE.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<PageServiceState>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), tonic::transport::Error> {
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        // Answers are pages: let a client's many small requests through without waiting for
+        // window updates, and keep a dead peer from holding a stream forever.
+        .initial_connection_window_size(Some(4 << 20))
+        .initial_stream_window_size(Some(1 << 20))
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .add_service(PageServiceServer::new(service::PageService::new(
+            state,
+            shutdown.clone(),
+        )))
+        .serve_with_incoming_shutdown(incoming, stopping(shutdown))
+        .await
+}
+
+/// Completes when `shutdown` turns true (or its sender is gone).
+async fn stopping(mut shutdown: watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stopping| *stopping).await;
+}
+
+/// The gRPC status of an API error: the HTTP status's nearest code, the same message (without
+/// the server's paths, as HTTP sends it).
+pub fn status_of(e: ApiError) -> tonic::Status {
+    use tonic::Code;
+    let code = match e.status {
+        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => Code::InvalidArgument,
+        StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+        StatusCode::FORBIDDEN => Code::PermissionDenied,
+        StatusCode::NOT_FOUND => Code::NotFound,
+        StatusCode::CONFLICT => Code::FailedPrecondition,
+        // History below the GC cutoff: gone for good, unlike a state that may change.
+        StatusCode::GONE => Code::OutOfRange,
+        StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY => Code::Unavailable,
+        StatusCode::GATEWAY_TIMEOUT | StatusCode::REQUEST_TIMEOUT => Code::DeadlineExceeded,
+        s if s.is_client_error() => Code::InvalidArgument,
+        _ => Code::Internal,
+    };
+    if code == Code::Internal {
+        tracing::error!("page service call failed: {}", e.msg);
+    }
+    let msg = if e.status.is_server_error() {
+        redact_paths(&e.msg)
+    } else {
+        e.msg
+    };
+    tonic::Status::new(code, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn http_statuses_map_to_their_codes_with_the_same_message() {
+        let cases = [
+            (StatusCode::BAD_REQUEST, Code::InvalidArgument),
+            (StatusCode::UNAUTHORIZED, Code::Unauthenticated),
+            (StatusCode::FORBIDDEN, Code::PermissionDenied),
+            (StatusCode::NOT_FOUND, Code::NotFound),
+            (StatusCode::CONFLICT, Code::FailedPrecondition),
+            (StatusCode::GONE, Code::OutOfRange),
+            (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
+            (StatusCode::GATEWAY_TIMEOUT, Code::DeadlineExceeded),
+            (StatusCode::INTERNAL_SERVER_ERROR, Code::Internal),
+            (StatusCode::IM_A_TEAPOT, Code::InvalidArgument),
+        ];
+        for (http, grpc) in cases {
+            let status = status_of(ApiError::new(http, "what went wrong"));
+            assert_eq!(status.code(), grpc, "{http}");
+            assert_eq!(status.message(), "what went wrong");
+        }
+    }
+}

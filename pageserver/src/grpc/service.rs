@@ -1,0 +1,408 @@
+//! The page service's calls (see the module above for what they share).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::stream::{FuturesUnordered, StreamExt};
+use page_api::proto::{self, page_service_server};
+use page_api::{key_from_wire, lsn_from_wire, rel_from_wire, TENANT_ID_HEADER, TIMELINE_ID_HEADER};
+use pageserver_api::datadir::{decode_rel_size, RelTag};
+use pageserver_api::Key;
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Code, Request, Response, Status, Streaming};
+use utils::{Lsn, TenantId, TimelineId};
+
+use super::{status_of, PageServiceState};
+use crate::http::blocking;
+use crate::http::error::ApiError;
+use crate::io::read_cost::{self, ReadCost};
+use crate::tenant::timeline::Timeline;
+
+/// Batches of one `GetPages` stream read at once; the stream's further requests wait.
+pub const MAX_BATCHES_IN_FLIGHT: usize = 16;
+
+/// The service; one per server, shared by every connection.
+pub struct PageService {
+    state: Arc<PageServiceState>,
+    /// Turns true when the server shuts down: open `GetPages` streams end then.
+    shutdown: watch::Receiver<bool>,
+}
+
+impl PageService {
+    pub fn new(state: Arc<PageServiceState>, shutdown: watch::Receiver<bool>) -> PageService {
+        PageService { state, shutdown }
+    }
+
+    /// The timeline a call's metadata names, once its token allows it.
+    fn timeline_of(&self, metadata: &MetadataMap) -> Result<Arc<Timeline>, ApiError> {
+        let tenant: TenantId = parse_id(metadata, TENANT_ID_HEADER)?;
+        if let Some(auth) = &self.state.auth {
+            let authorization = match metadata.get("authorization") {
+                None => None,
+                Some(value) => Some(value.to_str().map_err(|_| {
+                    ApiError::new(
+                        axum::http::StatusCode::UNAUTHORIZED,
+                        "malformed authorization metadata: not ASCII",
+                    )
+                })?),
+            };
+            auth.check_tenant(authorization, tenant)?;
+        }
+        let timeline: TimelineId = parse_id(metadata, TIMELINE_ID_HEADER)?;
+        Ok(self.state.tenants.get_timeline(tenant, timeline)?)
+    }
+}
+
+/// An id from metadata `name`.
+fn parse_id<T>(metadata: &MetadataMap, name: &str) -> Result<T, ApiError>
+where
+    T: std::str::FromStr<Err = utils::id::IdParseError>,
+{
+    let value = metadata
+        .get(name)
+        .ok_or_else(|| ApiError::bad_request(format!("missing metadata `{name}`")))?;
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::bad_request(format!("metadata `{name}`: not ASCII")))?;
+    text.parse().map_err(|e: utils::id::IdParseError| {
+        ApiError::bad_request(format!("metadata `{name}`: {e}"))
+    })
+}
+
+/// Records a call's outcome and latency, and turns its error into a status.
+fn finish<T>(
+    method: &'static str,
+    started: Instant,
+    result: Result<T, ApiError>,
+) -> Result<Response<T>, Status> {
+    let result = result.map_err(status_of);
+    let code = match &result {
+        Ok(_) => Code::Ok,
+        Err(status) => status.code(),
+    };
+    record_call(method, code, started);
+    result.map(Response::new)
+}
+
+fn record_call(method: &'static str, code: Code, started: Instant) {
+    crate::metrics::GRPC_REQUESTS
+        .with_label_values(&[method, code_name(code)])
+        .inc();
+    crate::metrics::GRPC_REQUEST_SECONDS
+        .with_label_values(&[method])
+        .observe(started.elapsed().as_secs_f64());
+}
+
+/// A code's name as the gRPC specification spells it.
+fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// The LSN a wire `lsn` asks for: itself, or the latest for 0.
+fn read_lsn(timeline: &Timeline, wire: u64) -> Lsn {
+    lsn_from_wire(wire).unwrap_or_else(|| timeline.last_record_lsn())
+}
+
+/// The relation fork and LSN of a `GetRelSize` or `RelExists` request.
+fn rel_and_lsn(
+    timeline: &Timeline,
+    rel: Option<&proto::RelTag>,
+    lsn: u64,
+) -> Result<(RelTag, Lsn), ApiError> {
+    let rel = rel_from_wire(rel).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok((rel, read_lsn(timeline, lsn)))
+}
+
+fn cost_to_wire(cost: &ReadCost) -> proto::ReadCost {
+    proto::ReadCost {
+        layers: cost.layers,
+        idx_hit: cost.idx_hit,
+        idx_miss: cost.idx_miss,
+        val_hit: cost.val_hit,
+        val_miss: cost.val_miss,
+        ios: cost.ios,
+        bytes: cost.bytes,
+        waits: cost.waits,
+        downloads: cost.downloads,
+    }
+}
+
+fn rel_text(rel: &RelTag) -> String {
+    format!(
+        "relation {}/{}/{} fork {}",
+        rel.spcnode, rel.dbnode, rel.relnode, rel.forknum
+    )
+}
+
+type GetPagesStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<proto::GetPagesResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl page_service_server::PageService for PageService {
+    async fn ping(
+        &self,
+        request: Request<proto::PingRequest>,
+    ) -> Result<Response<proto::PingResponse>, Status> {
+        let started = Instant::now();
+        let id = request.into_inner().id;
+        finish("Ping", started, Ok(proto::PingResponse { id }))
+    }
+
+    async fn get_page(
+        &self,
+        request: Request<proto::GetPageRequest>,
+    ) -> Result<Response<proto::GetPageResponse>, Status> {
+        let started = Instant::now();
+        let result = self.get_page_inner(request).await;
+        finish("GetPage", started, result)
+    }
+
+    type GetPagesStream = GetPagesStream;
+
+    async fn get_pages(
+        &self,
+        request: Request<Streaming<proto::GetPagesRequest>>,
+    ) -> Result<Response<GetPagesStream>, Status> {
+        let started = Instant::now();
+        let timeline = match self.timeline_of(request.metadata()) {
+            Ok(timeline) => timeline,
+            Err(e) => {
+                let status = status_of(e);
+                record_call("GetPages", status.code(), started);
+                return Err(status);
+            }
+        };
+        let inbound = request.into_inner();
+        let (answers, stream) = mpsc::channel(MAX_BATCHES_IN_FLIGHT);
+        tokio::spawn(serve_batches(
+            timeline,
+            inbound,
+            answers,
+            self.state.wait_lsn_timeout,
+            self.shutdown.clone(),
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
+    }
+
+    async fn get_rel_size(
+        &self,
+        request: Request<proto::GetRelSizeRequest>,
+    ) -> Result<Response<proto::GetRelSizeResponse>, Status> {
+        let started = Instant::now();
+        let result = async {
+            let timeline = self.timeline_of(request.metadata())?;
+            let request = request.into_inner();
+            let (rel, lsn) = rel_and_lsn(&timeline, request.rel.as_ref(), request.lsn)?;
+            match self.rel_size(timeline, rel, lsn).await? {
+                Some(blocks) => Ok(proto::GetRelSizeResponse { blocks, lsn: lsn.0 }),
+                None => Err(ApiError::not_found(format!(
+                    "{} does not exist at {lsn}",
+                    rel_text(&rel)
+                ))),
+            }
+        }
+        .await;
+        finish("GetRelSize", started, result)
+    }
+
+    async fn rel_exists(
+        &self,
+        request: Request<proto::RelExistsRequest>,
+    ) -> Result<Response<proto::RelExistsResponse>, Status> {
+        let started = Instant::now();
+        let result = async {
+            let timeline = self.timeline_of(request.metadata())?;
+            let request = request.into_inner();
+            let (rel, lsn) = rel_and_lsn(&timeline, request.rel.as_ref(), request.lsn)?;
+            let exists = self.rel_size(timeline, rel, lsn).await?.is_some();
+            Ok(proto::RelExistsResponse { exists, lsn: lsn.0 })
+        }
+        .await;
+        finish("RelExists", started, result)
+    }
+}
+
+impl PageService {
+    async fn get_page_inner(
+        &self,
+        request: Request<proto::GetPageRequest>,
+    ) -> Result<proto::GetPageResponse, ApiError> {
+        let timeline = self.timeline_of(request.metadata())?;
+        let request = request.into_inner();
+        let key = key_from_wire(&request.key).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let lsn = read_lsn(&timeline, request.lsn);
+        timeline.wait_lsn(lsn, self.state.wait_lsn_timeout).await?;
+        let (page, cost) = blocking(move || {
+            let (page, cost) = read_cost::measure(|| timeline.get_page(key, lsn));
+            read_cost::record(&cost, 1);
+            Ok((page?, cost))
+        })
+        .await?;
+        // The HTTP API's words for a key with no version.
+        let page = page.ok_or_else(|| {
+            ApiError::not_found(format!("page {key} has no version at or below {lsn}"))
+        })?;
+        Ok(proto::GetPageResponse {
+            page,
+            lsn: lsn.0,
+            cost: Some(cost_to_wire(&cost)),
+        })
+    }
+
+    /// The size of `rel` at `lsn`, `None` if the fork does not exist there.
+    async fn rel_size(
+        &self,
+        timeline: Arc<Timeline>,
+        rel: RelTag,
+        lsn: Lsn,
+    ) -> Result<Option<u32>, ApiError> {
+        timeline.wait_lsn(lsn, self.state.wait_lsn_timeout).await?;
+        let value = blocking(move || Ok(timeline.get_page(rel.size_key(), lsn)?)).await?;
+        value
+            .map(|bytes| {
+                decode_rel_size(&bytes).map_err(|e| {
+                    ApiError::internal(format!("the stored size of {}: {e}", rel_text(&rel)))
+                })
+            })
+            .transpose()
+    }
+}
+
+/// Reads a `GetPages` stream's batches, up to [`MAX_BATCHES_IN_FLIGHT`] at once, and sends
+/// each answer as soon as it is ready. Ends when the client closes its side and every batch is
+/// answered, when the client goes away, or at shutdown.
+async fn serve_batches(
+    timeline: Arc<Timeline>,
+    mut inbound: Streaming<proto::GetPagesRequest>,
+    answers: mpsc::Sender<Result<proto::GetPagesResponse, Status>>,
+    wait_lsn_timeout: Duration,
+    shutdown: watch::Receiver<bool>,
+) {
+    let mut in_flight = FuturesUnordered::new();
+    let mut open = true;
+    while open || !in_flight.is_empty() {
+        tokio::select! {
+            message = inbound.message(), if open && in_flight.len() < MAX_BATCHES_IN_FLIGHT => {
+                match message {
+                    Ok(Some(batch)) => {
+                        in_flight.push(read_batch(timeline.clone(), batch, wait_lsn_timeout));
+                    }
+                    Ok(None) => open = false,
+                    // A malformed message or a broken connection: nothing more can be read.
+                    Err(status) => {
+                        let _ = answers.send(Err(status)).await;
+                        return;
+                    }
+                }
+            }
+            Some(answer) = in_flight.next(), if !in_flight.is_empty() => {
+                if answers.send(Ok(answer)).await.is_err() {
+                    // The client is gone; its batches' reads finish on the blocking pool.
+                    return;
+                }
+            }
+            _ = super::stopping(shutdown.clone()) => {
+                let status = Status::unavailable("the pageserver is shutting down");
+                let _ = answers.send(Err(status)).await;
+                return;
+            }
+        }
+    }
+}
+
+/// One batch's answer: its pages, or the error that failed it.
+async fn read_batch(
+    timeline: Arc<Timeline>,
+    batch: proto::GetPagesRequest,
+    wait_lsn_timeout: Duration,
+) -> proto::GetPagesResponse {
+    let started = Instant::now();
+    let id = batch.id;
+    crate::metrics::GRPC_BATCH_PAGES.observe(batch.pages.len() as f64);
+    let result = read_batch_inner(timeline, batch, wait_lsn_timeout).await;
+    match result {
+        Ok((pages, cost)) => {
+            record_call("GetPages", Code::Ok, started);
+            proto::GetPagesResponse {
+                id,
+                pages,
+                cost: Some(cost_to_wire(&cost)),
+                error: None,
+            }
+        }
+        Err(e) => {
+            let status = status_of(e);
+            record_call("GetPages", status.code(), started);
+            proto::GetPagesResponse {
+                id,
+                pages: Vec::new(),
+                cost: None,
+                error: Some(proto::Error {
+                    code: status.code() as i32,
+                    message: status.message().to_owned(),
+                }),
+            }
+        }
+    }
+}
+
+async fn read_batch_inner(
+    timeline: Arc<Timeline>,
+    batch: proto::GetPagesRequest,
+    wait_lsn_timeout: Duration,
+) -> Result<(Vec<proto::PageResult>, ReadCost), ApiError> {
+    page_api::check_batch_size(batch.pages.len())
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let latest = timeline.last_record_lsn();
+    let requests = batch
+        .pages
+        .iter()
+        .enumerate()
+        .map(|(i, page)| {
+            let key = key_from_wire(&page.key)
+                .map_err(|e| ApiError::bad_request(format!("pages[{i}].{e}")))?;
+            Ok((key, lsn_from_wire(page.lsn).unwrap_or(latest)))
+        })
+        .collect::<Result<Vec<(Key, Lsn)>, ApiError>>()?;
+    let highest = requests.iter().map(|(_, lsn)| *lsn).max().unwrap_or(latest);
+    timeline.wait_lsn(highest, wait_lsn_timeout).await?;
+    let (pages, cost, requests) = blocking(move || {
+        let (pages, cost) = read_cost::measure(|| timeline.get_pages(&requests));
+        read_cost::record(&cost, requests.len());
+        let pages: Vec<Option<Bytes>> = pages.map_err(ApiError::from)?;
+        Ok((pages, cost, requests))
+    })
+    .await?;
+    let results = pages
+        .into_iter()
+        .zip(&requests)
+        .map(|(page, (_, lsn))| proto::PageResult {
+            found: page.is_some(),
+            page: page.unwrap_or_default(),
+            lsn: lsn.0,
+        })
+        .collect();
+    Ok((results, cost))
+}
