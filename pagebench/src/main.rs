@@ -1,4 +1,5 @@
-//! `pagebench`: load for the page server's HTTP API, measured against an HTTP baseline.
+//! `pagebench`: load for the page server's HTTP API and page service, measured against a
+//! same-protocol baseline.
 //!
 //! ```text
 //! pagebench prepare --keys N [--value-size B] [--batch-size R] [--tenant T]
@@ -6,6 +7,9 @@
 //!     checkpointed; prints the ids to pass to `getpage`
 //! pagebench getpage --tenant T --timeline TL --keys N --clients C [--lsn latest|X/X] [--seed S]
 //!     GetPage@LSN of uniformly random keys in [0, N), then the `/v1/status` baseline
+//! pagebench getpage --protocol grpc [--batch-size B] [--pipeline D] ... (same options)
+//!     the page service: batches of B pages (0: unary GetPage), D calls in flight per client,
+//!     then the `Ping` baseline (method in `grpc.rs`)
 //! pagebench ingest [--tenant T] [--timeline TL]... --clients C --batch-size R [--value-size B]
 //!     batches of R page images, one timeline per client, then the `/v1/status` baseline
 //! pagebench scale --pageserver BIN --workdir DIR [--keys N] [--total 10GiB] ...
@@ -111,6 +115,7 @@ const TOKEN_ENV: &str = "PAGEBENCH_TOKEN";
 
 mod commands;
 mod datadir;
+mod grpc;
 mod http;
 mod phases;
 mod report;
@@ -142,7 +147,8 @@ struct Cli {
 enum Command {
     /// Create a timeline holding one page image per key, then checkpoint it.
     Prepare(PrepareArgs),
-    /// GetPage@LSN of random keys, then the /v1/status baseline.
+    /// GetPage@LSN of random keys, then the /v1/status baseline (or, with `--protocol grpc`,
+    /// the page service, then the Ping baseline).
     Getpage(GetPageArgs),
     /// Batches of page images, one timeline per client, then the /v1/status baseline.
     Ingest(IngestArgs),
@@ -211,6 +217,31 @@ struct GetPageArgs {
     seed: u64,
     #[command(flatten)]
     run: RunArgs,
+    #[command(flatten)]
+    grpc: GrpcArgs,
+}
+
+/// How `getpage` reads: over HTTP, or over the page service (see `grpc.rs`).
+#[derive(Args, Clone)]
+struct GrpcArgs {
+    /// `http` (one page per GET) or `grpc` (the page service).
+    #[arg(long, value_enum, default_value_t = Protocol::Http)]
+    protocol: Protocol,
+    /// The page service's address, for `--protocol grpc`.
+    #[arg(long, default_value = "http://127.0.0.1:9899")]
+    grpc_endpoint: String,
+    /// gRPC: pages per GetPages batch; 0 for unary GetPage calls of one page.
+    #[arg(long, default_value_t = 32)]
+    batch_size: usize,
+    /// gRPC: calls in flight per client (batches on its stream, or unary calls on its channel).
+    #[arg(long, default_value_t = 1)]
+    pipeline: usize,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    Http,
+    Grpc,
 }
 
 #[derive(Args)]
@@ -283,9 +314,13 @@ fn main() -> ExitCode {
 /// Runs one command; `Ok(false)` when it ran to the end but some requests failed.
 async fn run(cli: Cli) -> anyhow::Result<bool> {
     let token = cli.token.or_else(|| std::env::var(TOKEN_ENV).ok());
-    let endpoint = Arc::new(Endpoint::parse(&cli.endpoint, token)?);
+    let endpoint = Arc::new(Endpoint::parse(&cli.endpoint, token.clone())?);
     match cli.command {
         Command::Prepare(args) => prepare(endpoint, args).await,
+        Command::Getpage(args) if args.grpc.protocol == Protocol::Grpc => {
+            let grpc = args.grpc.clone();
+            grpc::getpage(args, grpc, token).await
+        }
         Command::Getpage(args) => getpage(endpoint, args).await,
         Command::Ingest(args) => ingest(endpoint, args).await,
         Command::Scale(args) => scale::run(args).await,

@@ -48,7 +48,7 @@ impl Report {
             "max_us": main.max_us,
             "connections": self.main.connections,
             "baseline": {
-                "scenario": "status",
+                "scenario": self.baseline.name,
                 "duration_s": round(self.baseline.elapsed.as_secs_f64(), 3),
                 "requests": self.baseline.requests,
                 "errors": self.baseline.errors,
@@ -98,11 +98,12 @@ impl Report {
             );
         }
         println!(
-            "{} with {} clients over {:.2} s: {:.1} % of the status baseline's requests/s",
+            "{} with {} clients over {:.2} s: {:.1} % of the {} baseline's requests/s",
             self.scenario,
             self.clients,
             self.main.elapsed.as_secs_f64(),
-            100.0 * self.ratio()
+            100.0 * self.ratio(),
+            self.baseline.name
         );
         for (name, value) in &self.details {
             match value {

@@ -362,6 +362,14 @@ pub static GETPAGE_LAYERS_VISITED: LazyLock<Histogram> = LazyLock::new(|| {
     .expect("metric names are unique")
 });
 
+pub static READS_IN_PLACE: LazyLock<IntCounter> = LazyLock::new(|| {
+    register_int_counter!(
+        "pageserver_reads_in_place_total",
+        "GetPage requests and GetPages batches answered from the page cache on the async worker, \
+         without a hand-off to the blocking pool"
+    )
+    .expect("metric names are unique")
+});
 pub static READ_WAITS: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "pageserver_getpage_miss_waits_total",
@@ -437,6 +445,7 @@ pub fn register_all(wait_lsn_timeout: Duration) {
         &READ_BYTES,
         &READ_LAYERS,
         &READ_WAITS,
+        &READS_IN_PLACE,
         &WAIT_LSN_REFUSED,
         &FILE_EVICTIONS,
         &REMOTE_UPLOADED_BYTES,

@@ -17,8 +17,8 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use utils::{Lsn, TenantId, TimelineId};
 
 use super::{status_of, PageServiceState};
-use crate::http::blocking;
 use crate::http::error::ApiError;
+use crate::http::read;
 use crate::io::read_cost::{self, ReadCost};
 use crate::tenant::timeline::Timeline;
 
@@ -254,12 +254,9 @@ impl PageService {
         let key = key_from_wire(&request.key).map_err(|e| ApiError::bad_request(e.to_string()))?;
         let lsn = read_lsn(&timeline, request.lsn);
         timeline.wait_lsn(lsn, self.state.wait_lsn_timeout).await?;
-        let (page, cost) = blocking(move || {
-            let (page, cost) = read_cost::measure(|| timeline.get_page(key, lsn));
-            read_cost::record(&cost, 1);
-            Ok((page?, cost))
-        })
-        .await?;
+        let (page, cost) = read(move || read_cost::measure(|| timeline.get_page(key, lsn))).await?;
+        read_cost::record(&cost, 1);
+        let page = page?;
         // The HTTP API's words for a key with no version.
         let page = page.ok_or_else(|| {
             ApiError::not_found(format!("page {key} has no version at or below {lsn}"))
@@ -279,7 +276,7 @@ impl PageService {
         lsn: Lsn,
     ) -> Result<Option<u32>, ApiError> {
         timeline.wait_lsn(lsn, self.state.wait_lsn_timeout).await?;
-        let value = blocking(move || Ok(timeline.get_page(rel.size_key(), lsn)?)).await?;
+        let value = read(move || timeline.get_page(rel.size_key(), lsn)).await??;
         value
             .map(|bytes| {
                 decode_rel_size(&bytes).map_err(|e| {
@@ -388,16 +385,14 @@ async fn read_batch_inner(
         .collect::<Result<Vec<(Key, Lsn)>, ApiError>>()?;
     let highest = requests.iter().map(|(_, lsn)| *lsn).max().unwrap_or(latest);
     timeline.wait_lsn(highest, wait_lsn_timeout).await?;
-    let (pages, cost, requests) = blocking(move || {
-        let (pages, cost) = read_cost::measure(|| timeline.get_pages(&requests));
-        read_cost::record(&cost, requests.len());
-        let pages: Vec<Option<Bytes>> = pages.map_err(ApiError::from)?;
-        Ok((pages, cost, requests))
-    })
-    .await?;
+    let requests = Arc::new(requests);
+    let batch = requests.clone();
+    let (pages, cost) = read(move || read_cost::measure(|| timeline.get_pages(&batch))).await?;
+    read_cost::record(&cost, requests.len());
+    let pages: Vec<Option<Bytes>> = pages?;
     let results = pages
         .into_iter()
-        .zip(&requests)
+        .zip(requests.iter())
         .map(|(page, (_, lsn))| proto::PageResult {
             found: page.is_some(),
             page: page.unwrap_or_default(),

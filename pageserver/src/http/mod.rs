@@ -1,11 +1,11 @@
 //! The HTTP API (docs/http-api.md, docs/openapi.yaml).
 //!
 //! Handlers parse every id, key, LSN and body themselves, so that each mistake gets a
-//! `{"msg": ...}` that says what is wrong (see [`error`]). Storage work (ingest, reads,
-//! checkpoints) runs on the blocking pool via [`blocking`]: a spawned task runs to completion
-//! even if the client hangs up, so no flush or batch is ever abandoned halfway. (Reading hot
-//! pages in place with `block_in_place` instead was measured: no gain at p50, so the one path
-//! stays.)
+//! `{"msg": ...}` that says what is wrong (see [`error`]). Storage work (ingest,
+//! checkpoints, reads that need the disk) runs on the blocking pool via [`blocking`]: a spawned
+//! task runs to completion even if the client hangs up, so no flush or batch is ever abandoned
+//! halfway. A read that the page cache can answer whole runs in place instead ([`read`]), on
+//! the async worker, without the hand-off to a pool thread and back.
 //!
 //! Middleware, outermost first: request accounting (a counter per method, route and status, a
 //! latency histogram per route and method, a log line per failed request), then auth
@@ -266,6 +266,22 @@ async fn account(request: Request, next: Next) -> Response {
         tracing::debug!(%method, path, status = status.as_u16(), "request refused");
     }
     response
+}
+
+/// Runs a read here, on the async worker, when it needs no disk I/O (a hot page: see
+/// [`crate::io::cached_only`]), and otherwise on the blocking pool: no thread hand-off for
+/// what the page cache holds, no blocked worker for what it does not. `read` may run twice,
+/// so it must not count anything itself; its result is kept only from the run that finished.
+pub async fn read<T, F>(read: F) -> Result<T, ApiError>
+where
+    F: Fn() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    if let Some(done) = crate::io::cached_only::try_cached(&read) {
+        crate::metrics::READS_IN_PLACE.inc();
+        return Ok(done);
+    }
+    blocking(move || Ok(read())).await
 }
 
 /// Runs storage work on the blocking pool, to completion even if the request is dropped.

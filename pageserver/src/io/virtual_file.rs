@@ -255,6 +255,9 @@ impl VirtualFile {
 
 impl FileIo for VirtualFile {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        if let Some(refused) = super::cached_only::refuse() {
+            return Err(refused);
+        }
         self.with_file(|f| FileExt::read_exact_at(f, buf, offset))
     }
 

@@ -19,7 +19,7 @@ use serde_json::{json, Value as JsonValue};
 use utils::{Lsn, TenantId, TimelineId};
 
 use super::error::{redact_paths, ApiError};
-use super::{blocking, SharedState};
+use super::{blocking, read, SharedState};
 use crate::io::read_cost;
 use crate::page_cache::KindStats;
 use crate::tenant::mgr::TenantState;
@@ -465,12 +465,9 @@ async fn get_page_inner(
     let lsn = lsn.unwrap_or_else(|| timeline.last_record_lsn());
     // Waits as a task, not on a thread: a client that hangs up ends its wait.
     timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
-    blocking(move || {
-        let (page, cost) = read_cost::measure(|| timeline.get_page(key, lsn));
-        read_cost::record(&cost, 1);
-        Ok((key, page?, lsn, cost))
-    })
-    .await
+    let (page, cost) = read(move || read_cost::measure(|| timeline.get_page(key, lsn))).await?;
+    read_cost::record(&cost, 1);
+    Ok((key, page?, lsn, cost))
 }
 
 /// Scan pages hold this many entries unless the request says otherwise...

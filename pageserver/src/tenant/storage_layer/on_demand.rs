@@ -174,6 +174,12 @@ impl OnDemandLayer {
         if let Some(layer) = self.current() {
             return Ok(layer);
         }
+        if let Some(refused) = crate::io::cached_only::refuse() {
+            return Err(LayerReadError::Download {
+                name: self.file_name.clone(),
+                reason: refused.to_string(),
+            });
+        }
         let _downloading = self.downloading();
         // Another reader may have downloaded it while this one waited.
         if let Some(layer) = self.current() {
