@@ -12,6 +12,8 @@ use pageserver_api::key::KEY_SIZE;
 use pageserver_api::Key;
 use utils::Lsn;
 
+pub mod codec;
+
 /// The generated messages, client and server.
 pub mod proto {
     #![allow(clippy::all, missing_docs)]

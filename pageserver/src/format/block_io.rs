@@ -197,26 +197,14 @@ fn block_read_error(path: &Path, blkno: u32, source: io::Error) -> BlockReadErro
     }
 }
 
-/// Bytes of a file read by [`read_range_through_cache`]: whole blocks, of which the range is
-/// a part.
-#[derive(Debug)]
-pub(crate) struct RangeBytes {
-    blocks: Vec<u8>,
-    range: std::ops::Range<usize>,
-}
-
-impl Deref for RangeBytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        &self.blocks[self.range.clone()]
-    }
-}
-
-/// Bytes `range` (not empty) of an immutable file, assembled from its blocks: blocks in the page
-/// cache are copied from it, each run of adjacent missing blocks is read with one call straight
-/// into place and its blocks inserted into the cache, and blocks another reader is reading
-/// right now are waited for. Costs are counted per block (as `kind`) and per call.
+/// Bytes `range` (not empty) of an immutable file, copied out of its blocks into a buffer of
+/// exactly the range's length: each block is copied from the page cache if it is there
+/// (just the part of it in the range), each run of adjacent missing blocks is read with one
+/// call and its blocks inserted into the cache, and blocks another reader is reading right
+/// now are waited for. Costs are counted per block (as `kind`) and per call.
+///
+/// A hot read costs one copy of the range and nothing else: the buffer is not zeroed first,
+/// and it becomes the value's bytes without another copy.
 pub(crate) fn read_range_through_cache(
     cache: &PageCache,
     file: &dyn FileIo,
@@ -224,7 +212,7 @@ pub(crate) fn read_range_through_cache(
     path: &Path,
     range: std::ops::Range<u64>,
     kind: BlockKind,
-) -> Result<RangeBytes, BlockReadError> {
+) -> Result<Vec<u8>, BlockReadError> {
     let page = PAGE_SZ as u64;
     let past_end = |blkno: u32| BlockReadError::PastEnd {
         path: path.to_owned(),
@@ -232,23 +220,35 @@ pub(crate) fn read_range_through_cache(
     };
     let first = u32::try_from(range.start / page).map_err(|_| past_end(u32::MAX))?;
     let last = u32::try_from((range.end - 1) / page).map_err(|_| past_end(u32::MAX))?;
-    let count = (last - first) as usize + 1;
-    let mut blocks = vec![0u8; count * PAGE_SZ];
+    // The part of block `blkno` that lies in the range.
+    let part = |blkno: u32| {
+        let head = block_offset(blkno);
+        let from = range.start.max(head) - head;
+        let to = range.end.min(head + page) - head;
+        from as usize..to as usize
+    };
     let reads: Vec<BlockRead<'_>> = (first..=last)
         .map(|blkno| cache.begin_file_read(file_id, blkno))
         .collect();
+    // Each block's bytes in the range, in order: from the cache now, or filled in below.
+    let mut pieces: Vec<Option<BlockLease<'_>>> = Vec::with_capacity(reads.len());
     // Our own claims first, landed before waiting for anyone else's (see page_cache/inflight.rs).
     let mut waits = Vec::new();
     let mut claimed = Vec::new();
     for (i, read) in reads.into_iter().enumerate() {
-        let dest = &mut blocks[i * PAGE_SZ..(i + 1) * PAGE_SZ];
         match read {
             BlockRead::Cached(lease) => {
                 read_cost::block(kind, true);
-                dest.copy_from_slice(&lease[..]);
+                pieces.push(Some(BlockLease::Cached(lease)));
             }
-            BlockRead::Claimed(claim) => claimed.push((i, claim)),
-            BlockRead::InFlight(flight) => waits.push((i, flight)),
+            BlockRead::Claimed(claim) => {
+                claimed.push((i, claim));
+                pieces.push(None);
+            }
+            BlockRead::InFlight(flight) => {
+                waits.push((i, flight));
+                pieces.push(None);
+            }
         }
     }
     let mut claims = claimed.into_iter().peekable();
@@ -257,38 +257,41 @@ pub(crate) fn read_range_through_cache(
         while let Some((_, next)) = claims.next_if(|(i, _)| *i == run_start + run.len()) {
             run.push(next);
         }
-        let bytes = &mut blocks[run_start * PAGE_SZ..(run_start + run.len()) * PAGE_SZ];
+        let mut bytes = vec![0u8; run.len() * PAGE_SZ];
         let blkno = first + run_start as u32;
         read_cost::io(bytes.len() as u64);
         // On an error the claims drop unlanded, and their waiters read for themselves.
-        file.read_exact_at(bytes, block_offset(blkno))
+        file.read_exact_at(&mut bytes, block_offset(blkno))
             .map_err(|source| block_read_error(path, blkno, source))?;
-        for (claim, block) in run.into_iter().zip(bytes.chunks_exact(PAGE_SZ)) {
+        for (j, (claim, block)) in run.into_iter().zip(bytes.chunks_exact(PAGE_SZ)).enumerate() {
             read_cost::block(kind, false);
             let block: &[u8; PAGE_SZ] = block.try_into().expect("chunks of PAGE_SZ");
             // Best effort: a full cache only means the next read misses too.
             let _ = claim.land(block, Arrival::ReadThrough);
+            pieces[run_start + j] = Some(BlockLease::Owned(Box::new(*block)));
         }
     }
     for (i, flight) in waits {
         let blkno = first + i as u32;
-        let dest = &mut blocks[i * PAGE_SZ..(i + 1) * PAGE_SZ];
         read_cost::block(kind, false);
         read_cost::waited();
-        match flight.wait() {
-            Some(lease) => dest.copy_from_slice(&lease[..]),
+        pieces[i] = Some(match flight.wait() {
+            Some(lease) => BlockLease::Cached(lease),
             None => {
                 read_cost::io(page);
-                file.read_exact_at(dest, block_offset(blkno))
+                let mut block = Box::new([0u8; PAGE_SZ]);
+                file.read_exact_at(&mut block[..], block_offset(blkno))
                     .map_err(|source| block_read_error(path, blkno, source))?;
+                BlockLease::Owned(block)
             }
-        }
+        });
     }
-    let head = block_offset(first);
-    Ok(RangeBytes {
-        blocks,
-        range: (range.start - head) as usize..(range.end - head) as usize,
-    })
+    let mut out = Vec::with_capacity((range.end - range.start) as usize);
+    for (i, piece) in pieces.iter().enumerate() {
+        let block = piece.as_ref().expect("every block was read or waited for");
+        out.extend_from_slice(&block[part(first + i as u32)]);
+    }
+    Ok(out)
 }
 
 /// Reads an immutable file's blocks through the page cache.

@@ -68,6 +68,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bytes::Bytes;
 use pageserver_api::value::ValueDecodeError;
 use pageserver_api::{Key, Value};
 use utils::{Lsn, TenantId, TimelineId};
@@ -256,15 +257,17 @@ impl DeltaLayer {
                 "value of key {key} at {lsn} would span bytes {offset}..{end}"
             )));
         }
-        let bytes = read_range_through_cache(
-            self.file.cache(),
-            self.file.file(),
-            self.file.file_id(),
-            self.file.path(),
-            offset..end,
-            BlockKind::Value,
-        )
-        .map_err(|e| self.corrupt(e))?;
+        let bytes = Bytes::from(
+            read_range_through_cache(
+                self.file.cache(),
+                self.file.file(),
+                self.file.file_id(),
+                self.file.path(),
+                offset..end,
+                BlockKind::Value,
+            )
+            .map_err(|e| self.corrupt(e))?,
+        );
         let Some((header_len, blob_len)) = BlobHeader::parse(&bytes) else {
             return Err(self.corrupt(format!(
                 "value of key {key} at {lsn}: {} bytes cannot hold its length header",
@@ -277,7 +280,7 @@ impl DeltaLayer {
                 bytes.len() - header_len
             )));
         }
-        self.decode_value(key, lsn, entry, &bytes[header_len..])
+        self.decode_value_bytes(key, lsn, entry, bytes.slice(header_len..))
     }
 
     /// Where the value at `offset` ends, if its length header lies in a cached block: then no
@@ -312,8 +315,7 @@ impl DeltaLayer {
         }
     }
 
-    /// Checks a stored value (serialized value, then its CRC-32C) against its checksum and its
-    /// index entry, and decodes it.
+    /// A stored value (its body, then the body's CRC-32C), checked and decoded.
     fn decode_value(
         &self,
         key: Key,
@@ -321,6 +323,35 @@ impl DeltaLayer {
         entry: u64,
         buf: &[u8],
     ) -> Result<Value, DeltaLayerError> {
+        let body = self.checked_body(key, lsn, buf)?;
+        self.check_will_init(key, lsn, entry, Value::deserialize(body))
+    }
+
+    /// [`Self::decode_value`] of a buffer the value may keep: an image's bytes are a slice of
+    /// it, not a copy.
+    fn decode_value_bytes(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        entry: u64,
+        buf: Bytes,
+    ) -> Result<Value, DeltaLayerError> {
+        let body_len = self.checked_body(key, lsn, &buf)?.len();
+        self.check_will_init(
+            key,
+            lsn,
+            entry,
+            Value::deserialize_bytes(buf.slice(..body_len)),
+        )
+    }
+
+    /// The body of a stored value whose checksum checks out.
+    fn checked_body<'b>(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        buf: &'b [u8],
+    ) -> Result<&'b [u8], DeltaLayerError> {
         let Some(body_len) = buf.len().checked_sub(VALUE_CRC_LEN) else {
             return Err(self.corrupt(format!(
                 "value of key {key} at {lsn} is {} bytes, too short for its checksum",
@@ -332,9 +363,19 @@ impl DeltaLayer {
         if crc32c::crc32c(body) != stored {
             return Err(self.corrupt(format!("value of key {key} at {lsn}: checksum mismatch")));
         }
-        let value = Value::deserialize(body).map_err(|e: ValueDecodeError| {
-            self.corrupt(format!("value of key {key} at {lsn}: {e}"))
-        })?;
+        Ok(body)
+    }
+
+    /// A decoded value, if it decoded and agrees with its index entry about `will_init`.
+    fn check_will_init(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        entry: u64,
+        decoded: Result<Value, ValueDecodeError>,
+    ) -> Result<Value, DeltaLayerError> {
+        let value =
+            decoded.map_err(|e| self.corrupt(format!("value of key {key} at {lsn}: {e}")))?;
         if value.will_init() != (entry & WILL_INIT_BIT != 0) {
             return Err(self.corrupt(format!(
                 "value of key {key} at {lsn} disagrees with its index entry about will_init"
