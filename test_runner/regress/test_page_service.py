@@ -311,3 +311,20 @@ def test_calls_are_counted(timeline: TimelineHandle):
     assert calls("GetPages", "OK") == 1
     assert calls("GetPages", "INVALID_ARGUMENT") == 1
     assert metrics.value("pageserver_grpc_batch_pages_count") == 2
+
+
+def test_a_cold_batch_of_neighbours_reads_in_few_ios(timeline: TimelineHandle):
+    """32 neighbouring pages of a layer file, none cached: the batch's read cost shows their
+    value blocks read in one run, where one page at a time takes a read each."""
+    timeline.ingest([Image(key(n), 0x10, page_of(n)) for n in range(64)])
+    timeline.checkpoint()
+    batch = [(key(n), 0x10) for n in range(16, 48)]
+    with timeline.ps.page_service(timeline.tenant_id, timeline.timeline_id) as client:
+        timeline.http.page_cache_drop()
+        answer = client.get_pages([(1, batch)])[1]
+        assert [p.page for p in answer.pages] == [page_of(n) for n in range(16, 48)]
+        cost = answer.cost
+        assert cost.val_miss >= 32 and cost.ios == cost.idx_miss + 1, cost
+        timeline.http.page_cache_drop()
+        ios = sum(client.get_page_response(k, lsn).cost.ios for k, lsn in batch)
+        assert ios >= 32

@@ -294,6 +294,45 @@ pub(crate) fn read_range_through_cache(
     Ok(out)
 }
 
+/// Brings blocks `blocks` of an immutable file into the page cache, for reads about to need
+/// them: each run of adjacent blocks the cache lacks is read with one call and inserted; blocks
+/// it holds, and blocks another reader is reading now, are left alone. Only what it reads is
+/// counted (as missed blocks of `kind` and the calls), so a read that then finds them cached
+/// shows both. Only for blocks that need no check before they are cached.
+pub(crate) fn warm_blocks_through_cache(
+    cache: &PageCache,
+    file: &dyn FileIo,
+    file_id: FileId,
+    path: &Path,
+    blocks: std::ops::Range<u32>,
+    kind: BlockKind,
+) -> Result<(), BlockReadError> {
+    let mut run: Vec<(u32, crate::page_cache::ReadClaim<'_>)> = Vec::new();
+    let read_run = |run: &mut Vec<(u32, crate::page_cache::ReadClaim<'_>)>| {
+        let Some(&(first, _)) = run.first() else {
+            return Ok(());
+        };
+        let mut bytes = vec![0u8; run.len() * PAGE_SZ];
+        read_cost::io(bytes.len() as u64);
+        file.read_exact_at(&mut bytes, block_offset(first))
+            .map_err(|source| block_read_error(path, first, source))?;
+        for ((_, claim), block) in run.drain(..).zip(bytes.chunks_exact(PAGE_SZ)) {
+            read_cost::block(kind, false);
+            let block: &[u8; PAGE_SZ] = block.try_into().expect("chunks of PAGE_SZ");
+            let _ = claim.land(block, Arrival::ReadThrough);
+        }
+        Ok(())
+    };
+    for blkno in blocks {
+        match cache.begin_file_read(file_id, blkno) {
+            BlockRead::Claimed(claim) => run.push((blkno, claim)),
+            // Cached, or being read: the run of blocks to read ends here.
+            BlockRead::Cached(_) | BlockRead::InFlight(_) => read_run(&mut run)?,
+        }
+    }
+    read_run(&mut run)
+}
+
 /// Reads an immutable file's blocks through the page cache.
 pub struct FileBlockReader<'a> {
     file: &'a dyn FileIo,

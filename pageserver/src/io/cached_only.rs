@@ -49,6 +49,12 @@ pub fn try_cached<T>(read: impl FnOnce() -> T) -> Option<T> {
     (attempt == Mode::CachedOnly { refused: false }).then_some(result)
 }
 
+/// Whether the current read may wait for the disk: work that only pays off with I/O (reading
+/// ahead) is skipped when it may not.
+pub fn may_wait() -> bool {
+    MODE.with(|mode| mode.get() == Mode::Wait)
+}
+
 /// `Some(error)` when the current read may not wait, to be returned instead of waiting; `None`
 /// when it may go ahead.
 pub fn refuse() -> Option<io::Error> {

@@ -99,6 +99,23 @@ impl Layer {
         })
     }
 
+    /// Brings the values of `versions` (as [`Layer::versions_at_lsn`] listed them) into the
+    /// page cache, in as few reads as their blocks allow, for the reads about to need them.
+    /// Only delta layers read ahead: an image layer's value blocks are checked one by one as
+    /// they are cached, and an in-memory layer's are in memory or were cached as written.
+    pub fn prefetch_values(&self, versions: &[VersionRef]) -> Result<(), LayerReadError> {
+        match self {
+            Layer::Delta(l) => l.prefetch_values(versions)?,
+            Layer::OnDemand(l) => {
+                if let Layer::Delta(l) = l.resident()? {
+                    l.prefetch_values(versions)?
+                }
+            }
+            Layer::InMemory(_) | Layer::Image(_) => {}
+        }
+        Ok(())
+    }
+
     /// The versions of the keys in `[from, end)` at or below `lsn` that reconstruction needs,
     /// in key order, a chunk of at most `max_keys` keys: see [`VersionChunk`].
     pub fn versions_at_lsn(

@@ -2,7 +2,10 @@
 //! the page cache has one (see "Layer map" in the `timeline` module documentation), and the
 //! layers a paged scan merges.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use super::*;
+use crate::tenant::storage_layer::VersionRef;
 use scan::{LayerSetId, ScanLayer};
 
 impl Timeline {
@@ -52,6 +55,12 @@ impl Timeline {
         let map = self.layer_map();
         let lowest = batch.iter().map(|(_, lsn)| *lsn).min().unwrap_or(highest);
         refuse_below_cutoff(&map, lowest)?;
+        if batch.len() > 1 && crate::io::cached_only::may_wait() {
+            // Best effort: a failure here is met again, and reported, by the read itself.
+            if let Err(e) = self.read_ahead(&map, batch) {
+                tracing::debug!("reading a batch ahead failed: {e}");
+            }
+        }
         let mut order: Vec<usize> = (0..batch.len()).collect();
         order.sort_unstable_by_key(|&i| batch[i]);
         let mut pages = vec![None; batch.len()];
@@ -60,6 +69,47 @@ impl Timeline {
             pages[i] = self.get_page_in(&map, key, lsn)?;
         }
         Ok(pages)
+    }
+
+    /// Brings the values a batch will read into the page cache in as few reads as their blocks
+    /// allow. For each LSN of the batch (compute asks for a batch at one LSN), the layers are
+    /// asked newest first for the versions of the batch's keys that are still without a base
+    /// ([`Layer::versions_at_lsn`] over their key span, from the index alone), and read ahead
+    /// ([`Layer::prefetch_values`]). Keys that are not neighbours in a layer (its span holds
+    /// many more keys than the batch) are left to the point reads.
+    fn read_ahead(&self, map: &LayerMap, batch: &[(Key, Lsn)]) -> Result<(), TimelineError> {
+        let mut by_lsn: BTreeMap<Lsn, BTreeSet<Key>> = BTreeMap::new();
+        for (key, lsn) in batch {
+            by_lsn.entry(*lsn).or_default().insert(*key);
+        }
+        for (lsn, mut pending) in by_lsn {
+            for layer in map.newest_first() {
+                let (Some(&first), Some(&last)) = (pending.first(), pending.last()) else {
+                    break;
+                };
+                let span = first..last.next();
+                if matches!(layer, Layer::InMemory(_)) || !layer.may_hold(&span, lsn) {
+                    continue;
+                }
+                // Room for the batch's keys and as many others between them.
+                let room = 2 * pending.len();
+                let chunk = layer.versions_at_lsn(span.start, span.end, lsn, room)?;
+                if chunk.resume.is_some() {
+                    break;
+                }
+                let wanted: Vec<VersionRef> = chunk
+                    .versions
+                    .into_iter()
+                    .filter(|v| pending.contains(&v.key))
+                    .collect();
+                layer.prefetch_values(&wanted)?;
+                // A key listed from a base needs nothing from older layers.
+                for v in wanted.iter().filter(|v| v.will_init) {
+                    pending.remove(&v.key);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// GetPage@LSN on the layer map snapshot `map`, whose cutoff the caller has checked.

@@ -74,7 +74,9 @@ use pageserver_api::{Key, Value};
 use utils::{Lsn, TenantId, TimelineId};
 
 use crate::format::blob_io::{BlobHeader, BlobReadError, BlockCursor};
-use crate::format::block_io::{read_range_through_cache, FileBlockReader};
+use crate::format::block_io::{
+    read_range_through_cache, warm_blocks_through_cache, FileBlockReader,
+};
 use crate::format::disk_btree::{
     node_is_valid, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
@@ -281,6 +283,53 @@ impl DeltaLayer {
             )));
         }
         self.decode_value_bytes(key, lsn, entry, bytes.slice(header_len..))
+    }
+
+    /// Brings the values of `versions` (listed by [`Self::versions_at_lsn`]) into the page
+    /// cache ahead of the reads that will need them: their blocks, merged into runs of
+    /// adjacent blocks, each run the cache lacks read with one call. A batch of neighbouring
+    /// pages, whose values lie side by side, costs a few reads instead of one per page. Entries
+    /// this layer did not list are skipped; their reads will say what is wrong.
+    pub fn prefetch_values(&self, versions: &[VersionRef]) -> Result<(), DeltaLayerError> {
+        let longest = 4 + self.max_blob_len as u64;
+        let mut blocks: Vec<Range<u32>> = versions
+            .iter()
+            .filter_map(|v| match v.at {
+                ValueAt::Delta { entry, end } => Some((entry >> 1, end)),
+                _ => None,
+            })
+            .filter(|&(offset, end)| {
+                offset >= PAGE_SZ as u64
+                    && offset < end
+                    && end <= self.summary.values_end
+                    && end - offset <= longest
+            })
+            .map(|(offset, end)| {
+                let first = (offset / PAGE_SZ as u64) as u32;
+                let last = ((end - 1) / PAGE_SZ as u64) as u32;
+                first..last + 1
+            })
+            .collect();
+        blocks.sort_unstable_by_key(|r| r.start);
+        let mut runs: Vec<Range<u32>> = Vec::new();
+        for range in blocks {
+            match runs.last_mut() {
+                Some(run) if range.start <= run.end => run.end = run.end.max(range.end),
+                _ => runs.push(range),
+            }
+        }
+        for run in runs {
+            warm_blocks_through_cache(
+                self.file.cache(),
+                self.file.file(),
+                self.file.file_id(),
+                self.file.path(),
+                run,
+                BlockKind::Value,
+            )
+            .map_err(|e| self.corrupt(e))?;
+        }
+        Ok(())
     }
 
     /// Where the value at `offset` ends, if its length header lies in a cached block: then no

@@ -616,31 +616,6 @@ fn read_cost_counts_layers_blocks_and_file_reads() {
 }
 
 #[test]
-fn hot_reads_need_no_io_and_cold_ones_are_refused_whole() {
-    use crate::io::cached_only::try_cached;
-    let (_dir, cache, tl) = fresh_timeline(64);
-    tl.put_batch(&[rec(1, 10, &image(1)), rec(2, 10, &image(2))])
-        .unwrap();
-    tl.checkpoint().unwrap();
-    cache.drop_unpinned();
-    tl.put(rel_key(1), Lsn(20), &image(3)).unwrap();
-
-    // The open layer's page was just written (its blocks are in memory or cached as they were
-    // written); the layer file's are not cached.
-    let open = try_cached(|| tl.get_page(rel_key(1), Lsn(20))).expect("no I/O needed");
-    assert_eq!(open.unwrap().unwrap()[0], 3);
-    assert!(try_cached(|| tl.get_page(rel_key(2), Lsn(10))).is_none());
-    let batch = [(rel_key(1), Lsn(20)), (rel_key(2), Lsn(10))];
-    assert!(try_cached(|| tl.get_pages(&batch)).is_none());
-
-    // Once read (and so cached), the same reads need no I/O and answer the same.
-    let pages = tl.get_pages(&batch).unwrap();
-    assert_eq!(pages[1].as_ref().unwrap()[0], 2);
-    let hot = try_cached(|| tl.get_pages(&batch)).expect("no I/O needed");
-    assert_eq!(hot.unwrap(), pages);
-}
-
-#[test]
 fn a_flush_inserts_nothing_into_the_page_cache_and_hot_pages_stay() {
     use crate::io::read_cost::measure;
     let (_dir, cache, tl) = fresh_timeline(32);
@@ -704,5 +679,6 @@ fn lsns_may_jump_by_more_than_a_layer_can_span() {
     assert_eq!(tl.get_page(rel_key(1), Lsn(far - 1)).unwrap(), None);
 }
 
+mod batch;
 mod import;
 mod model;
