@@ -98,6 +98,9 @@ pub trait BlockReader {
 /// match, such as the checksum a layer stores for it elsewhere.
 pub type BlockCheck<'a> = &'a dyn Fn(&[u8; PAGE_SZ]) -> bool;
 
+/// A [`BlockCheck`] that is also told the block's number (which checksum it must match).
+pub type NumberedBlockCheck<'a> = &'a dyn Fn(u32, &[u8; PAGE_SZ]) -> bool;
+
 /// The byte offset of block `blkno`.
 pub fn block_offset(blkno: u32) -> u64 {
     u64::from(blkno) * PAGE_SZ as u64
@@ -298,7 +301,8 @@ pub(crate) fn read_range_through_cache(
 /// them: each run of adjacent blocks the cache lacks is read with one call and inserted; blocks
 /// it holds, and blocks another reader is reading now, are left alone. Only what it reads is
 /// counted (as missed blocks of `kind` and the calls), so a read that then finds them cached
-/// shows both. Only for blocks that need no check before they are cached.
+/// shows both. With a `check`, a block is cached only if it passes (given its number); one
+/// that fails is left for its reader to find and report.
 pub(crate) fn warm_blocks_through_cache(
     cache: &PageCache,
     file: &dyn FileIo,
@@ -306,6 +310,7 @@ pub(crate) fn warm_blocks_through_cache(
     path: &Path,
     blocks: std::ops::Range<u32>,
     kind: BlockKind,
+    check: Option<NumberedBlockCheck<'_>>,
 ) -> Result<(), BlockReadError> {
     let mut run: Vec<(u32, crate::page_cache::ReadClaim<'_>)> = Vec::new();
     let read_run = |run: &mut Vec<(u32, crate::page_cache::ReadClaim<'_>)>| {
@@ -316,10 +321,12 @@ pub(crate) fn warm_blocks_through_cache(
         read_cost::io(bytes.len() as u64);
         file.read_exact_at(&mut bytes, block_offset(first))
             .map_err(|source| block_read_error(path, first, source))?;
-        for ((_, claim), block) in run.drain(..).zip(bytes.chunks_exact(PAGE_SZ)) {
+        for ((blkno, claim), block) in run.drain(..).zip(bytes.chunks_exact(PAGE_SZ)) {
             read_cost::block(kind, false);
             let block: &[u8; PAGE_SZ] = block.try_into().expect("chunks of PAGE_SZ");
-            let _ = claim.land(block, Arrival::ReadThrough);
+            if check.is_none_or(|check| check(blkno, block)) {
+                let _ = claim.land(block, Arrival::ReadThrough);
+            }
         }
         Ok(())
     };

@@ -101,17 +101,13 @@ impl Layer {
 
     /// Brings the values of `versions` (as [`Layer::versions_at_lsn`] listed them) into the
     /// page cache, in as few reads as their blocks allow, for the reads about to need them.
-    /// Only delta layers read ahead: an image layer's value blocks are checked one by one as
-    /// they are cached, and an in-memory layer's are in memory or were cached as written.
+    /// An in-memory layer's blocks are in memory or were cached as written: it reads nothing.
     pub fn prefetch_values(&self, versions: &[VersionRef]) -> Result<(), LayerReadError> {
         match self {
             Layer::Delta(l) => l.prefetch_values(versions)?,
-            Layer::OnDemand(l) => {
-                if let Layer::Delta(l) = l.resident()? {
-                    l.prefetch_values(versions)?
-                }
-            }
-            Layer::InMemory(_) | Layer::Image(_) => {}
+            Layer::Image(l) => l.prefetch_values(versions)?,
+            Layer::OnDemand(l) => l.resident()?.prefetch_values(versions)?,
+            Layer::InMemory(_) => {}
         }
         Ok(())
     }
@@ -273,6 +269,19 @@ pub struct VersionChunk {
     pub versions: Vec<VersionRef>,
     /// Where the next chunk starts; `None` when the range holds no more such keys.
     pub resume: Option<Key>,
+}
+
+/// Block ranges merged into runs: overlapping or adjacent ranges become one, in block order.
+pub(crate) fn merge_block_runs(mut blocks: Vec<Range<u32>>) -> Vec<Range<u32>> {
+    blocks.sort_unstable_by_key(|r| r.start);
+    let mut runs: Vec<Range<u32>> = Vec::new();
+    for range in blocks {
+        match runs.last_mut() {
+            Some(run) if range.start <= run.end => run.end = run.end.max(range.end),
+            _ => runs.push(range),
+        }
+    }
+    runs
 }
 
 /// See [`VersionChunk`].

@@ -89,7 +89,7 @@ use crate::tenant::storage_layer::layer_file::{
 };
 use crate::tenant::storage_layer::layer_name::{DeltaLayerName, LayerName};
 use crate::tenant::storage_layer::{
-    max_stored_value_len, LayerRecords, ValueAt, VersionChunk, VersionRef,
+    max_stored_value_len, merge_block_runs, LayerRecords, ValueAt, VersionChunk, VersionRef,
 };
 use crate::PAGE_SZ;
 
@@ -292,7 +292,7 @@ impl DeltaLayer {
     /// this layer did not list are skipped; their reads will say what is wrong.
     pub fn prefetch_values(&self, versions: &[VersionRef]) -> Result<(), DeltaLayerError> {
         let longest = 4 + self.max_blob_len as u64;
-        let mut blocks: Vec<Range<u32>> = versions
+        let blocks: Vec<Range<u32>> = versions
             .iter()
             .filter_map(|v| match v.at {
                 ValueAt::Delta { entry, end } => Some((entry >> 1, end)),
@@ -310,15 +310,7 @@ impl DeltaLayer {
                 first..last + 1
             })
             .collect();
-        blocks.sort_unstable_by_key(|r| r.start);
-        let mut runs: Vec<Range<u32>> = Vec::new();
-        for range in blocks {
-            match runs.last_mut() {
-                Some(run) if range.start <= run.end => run.end = run.end.max(range.end),
-                _ => runs.push(range),
-            }
-        }
-        for run in runs {
+        for run in merge_block_runs(blocks) {
             warm_blocks_through_cache(
                 self.file.cache(),
                 self.file.file(),
@@ -326,6 +318,8 @@ impl DeltaLayer {
                 self.file.path(),
                 run,
                 BlockKind::Value,
+                // A value's own checksum is checked when it is read.
+                None,
             )
             .map_err(|e| self.corrupt(e))?;
         }

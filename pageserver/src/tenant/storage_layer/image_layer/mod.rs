@@ -90,18 +90,23 @@ use bytes::Bytes;
 use pageserver_api::{Key, Value};
 use utils::{Lsn, TenantId, TimelineId};
 
-use crate::format::block_io::{BlockLease, BlockReadError, BlockReader, FileBlockReader};
+use crate::format::block_io::{
+    warm_blocks_through_cache, BlockLease, BlockReadError, BlockReader, FileBlockReader,
+};
 use crate::format::disk_btree::{
     node_is_valid, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
 use crate::io::crashsafe::PathError;
+use crate::io::read_cost::BlockKind;
 use crate::page_cache::PageCache;
 use crate::tenant::storage_layer::layer_file::{
     u32_at, u64_at, Access, IndexBlocks, LayerFile, LayerFileError, LayerFileWriter, SummaryHead,
     SummaryLayout,
 };
 use crate::tenant::storage_layer::layer_name::{ImageLayerName, LayerName};
-use crate::tenant::storage_layer::{LayerRecords, ValueAt, VersionChunk, VersionRef};
+use crate::tenant::storage_layer::{
+    merge_block_runs, LayerRecords, ValueAt, VersionChunk, VersionRef,
+};
 use crate::PAGE_SZ;
 
 pub const IMAGE_MAGIC: u32 = 0x494D_474C;
@@ -375,6 +380,63 @@ impl ImageLayer {
             })?;
         }
         Ok(Bytes::from(image))
+    }
+
+    /// Brings the images of `versions` (listed by [`Self::versions_at_lsn`]) into the page
+    /// cache ahead of the reads that will need them: their value blocks, merged into runs of
+    /// adjacent blocks, each run the cache lacks read with one call, and each block cached
+    /// only if it matches its checksum in the table (as a point read caches it). Entries that
+    /// are not where the format allows are skipped; their reads will say what is wrong.
+    pub fn prefetch_values(&self, versions: &[VersionRef]) -> Result<(), ImageLayerError> {
+        let page = PAGE_SZ as u64;
+        let blocks: Vec<Range<u32>> = versions
+            .iter()
+            .filter_map(|v| match v.at {
+                ValueAt::Image { stored } => Some(split_index_value(stored)),
+                _ => None,
+            })
+            .filter(|&(offset, len)| {
+                len > 0
+                    && len <= self.max_image_len
+                    && offset >= page
+                    && offset + len as u64 <= self.summary.values_end
+                    && well_placed(offset, len)
+            })
+            .map(|(offset, len)| {
+                (offset / page) as u32..((offset + len as u64 - 1) / page) as u32 + 1
+            })
+            .collect();
+        let table = self.table(Access::Point);
+        for run in merge_block_runs(blocks) {
+            // Each block's checksum, from the table.
+            let mut expected = Vec::with_capacity(run.len());
+            let mut table_block: Option<(u32, BlockLease<'_>)> = None;
+            for blkno in run.clone() {
+                let (table_blk, slot) = table_slot(blkno);
+                if table_block
+                    .as_ref()
+                    .is_none_or(|(held, _)| *held != table_blk)
+                {
+                    table_block = Some((table_blk, self.table_block(&table, table_blk)?));
+                }
+                let (_, block) = table_block.as_ref().expect("set above");
+                expected.push(u32_at(&block[..], slot));
+            }
+            let check = |blkno: u32, block: &[u8; PAGE_SZ]| {
+                crc32c::crc32c(block) == expected[(blkno - run.start) as usize]
+            };
+            warm_blocks_through_cache(
+                self.file.cache(),
+                self.file.file(),
+                self.file.file_id(),
+                self.file.path(),
+                run.clone(),
+                BlockKind::Value,
+                Some(&check),
+            )
+            .map_err(|e| self.block_error(e))?;
+        }
+        Ok(())
     }
 
     /// What the layer contributes to reading `key` at `lsn`: nothing below the layer's LSN or
