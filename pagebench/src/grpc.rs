@@ -7,7 +7,8 @@
 //! - `--batch-size 0`: unary `GetPage` calls, one random page each, `--pipeline` of them at
 //!   once (each a closed loop of its own on the shared channel);
 //! - `--batch-size N`: one `GetPages` stream per client, with `--pipeline` batches of N random
-//!   pages in flight; a new batch is sent as soon as an answer arrives.
+//!   pages in flight (with `--sequential`, N consecutive pages from a random one); a new batch
+//!   is sent as soon as an answer arrives.
 //!
 //! Latency is per call (a batch: from its send to its answer). The baseline runs unary `Ping`
 //! calls with the same clients and pipeline depth. The report's requests are calls; pages are
@@ -121,6 +122,7 @@ pub(crate) async fn getpage(
         lsn,
         seed: args.seed,
         pipeline: grpc.pipeline,
+        sequential: grpc.sequential,
     };
     let name = match call {
         Call::GetPage => "getpage",
@@ -133,6 +135,7 @@ pub(crate) async fn getpage(
     details.insert("protocol".into(), json!("grpc"));
     details.insert("batch_size".into(), json!(grpc.batch_size));
     details.insert("pipeline".into(), json!(grpc.pipeline));
+    details.insert("sequential".into(), json!(grpc.sequential));
     details.insert("keys".into(), json!(args.pages.keys));
     details.insert("value_size".into(), json!(args.pages.value_size));
     details.insert("lsn".into(), json!(args.lsn.to_string()));
@@ -168,6 +171,7 @@ struct Scenario {
     lsn: u64,
     seed: u64,
     pipeline: usize,
+    sequential: bool,
 }
 
 impl Scenario {
@@ -214,6 +218,7 @@ impl Scenario {
                     let stream = StreamClient {
                         pages,
                         batch,
+                        sequential: self.sequential,
                         depth: self.pipeline,
                         rng: fastrand::Rng::with_seed(seed),
                     };
@@ -321,6 +326,7 @@ impl UnaryClient {
 struct StreamClient {
     pages: Pages,
     batch: usize,
+    sequential: bool,
     depth: usize,
     rng: fastrand::Rng,
 }
@@ -411,9 +417,13 @@ impl StreamClient {
         in_flight: &mut HashMap<u64, (Instant, Vec<u32>)>,
         next_id: &mut u64,
     ) -> anyhow::Result<()> {
-        let indexes: Vec<u32> = (0..self.batch)
-            .map(|_| self.rng.u32(0..self.pages.keys))
-            .collect();
+        let keys = self.pages.keys;
+        let indexes: Vec<u32> = if self.sequential {
+            let start = self.rng.u32(0..keys);
+            (0..self.batch as u32).map(|i| (start + i) % keys).collect()
+        } else {
+            (0..self.batch).map(|_| self.rng.u32(0..keys)).collect()
+        };
         let pages = indexes
             .iter()
             .map(|&index| PageRef {

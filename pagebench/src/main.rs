@@ -236,6 +236,10 @@ struct GrpcArgs {
     /// gRPC: calls in flight per client (batches on its stream, or unary calls on its channel).
     #[arg(long, default_value_t = 1)]
     pipeline: usize,
+    /// gRPC: a batch is a run of consecutive keys from a random one (a sequential scan's
+    /// prefetch), not random keys.
+    #[arg(long)]
+    sequential: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
