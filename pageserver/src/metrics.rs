@@ -365,8 +365,8 @@ pub static GETPAGE_LAYERS_VISITED: LazyLock<Histogram> = LazyLock::new(|| {
 pub static READS_IN_PLACE: LazyLock<IntCounter> = LazyLock::new(|| {
     register_int_counter!(
         "pageserver_reads_in_place_total",
-        "GetPage requests and GetPages batches answered from the page cache on the async worker, \
-         without a hand-off to the blocking pool"
+        "GetPage requests, GetPages batches and relation size reads answered from the page cache \
+         on the async worker, without a hand-off to the blocking pool"
     )
     .expect("metric names are unique")
 });

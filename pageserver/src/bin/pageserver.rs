@@ -255,7 +255,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         wait_lsn_timeout: state.conf.wait_lsn_timeout,
     });
     let listen_grpc = state.conf.listen_grpc_addr;
-    runtime.block_on(async {
+    let page_service_failed = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("listening on {listen}"))?;
@@ -279,12 +279,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         );
         // One signal stops both doors.
         let (stop, stopped) = tokio::sync::watch::channel(false);
+        let stop = Arc::new(stop);
+        let stop_on_failure = stop.clone();
+        let reads_on_failure = tenants.clone();
         let waiting_reads = tenants.clone();
         tokio::spawn(async move {
             shutdown_signal().await;
             // Reads waiting for an LSN would hold the shutdown up to wait_lsn_timeout.
             waiting_reads.cancel_lsn_waits();
-            let _ = stop.send(true);
+            stop.send_replace(true);
         });
         let http_stopped = stopped.clone();
         let http = serve(
@@ -297,10 +300,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 let _ = stopped.wait_for(|stopping| *stopping).await;
             },
         );
-        let grpc = pageserver::grpc::serve(grpc_listener, page_service, stopped);
+        // A page service that fails stops the server, HTTP included, as a signal would.
+        let grpc = async move {
+            let served = pageserver::grpc::serve(grpc_listener, page_service, stopped).await;
+            if let Err(e) = &served {
+                tracing::error!("the page service (gRPC) failed: {e}; shutting down");
+                reads_on_failure.cancel_lsn_waits();
+                stop_on_failure.send_replace(true);
+            }
+            served
+        };
         let ((), grpc) = tokio::join!(http, grpc);
-        grpc.context("the page service (gRPC) failed")?;
-        anyhow::Ok(())
+        anyhow::Ok(grpc.is_err())
     })?;
 
     // No request is in flight any more: make everything ingested durable.
@@ -308,6 +319,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let flushed = tenants.shutdown();
     drop(runtime);
     match flushed {
+        // Flushed, but the server stopped because the page service failed (logged above).
+        Ok(()) if page_service_failed => Ok(ExitCode::FAILURE),
         Ok(()) => {
             tracing::info!(
                 "flushed every timeline in {:.1} ms; shut down cleanly",

@@ -207,7 +207,8 @@ fn block_read_error(path: &Path, blkno: u32, source: io::Error) -> BlockReadErro
 /// now are waited for. Costs are counted per block (as `kind`) and per call.
 ///
 /// A hot read costs one copy of the range and nothing else: the buffer is not zeroed first,
-/// and it becomes the value's bytes without another copy.
+/// and it becomes the value's bytes without another copy. A read that misses copies what the
+/// cache holds first and lets go of those pages before it does any I/O.
 pub(crate) fn read_range_through_cache(
     cache: &PageCache,
     file: &dyn FileIo,
@@ -223,76 +224,82 @@ pub(crate) fn read_range_through_cache(
     };
     let first = u32::try_from(range.start / page).map_err(|_| past_end(u32::MAX))?;
     let last = u32::try_from((range.end - 1) / page).map_err(|_| past_end(u32::MAX))?;
-    // The part of block `blkno` that lies in the range.
+    // Where the part of block `blkno` that lies in the range is, in the block and in the
+    // output.
     let part = |blkno: u32| {
         let head = block_offset(blkno);
-        let from = range.start.max(head) - head;
-        let to = range.end.min(head + page) - head;
-        from as usize..to as usize
+        let from = range.start.max(head);
+        let to = range.end.min(head + page);
+        let in_block = (from - head) as usize..(to - head) as usize;
+        let in_out = (from - range.start) as usize..(to - range.start) as usize;
+        (in_block, in_out)
     };
     let reads: Vec<BlockRead<'_>> = (first..=last)
         .map(|blkno| cache.begin_file_read(file_id, blkno))
         .collect();
-    // Each block's bytes in the range, in order: from the cache now, or filled in below.
-    let mut pieces: Vec<Option<BlockLease<'_>>> = Vec::with_capacity(reads.len());
+    let len = (range.end - range.start) as usize;
+    if reads
+        .iter()
+        .all(|read| matches!(read, BlockRead::Cached(_)))
+    {
+        let mut out = Vec::with_capacity(len);
+        for (blkno, read) in (first..).zip(&reads) {
+            if let BlockRead::Cached(lease) = read {
+                read_cost::block(kind, true);
+                out.extend_from_slice(&lease[part(blkno).0]);
+            }
+        }
+        return Ok(out);
+    }
+    let mut out = vec![0u8; len];
     // Our own claims first, landed before waiting for anyone else's (see page_cache/inflight.rs).
     let mut waits = Vec::new();
     let mut claimed = Vec::new();
-    for (i, read) in reads.into_iter().enumerate() {
+    for (blkno, read) in (first..).zip(reads) {
         match read {
             BlockRead::Cached(lease) => {
                 read_cost::block(kind, true);
-                pieces.push(Some(BlockLease::Cached(lease)));
+                let (in_block, in_out) = part(blkno);
+                out[in_out].copy_from_slice(&lease[in_block]);
             }
-            BlockRead::Claimed(claim) => {
-                claimed.push((i, claim));
-                pieces.push(None);
-            }
-            BlockRead::InFlight(flight) => {
-                waits.push((i, flight));
-                pieces.push(None);
-            }
+            BlockRead::Claimed(claim) => claimed.push((blkno, claim)),
+            BlockRead::InFlight(flight) => waits.push((blkno, flight)),
         }
     }
     let mut claims = claimed.into_iter().peekable();
     while let Some((run_start, claim)) = claims.next() {
         let mut run = vec![claim];
-        while let Some((_, next)) = claims.next_if(|(i, _)| *i == run_start + run.len()) {
+        while let Some((_, next)) = claims.next_if(|(b, _)| *b == run_start + run.len() as u32) {
             run.push(next);
         }
         let mut bytes = vec![0u8; run.len() * PAGE_SZ];
-        let blkno = first + run_start as u32;
         read_cost::io(bytes.len() as u64);
         // On an error the claims drop unlanded, and their waiters read for themselves.
-        file.read_exact_at(&mut bytes, block_offset(blkno))
-            .map_err(|source| block_read_error(path, blkno, source))?;
-        for (j, (claim, block)) in run.into_iter().zip(bytes.chunks_exact(PAGE_SZ)).enumerate() {
+        file.read_exact_at(&mut bytes, block_offset(run_start))
+            .map_err(|source| block_read_error(path, run_start, source))?;
+        for ((blkno, claim), block) in (run_start..).zip(run).zip(bytes.chunks_exact(PAGE_SZ)) {
             read_cost::block(kind, false);
             let block: &[u8; PAGE_SZ] = block.try_into().expect("chunks of PAGE_SZ");
             // Best effort: a full cache only means the next read misses too.
             let _ = claim.land(block, Arrival::ReadThrough);
-            pieces[run_start + j] = Some(BlockLease::Owned(Box::new(*block)));
+            let (in_block, in_out) = part(blkno);
+            out[in_out].copy_from_slice(&block[in_block]);
         }
     }
-    for (i, flight) in waits {
-        let blkno = first + i as u32;
+    for (blkno, flight) in waits {
         read_cost::block(kind, false);
         read_cost::waited();
-        pieces[i] = Some(match flight.wait() {
-            Some(lease) => BlockLease::Cached(lease),
+        let (in_block, in_out) = part(blkno);
+        match flight.wait() {
+            Some(lease) => out[in_out].copy_from_slice(&lease[in_block]),
             None => {
                 read_cost::io(page);
-                let mut block = Box::new([0u8; PAGE_SZ]);
-                file.read_exact_at(&mut block[..], block_offset(blkno))
+                let mut block = [0u8; PAGE_SZ];
+                file.read_exact_at(&mut block, block_offset(blkno))
                     .map_err(|source| block_read_error(path, blkno, source))?;
-                BlockLease::Owned(block)
+                out[in_out].copy_from_slice(&block[in_block]);
             }
-        });
-    }
-    let mut out = Vec::with_capacity((range.end - range.start) as usize);
-    for (i, piece) in pieces.iter().enumerate() {
-        let block = piece.as_ref().expect("every block was read or waited for");
-        out.extend_from_slice(&block[part(first + i as u32)]);
+        }
     }
     Ok(out)
 }

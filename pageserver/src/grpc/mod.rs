@@ -7,11 +7,20 @@
 //! status mapped to a gRPC code by [`status_of`], so a client sees the same words on either
 //! door.
 //!
-//! Reads run as HTTP's do: the wait for an LSN as a task (a caller that goes away ends it),
-//! the storage work on the blocking pool. A `GetPages` stream reads its batches concurrently,
-//! up to [`service::MAX_BATCHES_IN_FLIGHT`] of them per stream, and answers each as soon as it
-//! is read, so answers overtake each other; a client that sends more waits in HTTP/2 flow
-//! control, which bounds what one stream can make the server hold.
+//! Reads run as HTTP's do ([`crate::http::read`]): the wait for an LSN as a task (a caller
+//! that goes away ends it), then the read in place when the page cache can answer it whole,
+//! on the blocking pool when it needs the disk. A `GetPages` stream reads its batches
+//! concurrently, up to [`service::MAX_BATCHES_IN_FLIGHT`] of them, and answers each as soon as
+//! it is read, so answers overtake each other; one answer waits to be sent at most, so a client
+//! that stops reading stops the stream from taking more batches (they wait in HTTP/2 flow
+//! control), which bounds what one stream can make the server hold. Each batch looks its
+//! timeline up again, as every HTTP request does, so a stream never reads a timeline that was
+//! detached or deleted since it opened. A stream checks its token when it opens; a token that
+//! expires later does not end it.
+//!
+//! At shutdown, open streams end with UNAVAILABLE, unary calls run to their end, and whatever
+//! is still open [`SHUTDOWN_GRACE`] later (a client that reads nothing, so its stream cannot
+//! even be told) is cut off with its connection.
 
 pub mod service;
 
@@ -35,27 +44,46 @@ pub struct PageServiceState {
     pub wait_lsn_timeout: Duration,
 }
 
-/// Serves the page service on `listener` until `shutdown` turns true. Unary calls in flight
-/// then run to their end; open `GetPages` streams end with UNAVAILABLE.
+/// How long calls may still run after shutdown began (the HTTP server's grace, too).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Streams one connection may have open at once.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+
+/// Serves the page service on `listener` until `shutdown` turns true: see the module
+/// documentation for what happens to the calls then.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<PageServiceState>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), tonic::transport::Error> {
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
+    let server = tonic::transport::Server::builder()
         // Answers are pages: let a client's many small requests through without waiting for
         // window updates, and keep a dead peer from holding a stream forever.
         .initial_connection_window_size(Some(4 << 20))
         .initial_stream_window_size(Some(1 << 20))
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
         .add_service(PageServiceServer::new(service::PageService::new(
             state,
             shutdown.clone(),
         )))
-        .serve_with_incoming_shutdown(incoming, stopping(shutdown))
-        .await
+        .serve_with_incoming_shutdown(incoming, stopping(shutdown.clone()));
+    tokio::select! {
+        served = server => served,
+        () = async {
+            stopping(shutdown).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!(
+                "page service: calls still open {} s after shutdown began were cut off",
+                SHUTDOWN_GRACE.as_secs()
+            );
+            Ok(())
+        }
+    }
 }
 
 /// Completes when `shutdown` turns true (or its sender is gone).

@@ -39,6 +39,12 @@ impl PageService {
 
     /// The timeline a call's metadata names, once its token allows it.
     fn timeline_of(&self, metadata: &MetadataMap) -> Result<Arc<Timeline>, ApiError> {
+        let ids = self.timeline_ids(metadata)?;
+        self.state.timeline(ids)
+    }
+
+    /// The tenant and timeline a call's metadata names, once its token allows them.
+    fn timeline_ids(&self, metadata: &MetadataMap) -> Result<TimelineIds, ApiError> {
         let tenant: TenantId = parse_id(metadata, TENANT_ID_HEADER)?;
         if let Some(auth) = &self.state.auth {
             let authorization = match metadata.get("authorization") {
@@ -53,7 +59,18 @@ impl PageService {
             auth.check_tenant(authorization, tenant)?;
         }
         let timeline: TimelineId = parse_id(metadata, TIMELINE_ID_HEADER)?;
-        Ok(self.state.tenants.get_timeline(tenant, timeline)?)
+        Ok((tenant, timeline))
+    }
+}
+
+type TimelineIds = (TenantId, TimelineId);
+
+impl PageServiceState {
+    /// The timeline, as it is now: looked up for every call and every batch (as HTTP looks it
+    /// up for every request), so that a stream opened before a detach, a re-attach or a
+    /// deletion never reads a timeline object that is no longer the tenant's.
+    fn timeline(&self, (tenant, timeline): TimelineIds) -> Result<Arc<Timeline>, ApiError> {
+        Ok(self.tenants.get_timeline(tenant, timeline)?)
     }
 }
 
@@ -186,8 +203,13 @@ impl page_service_server::PageService for PageService {
         request: Request<Streaming<proto::GetPagesRequest>>,
     ) -> Result<Response<GetPagesStream>, Status> {
         let started = Instant::now();
-        let timeline = match self.timeline_of(request.metadata()) {
-            Ok(timeline) => timeline,
+        // The token and the timeline are checked when the stream opens: a stream for a
+        // timeline that does not exist is refused whole.
+        let checked = self
+            .timeline_ids(request.metadata())
+            .and_then(|ids| self.state.timeline(ids).map(|_| ids));
+        let ids = match checked {
+            Ok(ids) => ids,
             Err(e) => {
                 let status = status_of(e);
                 record_call("GetPages", status.code(), started);
@@ -195,12 +217,15 @@ impl page_service_server::PageService for PageService {
             }
         };
         let inbound = request.into_inner();
-        let (answers, stream) = mpsc::channel(MAX_BATCHES_IN_FLIGHT);
+        // One answer queued: a client that does not read its answers stops the stream from
+        // reading more batches (it waits in HTTP/2 flow control), so a stream holds at most
+        // its batches in flight and this one answer.
+        let (answers, stream) = mpsc::channel(1);
         tokio::spawn(serve_batches(
-            timeline,
+            self.state.clone(),
+            ids,
             inbound,
             answers,
-            self.state.wait_lsn_timeout,
             self.shutdown.clone(),
         ));
         Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
@@ -289,41 +314,54 @@ impl PageService {
 
 /// Reads a `GetPages` stream's batches, up to [`MAX_BATCHES_IN_FLIGHT`] at once, and sends
 /// each answer as soon as it is ready. Ends when the client closes its side and every batch is
-/// answered, when the client goes away, or at shutdown.
+/// answered, when the client goes away, or at shutdown, even if the client stopped reading.
 async fn serve_batches(
-    timeline: Arc<Timeline>,
+    state: Arc<PageServiceState>,
+    ids: TimelineIds,
     mut inbound: Streaming<proto::GetPagesRequest>,
     answers: mpsc::Sender<Result<proto::GetPagesResponse, Status>>,
-    wait_lsn_timeout: Duration,
     shutdown: watch::Receiver<bool>,
 ) {
+    let shutting_down = || Status::unavailable("the pageserver is shutting down");
     let mut in_flight = FuturesUnordered::new();
     let mut open = true;
     while open || !in_flight.is_empty() {
         tokio::select! {
+            // Shutdown first, whatever else is ready.
+            biased;
+            _ = super::stopping(shutdown.clone()) => {
+                // Not awaited: a client that reads nothing must not hold the shutdown up.
+                let _ = answers.try_send(Err(shutting_down()));
+                return;
+            }
+            _ = answers.closed() => return,
             message = inbound.message(), if open && in_flight.len() < MAX_BATCHES_IN_FLIGHT => {
                 match message {
-                    Ok(Some(batch)) => {
-                        in_flight.push(read_batch(timeline.clone(), batch, wait_lsn_timeout));
-                    }
+                    Ok(Some(batch)) => in_flight.push(read_batch(state.clone(), ids, batch)),
                     Ok(None) => open = false,
-                    // A malformed message or a broken connection: nothing more can be read.
+                    // A malformed message or a broken connection: nothing more can be read,
+                    // and the batches in flight are dropped unanswered.
                     Err(status) => {
-                        let _ = answers.send(Err(status)).await;
+                        let _ = answers.try_send(Err(status));
                         return;
                     }
                 }
             }
             Some(answer) = in_flight.next(), if !in_flight.is_empty() => {
-                if answers.send(Ok(answer)).await.is_err() {
-                    // The client is gone; its batches' reads finish on the blocking pool.
-                    return;
+                tokio::select! {
+                    biased;
+                    _ = super::stopping(shutdown.clone()) => {
+                        let _ = answers.try_send(Err(shutting_down()));
+                        return;
+                    }
+                    sent = answers.send(Ok(answer)) => {
+                        if sent.is_err() {
+                            // The client is gone; its batches' reads on the blocking pool
+                            // finish without it.
+                            return;
+                        }
+                    }
                 }
-            }
-            _ = super::stopping(shutdown.clone()) => {
-                let status = Status::unavailable("the pageserver is shutting down");
-                let _ = answers.send(Err(status)).await;
-                return;
             }
         }
     }
@@ -331,14 +369,17 @@ async fn serve_batches(
 
 /// One batch's answer: its pages, or the error that failed it.
 async fn read_batch(
-    timeline: Arc<Timeline>,
+    state: Arc<PageServiceState>,
+    ids: TimelineIds,
     batch: proto::GetPagesRequest,
-    wait_lsn_timeout: Duration,
 ) -> proto::GetPagesResponse {
     let started = Instant::now();
     let id = batch.id;
     crate::metrics::GRPC_BATCH_PAGES.observe(batch.pages.len() as f64);
-    let result = read_batch_inner(timeline, batch, wait_lsn_timeout).await;
+    let result = match state.timeline(ids) {
+        Ok(timeline) => read_batch_inner(timeline, batch, state.wait_lsn_timeout).await,
+        Err(e) => Err(e),
+    };
     match result {
         Ok((pages, cost)) => {
             record_call("GetPages", Code::Ok, started);

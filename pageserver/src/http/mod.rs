@@ -277,9 +277,17 @@ where
     F: Fn() -> T + Send + 'static,
     T: Send + 'static,
 {
-    if let Some(done) = crate::io::cached_only::try_cached(&read) {
-        crate::metrics::READS_IN_PLACE.inc();
-        return Ok(done);
+    // A panic in place fails this call as one on the blocking pool would, and no more.
+    let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        crate::io::cached_only::try_cached(&read)
+    }));
+    match attempt {
+        Ok(Some(done)) => {
+            crate::metrics::READS_IN_PLACE.inc();
+            return Ok(done);
+        }
+        Ok(None) => {}
+        Err(_) => return Err(ApiError::internal("the read panicked")),
     }
     blocking(move || Ok(read())).await
 }

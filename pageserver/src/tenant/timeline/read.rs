@@ -75,8 +75,10 @@ impl Timeline {
     /// allow. For each LSN of the batch (compute asks for a batch at one LSN), the layers are
     /// asked newest first for the versions of the batch's keys that are still without a base
     /// ([`Layer::versions_at_lsn`] over their key span, from the index alone), and read ahead
-    /// ([`Layer::prefetch_values`]). Keys that are not neighbours in a layer (its span holds
-    /// many more keys than the batch) are left to the point reads.
+    /// ([`Layer::prefetch_values`]). From the first layer where the keys are not neighbours
+    /// (its span holds more than twice as many keys as are pending), or that is not on the
+    /// local disk, the rest is left to the point reads: an older layer's values may not be
+    /// needed at all.
     fn read_ahead(&self, map: &LayerMap, batch: &[(Key, Lsn)]) -> Result<(), TimelineError> {
         let mut by_lsn: BTreeMap<Lsn, BTreeSet<Key>> = BTreeMap::new();
         for (key, lsn) in batch {
@@ -90,6 +92,12 @@ impl Timeline {
                 let span = first..last.next();
                 if matches!(layer, Layer::InMemory(_)) || !layer.may_hold(&span, lsn) {
                     continue;
+                }
+                // Not downloaded just to read ahead (it may hold only keys between the
+                // batch's); the point reads download it if they need it. What older layers
+                // hold may not be needed either, so reading ahead stops here.
+                if matches!(&layer, Layer::OnDemand(l) if !l.is_resident()) {
+                    break;
                 }
                 // Room for the batch's keys and as many others between them.
                 let room = 2 * pending.len();
