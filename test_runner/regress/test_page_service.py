@@ -4,10 +4,12 @@ against the reference model whatever order their answers come back in."""
 
 from __future__ import annotations
 
+import gc
 import queue
 import random
 import struct
 import threading
+from http.client import HTTPConnection
 
 import grpc
 import pytest
@@ -16,7 +18,7 @@ from fixtures.auth import AuthKeys, start_with_auth
 from fixtures.http import PageserverApiError
 from fixtures.ingest import Image, Workload, key, page_of, rel_key
 from fixtures.metrics import Metrics
-from fixtures.page_service import PageServiceError, pb
+from fixtures.page_service import PageServiceError, pb, pb_grpc
 from fixtures.plugin import PageserverFactory
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
@@ -374,18 +376,59 @@ def test_a_stream_follows_its_timeline_through_detach_and_attach(timeline: Timel
 
 
 def test_a_client_that_reads_nothing_cannot_hold_up_the_shutdown(timeline: TimelineHandle):
-    """Batches of 1024 pages sent and no answer read: the stream's answers back up into flow
-    control. A graceful stop still ends: the stream stops, and what is still open 30 s later
-    is cut off; the server flushes and exits 0."""
+    """Batches of 1024 pages sent and no answer read, by a client whose receive window stays
+    at 64 KiB: the stream's answers back up into flow control. A graceful stop still ends: the
+    stream stops, what is still open 30 s later is cut off, and the server flushes and exits 0."""
     timeline.ingest([Image(key(n), 0x10, page_of(n)) for n in range(64)])
     requests = Requests()
     big = [(key(n % 64), 0) for n in range(1024)]
-    with timeline.ps.page_service(timeline.tenant_id, timeline.timeline_id, timeout=120) as client:
-        answers = client.get_pages_stream(requests)
+    ps = timeline.ps
+    options = [
+        ("grpc.max_receive_message_length", 64 << 20),
+        ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", 65536),
+    ]
+    metadata = [("tenant-id", timeline.tenant_id), ("timeline-id", timeline.timeline_id)]
+    with grpc.insecure_channel(ps.grpc_addr, options=options) as channel:
+        answers = pb_grpc.PageServiceStub(channel).GetPages(iter(requests), metadata=metadata, timeout=120)
         for id in range(40):
             requests.send(id, big)
         # The first answer proves the stream is being served; the rest are left unread.
         assert next(answers).id in range(40)
-        timeline.ps.allowed_errors.append(".*page service: calls still open 30 s after shutdown began were cut off.*")
-        assert timeline.ps.stop(timeout=90) == 0
+        ps.allowed_errors.append(".*page service: calls still open 30 s after shutdown began were cut off.*")
+        assert ps.stop(timeout=90) == 0
+        assert "were cut off" in ps.log_since_start()
         requests.close()
+
+
+def test_page_service_connections_count_under_the_connection_cap(pageserver_factory: PageserverFactory):
+    """`max_connections` caps both doors together: with the cap taken, a new channel's call
+    waits until a connection closes. The HTTP accept loop keeps one place for its next
+    connection, so with a cap of 3 and no HTTP connection open, two channels take the rest."""
+    cap = 3
+    ps = pageserver_factory.start({"max_connections": cap})
+    gc.collect()
+
+    def open_connections() -> float:
+        """Scraped over a connection of its own, closed after: no kept-alive one counts."""
+        conn = HTTPConnection("127.0.0.1", ps.port, timeout=10)
+        try:
+            conn.request("GET", "/metrics", headers={"Connection": "close"})
+            return Metrics(conn.getresponse().read().decode()).value("pageserver_http_connections")
+        finally:
+            conn.close()
+
+    # Only the scraping connection, then two channels: the cap is reached.
+    wait_until(lambda: open_connections() == 1, what="only the scraping connection open")
+    first, second = ps.page_service(), ps.page_service()
+    assert first.ping(1).id == 1 and second.ping(2).id == 2
+    wait_until(lambda: open_connections() == 1 + 2, what="the scrape and two channels open")
+    third = ps.page_service()
+    with pytest.raises(grpc.RpcError) as e:
+        third.stub.Ping(pb.PingRequest(id=3), timeout=1.0)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    first.close()
+    assert third.stub.Ping(pb.PingRequest(id=3), timeout=20, wait_for_ready=True).id == 3
+    second.close()
+    third.close()

@@ -22,7 +22,7 @@ use clap::Parser;
 use pageserver::config::{
     initial_config_file, open_files_limit, AuthType, LogFormat, PageServerConf, CONFIG_FILE,
 };
-use pageserver::grpc::PageServiceState;
+use pageserver::grpc::{PageServiceState, Served};
 use pageserver::http::auth::JwtAuth;
 use pageserver::http::body_limits::BodyBudget;
 use pageserver::http::server::{serve, ConnectionLimit, ConnectionTimeouts};
@@ -255,7 +255,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         wait_lsn_timeout: state.conf.wait_lsn_timeout,
     });
     let listen_grpc = state.conf.listen_grpc_addr;
-    let page_service_failed = runtime.block_on(async {
+    let page_service = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("listening on {listen}"))?;
@@ -290,6 +290,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             stop.send_replace(true);
         });
         let http_stopped = stopped.clone();
+        let grpc_connections = connections.clone();
         let http = serve(
             listener,
             router(state),
@@ -302,7 +303,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         );
         // A page service that fails stops the server, HTTP included, as a signal would.
         let grpc = async move {
-            let served = pageserver::grpc::serve(grpc_listener, page_service, stopped).await;
+            let served =
+                pageserver::grpc::serve(grpc_listener, grpc_connections, page_service, stopped)
+                    .await;
             if let Err(e) = &served {
                 tracing::error!("the page service (gRPC) failed: {e}; shutting down");
                 reads_on_failure.cancel_lsn_waits();
@@ -311,13 +314,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             served
         };
         let ((), grpc) = tokio::join!(http, grpc);
-        anyhow::Ok(grpc.is_err())
+        anyhow::Ok(grpc)
     })?;
+    let page_service_failed = page_service.is_err();
+    let connections_cut_off = matches!(page_service, Ok(Served::CutOff));
 
     // No request is in flight any more: make everything ingested durable.
     let flushing = Instant::now();
     let flushed = tenants.shutdown();
-    drop(runtime);
+    if connections_cut_off {
+        // Connections the page service cut off at the end of its grace still have streams
+        // open; dropping their tasks one by one would unwind HTTP/2 state for nothing (and
+        // trips a debug assertion of h2). The process ends here, and every socket with it.
+        std::mem::forget(runtime);
+    } else {
+        drop(runtime);
+    }
     match flushed {
         // Flushed, but the server stopped because the page service failed (logged above).
         Ok(()) if page_service_failed => Ok(ExitCode::FAILURE),

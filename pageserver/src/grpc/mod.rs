@@ -22,6 +22,7 @@
 //! is still open [`SHUTDOWN_GRACE`] later (a client that reads nothing, so its stream cannot
 //! even be told) is cut off with its connection.
 
+pub mod incoming;
 pub mod service;
 
 use std::sync::Arc;
@@ -30,10 +31,10 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use page_api::proto::page_service_server::PageServiceServer;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use crate::http::auth::JwtAuth;
 use crate::http::error::{redact_paths, ApiError};
+use crate::http::server::ConnectionLimit;
 use crate::tenant::mgr::TenantManager;
 
 /// What every call can reach.
@@ -50,14 +51,16 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// Streams one connection may have open at once.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 
-/// Serves the page service on `listener` until `shutdown` turns true: see the module
-/// documentation for what happens to the calls then.
+/// Serves the page service on `listener`, its connections under `connections` (the cap it
+/// shares with the HTTP server), until `shutdown` turns true: see the module documentation for
+/// what happens to the calls then.
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    connections: Arc<ConnectionLimit>,
     state: Arc<PageServiceState>,
     shutdown: watch::Receiver<bool>,
-) -> Result<(), tonic::transport::Error> {
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+) -> Result<Served, tonic::transport::Error> {
+    let incoming = incoming::incoming(listener, connections);
     let server = tonic::transport::Server::builder()
         // Answers are pages: let a client's many small requests through without waiting for
         // window updates, and keep a dead peer from holding a stream forever.
@@ -72,7 +75,7 @@ pub async fn serve(
         )))
         .serve_with_incoming_shutdown(incoming, stopping(shutdown.clone()));
     tokio::select! {
-        served = server => served,
+        served = server => served.map(|()| Served::Drained),
         () = async {
             stopping(shutdown).await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
@@ -81,9 +84,19 @@ pub async fn serve(
                 "page service: calls still open {} s after shutdown began were cut off",
                 SHUTDOWN_GRACE.as_secs()
             );
-            Ok(())
+            Ok(Served::CutOff)
         }
     }
+}
+
+/// How the page service ended, once shutdown began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// Every call ended.
+    Drained,
+    /// Calls still open at the end of [`SHUTDOWN_GRACE`] were cut off; their connections'
+    /// tasks are still in the runtime.
+    CutOff,
 }
 
 /// Completes when `shutdown` turns true (or its sender is gone).

@@ -82,10 +82,39 @@ impl ConnectionLimit {
     pub fn open(&self) -> usize {
         self.open.load(Ordering::Relaxed)
     }
+
+    /// A place under the cap for the next connection accepted: waits while the cap is
+    /// reached. The page service's accept loop takes its places here too, so the cap bounds
+    /// the connections of both doors together.
+    pub async fn reserve(self: &Arc<Self>) -> Reservation {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        Reservation {
+            limit: self.clone(),
+            permit,
+        }
+    }
+}
+
+/// A place under the cap, taken before a connection is accepted; it counts as open once
+/// [`Reservation::admit`] hands it to the connection accepted.
+pub struct Reservation {
+    limit: Arc<ConnectionLimit>,
+    permit: OwnedSemaphorePermit,
+}
+
+impl Reservation {
+    pub fn admit(self) -> Admitted {
+        Admitted::new(self.limit, self.permit)
+    }
 }
 
 /// One accepted connection's place under the cap, given back when it is dropped.
-struct Admitted {
+pub struct Admitted {
     limit: Arc<ConnectionLimit>,
     _permit: OwnedSemaphorePermit,
 }
@@ -189,7 +218,7 @@ pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(30);
 
 /// As hyper 0.14 and `axum::serve` do: errors of one connection are its own; anything else
 /// (EMFILE: out of descriptors) is worth an error line and a pause before accepting again.
-async fn accept_error(e: io::Error) {
+pub(crate) async fn accept_error(e: io::Error) {
     if matches!(
         e.kind(),
         io::ErrorKind::ConnectionRefused

@@ -1,0 +1,98 @@
+//! The page service's connections, under the server's connection cap ([`ConnectionLimit`],
+//! shared with the HTTP server): a connection takes a place when it is accepted and gives it
+//! back when it closes. While the cap is reached, one accepted connection waits for a place and
+//! the others wait in the kernel's listen queue, costing no descriptor. (The HTTP accept loop
+//! takes its place before it accepts, so it always holds one for the next HTTP connection.)
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::stream::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use crate::http::server::{accept_error, Admitted, ConnectionLimit};
+
+/// An accepted connection holding its place under the cap.
+pub struct CappedConnection {
+    stream: TcpStream,
+    _admitted: Admitted,
+}
+
+/// The connections `listener` accepts, each once a place under `limit` is free.
+pub fn incoming(
+    listener: TcpListener,
+    limit: Arc<ConnectionLimit>,
+) -> impl Stream<Item = io::Result<CappedConnection>> {
+    futures::stream::unfold((listener, limit), |(listener, limit)| async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    // Accepted first, then it waits for a place: an idle page service holds
+                    // no place that HTTP connections could use, and while the cap is reached
+                    // one accepted connection waits here, the rest in the listen queue.
+                    let place = limit.reserve().await;
+                    // Answers are small frames as often as large ones: no Nagle delay.
+                    let _ = stream.set_nodelay(true);
+                    let connection = CappedConnection {
+                        stream,
+                        _admitted: place.admit(),
+                    };
+                    return Some((Ok(connection), (listener, limit)));
+                }
+                Err(e) => accept_error(e).await,
+            }
+        }
+    })
+}
+
+impl Connected for CappedConnection {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> TcpConnectInfo {
+        self.stream.connect_info()
+    }
+}
+
+impl AsyncRead for CappedConnection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for CappedConnection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
