@@ -571,6 +571,71 @@ mod tests {
         assert_eq!(cache.stats().file_pages.inserts, 3);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Any range, with any blocks cached before, reads exactly the file's bytes.
+        #[test]
+        fn any_range_reads_the_files_bytes(
+            start in 0u64..(6 * PAGE_SZ as u64 - 1),
+            len in 1u64..(3 * PAGE_SZ as u64),
+            cached in proptest::collection::vec(proptest::bool::ANY, 6),
+        ) {
+            let end = (start + len).min(6 * PAGE_SZ as u64);
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("six-blocks");
+            let bytes: Vec<u8> = (0..6 * PAGE_SZ).map(|i| (i % 251) as u8).collect();
+            std::fs::write(&path, &bytes).unwrap();
+            let file = std::fs::File::open(&path).unwrap();
+            let cache = cache(16);
+            let id = FileId::next();
+            let reader = FileBlockReader::new(&file, id, &path, &cache);
+            for (blkno, _) in cached.iter().enumerate().filter(|(_, c)| **c) {
+                drop(reader.read_blk(blkno as u32).unwrap());
+            }
+            let read = read_range_through_cache(&cache, &file, id, &path, start..end, BlockKind::Value)
+                .unwrap();
+            proptest::prop_assert_eq!(&read[..], &bytes[start as usize..end as usize]);
+        }
+    }
+
+    #[test]
+    fn warming_reads_each_missing_run_once_and_caches_only_checked_blocks() {
+        use crate::io::read_cost::measure;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("six-blocks");
+        let bytes: Vec<u8> = (0..6 * PAGE_SZ).map(|i| (i / 13) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let cache = cache(16);
+        let id = FileId::next();
+        drop(
+            FileBlockReader::new(&file, id, &path, &cache)
+                .read_blk(2)
+                .unwrap(),
+        );
+        // Block 4 fails its check: read with its run, not cached.
+        let check = |blkno: u32, _: &[u8; PAGE_SZ]| blkno != 4;
+        let ((), cost) = measure(|| {
+            warm_blocks_through_cache(
+                &cache,
+                &file,
+                id,
+                &path,
+                0..6,
+                BlockKind::Value,
+                Some(&check),
+            )
+            .unwrap()
+        });
+        // Blocks 0-1 and 3-5: two reads; block 2 was cached and is not counted.
+        assert_eq!((cost.ios, cost.val_miss, cost.val_hit), (2, 5, 0));
+        for blkno in [0, 1, 2, 3, 5] {
+            assert!(cache.peek_file_page(id, blkno).is_some(), "block {blkno}");
+        }
+        assert!(cache.peek_file_page(id, 4).is_none());
+    }
+
     #[test]
     fn serves_uncached_copies_when_the_cache_is_all_pinned() {
         let dir = tempfile::tempdir().unwrap();
