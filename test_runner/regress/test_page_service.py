@@ -428,7 +428,40 @@ def test_page_service_connections_count_under_the_connection_cap(pageserver_fact
     with pytest.raises(grpc.RpcError) as e:
         third.stub.Ping(pb.PingRequest(id=3), timeout=1.0)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # The page service's connections never take the places kept for HTTP.
+    conn = HTTPConnection("127.0.0.1", ps.port, timeout=10)
+    conn.request("GET", "/v1/status", headers={"Connection": "close"})
+    assert conn.getresponse().status == 200
+    conn.close()
     first.close()
     assert third.stub.Ping(pb.PingRequest(id=3), timeout=20, wait_for_ready=True).id == 3
     second.close()
     third.close()
+
+
+def test_a_slow_reader_sees_the_shutdown_after_its_queued_answers(timeline: TimelineHandle):
+    """Batches in flight, answers read slowly: at a graceful stop the stream ends with
+    UNAVAILABLE after the answers already sent, never as if it had succeeded, and the server
+    has no need to cut anything off."""
+    timeline.ingest([Image(key(n), 0x10, page_of(n)) for n in range(64)])
+    requests = Requests()
+    batch = [(key(n), 0) for n in range(64)]
+    ps = timeline.ps
+    with ps.page_service(timeline.tenant_id, timeline.timeline_id) as client:
+        answers = client.get_pages_stream(requests)
+        for id in range(20):
+            requests.send(id, batch)
+        assert next(answers).id in range(20)
+        stopping = threading.Thread(target=lambda: ps.stop(timeout=60))
+        stopping.start()
+        seen = 1
+        with pytest.raises(grpc.RpcError) as e:
+            for answer in answers:
+                assert [p.page for p in answer.pages] == [page_of(n) for n in range(64)]
+                seen += 1
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+        assert e.value.details() == "the pageserver is shutting down"
+        assert seen <= 20
+        stopping.join()
+        requests.close()
+    assert "were cut off" not in ps.log_since_start()

@@ -217,6 +217,9 @@ pub(crate) fn read_range_through_cache(
     range: std::ops::Range<u64>,
     kind: BlockKind,
 ) -> Result<Vec<u8>, BlockReadError> {
+    if range.start >= range.end {
+        return Ok(Vec::new());
+    }
     let page = PAGE_SZ as u64;
     let past_end = |blkno: u32| BlockReadError::PastEnd {
         path: path.to_owned(),
@@ -596,6 +599,47 @@ mod tests {
             let read = read_range_through_cache(&cache, &file, id, &path, start..end, BlockKind::Value)
                 .unwrap();
             proptest::prop_assert_eq!(&read[..], &bytes[start as usize..end as usize]);
+        }
+    }
+
+    #[test]
+    fn ranges_starting_and_ending_at_and_beside_block_boundaries_read_the_files_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("four-blocks");
+        let bytes: Vec<u8> = (0..4 * PAGE_SZ).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let edges: Vec<u64> = (0..=4u64)
+            .map(|k| k * PAGE_SZ as u64)
+            .flat_map(|o| [o.checked_sub(1), Some(o), Some(o + 1)])
+            .flatten()
+            .filter(|&o| o <= 4 * PAGE_SZ as u64)
+            .collect();
+        for cached in 0u32..16 {
+            for &start in &edges {
+                for &end in edges.iter().filter(|&&end| end > start) {
+                    let cache = cache(8);
+                    let id = FileId::next();
+                    let reader = FileBlockReader::new(&file, id, &path, &cache);
+                    for blkno in (0..4).filter(|b| cached & (1 << b) != 0) {
+                        drop(reader.read_blk(blkno).unwrap());
+                    }
+                    let read = read_range_through_cache(
+                        &cache,
+                        &file,
+                        id,
+                        &path,
+                        start..end,
+                        BlockKind::Value,
+                    )
+                    .unwrap();
+                    assert_eq!(
+                        &read[..],
+                        &bytes[start as usize..end as usize],
+                        "{start}..{end}"
+                    );
+                }
+            }
         }
     }
 

@@ -1,8 +1,9 @@
 //! The page service's connections, under the server's connection cap ([`ConnectionLimit`],
 //! shared with the HTTP server): a connection takes a place when it is accepted and gives it
 //! back when it closes. While the cap is reached, one accepted connection waits for a place and
-//! the others wait in the kernel's listen queue, costing no descriptor. (The HTTP accept loop
-//! takes its place before it accepts, so it always holds one for the next HTTP connection.)
+//! the others wait in the kernel's listen queue, costing no descriptor. The page service may
+//! hold all places but a floor kept for HTTP ([`ConnectionLimit::http_floor`]): its
+//! connections are long-lived and may sit idle, and must never lock the HTTP API out.
 
 use std::io;
 use std::pin::Pin;
@@ -34,12 +35,12 @@ pub fn incoming(
                     // Accepted first, then it waits for a place: an idle page service holds
                     // no place that HTTP connections could use, and while the cap is reached
                     // one accepted connection waits here, the rest in the listen queue.
-                    let place = limit.reserve().await;
+                    let admitted = limit.admit_page_service().await;
                     // Answers are small frames as often as large ones: no Nagle delay.
                     let _ = stream.set_nodelay(true);
                     let connection = CappedConnection {
                         stream,
-                        _admitted: place.admit(),
+                        _admitted: admitted,
                     };
                     return Some((Ok(connection), (listener, limit)));
                 }

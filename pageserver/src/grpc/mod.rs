@@ -18,9 +18,10 @@
 //! detached or deleted since it opened. A stream checks its token when it opens; a token that
 //! expires later does not end it.
 //!
-//! At shutdown, open streams end with UNAVAILABLE, unary calls run to their end, and whatever
-//! is still open [`SHUTDOWN_GRACE`] later (a client that reads nothing, so its stream cannot
-//! even be told) is cut off with its connection.
+//! At shutdown, open streams end with UNAVAILABLE after the answers already queued, unary
+//! calls run to their end, and the server stops waiting for whatever is still open
+//! [`SHUTDOWN_GRACE`] later (a client that reads nothing, so its stream cannot even be told):
+//! it flushes and exits, which closes those connections.
 
 pub mod incoming;
 pub mod service;
@@ -81,7 +82,8 @@ pub async fn serve(
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         } => {
             tracing::warn!(
-                "page service: calls still open {} s after shutdown began were cut off",
+                "page service: calls still open {} s after shutdown began were cut off (their \
+                 connections close when the process exits)",
                 SHUTDOWN_GRACE.as_secs()
             );
             Ok(Served::CutOff)

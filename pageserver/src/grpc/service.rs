@@ -10,7 +10,7 @@ use page_api::proto::{self, page_service_server};
 use page_api::{key_from_wire, lsn_from_wire, rel_from_wire, TENANT_ID_HEADER, TIMELINE_ID_HEADER};
 use pageserver_api::datadir::{decode_rel_size, RelTag};
 use pageserver_api::Key;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -221,14 +221,21 @@ impl page_service_server::PageService for PageService {
         // reading more batches (it waits in HTTP/2 flow control), so a stream holds at most
         // its batches in flight and this one answer.
         let (answers, stream) = mpsc::channel(1);
+        // How the stream ends when it ends with an error: after every answer already queued,
+        // whether or not there was room to queue the error itself.
+        let (end, ended) = oneshot::channel::<Status>();
         tokio::spawn(serve_batches(
             self.state.clone(),
             ids,
             inbound,
-            answers,
+            Outbox { answers, end },
             self.shutdown.clone(),
         ));
-        Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
+        let end_status =
+            futures::stream::once(ended).filter_map(|ended| async move { ended.ok().map(Err) });
+        Ok(Response::new(Box::pin(
+            ReceiverStream::new(stream).chain(end_status),
+        )))
     }
 
     async fn get_rel_size(
@@ -315,13 +322,20 @@ impl PageService {
 /// Reads a `GetPages` stream's batches, up to [`MAX_BATCHES_IN_FLIGHT`] at once, and sends
 /// each answer as soon as it is ready. Ends when the client closes its side and every batch is
 /// answered, when the client goes away, or at shutdown, even if the client stopped reading.
+/// Where a stream's answers go, and the status it ends with if it ends with an error.
+struct Outbox {
+    answers: mpsc::Sender<Result<proto::GetPagesResponse, Status>>,
+    end: oneshot::Sender<Status>,
+}
+
 async fn serve_batches(
     state: Arc<PageServiceState>,
     ids: TimelineIds,
     mut inbound: Streaming<proto::GetPagesRequest>,
-    answers: mpsc::Sender<Result<proto::GetPagesResponse, Status>>,
+    outbox: Outbox,
     shutdown: watch::Receiver<bool>,
 ) {
+    let Outbox { answers, end } = outbox;
     let shutting_down = || Status::unavailable("the pageserver is shutting down");
     let mut in_flight = FuturesUnordered::new();
     let mut open = true;
@@ -330,8 +344,9 @@ async fn serve_batches(
             // Shutdown first, whatever else is ready.
             biased;
             _ = super::stopping(shutdown.clone()) => {
-                // Not awaited: a client that reads nothing must not hold the shutdown up.
-                let _ = answers.try_send(Err(shutting_down()));
+                // Not a send to await: a client that reads nothing must not hold the shutdown
+                // up. The status follows the answers already queued.
+                let _ = end.send(shutting_down());
                 return;
             }
             _ = answers.closed() => return,
@@ -342,7 +357,7 @@ async fn serve_batches(
                     // A malformed message or a broken connection: nothing more can be read,
                     // and the batches in flight are dropped unanswered.
                     Err(status) => {
-                        let _ = answers.try_send(Err(status));
+                        let _ = end.send(status);
                         return;
                     }
                 }
@@ -351,7 +366,7 @@ async fn serve_batches(
                 tokio::select! {
                     biased;
                     _ = super::stopping(shutdown.clone()) => {
-                        let _ = answers.try_send(Err(shutting_down()));
+                        let _ = end.send(shutting_down());
                         return;
                     }
                     sent = answers.send(Ok(answer)) => {

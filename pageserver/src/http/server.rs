@@ -61,17 +61,28 @@ pub const MAX_HEAD_BYTES: usize = 128 * 1024;
 /// for the connection it is waiting to accept).
 pub struct ConnectionLimit {
     permits: Arc<Semaphore>,
+    /// The places the page service may hold: all but [`Self::http_floor`], so that page
+    /// service connections (which may sit idle for hours) can never lock the HTTP API out.
+    page_service_permits: Arc<Semaphore>,
     max: usize,
     open: AtomicUsize,
 }
 
 impl ConnectionLimit {
     pub fn new(max: usize) -> ConnectionLimit {
+        let floor = Self::http_floor(max);
         ConnectionLimit {
             permits: Arc::new(Semaphore::new(max)),
+            page_service_permits: Arc::new(Semaphore::new(max - floor)),
             max,
             open: AtomicUsize::new(0),
         }
+    }
+
+    /// Places only HTTP connections may take: a quarter of the cap, at most 16, at least
+    /// one (none when the cap is a single connection).
+    pub fn http_floor(max: usize) -> usize {
+        (max / 4).clamp(1, 16).min(max.saturating_sub(1))
     }
 
     pub fn max(&self) -> usize {
@@ -83,33 +94,25 @@ impl ConnectionLimit {
         self.open.load(Ordering::Relaxed)
     }
 
-    /// A place under the cap for the next connection accepted: waits while the cap is
-    /// reached. The page service's accept loop takes its places here too, so the cap bounds
+    /// A place under the cap for a page service connection: waits while the cap, or the
+    /// page service's share of it (all but [`Self::http_floor`]), is reached. The cap bounds
     /// the connections of both doors together.
-    pub async fn reserve(self: &Arc<Self>) -> Reservation {
+    pub async fn admit_page_service(self: &Arc<Self>) -> Admitted {
+        let share = self
+            .page_service_permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
         let permit = self
             .permits
             .clone()
             .acquire_owned()
             .await
             .expect("the semaphore is never closed");
-        Reservation {
-            limit: self.clone(),
-            permit,
-        }
-    }
-}
-
-/// A place under the cap, taken before a connection is accepted; it counts as open once
-/// [`Reservation::admit`] hands it to the connection accepted.
-pub struct Reservation {
-    limit: Arc<ConnectionLimit>,
-    permit: OwnedSemaphorePermit,
-}
-
-impl Reservation {
-    pub fn admit(self) -> Admitted {
-        Admitted::new(self.limit, self.permit)
+        let mut admitted = Admitted::new(self.clone(), permit);
+        admitted.share = Some(share);
+        admitted
     }
 }
 
@@ -117,6 +120,8 @@ impl Reservation {
 pub struct Admitted {
     limit: Arc<ConnectionLimit>,
     _permit: OwnedSemaphorePermit,
+    /// A page service connection's place in its share.
+    share: Option<OwnedSemaphorePermit>,
 }
 
 impl Admitted {
@@ -125,6 +130,7 @@ impl Admitted {
         Admitted {
             limit,
             _permit: permit,
+            share: None,
         }
     }
 }
@@ -227,7 +233,7 @@ pub(crate) async fn accept_error(e: io::Error) {
     ) {
         return;
     }
-    tracing::error!("accepting an HTTP connection failed: {e}; pausing for a second");
+    tracing::error!("accepting a connection failed: {e}; pausing for a second");
     tokio::time::sleep(Duration::from_secs(1)).await;
 }
 

@@ -65,11 +65,13 @@ fn a_cold_batch_of_neighbouring_pages_reads_its_values_in_one_run() {
         u64::from(batched.val_miss + batched.idx_miss) * PAGE_SZ as u64
     );
 
-    // Keys far apart are read one by one, as before.
+    // Keys far apart are read one by one, as before: nothing between them is read ahead.
     cache.drop_unpinned();
     let sparse = [(rel_key(0), Lsn(10)), (rel_key(63), Lsn(10))];
-    let (pages, _) = measure(|| tl.get_pages(&sparse));
+    let (pages, sparse_cost) = measure(|| tl.get_pages(&sparse));
     assert_eq!(pages.unwrap()[1].as_deref(), Some(&[63u8; PAGE_SZ][..]));
+    assert_eq!(sparse_cost.ios, sparse_cost.idx_miss + 2, "{sparse_cost}");
+    assert!(sparse_cost.val_miss <= 4, "{sparse_cost}");
 }
 
 #[test]
@@ -120,5 +122,8 @@ fn a_cold_batch_reads_an_image_layer_in_one_run_of_checked_blocks() {
     std::fs::write(&path, &bytes).unwrap();
     cache.drop_unpinned();
     let error = tl.get_pages(&batch).unwrap_err().to_string();
-    assert!(error.contains("checksum mismatch"), "{error}");
+    assert!(
+        error.contains("value block 21: checksum mismatch"),
+        "{error}"
+    );
 }
