@@ -289,10 +289,7 @@ impl PageService {
         let (page, cost) = read(move || read_cost::measure(|| timeline.get_page(key, lsn))).await?;
         read_cost::record(&cost, 1);
         let page = page?;
-        // The HTTP API's words for a key with no version.
-        let page = page.ok_or_else(|| {
-            ApiError::not_found(format!("page {key} has no version at or below {lsn}"))
-        })?;
+        let page = page.ok_or_else(|| ApiError::no_version(key, lsn))?;
         Ok(proto::GetPageResponse {
             page,
             lsn: lsn.0,

@@ -29,6 +29,11 @@ impl ApiError {
         ApiError::new(StatusCode::NOT_FOUND, msg)
     }
 
+    /// A page with no version at or below the LSN read at: the same words on every door.
+    pub fn no_version(key: pageserver_api::Key, lsn: utils::Lsn) -> ApiError {
+        ApiError::not_found(format!("page {key} has no version at or below {lsn}"))
+    }
+
     pub fn internal(msg: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg)
     }

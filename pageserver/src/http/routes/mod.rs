@@ -440,7 +440,7 @@ pub async fn get_page(
         }
         // A key with no version still cost a read, which the caller may want to see.
         Ok((key, None, lsn, cost)) => {
-            let error = ApiError::not_found(format!("page {key} has no version at or below {lsn}"));
+            let error = ApiError::no_version(key, lsn);
             let headers = [(X_READ_COST, cost.to_string())];
             ("not_found", (headers, error).into_response())
         }
