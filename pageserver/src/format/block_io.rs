@@ -456,6 +456,21 @@ mod tests {
         .unwrap()
     }
 
+    /// A file of `blocks` blocks in `dir`, byte `i` being `byte(i)`: its path, its bytes and
+    /// the file opened for reading.
+    fn test_file(
+        dir: &Path,
+        name: &str,
+        blocks: usize,
+        byte: impl Fn(usize) -> u8,
+    ) -> (PathBuf, Vec<u8>, std::fs::File) {
+        let path = dir.join(name);
+        let bytes: Vec<u8> = (0..blocks * PAGE_SZ).map(byte).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        (path, bytes, file)
+    }
+
     #[test]
     fn reads_blocks_through_the_cache_and_reports_eof() {
         let dir = tempfile::tempdir().unwrap();
@@ -486,10 +501,7 @@ mod tests {
     fn a_range_reads_each_run_of_missing_blocks_once() {
         use crate::io::read_cost::measure;
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("six-blocks");
-        let bytes: Vec<u8> = (0..6 * PAGE_SZ).map(|i| (i / 7) as u8).collect();
-        std::fs::write(&path, &bytes).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
+        let (path, bytes, file) = test_file(dir.path(), "six-blocks", 6, |i| (i / 7) as u8);
         let cache = cache(16);
         let id = FileId::next();
         // Block 2 cached: the range splits into two runs of missing blocks around it.
@@ -530,10 +542,7 @@ mod tests {
     fn a_range_waits_for_a_block_another_reader_is_reading() {
         use crate::io::read_cost::measure;
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("three-blocks");
-        let bytes: Vec<u8> = (0..3 * PAGE_SZ).map(|i| (i / 11) as u8).collect();
-        std::fs::write(&path, &bytes).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
+        let (path, bytes, file) = test_file(dir.path(), "three-blocks", 3, |i| (i / 11) as u8);
         let cache = cache(16);
         let id = FileId::next();
         // Another reader is reading block 1.
@@ -586,10 +595,7 @@ mod tests {
         ) {
             let end = (start + len).min(6 * PAGE_SZ as u64);
             let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("six-blocks");
-            let bytes: Vec<u8> = (0..6 * PAGE_SZ).map(|i| (i % 251) as u8).collect();
-            std::fs::write(&path, &bytes).unwrap();
-            let file = std::fs::File::open(&path).unwrap();
+            let (path, bytes, file) = test_file(dir.path(), "six-blocks", 6, |i| (i % 251) as u8);
             let cache = cache(16);
             let id = FileId::next();
             let reader = FileBlockReader::new(&file, id, &path, &cache);
@@ -605,10 +611,7 @@ mod tests {
     #[test]
     fn ranges_starting_and_ending_at_and_beside_block_boundaries_read_the_files_bytes() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("four-blocks");
-        let bytes: Vec<u8> = (0..4 * PAGE_SZ).map(|i| (i % 253) as u8).collect();
-        std::fs::write(&path, &bytes).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
+        let (path, bytes, file) = test_file(dir.path(), "four-blocks", 4, |i| (i % 253) as u8);
         let edges: Vec<u64> = (0..=4u64)
             .map(|k| k * PAGE_SZ as u64)
             .flat_map(|o| [o.checked_sub(1), Some(o), Some(o + 1)])
@@ -647,10 +650,7 @@ mod tests {
     fn warming_reads_each_missing_run_once_and_caches_only_checked_blocks() {
         use crate::io::read_cost::measure;
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("six-blocks");
-        let bytes: Vec<u8> = (0..6 * PAGE_SZ).map(|i| (i / 13) as u8).collect();
-        std::fs::write(&path, &bytes).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
+        let (path, _, file) = test_file(dir.path(), "six-blocks", 6, |i| (i / 13) as u8);
         let cache = cache(16);
         let id = FileId::next();
         drop(
