@@ -120,6 +120,9 @@ http_body_read_timeout = "30s"
 import_body_read_timeout = "10m"
 # A response the client reads nothing of for this long is abandoned and the connection closed.
 http_response_write_timeout = "30s"
+# A page service connection that has not sent its HTTP/2 preface and first SETTINGS frame this
+# long after it was accepted is closed (it holds a place under max_connections meanwhile).
+grpc_handshake_timeout = "10s"
 # Request bodies being read into memory, all requests together, may take at most this much;
 # past it a request is refused with 503. At least max_request_body_size.
 max_buffered_request_bytes = "256MiB"
@@ -198,6 +201,8 @@ pub struct PageServerConf {
     pub import_body_read_timeout: Duration,
     #[serde(deserialize_with = "duration")]
     pub http_response_write_timeout: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub grpc_handshake_timeout: Duration,
     #[serde(deserialize_with = "size_usize")]
     pub max_buffered_request_bytes: usize,
     /// `None`: derived from the open-file limit at startup ([`default_max_connections`]).
@@ -247,6 +252,7 @@ impl Default for PageServerConf {
             http_body_read_timeout: Duration::from_secs(30),
             import_body_read_timeout: Duration::from_secs(600),
             http_response_write_timeout: Duration::from_secs(30),
+            grpc_handshake_timeout: Duration::from_secs(10),
             max_buffered_request_bytes: 256 << 20,
             max_connections: None,
             scan_cursor_cache_size: 16 << 20,
@@ -428,6 +434,7 @@ impl PageServerConf {
                 "http_response_write_timeout",
                 self.http_response_write_timeout,
             ),
+            ("grpc_handshake_timeout", self.grpc_handshake_timeout),
         ] {
             if value.is_zero() {
                 return invalid(format!(

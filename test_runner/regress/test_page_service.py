@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import queue
 import random
+import socket
 import struct
 import threading
 from http.client import HTTPConnection
@@ -465,3 +466,67 @@ def test_a_slow_reader_sees_the_shutdown_after_its_queued_answers(timeline: Time
         stopping.join()
         requests.close()
     assert "were cut off" not in ps.log_since_start()
+
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def h2_frame(kind: int, flags: int, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + b"\0\0\0\0" + payload
+
+
+def read_h2_frame(sock: socket.socket) -> tuple[int, int, bytes]:
+    """The next frame's type, flags and payload."""
+
+    def exactly(n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            assert chunk, "the server closed the connection"
+            data += chunk
+        return data
+
+    header = exactly(9)
+    length = int.from_bytes(header[:3], "big")
+    return header[3], header[4], exactly(length)
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """Reads until the server closes the connection (within the socket's timeout)."""
+    try:
+        while sock.recv(4096):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_a_connection_without_its_handshake_gives_its_place_back(pageserver_factory: PageserverFactory):
+    """A page service connection holds a place under the cap from the moment it is accepted:
+    one that sends nothing, or stalls inside its HTTP/2 handshake, is closed after
+    `grpc_handshake_timeout`, and the channel waiting for its place gets it. A connection
+    that finished its handshake stays open, however long it is idle."""
+    cap = 4  # one place kept for HTTP, three for the page service
+    ps = pageserver_factory.start({"max_connections": cap, "grpc_handshake_timeout": "1s"})
+    gc.collect()
+    # A complete handshake (the preface and a SETTINGS frame), first of all.
+    complete = socket.create_connection(("127.0.0.1", ps.grpc_port), timeout=20)
+    complete.sendall(H2_PREFACE + h2_frame(0x4, 0, b""))
+    # Then one that sends nothing and one that stops inside its first frame.
+    silent = socket.create_connection(("127.0.0.1", ps.grpc_port), timeout=20)
+    stalled = socket.create_connection(("127.0.0.1", ps.grpc_port), timeout=20)
+    stalled.sendall(H2_PREFACE + h2_frame(0x4, 0, b"\0\x03\0\0\0\x10")[:12])
+    # The cap is reached: a channel waits, and gets a place once the two are closed.
+    waiting = ps.page_service()
+    assert waiting.stub.Ping(pb.PingRequest(id=7), timeout=20, wait_for_ready=True).id == 7
+    assert closed_by_server(silent) and closed_by_server(stalled)
+    # The complete one is still HTTP/2's, though it has been open longer than the timeout.
+    complete.sendall(h2_frame(0x6, 0, b"stillhere"[:8]))
+    while True:
+        kind, flags, payload = read_h2_frame(complete)
+        if kind == 0x6 and flags & 0x1:
+            assert payload == b"stillher"
+            break
+    for sock in (complete, silent, stalled):
+        sock.close()
+    waiting.close()

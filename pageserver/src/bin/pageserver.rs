@@ -255,6 +255,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         wait_lsn_timeout: state.conf.wait_lsn_timeout,
     });
     let listen_grpc = state.conf.listen_grpc_addr;
+    let grpc_handshake_timeout = state.conf.grpc_handshake_timeout;
     let page_service = runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -303,9 +304,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         );
         // A page service that fails stops the server, HTTP included, as a signal would.
         let grpc = async move {
-            let served =
-                pageserver::grpc::serve(grpc_listener, grpc_connections, page_service, stopped)
-                    .await;
+            let served = pageserver::grpc::serve(
+                grpc_listener,
+                grpc_connections,
+                grpc_handshake_timeout,
+                page_service,
+                stopped,
+            )
+            .await;
             if let Err(e) = &served {
                 tracing::error!("the page service (gRPC) failed: {e}; shutting down");
                 reads_on_failure.cancel_lsn_waits();

@@ -95,6 +95,9 @@ fn http_limits_refuse_nonsense() {
     );
     assert!(err(&["http_response_write_timeout=0s"])
         .contains("http_response_write_timeout must be above zero"));
+    assert!(
+        err(&["grpc_handshake_timeout=0s"]).contains("grpc_handshake_timeout must be above zero")
+    );
     assert!(err(&["max_connections=0"]).contains("from 1 to"));
     assert!(err(&["max_connections=99999999"]).contains("from 1 to"));
     assert!(err(&["max_buffered_request_bytes=1MiB"]).contains("below max_request_body_size"));
@@ -102,6 +105,7 @@ fn http_limits_refuse_nonsense() {
         "http_header_read_timeout=250ms",
         "http_body_read_timeout=2s",
         "http_response_write_timeout=3s",
+        "grpc_handshake_timeout=4s",
         "max_connections=3",
         "max_buffered_request_bytes=1MiB",
         "max_request_body_size=1MiB",
@@ -110,6 +114,7 @@ fn http_limits_refuse_nonsense() {
     assert_eq!(conf.http_header_read_timeout, Duration::from_millis(250));
     assert_eq!(conf.http_body_read_timeout, Duration::from_secs(2));
     assert_eq!(conf.http_response_write_timeout, Duration::from_secs(3));
+    assert_eq!(conf.grpc_handshake_timeout, Duration::from_secs(4));
     assert_eq!(conf.max_connections(), 3);
     assert_eq!(conf.max_buffered_request_bytes, 1 << 20);
 }

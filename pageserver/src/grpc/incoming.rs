@@ -3,32 +3,38 @@
 //! back when it closes. While the cap is reached, one accepted connection waits for a place and
 //! the others wait in the kernel's listen queue, costing no descriptor. The page service may
 //! hold all places but a floor kept for HTTP ([`ConnectionLimit::http_floor`]): its
-//! connections are long-lived and may sit idle, and must never lock the HTTP API out.
+//! connections are long-lived and may sit idle, and must never lock the HTTP API out. A
+//! connection that does not finish its HTTP/2 handshake in time gives its place back
+//! ([`HandshakeDeadline`]).
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::stream::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use super::handshake::HandshakeDeadline;
 use crate::http::server::{accept_error, Admitted, ConnectionLimit};
 
 /// An accepted connection holding its place under the cap.
 pub struct CappedConnection {
-    stream: TcpStream,
+    stream: HandshakeDeadline<TcpStream>,
     _admitted: Admitted,
 }
 
-/// The connections `listener` accepts, each once a place under `limit` is free.
+/// The connections `listener` accepts, each once a place under `limit` is free, each with
+/// `handshake_timeout` from then to send its HTTP/2 handshake.
 pub fn incoming(
     listener: TcpListener,
     limit: Arc<ConnectionLimit>,
+    handshake_timeout: Duration,
 ) -> impl Stream<Item = io::Result<CappedConnection>> {
-    futures::stream::unfold((listener, limit), |(listener, limit)| async move {
+    futures::stream::unfold((listener, limit), move |(listener, limit)| async move {
         loop {
             match listener.accept().await {
                 Ok((stream, _)) => {
@@ -39,7 +45,7 @@ pub fn incoming(
                     // Answers are small frames as often as large ones: no Nagle delay.
                     let _ = stream.set_nodelay(true);
                     let connection = CappedConnection {
-                        stream,
+                        stream: HandshakeDeadline::new(stream, handshake_timeout),
                         _admitted: admitted,
                     };
                     return Some((Ok(connection), (listener, limit)));
@@ -54,7 +60,7 @@ impl Connected for CappedConnection {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
+        self.stream.get_ref().connect_info()
     }
 }
 

@@ -23,6 +23,7 @@
 //! [`SHUTDOWN_GRACE`] later (a client that reads nothing, so its stream cannot even be told):
 //! it flushes and exits, which closes those connections.
 
+pub mod handshake;
 pub mod incoming;
 pub mod service;
 
@@ -53,15 +54,17 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
 
 /// Serves the page service on `listener`, its connections under `connections` (the cap it
-/// shares with the HTTP server), until `shutdown` turns true: see the module documentation for
-/// what happens to the calls then.
+/// shares with the HTTP server), each with `handshake_timeout` to send its HTTP/2 handshake,
+/// until `shutdown` turns true: see the module documentation for what happens to the calls
+/// then.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     connections: Arc<ConnectionLimit>,
+    handshake_timeout: Duration,
     state: Arc<PageServiceState>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Served, tonic::transport::Error> {
-    let incoming = incoming::incoming(listener, connections);
+    let incoming = incoming::incoming(listener, connections, handshake_timeout);
     let server = tonic::transport::Server::builder()
         // Answers are pages: let a client's many small requests through without waiting for
         // window updates, and keep a dead peer from holding a stream forever.
