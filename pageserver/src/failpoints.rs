@@ -4,7 +4,7 @@
 //!
 //! | name                    | where                                                      |
 //! |-------------------------|------------------------------------------------------------|
-//! | `ephemeral-write`       | before an ephemeral file block is written                  |
+//! | `ephemeral-write`       | before an ephemeral file writes a run of sealed blocks     |
 //! | `layer-before-rename`   | a delta layer is written and fsynced, not yet renamed      |
 //! | `layer-after-rename`    | a delta layer has its final name, its directory not fsynced |
 //! | `image-layer-before-rename` | an image layer is written and fsynced, not yet renamed |

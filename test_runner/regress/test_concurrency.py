@@ -96,8 +96,8 @@ def test_reads_do_not_wait_for_a_batch_paused_in_a_file_write(pageserver_factory
     tl.checkpoint()
     ps.http.configure_failpoints(("ephemeral-write", "pause"))
     # A small first version is stored in the file's in-memory tail (no write); the full pages
-    # after it fill the tail, whose write pauses.
-    batch = [Image(key(2), 0x20, b"small")] + [Image(key(3 + i), 0x20, page_of(3 + i)) for i in range(3)]
+    # after it fill the file's first run of eight blocks, whose write pauses.
+    batch = [Image(key(2), 0x20, b"small")] + [Image(key(3 + i), 0x20, page_of(3 + i)) for i in range(9)]
     failures = Failures()
     done = threading.Event()
 

@@ -125,9 +125,10 @@ def test_ephemeral_write_failure_breaks_timeline_until_restart(pageserver_factor
     timeline.ingest([Image(key(2), 0x20, page_of(2))])
     healthy.ingest([Image(key(1), 0x10, page_of(3))])
     ps.http.configure_failpoints(("ephemeral-write", "return"))
-    # Two full pages fill the ephemeral file's 8 KiB tail, so a block write is attempted.
+    # Nine full pages fill the ephemeral file's first run of eight blocks, so a write is attempted.
+    failed_batch = [Image(key(3 + i), 0x30, page_of(4 + i)) for i in range(9)]
     with pytest.raises(PageserverApiError) as e:
-        timeline.http.ingest(timeline.tenant_id, timeline.timeline_id, [Image(key(3), 0x30, page_of(4)), Image(key(4), 0x30, page_of(5))])
+        timeline.http.ingest(timeline.tenant_id, timeline.timeline_id, failed_batch)
     assert e.value.status_code == 500
     ps.http.configure_failpoints(("ephemeral-write", "off"))
 
@@ -157,7 +158,7 @@ def test_ephemeral_write_failure_breaks_timeline_until_restart(pageserver_factor
     ps.start()
     assert timeline.info()["state"] == "Active"
     timeline.recover()
-    timeline.ingest([Image(key(3), 0x30, page_of(4)), Image(key(4), 0x30, page_of(5))])
+    timeline.ingest(failed_batch)
     timeline.verify()
     healthy.verify()
 
@@ -179,7 +180,7 @@ def test_broken_reason_names_where_a_reload_resumes_now(pageserver_factory: Page
         timeline.http.checkpoint(timeline.tenant_id, timeline.timeline_id)
     ps.http.configure_failpoints(("ephemeral-write", "return"))
     with pytest.raises(PageserverApiError):
-        timeline.http.ingest(timeline.tenant_id, timeline.timeline_id, [Image(key(3), 0x30, page_of(4)), Image(key(4), 0x30, page_of(5))])
+        timeline.http.ingest(timeline.tenant_id, timeline.timeline_id, [Image(key(3 + i), 0x30, page_of(4 + i)) for i in range(9)])
     info = timeline.info()
     assert info["state"] == "Broken" and info["disk_consistent_lsn"] == "0/10", info
     assert "resume after 0/10" in info["broken_reason"], info

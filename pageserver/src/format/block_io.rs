@@ -31,7 +31,7 @@ pub enum BlockLease<'a> {
     /// An immutable block in memory, shared with its owner.
     Shared(Arc<[u8; PAGE_SZ]>),
     /// A block that its owner changes in place under a write lock, read-locked while this lives.
-    Locked(RwLockReadGuard<'a, [u8; PAGE_SZ]>),
+    Locked(RwLockReadGuard<'a, Arc<[u8; PAGE_SZ]>>),
     /// Read around the page cache because it had no free slot.
     Owned(Box<[u8; PAGE_SZ]>),
 }
@@ -45,7 +45,7 @@ impl Deref for BlockLease<'_> {
             BlockLease::Cached(lease) => lease,
             BlockLease::Borrowed(block) => block,
             BlockLease::Shared(block) => block,
-            BlockLease::Locked(guard) => guard,
+            BlockLease::Locked(guard) => guard.as_ref(),
             BlockLease::Owned(page) => page,
         }
     }

@@ -209,3 +209,32 @@ fn start_writeback_leaves_the_file_as_written() {
     file.sync_all().unwrap();
     assert_eq!(std::fs::read(&path).unwrap(), data);
 }
+
+#[test]
+fn vectored_writes_land_like_the_same_bytes_written_in_one_piece() {
+    let dir = tempfile::tempdir().unwrap();
+    // Buffers of uneven sizes, empty ones among them (first and last too), and more of them
+    // than one system call takes.
+    let sizes: Vec<usize> = (0..150).map(|i| [0, 1, 8192, 4095, 0, 17][i % 6]).collect();
+    let bufs: Vec<Vec<u8>> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| vec![i as u8; n])
+        .collect();
+    let slices: Vec<&[u8]> = bufs.iter().map(Vec::as_slice).collect();
+    let expected: Vec<u8> = bufs.concat();
+    let table = Arc::new(OpenFiles::new(4));
+    let path = dir.path().join("vectored");
+    let file = VirtualFile::create_in(&table, &path, false).unwrap();
+    file.write_all_vectored_at(&slices, 100).unwrap();
+    let mut read = vec![0u8; expected.len()];
+    file.read_exact_at(&mut read, 100).unwrap();
+    assert!(read == expected, "the bytes read back differ");
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        100 + expected.len() as u64
+    );
+    // Nothing to write at all.
+    file.write_all_vectored_at(&[&[], &[]], 0).unwrap();
+    file.write_all_vectored_at(&[], 0).unwrap();
+}

@@ -10,34 +10,41 @@
 //! # Design
 //!
 //! ```text
-//!   blocks 0 .. n-2: on disk, immutable    block n-1: sealed       block n: the mutable tail
-//! +--------+--------+-----+--------+     +------------------+     +-------------------------+
-//! |   0    |   1    | ... |  n-2   |     | full, immutable, |     | filled ... | zeroes ... |
-//! +--------+--------+-----+--------+     | being written    |     +-------------------------+
-//!      ^ read through the page cache     +------------------+          ^ read under the tail's
-//!                                             ^ shared copy              read lock
+//!  blocks 0 .. s-1: on disk,   blocks s .. n-1: sealed, at most    block n: the mutable tail
+//!  immutable                   WRITE_STEP_BLOCKS (8) of them
+//! +-----+-----+-----+-----+   +-----+-----+-----+                 +-----------------------+
+//! |  0  |  1  | ... | s-1 |   |  s  | ... | n-1 |                 | filled ... | zeroes   |
+//! +-----+-----+-----+-----+   +-----+-----+-----+                 +-----------------------+
+//!    ^ read through the          ^ full, immutable, shared            ^ read under the
+//!      page cache                  copies, written together             tail's read lock
 //! ```
 //!
 //! * [`EphemeralFile::write_blob`] copies the blob into the **tail** (block `len / PAGE_SZ`)
 //!   under the tail's write lock and then publishes the new [`EphemeralFile::len`]. Writers are
 //!   serialized by a writer mutex that no reader takes.
-//! * When a copy fills the tail, the writer **seals** it, all under the tail's write lock: it
-//!   copies the tail into an `Arc<[u8; PAGE_SZ]>`, publishes that as "block N being written",
-//!   zeroes the tail and only then moves `len` (and with it the tail) to block N + 1.
-//! * The writer then writes the sealed copy to block N with one positional write, holding only
-//!   the writer mutex (the `ephemeral-write` failpoint is right before it), **pre-warms** the
-//!   page cache with it as an immutable page (a just-written value is likely to be read soon,
-//!   for page reconstruction or the flush to a delta layer), and only then un-publishes it. So
-//!   block N is always in memory, in the sealed copy, until it is in the page cache or on disk.
-//!   The page cache never writes this file and never holds a page of it that can still change.
-//!   A file created [without pre-warm](EphemeralFile::create_without_pre_warm) skips that step:
-//!   for a layer no reader sees until it is flushed (an import's), whose blocks would only push
-//!   readers' pages out of the cache before the flush reads them back bypassing it.
-//! * The sealed block's write is done at the end of the `write_blob` that sealed it, after the
-//!   rest of the blob is in the new tail; a blob spanning more blocks writes each sealed block
-//!   before it seals the next one. At most one block is sealed at a time, and it is always the
-//!   block right before the tail. Memory per file is the tail and at most one sealed copy (the
-//!   copy is reused for the next seal when no lease holds it any more).
+//! * When a copy fills the tail, the writer **seals** it, all under the tail's write lock: the
+//!   tail (an `Arc<[u8; PAGE_SZ]>` no one else holds) is moved, not copied, to the end of the
+//!   **sealed run** and published there, a zeroed block takes its place, and only then does
+//!   `len` (and with it the tail) move to the next block. A blob that fits in the tail takes
+//!   the tail's lock once for its header and its bytes.
+//! * Once the run holds [`WRITE_STEP_BLOCKS`] blocks, the writer writes all of them with one
+//!   vectored positional write, holding only the writer mutex (the `ephemeral-write` failpoint
+//!   is right before it), **pre-warms** the page cache with each as an immutable page (a
+//!   just-written value is likely to be read soon, for page reconstruction or the flush to a
+//!   delta layer), and only then un-publishes the run. So a block is always in memory, in the
+//!   run, until it is in the page cache or on disk. The page cache never writes this file and
+//!   never holds a page of it that can still change. A file created
+//!   [without pre-warm](EphemeralFile::create_without_pre_warm) skips the pre-warm: for a layer
+//!   no reader sees until it is flushed (an import's), whose blocks would only push readers'
+//!   pages out of the cache before the flush reads them back bypassing it.
+//! * Why a run and not each block as it is sealed: the kernel charges a write mostly per call,
+//!   so 64 KiB in one call costs about half of what eight calls of 8 KiB do (docs/benchmarks.md,
+//!   `write_blob`). The run is written at the end of the `write_blob` that filled it, after the
+//!   rest of the blob is in the new tail; a blob that would seal a block past a full run writes
+//!   the run first. The run is always the blocks right before the tail. Memory per file is the
+//!   tail and at most [`WRITE_STEP_BLOCKS`] sealed copies, reused for the next run when no lease
+//!   holds them any more; the last, partial run of a frozen layer's file stays in memory until
+//!   the file is dropped.
 //!
 //! # What a reader sees
 //!
@@ -47,16 +54,15 @@
 //!
 //! * the tail block: takes the tail's read lock and, if the tail has not moved meanwhile, hands
 //!   out a [`BlockLease::Locked`] holding it;
-//! * the block before the tail: the sealed copy ([`BlockLease::Shared`]) while it is published
-//!   (its lock is held only to clone the `Arc`);
-//! * any other earlier block, or the one before the tail once un-published: the page cache, or
-//!   the file on a miss. Reaching here means the block's write completed: the writer
-//!   un-publishes a sealed block only after its write and pre-warm, and seals the next block
-//!   only after that.
+//! * a block of the sealed run: its copy ([`BlockLease::Shared`]) while the run is published
+//!   (the run's lock is held only to clone the `Arc`);
+//! * any other earlier block: the page cache, or the file on a miss. Reaching here means the
+//!   block's write completed: the writer un-publishes a run only after its write and pre-warm,
+//!   and starts the next run only after that.
 //! * past the tail: an out-of-bounds error, decided from `len` alone, without a lock.
 //!
 //! The writer holds the tail's write lock only for memcpy-sized work (a copy into the tail, and
-//! at a seal a copy out of it, a zeroing and publishing the sealed copy) and never across I/O.
+//! at a seal swapping the block and publishing it) and never across I/O.
 //!
 //! # Why a lease on the tail holds the read lock
 //!
@@ -68,7 +74,7 @@
 //! above), so a cursor holding the tail's lease that runs past the end gets an error, not a
 //! deadlock. The one rule for readers: do not ask for the tail block again while holding a lease
 //! on it (a writer waiting for the lock would be let in first, and wait for that lease). The
-//! sealed copy and cached pages hold no lock at all. The invariant that replaces "no write while
+//! sealed copies and cached pages hold no lock at all. The invariant that replaces "no write while
 //! a lease lives": a lease on the tail delays the next append into the tail by as long as it is
 //! held, and delays nothing else; a lease on any other block delays nothing. No lease sees its
 //! block change:
@@ -83,7 +89,7 @@
 //! # let config = PageCacheConfig { capacity_bytes: 64 * PAGE_SZ as u64, ..Default::default() };
 //! # let cache = Arc::new(PageCache::new(config).unwrap());
 //! let file = EphemeralFile::create(dir.path(), cache).unwrap();
-//! // A 4-byte header and the blob: block 0 is full and written, block 1 is the tail.
+//! // A 4-byte header and the blob: block 0 is full and sealed, block 1 is the tail.
 //! file.write_blob(&[7; PAGE_SZ]).unwrap();
 //! let block_0 = file.read_blk(0).unwrap();
 //! // Writes go on while a lease on an earlier block lives, and do not change it.
@@ -98,11 +104,11 @@
 //!
 //! # Failure
 //!
-//! A failed block write leaves the file's contents at that block unknown, so the file is
-//! **broken** from then on: the write returns an error naming the file and the block, and every
-//! later write is refused. The sealed copy of the failed block stays published, so every block
-//! written before the failure stays readable, including the values in the failed block that
-//! earlier writes acknowledged. A failed pre-warm (the page cache had no free slot) is only
+//! A failed write leaves the file's contents at those blocks unknown, so the file is
+//! **broken** from then on: the write returns an error naming the file and the blocks, and
+//! every later write is refused. The sealed run stays published, so every block written before
+//! the failure stays readable, including the values in the failed run that earlier writes
+//! acknowledged. A failed pre-warm (the page cache had no free slot) is only
 //! logged: the block is on disk and is read from there.
 //!
 //! # Lifetime
@@ -128,12 +134,23 @@ use crate::PAGE_SZ;
 /// Every ephemeral file's name starts with this.
 pub const EPHEMERAL_FILE_PREFIX: &str = "ephemeral-";
 
+/// Sealed blocks are written this many at a time, with one system call: on the machine of
+/// docs/benchmarks.md one 64 KiB `pwrite` costs about what two of 8 KiB do, so per block it
+/// costs less than half as much.
+pub const WRITE_STEP_BLOCKS: usize = 8;
+
 #[derive(Debug, thiserror::Error)]
 pub enum EphemeralWriteError {
-    #[error("failed to write block {blkno} of ephemeral file {}: {source}", path.display())]
+    #[error(
+        "failed to write blocks {blkno} to {} of ephemeral file {}: {source}",
+        blkno + blocks - 1,
+        path.display()
+    )]
     Io {
         path: PathBuf,
+        /// The first block of the write.
         blkno: u32,
+        blocks: u32,
         source: io::Error,
     },
     #[error("ephemeral file {} is broken by an earlier write failure and refuses writes", path.display())]
@@ -154,27 +171,41 @@ pub struct EphemeralFile {
     /// `len % PAGE_SZ` bytes. Stored only under the tail's write lock, so it cannot change
     /// while the tail's read lock is held.
     len: AtomicU64,
-    /// The mutable tail.
-    tail: Box<RwLock<[u8; PAGE_SZ]>>,
-    /// The block before the tail while it is being written.
-    sealed: RwLock<Option<SealedBlock>>,
+    /// The mutable tail. Never shared while it is the tail: sealing moves it into the run.
+    tail: RwLock<Arc<[u8; PAGE_SZ]>>,
+    /// The blocks right before the tail that are sealed but not yet written, for readers.
+    sealed: RwLock<SealedRun>,
     /// Serializes writers; readers never take it, so it may be held across I/O.
     writer: Mutex<WriterState>,
     /// Whether a written block is inserted into the page cache.
     pre_warm: bool,
 }
 
-#[derive(Clone)]
-struct SealedBlock {
-    blkno: u32,
-    page: Arc<[u8; PAGE_SZ]>,
+/// Sealed blocks `first .. first + pages.len()`, at most [`WRITE_STEP_BLOCKS`] of them.
+struct SealedRun {
+    first: u32,
+    pages: Vec<Arc<[u8; PAGE_SZ]>>,
 }
 
-#[derive(Default)]
+impl SealedRun {
+    fn new() -> Self {
+        SealedRun {
+            first: 0,
+            pages: Vec::with_capacity(WRITE_STEP_BLOCKS),
+        }
+    }
+
+    fn get(&self, blkno: u32) -> Option<&Arc<[u8; PAGE_SZ]>> {
+        self.pages.get(blkno.checked_sub(self.first)? as usize)
+    }
+}
+
 struct WriterState {
     broken: bool,
-    /// The last sealed copy, once no lease held it any more: the next seal copies into it.
-    spare: Option<Arc<[u8; PAGE_SZ]>>,
+    /// The writer's own copy of the published run: what the next write writes.
+    run: SealedRun,
+    /// Sealed copies written and no longer held by any lease: the next seals copy into them.
+    spares: Vec<Arc<[u8; PAGE_SZ]>>,
 }
 
 impl EphemeralFile {
@@ -206,14 +237,18 @@ impl EphemeralFile {
             file,
             cache,
             len: AtomicU64::new(0),
-            tail: Box::new(RwLock::new([0u8; PAGE_SZ])),
-            sealed: RwLock::new(None),
-            writer: Mutex::new(WriterState::default()),
+            tail: RwLock::new(Arc::new([0u8; PAGE_SZ])),
+            sealed: RwLock::new(SealedRun::new()),
+            writer: Mutex::new(WriterState {
+                broken: false,
+                run: SealedRun::new(),
+                spares: Vec::with_capacity(WRITE_STEP_BLOCKS),
+            }),
             pre_warm: true,
         }
     }
 
-    /// Bytes appended so far, all of them readable: the tail and the sealed block included.
+    /// Bytes appended so far, all of them readable: the tail and the sealed blocks included.
     pub fn len(&self) -> u64 {
         self.len.load(Ordering::Acquire)
     }
@@ -241,27 +276,32 @@ impl EphemeralFile {
             });
         }
         let header = BlobHeader::new(blob.len())?;
+        let header = header.as_bytes();
         // Only writers change `len`, and we are the writer.
         let offset = self.len.load(Ordering::Relaxed);
-        let mut sealed = None;
-        self.append(&mut writer, &mut sealed, header.as_bytes())?;
-        self.append(&mut writer, &mut sealed, blob)?;
-        if let Some(block) = sealed {
-            self.write_sealed(&mut writer, block)?;
+        // Most blobs fit in the tail: one lock for the header and the blob.
+        let used = (offset % PAGE_SZ as u64) as usize;
+        let total = header.len() + blob.len();
+        if used + total < PAGE_SZ {
+            let mut tail = self.write_tail();
+            let bytes = Arc::make_mut(&mut tail);
+            bytes[used..used + header.len()].copy_from_slice(header);
+            bytes[used + header.len()..used + total].copy_from_slice(blob);
+            self.len.store(offset + total as u64, Ordering::Release);
+            return Ok(offset);
+        }
+        self.append(&mut writer, header)?;
+        self.append(&mut writer, blob)?;
+        if writer.run.pages.len() == WRITE_STEP_BLOCKS {
+            self.write_sealed(&mut writer)?;
         }
         Ok(offset)
     }
 
-    /// Copies `src` into the tail, sealing each tail it fills. A block sealed here is left in
-    /// `sealed` for the caller to write, after the rest of the blob is in the new tail; one
-    /// sealed earlier is written before the next seal.
+    /// Copies `src` into the tail, sealing each tail it fills. A full run of sealed blocks is
+    /// written before the next seal; the caller writes the run it leaves full.
     #[inline(always)]
-    fn append(
-        &self,
-        writer: &mut WriterState,
-        sealed: &mut Option<SealedBlock>,
-        mut src: &[u8],
-    ) -> Result<(), EphemeralWriteError> {
+    fn append(&self, writer: &mut WriterState, mut src: &[u8]) -> Result<(), EphemeralWriteError> {
         while !src.is_empty() {
             let len = self.len.load(Ordering::Relaxed);
             // Less than PAGE_SZ.
@@ -270,28 +310,28 @@ impl EphemeralFile {
             let (chunk, rest) = src.split_at(n);
             if used + n < PAGE_SZ {
                 let mut tail = self.write_tail();
-                tail[used..used + n].copy_from_slice(chunk);
+                Arc::make_mut(&mut tail)[used..used + n].copy_from_slice(chunk);
                 self.len.store(len + n as u64, Ordering::Release);
             } else {
-                if let Some(block) = sealed.take() {
-                    self.write_sealed(writer, block)?;
+                if writer.run.pages.len() == WRITE_STEP_BLOCKS {
+                    self.write_sealed(writer)?;
                 }
-                *sealed = Some(self.seal_tail(writer, len, chunk)?);
+                self.seal_tail(writer, len, chunk)?;
             }
             src = rest;
         }
         Ok(())
     }
 
-    /// Fills the tail with `chunk`, publishes a copy of it as the sealed block and moves the
-    /// tail to the next block. Nothing changes if the file is out of block numbers.
+    /// Fills the tail with `chunk`, publishes a copy of it as the last sealed block and moves
+    /// the tail to the next block. Nothing changes if the file is out of block numbers.
     #[cold]
     fn seal_tail(
         &self,
         writer: &mut WriterState,
         len: u64,
         chunk: &[u8],
-    ) -> Result<SealedBlock, EphemeralWriteError> {
+    ) -> Result<(), EphemeralWriteError> {
         // The next tail needs a block number too.
         let Some(blkno) = u32::try_from(len / PAGE_SZ as u64)
             .ok()
@@ -302,74 +342,90 @@ impl EphemeralFile {
                 path: self.path.clone(),
             });
         };
-        let mut page = writer
-            .spare
-            .take()
+        // The next tail, zeroed before it is visible (a spare holds a written block's bytes).
+        let mut fresh = writer
+            .spares
+            .pop()
             .unwrap_or_else(|| Arc::new([0u8; PAGE_SZ]));
+        // A spare is kept only when nothing else held it: this never copies.
+        Arc::make_mut(&mut fresh).fill(0);
         let used = PAGE_SZ - chunk.len();
         let mut tail = self.write_tail();
-        tail[used..].copy_from_slice(chunk);
-        match Arc::get_mut(&mut page) {
-            Some(copy) => copy.copy_from_slice(&tail[..]),
-            // Not reached: a spare is kept only when nothing else held it.
-            None => page = Arc::new(*tail),
+        Arc::make_mut(&mut tail)[used..].copy_from_slice(chunk);
+        // The full tail becomes the sealed block itself, without a copy.
+        let page = std::mem::replace(&mut *tail, fresh);
+        if writer.run.pages.is_empty() {
+            writer.run.first = blkno;
         }
-        let block = SealedBlock { blkno, page };
+        writer.run.pages.push(page.clone());
         // Published before the tail moves: a reader that sees the tail past this block finds
-        // it here until it is written.
-        *self.sealed.write().unwrap_or_else(PoisonError::into_inner) = Some(block.clone());
-        tail.fill(0);
+        // it in the run until it is written.
+        {
+            let mut sealed = self.sealed.write().unwrap_or_else(PoisonError::into_inner);
+            sealed.first = writer.run.first;
+            sealed.pages.push(page);
+        }
         self.len.store(len + chunk.len() as u64, Ordering::Release);
-        Ok(block)
+        Ok(())
     }
 
-    /// Writes a sealed block to disk, pre-warms the page cache with it and un-publishes it.
-    /// Holds no lock a reader takes while writing. After a failed write the block stays
-    /// published, so the values in it stay readable.
+    /// Writes the sealed run to disk with one vectored write, pre-warms the page cache with
+    /// its blocks and un-publishes them. Holds no lock a reader takes while writing. After a
+    /// failed write the run stays published, so the values in it stay readable.
     #[cold]
-    fn write_sealed(
-        &self,
-        writer: &mut WriterState,
-        block: SealedBlock,
-    ) -> Result<(), EphemeralWriteError> {
-        let written = self.write_block(block.blkno, &block.page);
+    fn write_sealed(&self, writer: &mut WriterState) -> Result<(), EphemeralWriteError> {
+        let first = writer.run.first;
+        let blocks = writer.run.pages.len();
+        let written = self.write_blocks(first, &writer.run.pages);
         crate::metrics::EPHEMERAL_WRITES.inc();
         if let Err(source) = written {
             writer.broken = true;
             return Err(EphemeralWriteError::Io {
                 path: self.path.clone(),
-                blkno: block.blkno,
+                blkno: first,
+                blocks: blocks as u32,
                 source,
             });
         }
-        crate::metrics::EPHEMERAL_BYTES_WRITTEN.inc_by(PAGE_SZ as u64);
-        let warmed = if self.pre_warm {
-            self.cache
-                .insert_file_page(self.file_id, block.blkno, &block.page, Arrival::PreWarm)
-        } else {
-            Ok(())
-        };
-        if let Err(e) = warmed {
-            tracing::warn!(
-                path = %self.path.display(),
-                blkno = block.blkno,
-                "pre-warm of ephemeral file block skipped: {e}"
-            );
+        crate::metrics::EPHEMERAL_BYTES_WRITTEN.inc_by((blocks * PAGE_SZ) as u64);
+        if self.pre_warm {
+            for (blkno, page) in (first..).zip(&writer.run.pages) {
+                let warmed =
+                    self.cache
+                        .insert_file_page(self.file_id, blkno, page, Arrival::PreWarm);
+                if let Err(e) = warmed {
+                    tracing::warn!(
+                        path = %self.path.display(),
+                        blkno,
+                        "pre-warm of ephemeral file block skipped: {e}"
+                    );
+                }
+            }
         }
-        *self.sealed.write().unwrap_or_else(PoisonError::into_inner) = None;
-        let mut page = block.page;
-        // A reader may still hold a lease on the copy; then the next seal allocates.
-        if Arc::get_mut(&mut page).is_some() {
-            writer.spare = Some(page);
+        self.sealed
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pages
+            .clear();
+        // A reader may still hold a lease on a copy; then a later seal allocates.
+        for mut page in writer.run.pages.drain(..) {
+            if Arc::get_mut(&mut page).is_some() {
+                writer.spares.push(page);
+            }
         }
         Ok(())
     }
 
-    fn write_block(&self, blkno: u32, page: &[u8; PAGE_SZ]) -> io::Result<()> {
+    fn write_blocks(&self, first: u32, pages: &[Arc<[u8; PAGE_SZ]>]) -> io::Result<()> {
         fail::fail_point!("ephemeral-write", |_| Err(io::Error::other(
             "failpoint ephemeral-write"
         )));
-        self.file.write_all_at(&page[..], block_offset(blkno))
+        let mut bufs: [&[u8]; WRITE_STEP_BLOCKS] = [&[]; WRITE_STEP_BLOCKS];
+        for (buf, page) in bufs.iter_mut().zip(pages) {
+            *buf = &page[..];
+        }
+        self.file
+            .write_all_vectored_at(&bufs[..pages.len()], block_offset(first))
     }
 
     fn lock_writer(&self) -> std::sync::MutexGuard<'_, WriterState> {
@@ -382,13 +438,13 @@ impl EphemeralFile {
         })
     }
 
-    fn write_tail(&self) -> RwLockWriteGuard<'_, [u8; PAGE_SZ]> {
+    fn write_tail(&self) -> RwLockWriteGuard<'_, Arc<[u8; PAGE_SZ]>> {
         // Nothing under the lock panics (slice copies with checked bounds), and the tail's
         // bytes up to `len` are all a reader relies on.
         self.tail.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn read_tail(&self) -> RwLockReadGuard<'_, [u8; PAGE_SZ]> {
+    fn read_tail(&self) -> RwLockReadGuard<'_, Arc<[u8; PAGE_SZ]>> {
         self.tail.read().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -428,13 +484,14 @@ impl EphemeralFile {
             }
             std::cmp::Ordering::Less => {}
         }
-        // Only the block right before the tail can still be being written: any earlier one was
-        // written and un-published before the block after it was sealed.
-        if u64::from(blkno) + 1 == self.tail_blkno() {
+        // Only the last WRITE_STEP_BLOCKS blocks before the tail can still be unwritten: the run
+        // is never longer, and every block before it was written and un-published before the
+        // run's first block was sealed.
+        if u64::from(blkno) + WRITE_STEP_BLOCKS as u64 >= self.tail_blkno() {
             let sealed = self.sealed.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(block) = sealed.as_ref().filter(|b| b.blkno == blkno) {
+            if let Some(page) = sealed.get(blkno) {
                 read_cost::block(BlockKind::Value, true);
-                return Ok(BlockLease::Shared(block.page.clone()));
+                return Ok(BlockLease::Shared(page.clone()));
             }
         }
         if bypass {

@@ -18,16 +18,17 @@ fn write_read_back_and_prewarm() {
     let cache = small_cache(64);
     let file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
     let mut offsets = Vec::new();
-    for i in 0..100 {
+    for i in 0..300 {
         offsets.push(file.write_blob(&blob(i, 300)).unwrap());
     }
-    // 100 blobs of 4 + 300 bytes: 3 full blocks written and pre-warmed, the rest in the tail.
-    assert_eq!(file.len(), 100 * 304);
+    // 300 blobs of 4 + 300 bytes: 11 full blocks, the first 8 written together and pre-warmed,
+    // 3 sealed in memory; the rest in the tail.
+    assert_eq!(file.len(), 300 * 304);
     let stats = cache.stats().file_pages;
-    assert_eq!(stats.inserts, 3);
+    assert_eq!(stats.inserts, WRITE_STEP_BLOCKS as u64);
     assert_eq!(
         std::fs::metadata(file.path()).unwrap().len(),
-        3 * PAGE_SZ as u64
+        (WRITE_STEP_BLOCKS * PAGE_SZ) as u64
     );
 
     let cursor = BlockCursor::new(&file);
@@ -35,22 +36,45 @@ fn write_read_back_and_prewarm() {
         assert_eq!(cursor.read_blob(*offset).unwrap(), blob(i, 300));
     }
     let stats = cache.stats().file_pages;
-    assert_eq!(stats.misses, 0, "every flushed block was pre-warmed");
+    assert_eq!(stats.misses, 0, "every written block was pre-warmed");
     assert!(stats.hits > 0);
 }
 
 #[test]
-fn tail_is_served_from_memory_and_zeroed_after_flush() {
+fn sealed_blocks_and_the_tail_are_served_from_memory_until_written() {
     let dir = tempfile::tempdir().unwrap();
-    let file = EphemeralFile::create(dir.path(), small_cache(8)).unwrap();
-    file.write_blob(&[0xEE; PAGE_SZ - 4]).unwrap(); // 4-byte header: exactly one block
+    let file = EphemeralFile::create(dir.path(), small_cache(16)).unwrap();
+    let whole_block = [0xEE; PAGE_SZ - 4]; // with its 4-byte header, exactly one block
+    file.write_blob(&whole_block).unwrap();
+    assert!(matches!(file.read_blk(0).unwrap(), BlockLease::Shared(_)));
     assert!(matches!(file.read_blk(1).unwrap(), BlockLease::Locked(_)));
     assert!(file.read_blk(1).unwrap().iter().all(|&b| b == 0));
-    assert!(matches!(file.read_blk(0).unwrap(), BlockLease::Cached(_)));
     assert!(matches!(
         file.read_blk(2),
         Err(BlockReadError::OutOfBounds { blkno: 2, .. })
     ));
+    assert_eq!(std::fs::metadata(file.path()).unwrap().len(), 0);
+    // The run's last block fills it: all of it is written with one call, then cached.
+    for _ in 1..WRITE_STEP_BLOCKS {
+        file.write_blob(&whole_block).unwrap();
+    }
+    for blkno in 0..WRITE_STEP_BLOCKS as u32 {
+        let block = file.read_blk(blkno).unwrap();
+        assert!(matches!(block, BlockLease::Cached(_)), "{blkno}: {block:?}");
+    }
+    assert!(matches!(
+        file.read_blk(WRITE_STEP_BLOCKS as u32).unwrap(),
+        BlockLease::Locked(_)
+    ));
+    assert_eq!(
+        std::fs::metadata(file.path()).unwrap().len(),
+        (WRITE_STEP_BLOCKS * PAGE_SZ) as u64
+    );
+    // The next tail reuses a written block's memory, zeroed.
+    file.write_blob(&whole_block).unwrap();
+    let tail = file.read_blk(WRITE_STEP_BLOCKS as u32 + 1).unwrap();
+    assert!(matches!(tail, BlockLease::Locked(_)));
+    assert!(tail.iter().all(|&b| b == 0));
 }
 
 #[test]
@@ -58,7 +82,8 @@ fn blocks_are_read_from_disk_after_the_cache_forgets_them() {
     let dir = tempfile::tempdir().unwrap();
     let cache = small_cache(8);
     let file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
-    let offsets: Vec<_> = (0..50)
+    // 18 blocks: two runs written.
+    let offsets: Vec<_> = (0..150)
         .map(|i| file.write_blob(&blob(i, 1000)).unwrap())
         .collect();
     cache.drop_unpinned();
@@ -83,7 +108,8 @@ fn failed_prewarm_is_not_fatal() {
         })
         .collect();
     let file = EphemeralFile::create(dir.path(), cache.clone()).unwrap();
-    let offsets: Vec<_> = (0..40)
+    // 12 blocks: one run written, its pre-warm refused.
+    let offsets: Vec<_> = (0..200)
         .map(|i| file.write_blob(&blob(i, 500)).unwrap())
         .collect();
     assert!(cache.stats().inserts_refused > 0);
@@ -104,9 +130,10 @@ fn write_error_names_file_and_block_and_breaks_the_file() {
         .create_new(true)
         .open(&path)
         .unwrap();
+    // The first run's eight blocks are written; the second run's third block fails.
     let faulty = FailingWrites {
         inner,
-        fail_from: 2,
+        fail_from: WRITE_STEP_BLOCKS as u64 + 2,
         calls: Arc::new(AtomicU64::new(0)),
     };
     let file = EphemeralFile::from_parts(
@@ -125,11 +152,18 @@ fn write_error_names_file_and_block_and_breaks_the_file() {
     };
     let msg = err.to_string();
     assert!(
-        matches!(err, EphemeralWriteError::Io { blkno: 2, .. }),
+        matches!(
+            err,
+            EphemeralWriteError::Io {
+                blkno: 8,
+                blocks: 8,
+                ..
+            }
+        ),
         "{msg}"
     );
     assert!(
-        msg.contains("ephemeral-faulty") && msg.contains("block 2"),
+        msg.contains("ephemeral-faulty") && msg.contains("blocks 8 to 15"),
         "{msg}"
     );
 
@@ -252,24 +286,28 @@ fn reads_do_not_wait_for_a_block_write() {
         .create_new(true)
         .open(&path)
         .unwrap();
-    let (held, hold) = hold_write_at(inner, block_offset(1));
+    // The second run (blocks 8 to 15) is the held write.
+    let step = WRITE_STEP_BLOCKS as u64;
+    let (held, hold) = hold_write_at(inner, block_offset(step as u32));
     let cache = small_cache(16);
     let file = EphemeralFile::from_parts(FileId::next(), path, Box::new(held), cache.clone());
-    // Block 0 full and written, block 1 partly filled.
+    // Blocks 0 to 14 full (the first run written), block 15 partly filled.
     let mut written = Vec::new();
-    while file.len() < PAGE_SZ as u64 + 3000 {
+    while file.len() < (2 * step - 1) * PAGE_SZ as u64 + 3000 {
         let data = blob(written.len(), 1000);
         written.push((file.write_blob(&data).unwrap(), data));
     }
+    let last_of_run = 2 * step - 1;
     let (in_block_0, _) = written[0].clone();
-    let (in_block_1, _) = *written
+    let (in_last_of_run, _) = *written
         .iter()
-        .find(|(offset, _)| *offset >= PAGE_SZ as u64)
+        .find(|(offset, _)| *offset >= last_of_run * PAGE_SZ as u64)
         .unwrap();
     // Block 0 is read from disk below, not from the pre-warmed page.
     cache.drop_unpinned();
 
-    // From block 1 into block 2: its write fills block 1, whose write is held.
+    // From block 15 into block 16: its write fills block 15, which fills the run, whose write
+    // is held.
     let spanning = blob(99, PAGE_SZ);
     let spanning_at = file.len();
     std::thread::scope(|s| {
@@ -285,11 +323,12 @@ fn reads_do_not_wait_for_a_block_write() {
         s.spawn(move || {
             let cursor = BlockCursor::new(file);
             let read = |offset| cursor.read_blob(offset).unwrap();
-            let leases = (1..=2)
-                .map(|blkno| format!("{:?}", file.read_blk(blkno).unwrap()))
+            let leases = [step - 1, step, last_of_run, last_of_run + 1]
+                .into_iter()
+                .map(|blkno| format!("{:?}", file.read_blk(blkno as u32).unwrap()))
                 .collect::<Vec<_>>();
             let _ = done_tx.send((
-                read(in_block_1),
+                read(in_last_of_run),
                 read(in_block_0),
                 read(spanning_at),
                 leases,
@@ -300,17 +339,30 @@ fn reads_do_not_wait_for_a_block_write() {
             .expect("the reads finished while the block write was held");
         assert!(!writer.is_finished(), "the block write is still held");
         let expected = |offset| &written.iter().find(|(o, _)| *o == offset).unwrap().1;
-        assert_eq!(&sealed, expected(in_block_1));
+        assert_eq!(&sealed, expected(in_last_of_run));
         assert_eq!(&earlier, expected(in_block_0));
         assert_eq!(across_to_tail, spanning);
-        assert_eq!(leases, ["BlockLease::Shared", "BlockLease::Locked"]);
+        // Block 7 was written (read from disk into the cache); the run's blocks are shared
+        // copies; block 16 is the tail.
+        assert_eq!(
+            leases,
+            [
+                "BlockLease::Cached",
+                "BlockLease::Shared",
+                "BlockLease::Shared",
+                "BlockLease::Locked"
+            ]
+        );
 
         hold.release();
         assert_eq!(writer.join().unwrap().unwrap(), spanning_at);
     });
 
-    // Written and pre-warmed: block 1 now comes from the page cache.
-    assert!(matches!(file.read_blk(1).unwrap(), BlockLease::Cached(_)));
+    // Written and pre-warmed: the run's blocks now come from the page cache.
+    for blkno in step..2 * step {
+        let block = file.read_blk(blkno as u32).unwrap();
+        assert!(matches!(block, BlockLease::Cached(_)), "{blkno}: {block:?}");
+    }
     cache.drop_unpinned();
     let cursor = BlockCursor::new(&file);
     for (offset, data) in &written {

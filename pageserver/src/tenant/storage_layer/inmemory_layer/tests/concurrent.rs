@@ -53,13 +53,17 @@ fn a_get_does_not_wait_for_a_put_writing_a_block() {
     l.put(rel_key(1), Lsn(10), &image(1, 100)).unwrap();
     l.put(rel_key(2), Lsn(11), &image(2, 100)).unwrap();
     l.put(rel_key(2), Lsn(12), &delta(false, 0, b"x")).unwrap();
+    // Blocks 0 to 6 full, block 7 partly: the next full page fills the first run of blocks.
+    l.put(rel_key(3), Lsn(12), &image(4, 7 * PAGE_SZ + 2000))
+        .unwrap();
     let before = (l.len(), l.last_lsn(), l.distinct_keys());
 
     std::thread::scope(|s| {
         // Moved in here: a failing assertion drops it, which releases the put.
         let hold = hold;
         let l = &l;
-        // A page image fills block 0: its put seals the block, and the block's write is held.
+        // A page image fills block 7: its put seals the block, which fills the run, and the
+        // run's write is held.
         let putter = s.spawn(|| l.put(rel_key(2), Lsn(20), &image(3, PAGE_SZ)));
         hold.wait_until_reached();
 
@@ -84,7 +88,7 @@ fn a_get_does_not_wait_for_a_put_writing_a_block() {
         assert!(same_key_below.complete);
         // The put is not in the index until its blob is written.
         assert_eq!(same_key_at.records, below);
-        assert_eq!(keys, [rel_key(1), rel_key(2)]);
+        assert_eq!(keys, [rel_key(1), rel_key(2), rel_key(3)]);
         assert_eq!(counts, before);
 
         hold.release();
@@ -92,7 +96,7 @@ fn a_get_does_not_wait_for_a_put_writing_a_block() {
     });
     let got = l.get(rel_key(2), Lsn(20)).unwrap();
     assert_eq!(got.records, [(Lsn(20), image(3, PAGE_SZ))]);
-    assert_eq!((l.len(), l.last_lsn()), (4, Lsn(20)));
+    assert_eq!((l.len(), l.last_lsn()), (5, Lsn(20)));
 }
 
 #[test]
