@@ -269,29 +269,43 @@ impl EphemeralFile {
     /// serialized.
     #[inline]
     pub fn write_blob(&self, blob: &[u8]) -> Result<u64, EphemeralWriteError> {
+        self.write_blob_parts(&[blob])
+    }
+
+    /// Appends one blob made of `parts` one after the other, as [`EphemeralFile::write_blob`]
+    /// of their concatenation, without making it: a caller that has a value in pieces (a kind
+    /// byte and a page) saves a copy of the whole value.
+    #[inline]
+    pub fn write_blob_parts(&self, parts: &[&[u8]]) -> Result<u64, EphemeralWriteError> {
         let mut writer = self.lock_writer();
         if writer.broken {
             return Err(EphemeralWriteError::Broken {
                 path: self.path.clone(),
             });
         }
-        let header = BlobHeader::new(blob.len())?;
+        let blob_len = parts.iter().map(|part| part.len()).sum();
+        let header = BlobHeader::new(blob_len)?;
         let header = header.as_bytes();
         // Only writers change `len`, and we are the writer.
         let offset = self.len.load(Ordering::Relaxed);
         // Most blobs fit in the tail: one lock for the header and the blob.
         let used = (offset % PAGE_SZ as u64) as usize;
-        let total = header.len() + blob.len();
+        let total = header.len() + blob_len;
         if used + total < PAGE_SZ {
             let mut tail = self.write_tail();
             let bytes = Arc::make_mut(&mut tail);
-            bytes[used..used + header.len()].copy_from_slice(header);
-            bytes[used + header.len()..used + total].copy_from_slice(blob);
+            let mut at = used;
+            for piece in std::iter::once(header).chain(parts.iter().copied()) {
+                bytes[at..at + piece.len()].copy_from_slice(piece);
+                at += piece.len();
+            }
             self.len.store(offset + total as u64, Ordering::Release);
             return Ok(offset);
         }
         self.append(&mut writer, header)?;
-        self.append(&mut writer, blob)?;
+        for part in parts {
+            self.append(&mut writer, part)?;
+        }
         if writer.run.pages.len() == WRITE_STEP_BLOCKS {
             self.write_sealed(&mut writer)?;
         }

@@ -99,7 +99,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use pageserver_api::value::ValueDecodeError;
+use pageserver_api::value::{ValueDecodeError, KIND_IMAGE};
 use pageserver_api::{Key, Value};
 use utils::Lsn;
 
@@ -499,19 +499,34 @@ impl InMemoryLayer {
                 start: self.start_lsn,
             });
         };
-        scratch.clear();
-        value
-            .serialize_into(&mut scratch)
-            .map_err(|e| PutError::Encode {
-                key,
-                lsn,
-                reason: e.to_string(),
-            })?;
-        if scratch.len() > self.max_stored_len() {
+        // An image's stored form is its kind byte and the page (`Value::serialize_into`): it
+        // goes to the file in those two pieces, without being copied into `scratch` first.
+        let kind = [KIND_IMAGE];
+        let (image_parts, delta_part);
+        let parts: &[&[u8]] = match value {
+            Value::Image(page) => {
+                image_parts = [&kind[..], &page[..]];
+                &image_parts
+            }
+            Value::Delta { .. } => {
+                scratch.clear();
+                value
+                    .serialize_into(&mut scratch)
+                    .map_err(|e| PutError::Encode {
+                        key,
+                        lsn,
+                        reason: e.to_string(),
+                    })?;
+                delta_part = [&scratch[..]];
+                &delta_part
+            }
+        };
+        let stored_len: usize = parts.iter().map(|part| part.len()).sum();
+        if stored_len > self.max_stored_len() {
             return Err(PutError::TooLarge {
                 key,
                 lsn,
-                len: scratch.len(),
+                len: stored_len,
                 max: self.max_stored_len(),
             });
         }
@@ -539,7 +554,7 @@ impl InMemoryLayer {
         entry.older = head;
         // With no index lock held: readers go on while the blob's blocks are written. After
         // this only the insert is left, which cannot fail.
-        let written_at = self.file.write_blob(&scratch)?;
+        let written_at = self.file.write_blob_parts(parts)?;
         debug_assert_eq!(written_at, offset, "blobs are appended at the file's end");
         let mut index = self.write_index();
         index.entries.push(entry);
