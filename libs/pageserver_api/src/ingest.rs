@@ -13,7 +13,7 @@
 //! configured largest value before trusting it; an error names the record and the byte offset
 //! where it went wrong.
 
-use bytes::{BufMut, Bytes};
+use bytes::{BufMut, Bytes, BytesMut};
 use utils::Lsn;
 
 use crate::key::KEY_SIZE;
@@ -89,66 +89,167 @@ pub fn decode_batch(
     body: Bytes,
     max_payload_len: usize,
 ) -> Result<Vec<PutRecord>, IngestDecodeError> {
-    let mut records = Vec::new();
-    let mut pos = 0;
-    while pos < body.len() {
-        let error = |offset, reason| IngestDecodeError {
-            record: records.len(),
-            offset,
-            reason,
-        };
-        let left = body.len() - pos;
-        if left < RECORD_HEADER_LEN {
-            return Err(error(
-                pos,
-                IngestDecodeReason::TruncatedHeader { have: left },
-            ));
+    let mut decoder = BatchDecoder::new(max_payload_len);
+    decoder.feed(body)?;
+    decoder.finish()
+}
+
+/// Decodes a body as it arrives, in chunks cut anywhere, with the same checks, results and
+/// errors as [`decode_batch`] of the whole body. A record that lies within one chunk is decoded
+/// in place, its image sharing the chunk's memory; only a record cut by a chunk boundary is
+/// copied, into a buffer that holds at most that one record (its length checked against
+/// `max_payload_len` as soon as its header is in).
+pub struct BatchDecoder {
+    max_payload_len: usize,
+    records: Vec<PutRecord>,
+    /// The first bytes of a record cut by a chunk boundary.
+    partial: BytesMut,
+    /// Where in the body the record being decoded (the one in `partial`, or the next) starts.
+    record_start: usize,
+}
+
+/// A record's header, its lengths checked.
+struct RecordHeader {
+    key: Key,
+    lsn: Lsn,
+    kind: u8,
+    /// The payload's length, at most the decoder's `max_payload_len`.
+    len: usize,
+}
+
+impl BatchDecoder {
+    pub fn new(max_payload_len: usize) -> Self {
+        BatchDecoder {
+            max_payload_len,
+            records: Vec::new(),
+            partial: BytesMut::new(),
+            record_start: 0,
         }
-        let header = &body[pos..pos + RECORD_HEADER_LEN];
+    }
+
+    /// Decodes the records `chunk` completes, and keeps the start of the one it cuts.
+    pub fn feed(&mut self, mut chunk: Bytes) -> Result<(), IngestDecodeError> {
+        if !self.partial.is_empty() {
+            let Some(whole) = self.complete_partial(&mut chunk)? else {
+                return Ok(());
+            };
+            self.decode_record(whole)?;
+        }
+        while chunk.len() >= RECORD_HEADER_LEN {
+            let header = self.header(&chunk[..RECORD_HEADER_LEN])?;
+            if chunk.len() - RECORD_HEADER_LEN < header.len {
+                break;
+            }
+            let whole = chunk.split_to(RECORD_HEADER_LEN + header.len);
+            self.decode_record(whole)?;
+        }
+        if !chunk.is_empty() {
+            self.partial.extend_from_slice(&chunk);
+        }
+        Ok(())
+    }
+
+    /// The decoded records, once the whole body was fed.
+    pub fn finish(self) -> Result<Vec<PutRecord>, IngestDecodeError> {
+        let have = self.partial.len();
+        if have == 0 {
+            return Ok(self.records);
+        }
+        if have < RECORD_HEADER_LEN {
+            return Err(self.error(0, IngestDecodeReason::TruncatedHeader { have }));
+        }
+        // Its length was checked against the largest value when its header came in.
+        let header = self.header(&self.partial[..RECORD_HEADER_LEN])?;
+        Err(self.error(
+            LEN_AT,
+            IngestDecodeReason::TruncatedPayload {
+                len: header.len as u64,
+                left: have - RECORD_HEADER_LEN,
+            },
+        ))
+    }
+
+    /// Moves bytes from `chunk` into `partial` until the record there is whole, and returns it.
+    fn complete_partial(&mut self, chunk: &mut Bytes) -> Result<Option<Bytes>, IngestDecodeError> {
+        if self.partial.len() < RECORD_HEADER_LEN {
+            let take = (RECORD_HEADER_LEN - self.partial.len()).min(chunk.len());
+            self.partial.extend_from_slice(&chunk.split_to(take));
+            if self.partial.len() < RECORD_HEADER_LEN {
+                return Ok(None);
+            }
+        }
+        let header = self.header(&self.partial[..RECORD_HEADER_LEN])?;
+        let whole_len = RECORD_HEADER_LEN + header.len;
+        let take = (whole_len - self.partial.len()).min(chunk.len());
+        self.partial.extend_from_slice(&chunk.split_to(take));
+        if self.partial.len() < whole_len {
+            return Ok(None);
+        }
+        Ok(Some(self.partial.split().freeze()))
+    }
+
+    /// Reads a record's header; refuses a payload over the largest value.
+    fn header(&self, header: &[u8]) -> Result<RecordHeader, IngestDecodeError> {
         let key = Key::from_slice(&header[..KEY_SIZE]).expect("KEY_SIZE bytes");
         let lsn = Lsn(u64::from_be_bytes(
-            header[KEY_SIZE..KEY_SIZE + 8].try_into().expect("8 bytes"),
+            header[KEY_SIZE..KIND_AT].try_into().expect("8 bytes"),
         ));
-        let kind_offset = pos + KEY_SIZE + 8;
-        let kind = header[KEY_SIZE + 8];
-        let len = u32::from_be_bytes(header[KEY_SIZE + 9..].try_into().expect("4 bytes"));
-        let len_offset = kind_offset + 1;
-        let payload_start = pos + RECORD_HEADER_LEN;
-        let len64 = u64::from(len);
-        if len64 > max_payload_len as u64 {
-            return Err(error(
-                len_offset,
+        let kind = header[KIND_AT];
+        let len = u32::from_be_bytes(header[LEN_AT..].try_into().expect("4 bytes"));
+        match usize::try_from(len) {
+            Ok(len) if len <= self.max_payload_len => Ok(RecordHeader {
+                key,
+                lsn,
+                kind,
+                len,
+            }),
+            _ => Err(self.error(
+                LEN_AT,
                 IngestDecodeReason::TooLarge {
-                    len: len64,
-                    max: max_payload_len,
+                    len: u64::from(len),
+                    max: self.max_payload_len,
                 },
-            ));
+            )),
         }
-        let len = len as usize;
-        let left = body.len() - payload_start;
-        if len > left {
-            return Err(error(
-                len_offset,
-                IngestDecodeReason::TruncatedPayload { len: len64, left },
-            ));
-        }
-        let payload = body.slice(payload_start..payload_start + len);
-        let value = match kind {
+    }
+
+    /// Decodes one whole record: its header and exactly its payload.
+    fn decode_record(&mut self, whole: Bytes) -> Result<(), IngestDecodeError> {
+        let header = self.header(&whole[..RECORD_HEADER_LEN])?;
+        let payload = whole.slice(RECORD_HEADER_LEN..);
+        let value = match header.kind {
             KIND_IMAGE => Value::Image(payload),
             KIND_DELTA => {
-                let mut encoded = Vec::with_capacity(1 + len);
+                let mut encoded = Vec::with_capacity(1 + payload.len());
                 encoded.push(KIND_DELTA);
                 encoded.extend_from_slice(&payload);
                 Value::deserialize_bytes(Bytes::from(encoded))
-                    .map_err(|e| error(payload_start, IngestDecodeReason::Delta(e)))?
+                    .map_err(|e| self.error(RECORD_HEADER_LEN, IngestDecodeReason::Delta(e)))?
             }
-            kind => return Err(error(kind_offset, IngestDecodeReason::UnknownKind { kind })),
+            kind => return Err(self.error(KIND_AT, IngestDecodeReason::UnknownKind { kind })),
         };
-        records.push(PutRecord { key, lsn, value });
-        pos = payload_start + len;
+        self.records.push(PutRecord {
+            key: header.key,
+            lsn: header.lsn,
+            value,
+        });
+        self.record_start += whole.len();
+        Ok(())
     }
-    Ok(records)
+
+    /// An error in the record being decoded, `at` bytes into it.
+    fn error(&self, at: usize, reason: IngestDecodeReason) -> IngestDecodeError {
+        IngestDecodeError {
+            record: self.records.len(),
+            offset: self.record_start + at,
+            reason,
+        }
+    }
 }
+
+/// Where in a record's header its kind byte is, and its length.
+const KIND_AT: usize = KEY_SIZE + 8;
+const LEN_AT: usize = KIND_AT + 1;
 
 #[cfg(test)]
 mod tests {
@@ -264,6 +365,46 @@ mod tests {
                 .collect();
             let body = encode_batch(&records).unwrap();
             prop_assert_eq!(decode_batch(Bytes::from(body), 1 << 20).unwrap(), records);
+        }
+
+        /// Any body, valid or not, cut into chunks anywhere, decodes to what the whole body
+        /// decodes to: the same records, or the same error.
+        #[test]
+        fn chunked_decoding_matches_whole_decoding(
+            values in prop::collection::vec(value(), 0..6),
+            damage in prop::option::of((any::<prop::sample::Index>(), any::<u8>())),
+            cut_short in 0usize..3,
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+            max in prop_oneof![Just(1usize << 20), 0usize..64],
+        ) {
+            let records: Vec<PutRecord> = values
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| record(i as u8, i as u64 + 1, v))
+                .collect();
+            let mut body = encode_batch(&records).unwrap();
+            if let Some((at, byte)) = damage.filter(|_| !body.is_empty()) {
+                let at = at.index(body.len());
+                body[at] = byte;
+            }
+            body.truncate(body.len().saturating_sub(cut_short));
+            let body = Bytes::from(body);
+            let whole = decode_batch(body.clone(), max);
+
+            let mut at: Vec<usize> = cuts.iter().map(|i| i.index(body.len() + 1)).collect();
+            at.push(0);
+            at.push(body.len());
+            at.sort_unstable();
+            let mut decoder = BatchDecoder::new(max);
+            let mut chunked = Ok(());
+            for pair in at.windows(2) {
+                chunked = decoder.feed(body.slice(pair[0]..pair[1]));
+                if chunked.is_err() {
+                    break;
+                }
+            }
+            let chunked = chunked.and_then(|()| decoder.finish());
+            prop_assert_eq!(chunked, whole);
         }
 
         #[test]

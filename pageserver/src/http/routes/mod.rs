@@ -11,7 +11,7 @@ use axum::Json;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use bytes::BytesMut;
-use pageserver_api::ingest::decode_batch;
+use pageserver_api::ingest::{BatchDecoder, IngestDecodeError, PutRecord};
 use pageserver_api::Key;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -53,15 +53,23 @@ pub(super) const MAX_JSON_BODY: usize = 64 * 1024;
 /// body costs its size once (collecting chunks, then copying them together, would cost it
 /// twice at the end).
 async fn read_body(mut body: Body, limit: usize) -> ApiResult<Bytes> {
-    use http_body_util::BodyExt;
-    let over_limit = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body is over the limit of {limit} bytes"),
-        )
-    };
     let expected = usize::try_from(body.size_hint().lower()).unwrap_or(usize::MAX);
     let mut buffer = BytesMut::with_capacity(expected.min(limit));
+    let mut received = 0;
+    while let Some(chunk) = next_chunk(&mut body, limit, &mut received).await? {
+        buffer.extend_from_slice(&chunk);
+    }
+    Ok(buffer.freeze())
+}
+
+/// The next chunk of `body`'s data, refused once the body passes `limit` bytes in all
+/// (`received` counts them); `None` at its end.
+async fn next_chunk(
+    body: &mut Body,
+    limit: usize,
+    received: &mut usize,
+) -> ApiResult<Option<Bytes>> {
+    use http_body_util::BodyExt;
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {
             super::body_limits::api_error(&e).unwrap_or_else(|| {
@@ -69,13 +77,17 @@ async fn read_body(mut body: Body, limit: usize) -> ApiResult<Bytes> {
             })
         })?;
         if let Ok(data) = frame.into_data() {
-            if data.len() > limit - buffer.len() {
-                return Err(over_limit());
+            if data.len() > limit - *received {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("request body is over the limit of {limit} bytes"),
+                ));
             }
-            buffer.extend_from_slice(&data);
+            *received += data.len();
+            return Ok(Some(data));
         }
     }
-    Ok(buffer.freeze())
+    Ok(None)
 }
 
 /// A JSON body of type `T`; an empty body is `T::default()`. Anything else must be JSON (a body
@@ -315,11 +327,41 @@ async fn ingest_inner(
             format!("request body of {len} bytes is over the limit of {limit} bytes"),
         )));
     }
-    // Once the body is read, a refusal leaves the connection usable.
-    let body = read_body(body, limit).await.map_err(closing)?;
-    ingest_body(state, timeline, body)
+    let max_payload = max_stored_value_len(state.conf.max_value_size);
+    let (decoded, body_len) = read_batch(body, limit, max_payload)
+        .await
+        .map_err(closing)?;
+    // The whole body was read: a refusal leaves the connection usable.
+    let records = decoded.map_err(|e| ApiError::bad_request(e.to_string()).into_response())?;
+    store_batch(timeline, records, body_len)
         .await
         .map_err(IntoResponse::into_response)
+}
+
+/// Reads an ingest body to its end and decodes it, without gathering it into one buffer: the
+/// chunks are kept as they arrived, and a record within one chunk is decoded in place, sharing
+/// the chunk's memory (only a record cut by a chunk boundary is copied). Decoding waits for
+/// the end of the body: decoded records of small values take more memory than their bytes on
+/// the wire, and a body still arriving may only hold what the request body budget covers
+/// (`body_limits.rs`). A body that fails to arrive is an error of the outer result.
+async fn read_batch(
+    mut body: Body,
+    limit: usize,
+    max_payload: usize,
+) -> ApiResult<(Result<Vec<PutRecord>, IngestDecodeError>, u64)> {
+    let mut chunks = Vec::new();
+    let mut received = 0;
+    while let Some(chunk) = next_chunk(&mut body, limit, &mut received).await? {
+        chunks.push(chunk);
+    }
+    let decode = || {
+        let mut decoder = BatchDecoder::new(max_payload);
+        for chunk in chunks {
+            decoder.feed(chunk)?;
+        }
+        decoder.finish()
+    };
+    Ok((decode(), received as u64))
 }
 
 /// `error` with `Connection: close`, for a refusal that leaves a request body unread.
@@ -332,15 +374,11 @@ pub(super) fn closing(error: ApiError) -> Response {
     response
 }
 
-async fn ingest_body(
-    state: &SharedState,
+async fn store_batch(
     timeline: std::sync::Arc<Timeline>,
-    body: Bytes,
+    records: Vec<PutRecord>,
+    body_len: u64,
 ) -> ApiResult<Json<JsonValue>> {
-    let body_len = body.len() as u64;
-    let max_payload = max_stored_value_len(state.conf.max_value_size);
-    let records =
-        decode_batch(body, max_payload).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let count = records.len();
     let timeline = blocking(move || {
         timeline.put_batch(&records)?;
