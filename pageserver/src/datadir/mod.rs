@@ -20,7 +20,7 @@
 mod basebackup;
 mod import;
 mod path;
-mod pg_control;
+pub mod pg_control;
 mod wal_end;
 
 pub use basebackup::{snapshot_at, write_basebackup, BasebackupError};

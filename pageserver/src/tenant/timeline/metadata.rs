@@ -330,7 +330,7 @@ impl TimelineMetadata {
     }
 
     /// Parses any format; every byte is untrusted.
-    fn decode(b: &[u8]) -> Result<StoredMetadata, String> {
+    pub fn decode(b: &[u8]) -> Result<StoredMetadata, String> {
         let u16_at = |o: usize| u16::from_be_bytes(array_at(b, o));
         let u32_at = |o: usize| u32::from_be_bytes(array_at(b, o));
         let u64_at = |o: usize| u64::from_be_bytes(array_at(b, o));
