@@ -1,20 +1,18 @@
 //! A whole delta layer file given to the reader, damaged: a valid layer is written once, then
-//! each input flips bytes of it at offsets of its choice ([`damage`]). Opening the damaged file and reading
+//! each input flips bytes of it at offsets of its choice (`pageserver_fuzz::damage`). Opening the damaged file and reading
 //! every key of it must give, for each read, either the versions that were written or an error
 //! that names the file: never a panic, never a changed page. (Every block carries a checksum,
 //! so most damage is caught there; the target checks that none gets past as a wrong answer.)
 #![no_main]
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use pageserver::page_cache::{PageCache, PageCacheConfig};
 use pageserver::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerWriter};
 use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value};
-use pageserver_fuzz::{assert_names_file, damage};
+use pageserver_fuzz::{assert_names_damaged_file, Original};
 use utils::{Lsn, TenantId, TimelineId};
 
 /// Keys in the layer, and versions of each.
@@ -23,12 +21,9 @@ const VERSIONS: u64 = 3;
 const MAX_VALUE_SIZE: usize = 1 << 20;
 
 struct Layer {
-    bytes: Vec<u8>,
+    original: Original,
     /// Every (key, lsn, value) written, in key and LSN order.
     written: Vec<(Key, Lsn, Value)>,
-    /// Holds the damaged copies, one file name reused.
-    dir: tempfile::TempDir,
-    cache: Arc<PageCache>,
 }
 
 fn key(n: u32) -> Key {
@@ -62,30 +57,19 @@ fn layer() -> &'static Layer {
             }
         }
         let layer = writer.finish().unwrap();
-        let bytes = std::fs::read(&layer.path).unwrap();
-        let config = PageCacheConfig {
-            capacity_bytes: 64 * PAGE_SZ as u64,
-            ..Default::default()
-        };
         Layer {
-            bytes,
+            original: Original::read(dir, &layer.path),
             written,
-            dir,
-            cache: Arc::new(PageCache::new(config).unwrap()),
         }
     })
 }
 
 fuzz_target!(|input: &[u8]| {
     let layer = layer();
-    let mut bytes = layer.bytes.clone();
-    damage(&mut bytes, input);
-    let path: PathBuf = layer.dir.path().join("damaged");
-    std::fs::write(&path, &bytes).unwrap();
-    let names_the_file = |e: &dyn std::fmt::Display| assert_names_file(e, "damaged");
-    let delta = match DeltaLayer::open(&path, layer.cache.clone(), MAX_VALUE_SIZE) {
+    let path = layer.original.damaged_copy(input);
+    let delta = match DeltaLayer::open(&path, layer.original.cache.clone(), MAX_VALUE_SIZE) {
         Ok(delta) => delta,
-        Err(e) => return names_the_file(&e),
+        Err(e) => return assert_names_damaged_file(&e),
     };
     for n in 0..KEYS {
         let at_lsn = Lsn(0x10 + u64::from(n) % VERSIONS);
@@ -105,7 +89,7 @@ fuzz_target!(|input: &[u8]| {
                     "key {n} at {at_lsn}: a wrong answer"
                 );
             }
-            Err(e) => names_the_file(&e),
+            Err(e) => assert_names_damaged_file(&e),
         }
     }
     match delta.iter() {
@@ -113,6 +97,6 @@ fuzz_target!(|input: &[u8]| {
             all == layer.written,
             "iter gave other versions than were written"
         ),
-        Err(e) => names_the_file(&e),
+        Err(e) => assert_names_damaged_file(&e),
     }
 });

@@ -1,19 +1,17 @@
 //! A whole image layer file given to the reader, damaged: a valid layer is written once, with
-//! images for every other key, then each input flips bytes of it ([`damage`]). Opening the
+//! images for every other key, then each input flips bytes of it (`pageserver_fuzz::damage`). Opening the
 //! damaged file and reading every key of its range must give, for each read, the image that
 //! was written (or, for a key without one, no image), or an error that names the file.
 #![no_main]
 
-use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use pageserver::page_cache::{PageCache, PageCacheConfig};
 use pageserver::tenant::storage_layer::image_layer::{ImageLayer, ImageLayerWriter};
 use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value};
-use pageserver_fuzz::{assert_names_file, damage};
+use pageserver_fuzz::{assert_names_damaged_file, Original};
 use utils::{Lsn, TenantId, TimelineId};
 
 /// Keys in the layer's range; the even ones have an image.
@@ -22,10 +20,8 @@ const LSN: Lsn = Lsn(0x20);
 const MAX_VALUE_SIZE: usize = 1 << 20;
 
 struct Layer {
-    bytes: Vec<u8>,
+    original: Original,
     written: Vec<(Key, Bytes)>,
-    dir: tempfile::TempDir,
-    cache: Arc<PageCache>,
 }
 
 fn key(n: u32) -> Key {
@@ -52,30 +48,19 @@ fn layer() -> &'static Layer {
             written.push((key(n), page));
         }
         let layer = writer.finish().unwrap();
-        let bytes = std::fs::read(&layer.path).unwrap();
-        let config = PageCacheConfig {
-            capacity_bytes: 64 * PAGE_SZ as u64,
-            ..Default::default()
-        };
         Layer {
-            bytes,
+            original: Original::read(dir, &layer.path),
             written,
-            dir,
-            cache: Arc::new(PageCache::new(config).unwrap()),
         }
     })
 }
 
 fuzz_target!(|input: &[u8]| {
     let layer = layer();
-    let mut bytes = layer.bytes.clone();
-    damage(&mut bytes, input);
-    let path: PathBuf = layer.dir.path().join("damaged");
-    std::fs::write(&path, &bytes).unwrap();
-    let names_the_file = |e: &dyn std::fmt::Display| assert_names_file(e, "damaged");
-    let image = match ImageLayer::open(&path, layer.cache.clone(), MAX_VALUE_SIZE) {
+    let path = layer.original.damaged_copy(input);
+    let image = match ImageLayer::open(&path, layer.original.cache.clone(), MAX_VALUE_SIZE) {
         Ok(image) => image,
-        Err(e) => return names_the_file(&e),
+        Err(e) => return assert_names_damaged_file(&e),
     };
     for n in 0..KEYS {
         match image.get(key(n), LSN) {
@@ -92,7 +77,7 @@ fuzz_target!(|input: &[u8]| {
                     "key {n}: an image layer answers every key of its range"
                 );
             }
-            Err(e) => names_the_file(&e),
+            Err(e) => assert_names_damaged_file(&e),
         }
     }
     match image.iter() {
@@ -100,6 +85,6 @@ fuzz_target!(|input: &[u8]| {
             all == layer.written,
             "iter gave other images than were written"
         ),
-        Err(e) => names_the_file(&e),
+        Err(e) => assert_names_damaged_file(&e),
     }
 });

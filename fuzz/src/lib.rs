@@ -1,7 +1,48 @@
-//! What the fuzz targets share: damaging a valid file as an input says, and the rule for the
-//! errors that damage may cause.
+//! What the fuzz targets share: damaged copies of a valid file, as an input says, and the rule
+//! for the errors that damage may cause.
 
 use std::fmt::Display;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pageserver::page_cache::{PageCache, PageCacheConfig};
+use pageserver::PAGE_SZ;
+
+/// The name of every damaged copy: an error about one must contain it.
+pub const DAMAGED: &str = "damaged";
+
+/// A valid file made once per fuzzing process, and what reading damaged copies of it needs.
+pub struct Original {
+    pub bytes: Vec<u8>,
+    /// Holds the original and the damaged copy (one name, rewritten for each input).
+    dir: tempfile::TempDir,
+    /// A small page cache for the readers: every damaged copy is a new file to it.
+    pub cache: Arc<PageCache>,
+}
+
+impl Original {
+    /// The file at `path`, which lies in `dir`.
+    pub fn read(dir: tempfile::TempDir, path: &Path) -> Original {
+        let config = PageCacheConfig {
+            capacity_bytes: 64 * PAGE_SZ as u64,
+            ..Default::default()
+        };
+        Original {
+            bytes: std::fs::read(path).unwrap(),
+            dir,
+            cache: Arc::new(PageCache::new(config).unwrap()),
+        }
+    }
+
+    /// Writes a copy damaged as `input` says ([`damage`]) and returns its path.
+    pub fn damaged_copy(&self, input: &[u8]) -> PathBuf {
+        let mut bytes = self.bytes.clone();
+        damage(&mut bytes, input);
+        let path = self.dir.path().join(DAMAGED);
+        std::fs::write(&path, &bytes).unwrap();
+        path
+    }
+}
 
 /// Applies `input` to `bytes` as damage: each 4 bytes of it are a 24-bit offset (taken modulo
 /// the length) and a byte to XOR there.
@@ -15,12 +56,12 @@ pub fn damage(bytes: &mut [u8], input: &[u8]) {
     }
 }
 
-/// Fails the run unless `error` names the file `file_name`: an error about damage must say
-/// which file is damaged.
-pub fn assert_names_file(error: &dyn Display, file_name: &str) {
+/// Fails the run unless `error` names the damaged copy: an error about damage must say which
+/// file is damaged.
+pub fn assert_names_damaged_file(error: &dyn Display) {
     let msg = error.to_string();
     assert!(
-        msg.contains(file_name),
-        "an error that does not name the file {file_name}: {msg}"
+        msg.contains(DAMAGED),
+        "an error that does not name the damaged file: {msg}"
     );
 }
