@@ -324,5 +324,19 @@ def test_large_batch_and_streamed_body(pageserver_factory: PageserverFactory):
     )
     assert r.status_code == 200 and r.json()["records"] == 300, r.text
     timeline.model.apply([Image(key(i), 0x20, page_of(1000 + i)) for i in range(300)])
+    # Chunks that cut records anywhere: tiny ones (gathered by the server), one of 100 KiB
+    # (kept as it came), then tiny ones again.
+    mixed = [Image(key(i), 0x30, page_of(2000 + i)) for i in range(40)]
+    body = encode_batch(mixed)
+    pieces = [body[i : min(i + 7, 30_000)] for i in range(0, 30_000, 7)] + [body[30_000:132_400]]
+    pieces += [body[i : i + 13] for i in range(132_400, len(body), 13)]
+    assert b"".join(pieces) == body
+    r = timeline.http.request(
+        "POST",
+        f"/v1/tenant/{timeline.tenant_id}/timeline/{timeline.timeline_id}/ingest",
+        data=iter(pieces),
+    )
+    assert r.status_code == 200 and r.json()["records"] == 40, r.text
+    timeline.model.apply(mixed)
     timeline.checkpoint()
     timeline.verify(keys=[key(i) for i in range(0, 400, 37)])

@@ -340,6 +340,42 @@ impl HttpBody for LimitedBody {
     }
 }
 
+/// A body's chunks gathered as they arrive, holding about as much memory as their bytes.
+///
+/// A chunk hyper hands out shares its read buffer, so keeping a small chunk keeps a whole read
+/// buffer alive (and a chunked body may arrive a byte per chunk): small chunks are copied into
+/// one growing buffer. A chunk of at least [`GatheredBody::KEEP_WHOLE`] bytes is kept as it
+/// came, without a copy; the read buffer it shares holds at most 128 KiB, so it keeps at most
+/// twice its size alive.
+#[derive(Default)]
+pub struct GatheredBody {
+    segments: Vec<Bytes>,
+    small: bytes::BytesMut,
+}
+
+impl GatheredBody {
+    pub const KEEP_WHOLE: usize = 64 * 1024;
+
+    pub fn push(&mut self, chunk: Bytes) {
+        if chunk.len() >= Self::KEEP_WHOLE {
+            if !self.small.is_empty() {
+                self.segments.push(self.small.split().freeze());
+            }
+            self.segments.push(chunk);
+        } else {
+            self.small.extend_from_slice(&chunk);
+        }
+    }
+
+    /// The body's bytes, in order, in as few pieces as the gathering left.
+    pub fn into_segments(mut self) -> Vec<Bytes> {
+        if !self.small.is_empty() {
+            self.segments.push(self.small.split().freeze());
+        }
+        self.segments
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -496,5 +532,27 @@ mod tests {
         ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
             self.0.poll_recv(cx)
         }
+    }
+
+    #[test]
+    fn gathered_small_chunks_are_copied_together_and_large_ones_kept_as_they_came() {
+        let mut body = GatheredBody::default();
+        let mut expected = Vec::new();
+        for i in 0..10_000u32 {
+            body.push(Bytes::from(vec![i as u8]));
+            expected.push(i as u8);
+        }
+        let large = Bytes::from(vec![7u8; GatheredBody::KEEP_WHOLE]);
+        body.push(large.clone());
+        expected.extend_from_slice(&large);
+        body.push(Bytes::from_static(b"tail"));
+        expected.extend_from_slice(b"tail");
+        let segments = body.into_segments();
+        // Ten thousand one-byte chunks became one piece; the large chunk is the same memory.
+        assert_eq!(segments.len(), 3);
+        assert_eq!(segments[0].len(), 10_000);
+        assert_eq!(segments[1].as_ptr(), large.as_ptr());
+        assert_eq!(segments.concat(), expected);
+        assert!(GatheredBody::default().into_segments().is_empty());
     }
 }

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{json, Value as JsonValue};
 use utils::{Lsn, TenantId, TimelineId};
 
+use super::body_limits::GatheredBody;
 use super::error::{redact_paths, ApiError};
 use super::{blocking, read, SharedState};
 use crate::io::read_cost;
@@ -338,26 +339,26 @@ async fn ingest_inner(
         .map_err(IntoResponse::into_response)
 }
 
-/// Reads an ingest body to its end and decodes it, without gathering it into one buffer: the
-/// chunks are kept as they arrived, and a record within one chunk is decoded in place, sharing
-/// the chunk's memory (only a record cut by a chunk boundary is copied). Decoding waits for
-/// the end of the body: decoded records of small values take more memory than their bytes on
-/// the wire, and a body still arriving may only hold what the request body budget covers
-/// (`body_limits.rs`). A body that fails to arrive is an error of the outer result.
+/// Reads an ingest body to its end and decodes it. Large chunks are kept as they arrived and
+/// decoded in place, a record within one sharing the chunk's memory; small ones are gathered
+/// into one buffer ([`GatheredBody`]), so the body holds about as much memory as its bytes,
+/// which the request body budget covers (`body_limits.rs`). Decoding waits for the end of the
+/// body: decoded records of small values take more memory than their bytes on the wire. A body
+/// that fails to arrive is an error of the outer result.
 async fn read_batch(
     mut body: Body,
     limit: usize,
     max_payload: usize,
 ) -> ApiResult<(Result<Vec<PutRecord>, IngestDecodeError>, u64)> {
-    let mut chunks = Vec::new();
+    let mut gathered = GatheredBody::default();
     let mut received = 0;
     while let Some(chunk) = next_chunk(&mut body, limit, &mut received).await? {
-        chunks.push(chunk);
+        gathered.push(chunk);
     }
     let decode = || {
         let mut decoder = BatchDecoder::new(max_payload);
-        for chunk in chunks {
-            decoder.feed(chunk)?;
+        for segment in gathered.into_segments() {
+            decoder.feed(segment)?;
         }
         decoder.finish()
     };

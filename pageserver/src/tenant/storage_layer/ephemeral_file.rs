@@ -135,8 +135,8 @@ use crate::PAGE_SZ;
 pub const EPHEMERAL_FILE_PREFIX: &str = "ephemeral-";
 
 /// Sealed blocks are written this many at a time, with one system call: on the machine of
-/// docs/benchmarks.md one 64 KiB `pwrite` costs about what two of 8 KiB do, so per block it
-/// costs less than half as much.
+/// docs/benchmarks.md one 64 KiB `pwrite` costs about what four of 8 KiB do, so per block it
+/// costs about half as much.
 pub const WRITE_STEP_BLOCKS: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
