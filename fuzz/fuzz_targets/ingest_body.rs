@@ -8,19 +8,28 @@ use libfuzzer_sys::fuzz_target;
 use pageserver_api::ingest::{decode_batch, encode_batch, BatchDecoder};
 
 fuzz_target!(|input: &[u8]| {
-    // The first byte sets the largest payload, the second where the chunks are cut.
-    let [max, stride, body @ ..] = input else {
+    // The first byte sets the largest payload, the second how many cuts follow, each cut two
+    // bytes (a position in the body, modulo its length); the rest is the body.
+    let [max, cuts, rest @ ..] = input else {
         return;
     };
+    let cut_bytes = (usize::from(*cuts) * 2).min(rest.len());
+    let (cuts, body) = rest.split_at(cut_bytes);
     let max_payload = usize::from(*max) * 64;
-    let stride = usize::from(*stride).max(1);
     let body = Bytes::copy_from_slice(body);
     let whole = decode_batch(body.clone(), max_payload);
 
+    let mut at: Vec<usize> = cuts
+        .chunks_exact(2)
+        .map(|c| usize::from(u16::from_le_bytes([c[0], c[1]])) % (body.len() + 1))
+        .collect();
+    at.push(0);
+    at.push(body.len());
+    at.sort_unstable();
     let mut decoder = BatchDecoder::new(max_payload);
     let mut fed = Ok(());
-    for start in (0..body.len()).step_by(stride) {
-        fed = decoder.feed(body.slice(start..(start + stride).min(body.len())));
+    for pair in at.windows(2) {
+        fed = decoder.feed(body.slice(pair[0]..pair[1]));
         if fed.is_err() {
             break;
         }
