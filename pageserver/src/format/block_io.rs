@@ -255,7 +255,7 @@ pub(crate) fn read_range_through_cache(
         return Ok(out);
     }
     let mut out = vec![0u8; len];
-    // Our own claims first, landed before waiting for anyone else's (see page_cache/inflight.rs).
+    // Our own claims first, landed before waiting for anyone else's (see page_cache_sync::inflight).
     let mut waits = Vec::new();
     let mut claimed = Vec::new();
     for (blkno, read) in (first..).zip(reads) {

@@ -20,10 +20,12 @@
 //!
 //! * **Page memory is allocated once**: an arena of `capacity / PAGE_SZ` frames, 4 KiB aligned,
 //!   one per slot. Inserting never allocates; a lease derefs straight into the arena.
-//! * **Lookups take no lock.** The index (`index.rs`) is an open-addressed table of atomic words;
-//!   a lookup probes it and takes a reference with one `fetch_add` on the slot's metadata word
-//!   (`slot.rs`), then verifies the full 16-byte key. Dropping a [`PageLease`] is one more
-//!   `fetch_add`. Hit and miss counters are striped per thread (`stats.rs`).
+//! * **Lookups take no lock.** The index (`page_cache_sync::index`) is an open-addressed table
+//!   of atomic words; a lookup probes it and takes a reference with one `fetch_add` on the
+//!   slot's metadata word (`page_cache_sync::slot`), then verifies the full 16-byte key.
+//!   Dropping a [`PageLease`] is one more `fetch_add`. Hit and miss counters are striped per
+//!   thread (`stats.rs`). The slot protocol, the index and the flight table are a crate of
+//!   their own so that loom can model-check them (its `tests/loom.rs`).
 //! * **Eviction is a counting CLOCK with probation.** Each slot carries a countdown of 0 to 7. A
 //!   hit raises it; the clock hand lowers it and evicts the slot when it is already 0 and
 //!   unreferenced. Pages read for the first time and scanned pages start on probation
@@ -39,7 +41,8 @@
 //!   keeps meeting pinned slots without making progress, the insert gives up with
 //!   [`InsertError::AllPinned`] instead of spinning; the caller serves the page uncached.
 //! * **Shared misses.** Readers that miss the same file block at the same time wait for one
-//!   read of it instead of each issuing their own (`inflight.rs`); the waits are counted.
+//!   read of it instead of each issuing their own (`page_cache_sync::inflight`); the waits are
+//!   counted.
 //!
 //! # Invariants
 //!
@@ -58,11 +61,8 @@
 //! or claimed while one is held; an evicting thread that owns a slot may take a directory lock
 //! to forget a version.
 
-mod index;
-mod inflight;
 pub mod materialized;
 mod policy;
-mod slot;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -75,12 +75,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use utils::Lsn;
 
 use crate::PAGE_SZ;
-use index::Index;
-use inflight::{Boarding, Flights, Ticket};
 pub use materialized::MaterializedPageKey;
 use materialized::{Directory, MATERIALIZED_BIT};
+use page_cache_sync::index::{self, Index};
+use page_cache_sync::inflight::{Boarding, Flights, Ticket};
+use page_cache_sync::slot::{Slot, SlotKey, Sweep, MAX_COUNTDOWN};
 use policy::{Ghosts, Probation};
-use slot::{Slot, SlotKey, Sweep, MAX_COUNTDOWN};
 use stats::KindCounters;
 pub use stats::{KindStats, PageCacheStats};
 
@@ -338,13 +338,14 @@ pub struct PageCache {
     materialized_counters: KindCounters,
     inserts_refused: AtomicU64,
     inserts_duplicate: AtomicU64,
-    /// File blocks being read into the cache right now (`inflight.rs`).
+    /// File blocks being read into the cache right now (`page_cache_sync::inflight`).
     flights: Flights,
     miss_waits: AtomicU64,
 }
 
 // SAFETY: a frame is written only by the thread that owns its slot in Construction and read only
-// through leases, which exist only while the slot is Visible and referenced (see slot.rs).
+// through leases, which exist only while the slot is Visible and referenced (see
+// `page_cache_sync::slot`).
 unsafe impl Sync for PageCache {}
 
 /// A pinned, read-only view of one cached page. The page cannot be evicted or changed while the
@@ -477,7 +478,7 @@ impl PageCache {
     /// directory: slots, index, probation FIFO and ghost table.
     pub fn metadata_bytes(&self) -> usize {
         std::mem::size_of_val(&*self.slots)
-            + (self.index.len() + self.probation.len()) * std::mem::size_of::<u64>()
+            + (self.index.entry_count() + self.probation.len()) * std::mem::size_of::<u64>()
             + self.ghosts.len() * std::mem::size_of::<u32>()
     }
 
@@ -577,7 +578,7 @@ impl PageCache {
     /// file's, or another tenant's): `fill` must overwrite all of it or fail. Whatever is in
     /// the frame when `fill` returns `Ok` is published as block `blkno`.
     ///
-    /// Concurrent misses of one block share one `fill` (see `inflight.rs`).
+    /// Concurrent misses of one block share one `fill` (see `page_cache_sync::inflight`).
     pub fn read_file_page<E>(
         &self,
         file: FileId,

@@ -570,7 +570,7 @@ fn misses_stay_short_after_heavy_churn() {
     assert!(
         max <= 40,
         "longest miss probed {max} of {} entries",
-        cache.index.len()
+        cache.index.entry_count()
     );
     assert!(mean < 4.0, "misses probe {mean:.2} entries on average");
 }

@@ -30,9 +30,18 @@
 //! key (it was evicted and reused since the index was read), the reader takes its increment back.
 //! Eviction needs `acquire == release` in the same CAS that claims the slot, so a referenced slot
 //! can never change its key or bytes under a lease.
+//!
+//! # Every write is a read-modify-write
+//!
+//! `publish` and `vacate` overwrite the word with `swap` where a `store` would do: the state
+//! they write is the same, and the owner needs nothing from the old value. The swap costs one
+//! locked instruction on the insert path, which reads a file anyway, and makes every write of
+//! the word an atomic read-modify-write. Loom 0.7 lets a plain store land between the read and
+//! the write of a concurrent `fetch_add` (tokio-rs/loom#254), so with a store the models in
+//! tests/loom.rs fail on executions no machine can produce; with swaps they check the protocol
+//! as it runs.
 
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicU32, AtomicU64, Ordering, UnsafeCell};
 
 const COUNTER_BITS: u32 = 30;
 const COUNTER_MASK: u64 = (1 << COUNTER_BITS) - 1;
@@ -49,11 +58,11 @@ const STATE_VISIBLE: u64 = 2;
 /// clock hand without a further hit. Above 3 (HyperClockCache's cap) the countdown also
 /// separates often-read pages from sometimes-read ones; much higher, and a page that was hot
 /// once takes too long to age out.
-pub(super) const MAX_COUNTDOWN: u64 = 7;
+pub const MAX_COUNTDOWN: u64 = 7;
 
 /// When a long-lived hot page's counters reach this, `release` rebases them so they never
 /// carry into the neighbouring field.
-const COUNTER_REBASE_THRESHOLD: u64 = 1 << (COUNTER_BITS - 1);
+pub const COUNTER_REBASE_THRESHOLD: u64 = 1 << (COUNTER_BITS - 1);
 
 const fn meta(state: u64, acquire: u64, release: u64) -> u64 {
     (state << STATE_SHIFT) | (release << RELEASE_SHIFT) | acquire
@@ -78,13 +87,13 @@ const EMPTY: u64 = meta(STATE_EMPTY, 0, 0);
 /// File pages are `(file id, block number)`; materialized pages are
 /// `(MATERIALIZED_BIT | version-directory id, lsn)` (see `materialized.rs`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
-pub(super) struct SlotKey {
+pub struct SlotKey {
     pub hi: u64,
     pub lo: u64,
 }
 
 /// What one step of the clock hand did to a slot.
-pub(super) enum Sweep {
+pub enum Sweep {
     /// The slot is now ours (Construction). `previous` is the key it held if it was Visible,
     /// which the caller must unlink from the index.
     Claimed { previous: Option<SlotKey> },
@@ -99,7 +108,7 @@ pub(super) enum Sweep {
 }
 
 #[repr(C, align(64))]
-pub(super) struct Slot {
+pub struct Slot {
     meta: AtomicU64,
     /// Written only by the thread that holds the slot in Construction; read only by holders of
     /// a reference to the Visible slot or by its owner. See the module docs.
@@ -113,8 +122,14 @@ pub(super) struct Slot {
 // all cross-thread hand-offs go through `meta` with release/acquire ordering.
 unsafe impl Sync for Slot {}
 
+impl Default for Slot {
+    fn default() -> Self {
+        Slot::new()
+    }
+}
+
 impl Slot {
-    pub(super) fn new() -> Self {
+    pub fn new() -> Self {
         Slot {
             meta: AtomicU64::new(EMPTY),
             key: UnsafeCell::new(SlotKey::default()),
@@ -124,7 +139,7 @@ impl Slot {
 
     /// Tries to take a reference to this slot if it is Visible and holds `key`.
     #[inline]
-    pub(super) fn try_acquire(&self, key: SlotKey) -> bool {
+    pub fn try_acquire(&self, key: SlotKey) -> bool {
         let old = self.meta.fetch_add(ACQUIRE_ONE, Ordering::Acquire);
         if state_of(old) != STATE_VISIBLE {
             // Stray increment on a slot being built or emptied: its owner overwrites it.
@@ -132,7 +147,7 @@ impl Slot {
         }
         // SAFETY: the slot is Visible and we hold a reference, so no thread can claim it and
         // the key cannot change until we release.
-        if unsafe { *self.key.get() } == key {
+        if self.key.with(|k| unsafe { *k }) == key {
             return true;
         }
         self.meta.fetch_sub(ACQUIRE_ONE, Ordering::Release);
@@ -141,7 +156,7 @@ impl Slot {
 
     /// Drops a reference taken by `try_acquire` or handed out by `publish`.
     #[inline]
-    pub(super) fn release(&self) {
+    pub fn release(&self) {
         let old = self.meta.fetch_add(RELEASE_ONE, Ordering::Release);
         if acquire_of(old) >= COUNTER_REBASE_THRESHOLD {
             self.rebase_counters();
@@ -152,7 +167,7 @@ impl Slot {
     /// page was inserted for, not a repeat, so the countdown stays at the arrival's level: the
     /// reference is given back by undoing its acquire rather than counting a release.
     #[inline]
-    pub(super) fn release_unhit(&self) {
+    pub fn release_unhit(&self) {
         self.meta.fetch_sub(ACQUIRE_ONE, Ordering::Release);
     }
 
@@ -177,7 +192,8 @@ impl Slot {
 
     /// One step of the clock hand over this slot. With `cool`, a warm slot's countdown is
     /// lowered; without, it is left alone.
-    pub(super) fn sweep(&self, cool: bool) -> Sweep {
+    #[inline]
+    pub fn sweep(&self, cool: bool) -> Sweep {
         let m = self.meta.load(Ordering::Relaxed);
         match state_of(m) {
             STATE_EMPTY => match self.claim_from(m) {
@@ -194,7 +210,7 @@ impl Slot {
                     return match self.claim_from(m) {
                         true => Sweep::Claimed {
                             // SAFETY: we own the slot now (Construction).
-                            previous: Some(unsafe { *self.key.get() }),
+                            previous: Some(self.key.with(|k| unsafe { *k })),
                         },
                         false => Sweep::Busy,
                     };
@@ -217,18 +233,20 @@ impl Slot {
 
     /// Claims the slot if it is Visible and unreferenced, whatever its countdown. Returns the
     /// key it held. Used to drop everything that is not in use.
-    pub(super) fn claim_if_unreferenced(&self) -> Option<SlotKey> {
+    #[inline]
+    pub fn claim_if_unreferenced(&self) -> Option<SlotKey> {
         let m = self.meta.load(Ordering::Relaxed);
         if state_of(m) != STATE_VISIBLE || acquire_of(m) != release_of(m) || !self.claim_from(m) {
             return None;
         }
         // SAFETY: we own the slot now (Construction).
-        Some(unsafe { *self.key.get() })
+        Some(self.key.with(|k| unsafe { *k }))
     }
 
     /// Claims a slot if it is Empty. Used for never-used slots, which only the clock hand could
     /// also reach; the CAS settles that race.
-    pub(super) fn claim_fresh(&self) -> bool {
+    #[inline]
+    pub fn claim_fresh(&self) -> bool {
         let m = self.meta.load(Ordering::Relaxed);
         state_of(m) == STATE_EMPTY && self.claim_from(m)
     }
@@ -243,41 +261,55 @@ impl Slot {
     ///
     /// # Safety
     /// The caller must own the slot (it claimed it and has not published or vacated it).
-    pub(super) unsafe fn set_key(&self, key: SlotKey) {
-        *self.key.get() = key;
+    pub unsafe fn set_key(&self, key: SlotKey) {
+        self.key.with_mut(|k| unsafe { *k = key });
     }
 
     /// Makes a slot we own Visible with the given countdown, optionally handing one reference
     /// to the caller. The page bytes and key must be in place and the slot linked in the index.
     /// Returns the slot's new generation.
-    pub(super) fn publish(&self, countdown: u64, with_reference: bool) -> u32 {
+    #[inline]
+    pub fn publish(&self, countdown: u64, with_reference: bool) -> u32 {
         let generation = self.generation().wrapping_add(1);
         self.generation.store(generation, Ordering::Relaxed);
         let countdown = countdown.min(MAX_COUNTDOWN);
         let acquire = countdown + u64::from(with_reference);
+        // A swap, not a store, though the old value is not needed: see "Every write is a
+        // read-modify-write" in the module docs.
         self.meta
-            .store(meta(STATE_VISIBLE, acquire, countdown), Ordering::Release);
+            .swap(meta(STATE_VISIBLE, acquire, countdown), Ordering::Release);
         generation
     }
 
     /// How many times the slot was published (a hint; see the field).
-    pub(super) fn generation(&self) -> u32 {
+    #[inline]
+    pub fn generation(&self) -> u32 {
         self.generation.load(Ordering::Relaxed)
     }
 
     /// Returns a slot we own to Empty (a failed fill, or a page dropped on request).
-    pub(super) fn vacate(&self) {
-        self.meta.store(EMPTY, Ordering::Release);
+    #[inline]
+    pub fn vacate(&self) {
+        self.meta.swap(EMPTY, Ordering::Release);
+    }
+
+    /// Sets a Visible slot's counters outright: the models (tests/loom.rs) start a slot near
+    /// [`COUNTER_REBASE_THRESHOLD`], which no model could count up to.
+    #[cfg(loom)]
+    pub fn set_visible_counters(&self, acquire: u64, release: u64) {
+        self.meta
+            .swap(meta(STATE_VISIBLE, acquire, release), Ordering::Release);
     }
 
     /// Whether the slot is Visible and referenced (for statistics only; racy by nature).
-    pub(super) fn is_pinned(&self) -> bool {
+    #[inline]
+    pub fn is_pinned(&self) -> bool {
         let m = self.meta.load(Ordering::Relaxed);
         state_of(m) == STATE_VISIBLE && acquire_of(m) != release_of(m)
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -29,20 +29,18 @@
 //!   (a range read) lands all of them before it waits for anyone else's, so waits can never form
 //!   a cycle.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
-
-use super::slot::SlotKey;
+use crate::slot::SlotKey;
+use crate::sync::{AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 
 const SHARDS: usize = 64;
 /// Flights one shard holds at once: more than the threads that read on a small machine.
 const FLIGHTS_PER_SHARD: usize = 8;
 
 /// Names one flight.
-pub(super) type Ticket = u64;
+pub type Ticket = u64;
 
 /// What [`Flights::board`] found.
-pub(super) enum Boarding {
+pub enum Boarding {
     /// Nobody was reading the block: the caller leads its flight and must land it.
     Lead(Ticket),
     /// Another reader is reading it.
@@ -56,7 +54,7 @@ struct Shard {
     landed: Condvar,
 }
 
-pub(super) struct Flights {
+pub struct Flights {
     shards: Box<[Shard]>,
     next_ticket: AtomicU64,
 }
@@ -66,8 +64,14 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+impl Default for Flights {
+    fn default() -> Self {
+        Flights::new()
+    }
+}
+
 impl Flights {
-    pub(super) fn new() -> Self {
+    pub fn new() -> Self {
         Flights {
             shards: (0..SHARDS)
                 .map(|_| Shard {
@@ -85,7 +89,7 @@ impl Flights {
     }
 
     /// Joins the flight of `key`, or starts one.
-    pub(super) fn board(&self, key: SlotKey, hash: u64) -> Boarding {
+    pub fn board(&self, key: SlotKey, hash: u64) -> Boarding {
         let mut flights = lock(&self.shard(hash).flights);
         if let Some(&(_, ticket)) = flights.iter().find(|(k, _)| *k == key) {
             return Boarding::Follow(ticket);
@@ -99,7 +103,7 @@ impl Flights {
     }
 
     /// Blocks until flight `ticket` of `key` has landed.
-    pub(super) fn wait(&self, key: SlotKey, hash: u64, ticket: Ticket) {
+    pub fn wait(&self, key: SlotKey, hash: u64, ticket: Ticket) {
         let shard = self.shard(hash);
         let mut flights = lock(&shard.flights);
         while flights.contains(&(key, ticket)) {
@@ -111,7 +115,7 @@ impl Flights {
     }
 
     /// Ends flight `ticket` of `key`, which the caller leads, waking its followers.
-    pub(super) fn land(&self, key: SlotKey, hash: u64, ticket: Ticket) {
+    pub fn land(&self, key: SlotKey, hash: u64, ticket: Ticket) {
         let shard = self.shard(hash);
         let mut flights = lock(&shard.flights);
         if let Some(at) = flights.iter().position(|f| *f == (key, ticket)) {

@@ -23,7 +23,7 @@
 //! Lookups never lock and never write to the index. Linking and unlinking are done only by the
 //! thread that owns the slot (in Construction), so a slot is linked at most once.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
 
 const SLOT_BITS: u32 = 24;
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
@@ -34,12 +34,12 @@ const DISPLACEMENT_SHIFT: u32 = SLOT_BITS + 16;
 const DISPLACEMENT_ONE: u64 = 1 << DISPLACEMENT_SHIFT;
 
 /// The most slots one index can address (`slot + 1` must fit in 24 bits): 128 GiB of 8 KiB pages.
-pub(super) const MAX_SLOTS: usize = (SLOT_MASK - 1) as usize;
+pub const MAX_SLOTS: usize = (SLOT_MASK - 1) as usize;
 
 /// Entries per slot is at least `1 / MAX_LOAD_FACTOR`.
 const MAX_LOAD_FACTOR: f64 = 0.7;
 
-pub(super) struct Index {
+pub struct Index {
     entries: Box<[AtomicU64]>,
     mask: u64,
 }
@@ -68,10 +68,10 @@ impl Probe {
 }
 
 #[derive(Debug)]
-pub(super) struct IndexFull;
+pub struct IndexFull;
 
 impl Index {
-    pub(super) fn with_slots(slots: usize) -> Self {
+    pub fn with_slots(slots: usize) -> Self {
         assert!(slots <= MAX_SLOTS, "checked by PageCache::new");
         let wanted = (slots as f64 / MAX_LOAD_FACTOR).ceil() as usize;
         let len = wanted.max(2).next_power_of_two();
@@ -82,14 +82,15 @@ impl Index {
         }
     }
 
-    pub(super) fn len(&self) -> usize {
+    /// Entries in the table (a power of two, at least `1 / MAX_LOAD_FACTOR` per slot).
+    pub fn entry_count(&self) -> usize {
         self.entries.len()
     }
 
     /// Walks the probe sequence of `hash`, calling `try_slot` for every entry whose tag matches,
     /// until it returns true (that slot is returned) or the sequence provably ends.
     #[inline]
-    pub(super) fn find(&self, hash: u64, mut try_slot: impl FnMut(u32) -> bool) -> Option<u32> {
+    pub fn find(&self, hash: u64, mut try_slot: impl FnMut(u32) -> bool) -> Option<u32> {
         let probe = Probe::new(hash, self.mask);
         for i in 0..=self.mask {
             let e = self.entries[probe.position(i, self.mask)].load(Ordering::Acquire);
@@ -110,7 +111,8 @@ impl Index {
 
     /// Links `slot` under `hash` at the first free entry of its probe sequence, counting a
     /// displacement on every occupied entry it passes.
-    pub(super) fn link(&self, hash: u64, slot: u32) -> Result<(), IndexFull> {
+    #[inline]
+    pub fn link(&self, hash: u64, slot: u32) -> Result<(), IndexFull> {
         let probe = Probe::new(hash, self.mask);
         let occupant = (probe.tag << TAG_SHIFT) | (u64::from(slot) + 1);
         for i in 0..=self.mask {
@@ -143,7 +145,8 @@ impl Index {
     /// Unlinks `slot` from under `hash`, taking back the displacements its link counted.
     /// Returns false if the slot was not linked there (a bug in the caller; the index is left
     /// unchanged).
-    pub(super) fn unlink(&self, hash: u64, slot: u32) -> bool {
+    #[inline]
+    pub fn unlink(&self, hash: u64, slot: u32) -> bool {
         let probe = Probe::new(hash, self.mask);
         let wanted = u64::from(slot) + 1;
         let mut passed = 0;
@@ -179,8 +182,7 @@ impl Index {
     }
 
     /// Entries a lookup of `hash` examines when nothing matches (tests: misses stay short).
-    #[cfg(test)]
-    pub(super) fn miss_probe_len(&self, hash: u64) -> u64 {
+    pub fn miss_probe_len(&self, hash: u64) -> u64 {
         let mut examined = 0;
         let probe = Probe::new(hash, self.mask);
         for i in 0..=self.mask {
@@ -194,8 +196,7 @@ impl Index {
     }
 
     /// Sum of all displacement counters (tests and statistics: 0 when nothing is linked).
-    #[cfg(test)]
-    pub(super) fn total_displacements(&self) -> u64 {
+    pub fn total_displacements(&self) -> u64 {
         self.entries
             .iter()
             .map(|e| e.load(Ordering::Relaxed) >> DISPLACEMENT_SHIFT)
@@ -203,7 +204,7 @@ impl Index {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::collections::HashMap;
