@@ -25,8 +25,8 @@
 //!
 //! A reader that found the slot through the index adds to the acquire counter without knowing
 //! the state. If the slot turns out not to be Visible, the increment is left behind: the owner
-//! of a Construction slot publishes it (or empties it) with a plain `store` that overwrites the
-//! counters, so stray increments never need undoing. If the slot is Visible but holds another
+//! of a Construction slot publishes it (or empties it) by writing the whole word, which
+//! overwrites the counters, so stray increments never need undoing. If the slot is Visible but holds another
 //! key (it was evicted and reused since the index was read), the reader takes its increment back.
 //! Eviction needs `acquire == release` in the same CAS that claims the slot, so a referenced slot
 //! can never change its key or bytes under a lease.
@@ -85,7 +85,7 @@ const EMPTY: u64 = meta(STATE_EMPTY, 0, 0);
 
 /// The exact identity of a cached page: 16 bytes, compared in full on every hit.
 /// File pages are `(file id, block number)`; materialized pages are
-/// `(MATERIALIZED_BIT | version-directory id, lsn)` (see `materialized.rs`).
+/// `(MATERIALIZED_BIT | version-directory id, lsn)` (see `pageserver::page_cache::materialized`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct SlotKey {
     pub hi: u64,
