@@ -440,3 +440,47 @@ impl StreamClient {
             .map_err(|_| anyhow!("GetPages: the stream closed"))
     }
 }
+
+/// `clients` `GetPages` streams of `batch` random pages each, one batch in flight per stream,
+/// at `latest`, for `duration` without a warmup: the page service's share of `pagebench
+/// soak`. Channels are opened first, so a window after a restart connects afresh.
+pub(crate) async fn getpages_window(
+    endpoint: &str,
+    tenant: TenantId,
+    timeline: TimelineId,
+    keys: u32,
+    clients: usize,
+    batch: usize,
+    duration: Duration,
+) -> anyhow::Result<PhaseStats> {
+    let mut metadata = MetadataMap::new();
+    metadata.insert(
+        TENANT_ID_HEADER,
+        MetadataValue::try_from(tenant.to_string())?,
+    );
+    metadata.insert(
+        TIMELINE_ID_HEADER,
+        MetadataValue::try_from(timeline.to_string())?,
+    );
+    let scenario = Scenario {
+        target: Target {
+            endpoint: endpoint.to_string(),
+            metadata,
+        },
+        keys,
+        value_size: 8192,
+        lsn: 0,
+        seed: fastrand::u64(..),
+        pipeline: 1,
+        sequential: false,
+    };
+    let run = RunArgs {
+        clients,
+        duration,
+        warmup: Duration::ZERO,
+        json: true,
+    };
+    scenario
+        .run_phase("getpages", Call::GetPages { batch }, &run)
+        .await
+}

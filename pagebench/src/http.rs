@@ -217,3 +217,24 @@ where
 pub(crate) fn timeline_path(tenant: TenantId, timeline: TimelineId) -> String {
     format!("/v1/tenant/{tenant}/timeline/{timeline}")
 }
+
+/// Polls `GET /v1/status` until the server answers, for at most `timeout` (a server that was
+/// just started).
+pub(crate) async fn wait_until_answering(
+    endpoint: &Arc<Endpoint>,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut conn = Connection::new(endpoint.clone());
+    while conn
+        .call(Method::GET, "/v1/status", None, StatusCode::OK)
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            bail!("the server did not answer within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}

@@ -120,6 +120,7 @@ mod http;
 mod phases;
 mod report;
 mod scale;
+mod soak;
 
 use commands::*;
 use http::*;
@@ -155,6 +156,10 @@ enum Command {
     /// GiBs of random updates with compaction, images and GC at default settings, against a
     /// flush-only baseline, starting the server itself (see `scale.rs`).
     Scale(scale::ScaleArgs),
+    /// A long run of mixed load (HTTP and gRPC reads, ingest, scans, maintenance) with
+    /// restarts, watched for errors, memory, descriptors and p99 per interval, starting the
+    /// server itself (see `soak.rs`).
+    Soak(soak::SoakArgs),
     /// Import and basebackup of a real PostgreSQL data directory against a tar copy, starting
     /// the server itself (see `datadir.rs`).
     Datadir(datadir::DatadirArgs),
@@ -328,6 +333,7 @@ async fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Getpage(args) => getpage(endpoint, args).await,
         Command::Ingest(args) => ingest(endpoint, args).await,
         Command::Scale(args) => scale::run(args).await,
+        Command::Soak(args) => soak::run(args).await,
         Command::Datadir(args) => datadir::run(args).await,
     }
 }

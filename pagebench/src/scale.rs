@@ -158,18 +158,7 @@ impl Server {
             workdir,
             endpoint,
         };
-        let deadline = Instant::now() + START_TIMEOUT;
-        let mut conn = Connection::new(server.endpoint.clone());
-        while conn
-            .call(Method::GET, "/v1/status", None, StatusCode::OK)
-            .await
-            .is_err()
-        {
-            if Instant::now() > deadline {
-                bail!("the server did not answer within {START_TIMEOUT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_until_answering(&server.endpoint, START_TIMEOUT).await?;
         Ok(server)
     }
 

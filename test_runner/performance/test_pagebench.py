@@ -14,24 +14,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from fixtures.binary import REPO_ROOT
+from fixtures.binary import REPO_ROOT, pagebench_binary
 from fixtures.plugin import PageserverFactory
 
 KEYS = 4096  # 32 MiB of pages: all fit in the 64 MiB page cache, so GetPage is hot
 DURATION = os.environ.get("PAGEBENCH_DURATION", "10s")
 SERVER_CONFIG = {"page_cache_size": "64MiB", "checkpoint_distance": "64MiB"}
-
-
-def pagebench_binary() -> Path:
-    env = os.environ.get("PAGEBENCH_BIN")
-    path = Path(env) if env else REPO_ROOT / "target" / "release" / "pagebench"
-    if not path.is_file():
-        pytest.skip(f"no pagebench at {path}: `cargo build --release -p pageserver -p pagebench --bins`")
-    return path
 
 
 def pagebench(endpoint: str, *args: str) -> dict:
