@@ -18,6 +18,9 @@
 //! pagebench datadir --pageserver BIN --workdir DIR --pgdata A [--pgdata-after B]
 //!     starts the server itself: import and basebackup of a PostgreSQL data directory against
 //!     a tar copy, and an incremental snapshot's bytes (method in `datadir.rs`)
+//! pagebench soak --pageserver BIN --workdir DIR [--duration 30m] [--restart-every 5m] ...
+//!     starts the server itself: mixed load with graceful restarts, errors, RSS, descriptors
+//!     and p99 per interval (method in `soak.rs`)
 //! ```
 //!
 //! Every command takes `--endpoint` (default `http://127.0.0.1:9898`), `--token` (or the
