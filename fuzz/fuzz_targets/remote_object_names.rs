@@ -1,0 +1,37 @@
+//! The names of objects a remote store lists under a timeline's prefix
+//! (`remote_timeline_client::index::classify_object`): each line of the input is one name.
+//!
+//! Checks, besides "no panic": a name taken for a layer is a layer name that prints back as
+//! itself (so the object a later download asks for is the one listed), and a generation
+//! suffix prints back as itself.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use pageserver::tenant::remote_timeline_client::index::{classify_object, RemoteObject};
+use pageserver::tenant::storage_layer::LayerName;
+
+fuzz_target!(|input: &[u8]| {
+    let Ok(text) = std::str::from_utf8(input) else {
+        return;
+    };
+    for name in text.lines() {
+        match classify_object(name) {
+            RemoteObject::Layer {
+                name: layer,
+                generation,
+            } => {
+                let parsed: LayerName = layer.parse().expect("classified as a layer");
+                assert_eq!(
+                    parsed.to_string(),
+                    layer,
+                    "a layer name that prints otherwise"
+                );
+                assert_eq!(format!("{layer}-{generation}"), name);
+            }
+            RemoteObject::Index(generation) => {
+                assert_eq!(format!("index_part.json-{generation}"), name);
+            }
+            RemoteObject::Other => {}
+        }
+    }
+});
