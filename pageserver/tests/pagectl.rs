@@ -411,6 +411,7 @@ fn verify_checks_a_layer_against_the_manifest_beside_it() {
         size: bytes.len() as u64,
         crc32c: crc32c::crc32c(&bytes),
         level: LayerLevel::L0,
+        group_size: 1,
     };
     let mut manifest = TimelineMetadata::empty(TENANT, TIMELINE);
     manifest.disk_consistent_lsn = Lsn(LSN_END.0 - 1);
@@ -664,18 +665,26 @@ fn metadata_is_read_from_a_timeline_dir_or_its_file() {
         size: 40960,
         crc32c: 0x1234_5678,
         level: LayerLevel::L0,
+        group_size: 1,
     });
     manifest.store(dir.path()).unwrap();
     let expected = [
         format!("file:                {}", file.display()),
-        "format:              3".to_owned(),
+        "format:              4".to_owned(),
         format!("tenant:              {TENANT}"),
         format!("timeline:            {TIMELINE}"),
         "disk_consistent_lsn: 0/16B5A50".to_owned(),
         "gc_cutoff_lsn:       0/0".to_owned(),
+        "contiguous_from:     0/0".to_owned(),
+        // The one layer leaves the LSNs below 0/1000 and above 0/2000 to no layer.
+        "history:             incomplete: no layer holds LSNs 0/1..0/1000 (below: the start of \
+         the timeline's history; above: \"000000067f00000005000040000000000001-\
+         000000067f00000005000040000000000002__0000000000001000-0000000000002000\"), and it \
+         ends above the GC cutoff 0/0: a layer is missing"
+            .to_owned(),
         "layers:              1".to_owned(),
         format!(
-            "layer {}-{}__0000000000001000-0000000000002000 level=L0 size=40960 crc32c=0x12345678",
+            "layer {}-{}__0000000000001000-0000000000002000 level=L0 size=40960 crc32c=0x12345678 group=1",
             k1(),
             k2()
         ),

@@ -5,6 +5,7 @@ every read is checked against the reference model."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 from fixtures.ingest import Workload, key
@@ -203,3 +204,50 @@ def test_a_branch_moves_with_its_tenant(pageserver_factory: PageserverFactory, r
     assert Lsn.parse(info["ancestor_lsn"]) == branch_lsn
     assert moved.verify() > 0
     TimelineHandle(second, main.tenant_id, main.timeline_id, main.model).verify()
+
+
+def test_an_index_that_lost_a_middle_layer_attaches_broken(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    """An index whose history has a hole (a middle L0 gone from it) is refused at attach: the
+    tenant stays listed, broken with a reason that names the missing LSNs, and serves nothing,
+    instead of answering reads of those LSNs with older pages. The whole index attaches again."""
+    first = pageserver_factory.start(ON_REQUEST, remote=remote_store)
+    timeline = TimelineHandle.create(first)
+    work = Workload(23, KEYS)
+    for _ in range(4):
+        timeline.ingest(work.batch(max_records=24))
+        timeline.checkpoint()
+    wait_uploaded(remote_store, timeline)
+    first.http.tenant_detach(timeline.tenant_id)
+
+    index = remote_store.newest_index(timeline.tenant_id, timeline.timeline_id)
+    assert index is not None
+    l0 = sorted((name for name, layer in index["layers"].items() if layer["level"] == "L0"), key=lambda n: n.split("__")[1])
+    assert len(l0) == 4, l0
+    lost = l0[1]
+    lost_from, lost_to = (Lsn(int(x, 16)) for x in lost.split("__")[1].split("-"))
+    damaged = {**index, "generation": 2, "layers": {n: layer for n, layer in index["layers"].items() if n != lost}}
+    prefix = remote_store.timeline_prefix(timeline.tenant_id, timeline.timeline_id)
+    remote_store.write(f"{prefix}index_part.json-00000002", json.dumps(damaged).encode())
+
+    second = pageserver_factory.start(ON_REQUEST, remote=remote_store, name="second")
+    second.allowed_errors.extend([r"attached tenant is broken", r"request failed: tenant .* is broken", r"cannot be served"])
+    r = second.http.request("POST", f"/v1/tenant/{timeline.tenant_id}/attach", json={"generation": 3})
+    assert r.status_code == 502, r.text
+    msg = r.json()["msg"]
+    assert timeline.timeline_id in msg and "a layer is missing" in msg, msg
+    assert f"LSNs {lost_from}..{lost_to}" in msg, msg
+    info = second.http.tenant_info(timeline.tenant_id)
+    assert info["state"] == "Broken" and "a layer is missing" in info["broken_reason"], info
+    # Nothing is served from it: not a page, older or not.
+    page = second.http.request(
+        "GET",
+        f"/v1/tenant/{timeline.tenant_id}/timeline/{timeline.timeline_id}/page",
+        params={"key": KEYS[0].hex(), "lsn": "latest"},
+    )
+    assert page.status_code == 503 and "broken" in page.json()["msg"], page.text
+
+    # The whole index, newest again: a fresh server attaches it and reads match the model.
+    remote_store.write(f"{prefix}index_part.json-00000004", json.dumps({**index, "generation": 4}).encode())
+    third = pageserver_factory.start(ON_REQUEST, remote=remote_store, name="third")
+    third.http.tenant_attach(timeline.tenant_id, generation=5)
+    TimelineHandle(third, timeline.tenant_id, timeline.timeline_id, timeline.model).verify()

@@ -54,12 +54,13 @@ def test_layers_then_index_reach_the_store(pageserver_factory: PageserverFactory
     timeline = TimelineHandle.create(ps)
     # Created: an empty index at generation 1 already.
     index = wait_uploaded(remote_store, timeline)
-    assert (index["generation"], index["layers"], index["version"]) == (1, {}, 1)
+    assert (index["generation"], index["layers"], index["version"], index["contiguous_from"]) == (1, {}, 2, "0/0")
 
     work = Workload(1, KEYS)
     rounds(timeline, work, 4)
     index = wait_uploaded(remote_store, timeline)
     assert len(index["layers"]) == 4 and {layer["level"] for layer in index["layers"].values()} == {"L0"}
+    assert {layer["group_size"] for layer in index["layers"].values()} == {1}, index
     # Each object is a byte copy of the local layer file, named with its generation.
     prefix = remote_store.timeline_prefix(timeline.tenant_id, timeline.timeline_id)
     for name, data in local_layers(timeline).items():

@@ -181,7 +181,7 @@ impl From<TenantError> for ApiError {
             }
             TenantError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
             // The store did not answer, or answered with something we cannot use.
-            TenantError::Remote(_) => StatusCode::BAD_GATEWAY,
+            TenantError::Remote(_) | TenantError::AttachedBroken { .. } => StatusCode::BAD_GATEWAY,
             TenantError::Timeline(inner) => timeline_status(inner),
         };
         ApiError::new(status, e.to_string())

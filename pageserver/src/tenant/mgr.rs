@@ -89,6 +89,10 @@ pub enum TenantError {
     },
     #[error("tenant {tenant} is broken: {reason}")]
     TenantBroken { tenant: TenantId, reason: String },
+    #[error(
+        "tenant {tenant} was attached, but what remote storage holds of it cannot be served, so it stays here broken: {reason}"
+    )]
+    AttachedBroken { tenant: TenantId, reason: String },
     #[error("the page server is shutting down")]
     ShuttingDown,
     #[error("remote storage: {0}")]

@@ -22,3 +22,16 @@ pub(crate) fn small_cache(pages: usize) -> Arc<PageCache> {
 pub(crate) fn rel_key(n: u32) -> Key {
     Key::rel_block(1663, 5, 16384, 0, n)
 }
+
+/// The manifest entry of an image layer a test wrote by hand (one image creation's only file).
+pub(crate) fn image_entry(
+    written: &crate::tenant::storage_layer::image_layer::WrittenLayer,
+) -> crate::tenant::timeline::metadata::LayerFileEntry {
+    crate::tenant::timeline::metadata::LayerFileEntry {
+        name: written.summary.file_name(),
+        size: written.size,
+        crc32c: written.crc32c,
+        level: crate::tenant::timeline::metadata::LayerLevel::Image,
+        group_size: 1,
+    }
+}

@@ -183,6 +183,7 @@ fn write_delta(dir: &Path, lsns: Range<u64>, keys: Range<u32>) -> (String, Layer
         size: written.size,
         crc32c: written.crc32c,
         level: LayerLevel::L0,
+        group_size: 1,
     };
     (name, entry)
 }
@@ -217,6 +218,7 @@ fn timeline() -> Timeline {
         size: written.size,
         crc32c: written.crc32c,
         level: LayerLevel::Image,
+        group_size: 1,
     });
     names.insert("image", name);
     assert!(manifest.retire_layer(&names["retired"]));

@@ -188,6 +188,7 @@ fn image_verify_checks_the_file_and_the_manifest_beside_it() {
         size: bytes.len() as u64,
         crc32c: crc32c::crc32c(&bytes),
         level: LayerLevel::Image,
+        group_size: 1,
     });
     manifest.store(f.dir.path()).unwrap();
     assert_eq!(
@@ -217,6 +218,7 @@ fn image_verify_checks_the_file_and_the_manifest_beside_it() {
         size: delta_bytes.len() as u64,
         crc32c: crc32c::crc32c(&delta_bytes),
         level: LayerLevel::Image,
+        group_size: 1,
     });
     manifest.store(f.dir.path()).unwrap();
     let err = error_of(layer_cmd("verify", &f.layer, &[]), &f.layer);

@@ -298,12 +298,18 @@ fn metadata(path: &Path, out: &mut impl Write) -> Result<(), Error> {
             writeln!(out, "timeline:            {}", m.timeline_id)?;
             writeln!(out, "disk_consistent_lsn: {}", m.disk_consistent_lsn)?;
             writeln!(out, "gc_cutoff_lsn:       {}", m.gc_cutoff_lsn)?;
+            writeln!(out, "contiguous_from:     {}", m.contiguous_from)?;
+            // What the page server checks before it loads the timeline.
+            match pageserver::tenant::timeline::metadata::history::check(&m) {
+                Ok(()) => writeln!(out, "history:             complete")?,
+                Err(e) => writeln!(out, "history:             incomplete: {e}")?,
+            }
             writeln!(out, "layers:              {}", m.layers.len())?;
             for l in &m.layers {
                 writeln!(
                     out,
-                    "layer {} level={} size={} crc32c={:#010x}",
-                    l.name, l.level, l.size, l.crc32c
+                    "layer {} level={} size={} crc32c={:#010x} group={}",
+                    l.name, l.level, l.size, l.crc32c, l.group_size
                 )?;
             }
             writeln!(out, "retired:             {}", m.retired.len())?;

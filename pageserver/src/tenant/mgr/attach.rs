@@ -7,7 +7,9 @@
 //! timeline's manifest from its newest index) atomically, as a creation does. The timelines
 //! then load as after a restart: every layer is left on demand (nothing but the indexes is
 //! downloaded before the tenant serves), and the upload clients start from the claimed
-//! indexes. A background prefetch then downloads the rest, newest first,
+//! indexes. A timeline whose index does not hold a whole history (a layer missing: see
+//! `timeline::metadata::history`) fails to load: the tenant stays, broken with the reason, and
+//! the attach answers with that error. A background prefetch then downloads the rest, newest first,
 //! within `max_local_layer_bytes`.
 
 use std::sync::Arc;
@@ -121,8 +123,11 @@ impl TenantManager {
             .insert(id, tenant.clone());
         drop(deleting);
         if let TenantState::Broken { reason } = tenant.state() {
+            // Listed, broken, with its reason: nothing is served from a set that cannot vouch
+            // for its pages (a timeline whose index lost a layer, `metadata::history`).
             tracing::error!(tenant = %id, "attached tenant is broken: {reason}");
-            return Ok(tenant);
+            let reason = reason.clone();
+            return Err(TenantError::AttachedBroken { tenant: id, reason });
         }
         tracing::info!(tenant = %id, %generation, timelines = found.timelines.len(), "attached tenant");
         let timelines = tenant.list_timelines();

@@ -54,10 +54,10 @@ impl Tenant {
         }
         let dir =
             create_dir_atomically(&self.dir.join(TIMELINES_DIR), &id.to_string(), |staging| {
-                let mut manifest = TimelineMetadata::empty(self.id, id);
+                // A branch starts where its ancestor's history is taken.
+                let start = branch.as_ref().map_or(Lsn(0), |(ancestry, _)| ancestry.lsn);
+                let manifest = TimelineMetadata::starting_at(self.id, id, start);
                 if let Some((ancestry, _)) = &branch {
-                    // The branch starts where its ancestor's history is taken.
-                    manifest.disk_consistent_lsn = ancestry.lsn;
                     ancestry.write(staging)?;
                 }
                 manifest

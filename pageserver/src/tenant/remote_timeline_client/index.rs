@@ -3,14 +3,22 @@
 //!
 //! ```json
 //! {
-//!   "version": 1,
+//!   "version": 2,
 //!   "tenant_id": "0123…", "timeline_id": "fedc…", "generation": 2,
-//!   "disk_consistent_lsn": "0/16B5A50", "gc_cutoff_lsn": "0/0",
+//!   "disk_consistent_lsn": "0/16B5A50", "gc_cutoff_lsn": "0/0", "contiguous_from": "0/0",
 //!   "layers": {
-//!     "<layer file name>": { "size": 270336, "crc32c": 3735928559, "level": "L0", "generation": 1 }
+//!     "<layer file name>": { "size": 270336, "crc32c": 3735928559, "level": "L0",
+//!                            "generation": 1, "group_size": 1 }
 //!   }
 //! }
 //! ```
+//!
+//! `contiguous_from` and `group_size` are the manifest's (`timeline::metadata`): where the
+//! layers' history starts, and how many files the change that wrote a layer wrote at its LSN
+//! range. An attach checks the history they describe (`metadata::history`) when the timeline
+//! loads, so an index that lost a layer leaves the tenant broken instead of serving reads that
+//! walk past the hole. Version 1 (before them) still parses: its history is taken as
+//! contiguous from its `disk_consistent_lsn` and its group sizes as unknown.
 //!
 //! Every layer the index lists is in the store as `<layer file name>-<its generation>`, whole,
 //! of that size and CRC-32C: the upload queue uploads an index only after the layers it lists,
@@ -30,7 +38,9 @@ use crate::tenant::storage_layer::LayerName;
 use crate::tenant::timeline::metadata::{LayerLevel, TimelineMetadata};
 use crate::tenant::timeline::Ancestry;
 
-pub const INDEX_VERSION: u32 = 1;
+pub const INDEX_VERSION: u32 = 2;
+/// Without `contiguous_from` and group sizes.
+const INDEX_VERSION_1: u32 = 1;
 pub const INDEX_FILE_PREFIX: &str = "index_part.json";
 /// Far beyond a real index (a million layers at ~150 bytes each); a larger object is refused
 /// before it is parsed.
@@ -44,6 +54,8 @@ pub struct IndexLayer {
     pub level: LayerLevel,
     /// The generation whose object holds it: its remote name ends with it.
     pub generation: Generation,
+    /// The manifest's group size (0: not known).
+    pub group_size: u32,
 }
 
 /// See the module documentation.
@@ -55,6 +67,8 @@ pub struct IndexPart {
     pub generation: Generation,
     pub disk_consistent_lsn: Lsn,
     pub gc_cutoff_lsn: Lsn,
+    /// The manifest's: the history is contiguous from here to `disk_consistent_lsn`.
+    pub contiguous_from: Lsn,
     pub layers: BTreeMap<String, IndexLayer>,
     /// For a branch: its ancestor and branch LSN (`timeline::ancestry`), so that an attach
     /// links it again.
@@ -70,6 +84,9 @@ struct RawIndex {
     generation: u32,
     disk_consistent_lsn: String,
     gc_cutoff_lsn: String,
+    /// Version 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    contiguous_from: Option<String>,
     layers: BTreeMap<String, RawLayer>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ancestor_timeline_id: Option<String>,
@@ -84,6 +101,9 @@ struct RawLayer {
     crc32c: u32,
     level: String,
     generation: u32,
+    /// Version 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    group_size: Option<u32>,
 }
 
 impl IndexPart {
@@ -100,6 +120,7 @@ impl IndexPart {
             generation,
             disk_consistent_lsn: manifest.disk_consistent_lsn,
             gc_cutoff_lsn: manifest.gc_cutoff_lsn,
+            contiguous_from: manifest.contiguous_from,
             layers: manifest
                 .layers
                 .iter()
@@ -109,6 +130,7 @@ impl IndexPart {
                         crc32c: l.crc32c,
                         level: l.level,
                         generation: layer_generation(&l.name),
+                        group_size: l.group_size,
                     };
                     (l.name.clone(), layer)
                 })
@@ -125,6 +147,7 @@ impl IndexPart {
             generation: self.generation.get(),
             disk_consistent_lsn: self.disk_consistent_lsn.to_string(),
             gc_cutoff_lsn: self.gc_cutoff_lsn.to_string(),
+            contiguous_from: Some(self.contiguous_from.to_string()),
             layers: self
                 .layers
                 .iter()
@@ -134,6 +157,7 @@ impl IndexPart {
                         crc32c: l.crc32c,
                         level: l.level.to_string(),
                         generation: l.generation.get(),
+                        group_size: Some(l.group_size),
                     };
                     (name.clone(), raw)
                 })
@@ -147,12 +171,21 @@ impl IndexPart {
     /// Parses and checks an index; the error says what is wrong.
     pub fn parse(bytes: &[u8]) -> Result<IndexPart, String> {
         let raw: RawIndex = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        if raw.version != INDEX_VERSION {
-            return Err(format!(
-                "index format version {} (this pageserver reads {INDEX_VERSION})",
-                raw.version
-            ));
-        }
+        let v1 = match raw.version {
+            INDEX_VERSION => false,
+            INDEX_VERSION_1 => true,
+            version => {
+                return Err(format!(
+                    "index format version {version} (this pageserver reads {INDEX_VERSION_1} and {INDEX_VERSION})"
+                ))
+            }
+        };
+        // What version 2 added is there exactly when the version says so.
+        let added = |present: bool, what: &str| match (v1, present) {
+            (false, false) => Err(format!("{what} is missing (version {INDEX_VERSION})")),
+            (true, true) => Err(format!("{what} is not part of version {INDEX_VERSION_1}")),
+            _ => Ok(()),
+        };
         let generation = Generation::new(raw.generation)
             .ok_or_else(|| "generation 0 names no generation".to_owned())?;
         let lsn = |what: &str, text: &str| {
@@ -161,6 +194,12 @@ impl IndexPart {
         };
         let disk_consistent_lsn = lsn("disk_consistent_lsn", &raw.disk_consistent_lsn)?;
         let gc_cutoff_lsn = lsn("gc_cutoff_lsn", &raw.gc_cutoff_lsn)?;
+        added(raw.contiguous_from.is_some(), "contiguous_from")?;
+        let contiguous_from = match &raw.contiguous_from {
+            Some(text) => lsn("contiguous_from", text)?,
+            // Servers then left gaps where nothing was written: nothing below is checked.
+            None => disk_consistent_lsn,
+        };
         let ancestry = match (&raw.ancestor_timeline_id, &raw.ancestor_lsn) {
             (None, None) => None,
             (Some(id), Some(text)) => Some(Ancestry {
@@ -196,6 +235,7 @@ impl IndexPart {
                         generation.get()
                     ))
                 })?;
+            added(l.group_size.is_some(), "group_size").map_err(bad)?;
             if parsed.lsn_range().end.0.saturating_sub(1) > disk_consistent_lsn.0 {
                 return Err(bad(format!(
                     "it reaches beyond disk_consistent_lsn {disk_consistent_lsn}"
@@ -208,6 +248,7 @@ impl IndexPart {
                     crc32c: l.crc32c,
                     level,
                     generation: layer_generation,
+                    group_size: l.group_size.unwrap_or(0),
                 },
             );
         }
@@ -223,6 +264,7 @@ impl IndexPart {
             generation,
             disk_consistent_lsn,
             gc_cutoff_lsn,
+            contiguous_from,
             layers,
             ancestry,
         })
@@ -233,12 +275,14 @@ impl IndexPart {
         let mut manifest = TimelineMetadata::empty(self.tenant_id, self.timeline_id);
         manifest.disk_consistent_lsn = self.disk_consistent_lsn;
         manifest.gc_cutoff_lsn = self.gc_cutoff_lsn;
+        manifest.contiguous_from = self.contiguous_from;
         for (name, l) in &self.layers {
             manifest.add_layer(crate::tenant::timeline::metadata::LayerFileEntry {
                 name: name.clone(),
                 size: l.size,
                 crc32c: l.crc32c,
                 level: l.level,
+                group_size: l.group_size,
             });
         }
         manifest
@@ -306,6 +350,7 @@ mod tests {
             size: 8192 * 3,
             crc32c: 0xdead_beef,
             level: LayerLevel::L0,
+            group_size: 1,
         });
         IndexPart::from_manifest(&manifest, Generation::new(2).unwrap(), |_| {
             Generation::FIRST
@@ -344,7 +389,7 @@ mod tests {
         let good = String::from_utf8(sample().to_json()).unwrap();
         for (edit, says) in [
             (
-                good.replace("\"version\": 1", "\"version\": 9"),
+                good.replace("\"version\": 2", "\"version\": 9"),
                 "version 9",
             ),
             (
@@ -360,6 +405,51 @@ mod tests {
             (good.replace("\"size\"", "\"bytes\""), "unknown field"),
             (good.replace("__0000000000000001", "__zz"), "layer"),
             ("[".to_owned(), "EOF"),
+        ] {
+            let err = IndexPart::parse(edit.as_bytes()).unwrap_err();
+            assert!(err.contains(says), "{says}: {err}");
+        }
+    }
+
+    #[test]
+    fn version_1_parses_with_its_history_unchecked_and_version_2_needs_its_fields() {
+        let good = String::from_utf8(sample().to_json()).unwrap();
+        let v1 = good
+            .replace("\"version\": 2", "\"version\": 1")
+            .replace(",\n  \"contiguous_from\": \"0/0\"", "")
+            .replace(",\n      \"group_size\": 1", "");
+        assert!(
+            !v1.contains("group_size") && !v1.contains("contiguous_from"),
+            "{v1}"
+        );
+        let index = IndexPart::parse(v1.as_bytes()).unwrap();
+        assert_eq!(index.contiguous_from, index.disk_consistent_lsn);
+        assert!(index.layers.values().all(|l| l.group_size == 0));
+        let manifest = index.to_manifest();
+        assert_eq!(manifest.contiguous_from, Lsn(0x30));
+        // Written back as version 2, with what version 1 lacked.
+        let again = IndexPart::parse(&index.to_json()).unwrap();
+        assert_eq!(again, index);
+        for (edit, says) in [
+            (
+                good.replace(",\n  \"contiguous_from\": \"0/0\"", ""),
+                "contiguous_from is missing",
+            ),
+            (
+                good.replace(",\n      \"group_size\": 1", ""),
+                "group_size is missing",
+            ),
+            (
+                v1.replace(
+                    "\"gc_cutoff_lsn\"",
+                    "\"contiguous_from\": \"0/0\", \"gc_cutoff_lsn\"",
+                ),
+                "not part of version 1",
+            ),
+            (
+                good.replace("\"contiguous_from\": \"0/0\"", "\"contiguous_from\": \"x\""),
+                "contiguous_from \"x\"",
+            ),
         ] {
             let err = IndexPart::parse(edit.as_bytes()).unwrap_err();
             assert!(err.contains(says), "{says}: {err}");

@@ -306,6 +306,10 @@ pub enum FreezeError {
 pub struct InMemoryLayer {
     file: EphemeralFile,
     start_lsn: Lsn,
+    /// Where the layer file written from it starts its LSN range: `start_lsn`, or below it
+    /// when the layer continues the timeline's history across LSNs that hold no version (see
+    /// [`InMemoryLayer::covering_from`]).
+    range_start: Lsn,
     end_lsn: OnceLock<Lsn>,
     /// The highest LSN indexed (`start_lsn` while empty).
     last_lsn: AtomicU64,
@@ -403,6 +407,7 @@ impl InMemoryLayer {
         InMemoryLayer {
             file,
             start_lsn,
+            range_start: start_lsn,
             end_lsn: OnceLock::new(),
             last_lsn: AtomicU64::new(start_lsn.0),
             len: AtomicUsize::new(0),
@@ -416,6 +421,23 @@ impl InMemoryLayer {
 
     pub fn start_lsn(&self) -> Lsn {
         self.start_lsn
+    }
+
+    /// The layer, its written range starting at `range_start` (at or below `start_lsn`): the
+    /// layer files of a timeline tile its LSNs with no gap (`metadata::history`), also where a
+    /// batch jumps too far ahead for a layer starting where the last one ended to index it, or
+    /// where an import's versions all lie at its last LSN. No version lies below `start_lsn`,
+    /// so a read of those LSNs finds nothing here either way.
+    pub fn covering_from(mut self, range_start: Lsn) -> InMemoryLayer {
+        debug_assert!(range_start <= self.start_lsn);
+        self.range_start = range_start.min(self.start_lsn);
+        self
+    }
+
+    /// Where the layer file written from it starts its LSN range (see
+    /// [`InMemoryLayer::covering_from`]).
+    pub fn range_start(&self) -> Lsn {
+        self.range_start
     }
 
     /// The exclusive end of the layer's range once frozen.
@@ -621,7 +643,9 @@ impl InMemoryLayer {
     /// Moves a layer whose versions are all at its `start_lsn` to `lsn`: an import puts its
     /// versions before it knows the LSN of its snapshot (the cluster's `pg_control` may come
     /// last in the archive), into a layer no reader can see, and dates them once it does.
-    /// Takes `&mut self`: the layer is not shared yet, so no reader can see it change.
+    /// Its written range still starts where the layer did (an import's file covers the LSNs
+    /// from its base on, its versions at the last). Takes `&mut self`: the layer is not
+    /// shared yet, so no reader can see it change.
     pub fn move_to_lsn(&mut self, lsn: Lsn) -> Result<(), MoveError> {
         if let Some(end) = self.end_lsn() {
             return Err(MoveError::Frozen { end });
@@ -634,6 +658,7 @@ impl InMemoryLayer {
             });
         }
         // Every entry's lsn_delta is 0 (its LSN is the start): moving the start moves them all.
+        self.range_start = self.range_start.min(lsn);
         self.start_lsn = lsn;
         self.last_lsn.store(lsn.0, Ordering::Release);
         Ok(())
@@ -686,7 +711,7 @@ impl InMemoryLayer {
     }
 
     /// Writes the frozen layer as one L0 delta layer file covering all its keys and
-    /// `[start_lsn, end_lsn)`, reading the values back in (key, lsn) order through the
+    /// `[range_start, end_lsn)`, reading the values back in (key, lsn) order through the
     /// ephemeral file's block reader. Returns `None` for an empty layer.
     pub fn write_to_disk(
         &self,
@@ -704,7 +729,7 @@ impl InMemoryLayer {
             timeline_dir,
             tenant_id,
             timeline_id,
-            self.start_lsn,
+            self.range_start,
             end_lsn,
         )?;
         for entry in self.iter_sorted() {

@@ -174,6 +174,7 @@ impl Timeline {
                         size: w.size,
                         crc32c: w.crc32c,
                         level: LayerLevel::L1,
+                        group_size: group_size(written.len()),
                     });
                 }
             })?;

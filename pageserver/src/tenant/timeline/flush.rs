@@ -57,6 +57,7 @@ impl Timeline {
                         size: written.size,
                         crc32c: written.crc32c,
                         level: LayerLevel::L0,
+                        group_size: 1,
                     };
                     (Some(Arc::new(delta)), Some(entry))
                 }

@@ -280,6 +280,7 @@ impl Timeline {
                         size: w.size,
                         crc32c: w.crc32c,
                         level: LayerLevel::Image,
+                        group_size: group_size(written.len()),
                     });
                 }
             })?;

@@ -13,8 +13,8 @@
 //!       │            read_current: the state at the base LSN, for comparisons
 //!       ├── commit(lsn): every run finished at lsn, the private layer dated at lsn and written
 //!       │                as one more file; what the open layer held flushed; then one manifest
-//!       │                lists them all as L0s [lsn, lsn+1) with disk_consistent_lsn = lsn, and
-//!       │                last_record_lsn = lsn: durable and visible together
+//!       │                lists them all as L0s [base+1, lsn+1) with disk_consistent_lsn = lsn,
+//!       │                and last_record_lsn = lsn: durable and visible together
 //!       └── dropped:     the runs' temporary files and the private layer go; nothing changed
 //! ```
 //!
@@ -33,6 +33,15 @@
 //! private layer's file spans most of the key space (it holds the metadata keys, above every
 //! block), and runs overlap when the archive's path order is not the key order, so up to
 //! `MAX_IMPORT_RUNS + 1` until a compaction merges the group.
+//!
+//! # The group's LSN range
+//!
+//! The group's files cover `[base + 1, lsn + 1)`, every version at `lsn`: they start where the
+//! timeline's history before the import ends (the commit's flush leaves `disk_consistent_lsn`
+//! at the base, since batches are refused meanwhile), so the layers' ranges meet with no gap
+//! (`metadata::history`), and a manifest that lost a layer below the import cannot pass for
+//! one where nothing was written. A read between the base and `lsn` probes the group and finds
+//! no version there, as it would find no layer.
 //!
 //! If storing the commit's manifest fails, the files are kept and the timeline is broken: a
 //! store that failed after its rename left a manifest that lists them, and a reload finds out
@@ -261,7 +270,7 @@ impl Import<'_> {
                 timeline.remove_uncommitted(written.iter().map(|w| w.path.clone()));
                 // A file whose commit failed after its rename (at the directory's fsync) has
                 // its final name but is in no list: nothing else makes layers at this range.
-                remove_unlisted_at(timeline, lsn);
+                remove_unlisted_at(timeline, Lsn(self.base_lsn.0 + 1)..Lsn(lsn.0 + 1));
             }
             return Err(e);
         }
@@ -290,8 +299,9 @@ impl Import<'_> {
         written: &mut Vec<WrittenLayer>,
     ) -> Result<(), TimelineError> {
         let timeline = self.timeline;
+        let range_start = Lsn(self.base_lsn.0 + 1);
         for run in self.runs.drain(..) {
-            written.push(run.finish_at(lsn)?);
+            written.push(run.finish_at(range_start, lsn)?);
         }
         let mut layer = self.layer.take().expect("present until commit");
         layer
@@ -337,6 +347,17 @@ impl Import<'_> {
         if writer.stopping || timeline.stopped.load(Ordering::Acquire) {
             return Err(TimelineError::ShuttingDown);
         }
+        if timeline.disk_consistent_lsn() != self.base_lsn {
+            // The group starts above the base: the history below it must end there.
+            return Err(TimelineError::LayerSet {
+                file: "the import's layers".to_owned(),
+                reason: format!(
+                    "they start above {}, but disk_consistent_lsn is {}",
+                    self.base_lsn,
+                    timeline.disk_consistent_lsn()
+                ),
+            });
+        }
         let map = timeline.layer_map();
         if !map.frozen.is_empty() || map.open.as_ref().is_some_and(|open| !open.is_empty()) {
             // Batches are refused while an import runs, and the checkpoint flushed the rest.
@@ -355,6 +376,7 @@ impl Import<'_> {
                     size: w.size,
                     crc32c: w.crc32c,
                     level: LayerLevel::L0,
+                    group_size: group_size(written.len()),
                 });
             }
         });
@@ -384,13 +406,13 @@ impl Import<'_> {
     }
 }
 
-/// Removes the layer files of `[lsn, lsn+1)` that the manifest does not list. Best effort: one
-/// left behind starts above `disk_consistent_lsn` until a later import passes it.
-fn remove_unlisted_at(timeline: &Timeline, lsn: Lsn) {
+/// Removes the layer files of LSN range `range` (an import's group) that the manifest does not
+/// list. Best effort: one left behind starts above `disk_consistent_lsn` until a later import
+/// passes it.
+fn remove_unlisted_at(timeline: &Timeline, range: Range<Lsn>) {
     let Ok(entries) = std::fs::read_dir(&timeline.dir) else {
         return;
     };
-    let range = lsn..Lsn(lsn.0 + 1);
     let ours = entries.filter_map(|entry| {
         let path = entry.ok()?.path();
         let name: LayerName = path.file_name()?.to_str()?.parse().ok()?;

@@ -105,9 +105,10 @@ impl Timeline {
             }
             // The open layer starts where the newest frozen or flushed one ended, so the
             // layers' ranges tile the LSN space; unless the batch jumps too far ahead for a
-            // layer from there to hold it, and then it starts at the batch (no version lies
-            // in the gap). disk_consistent_lsn is read under the map's lock, which a flush
-            // holds while it moves both.
+            // layer from there to index it, and then it indexes from the batch on, while the
+            // file it becomes still covers the LSNs from there (no version lies in between,
+            // and the history stays without gaps: `metadata::history`). disk_consistent_lsn
+            // is read under the map's lock, which a flush holds while it moves both.
             let previous_end = map
                 .frozen
                 .last()
@@ -128,7 +129,7 @@ impl Timeline {
                 path: self.dir.clone(),
                 source,
             })?;
-            let layer = Arc::new(layer);
+            let layer = Arc::new(layer.covering_from(previous_end));
             map.open = Some(layer.clone());
             writer.open_since = Some(Instant::now());
             Ok(layer)

@@ -120,6 +120,13 @@ impl Timeline {
                         ),
                     });
                 }
+                // Before any file is opened or removed: a set with a hole is refused whole.
+                super::metadata::history::check(&manifest).map_err(|e| {
+                    TimelineError::LayerSet {
+                        file: METADATA_FILE.to_owned(),
+                        reason: format!("the layer set has lost part of its history: {e}"),
+                    }
+                })?;
                 let mut manifest = manifest;
                 let map = opener.open_listed(&mut manifest)?;
                 (manifest, map)
@@ -402,6 +409,8 @@ impl LayerOpener<'_> {
         })?;
         let mut manifest = TimelineMetadata::empty(self.tenant_id, self.timeline_id);
         manifest.disk_consistent_lsn = durable;
+        // What it holds is not checked for holes: format 1 kept no list to check against.
+        manifest.contiguous_from = durable;
         let mut deltas = Vec::with_capacity(names.len());
         for name in names {
             let layer = self.open_unlisted(&name)?;
@@ -417,6 +426,8 @@ impl LayerOpener<'_> {
                 size: layer.file_size(),
                 crc32c: layer.file_crc32c()?,
                 level: LayerLevel::L0,
+                // Format 1 kept no groups (every file was one flush's, but unverified).
+                group_size: 0,
             });
             deltas.push(Arc::new(layer));
         }

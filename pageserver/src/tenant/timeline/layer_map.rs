@@ -7,7 +7,8 @@
 //!
 //! L0 delta layers are the flushes' and imports' output: one per flush, their LSN ranges
 //! tiling the newest history above the L1s, and a group per import (`import.rs`): up to
-//! `MAX_IMPORT_RUNS + 1` layers sharing one LSN range `[lsn, lsn+1)`, each holding its own keys
+//! `MAX_IMPORT_RUNS + 1` layers sharing one LSN range `[base + 1, lsn + 1)` (every version at
+//! `lsn`), each holding its own keys
 //! (no key is in two of them). A read walks a group like any L0s, probing each layer whose key
 //! range covers its key (the group's files overlap in key range: up to all of them). What the
 //! L0 thresholds count is the [depth](LayerMap::l0_depth), the number of distinct LSN ranges:

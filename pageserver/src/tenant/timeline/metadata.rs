@@ -9,22 +9,26 @@
 //! another size, or whose summary names other ranges or another timeline, makes the timeline
 //! refuse to load rather than answer from a set it cannot vouch for.
 //!
-//! # Format 3 (current)
+//! # Format 4 (current)
 //!
 //! ```text
 //! offset size field
 //!      0    4 magic                 0x544C4D44 ("TLMD")
-//!      4    2 format version        3
+//!      4    2 format version        4
 //!      6    2 reserved              0
 //!      8   16 tenant id
 //!     24   16 timeline id
 //!     40    8 disk_consistent_lsn
 //!     48    8 gc_cutoff_lsn         reads below it are refused (0: none)
-//!     56    4 layer count N
-//!     60      N layer entries, sorted by name, no name twice:
+//!     56    8 contiguous_from       the layers' LSN ranges meet, with no gap, from here up to
+//!                                   disk_consistent_lsn (see `history.rs`)
+//!     64    4 layer count N
+//!     68      N layer entries, sorted by name, no name twice:
 //!               name length:u16  name (ASCII, a file name)  size:u64  CRC-32C of the file:u32
 //!               level:u8 (0: L0 delta, 1: L1 delta, 2: image; an image name has level 2
 //!               and a delta name level 0 or 1)
+//!               group size:u32 (the layer files the change that wrote this one wrote at its
+//!               LSN range, itself included; 0: not known)
 //!       …     4 retired count M
 //!             M retired names, sorted, no name twice and none listed above:
 //!               name length:u16  name
@@ -36,11 +40,19 @@
 //! and only once no reader uses them; until they are gone the manifest names them, so a crash
 //! in between leaves files that the next load knows to delete, never files it must guess about.
 //!
-//! Format 2 (no `gc_cutoff_lsn`, no levels, no retired list) was written before compaction: its
-//! layers are all L0 deltas. Format 1 (20 bytes: magic, version 1, reserved,
-//! `disk_consistent_lsn`, CRC-32C) predates the manifest; it still loads
+//! `contiguous_from` and the group sizes are what lets a load tell a complete layer set from
+//! one that lost a layer (`metadata::history`): a timeline's history starts at
+//! `contiguous_from` (0 for a new timeline, the branch point for a branch), and every group of
+//! files one change wrote is listed whole until GC removes some of it.
+//!
+//! Format 3 is format 4 without `contiguous_from` (the layer count at offset 56) and without
+//! the group sizes: it loads with `contiguous_from` at its `disk_consistent_lsn`, since what
+//! servers before format 4 wrote may have gaps where nothing was written (below an import), and
+//! with every group size unknown. Format 2 (no `gc_cutoff_lsn`, no levels, no retired list) was
+//! written before compaction: its layers are all L0 deltas. Format 1 (20 bytes: magic, version
+//! 1, reserved, `disk_consistent_lsn`, CRC-32C) predates the manifest; it still loads
 //! ([`StoredMetadata::Legacy`]) and the timeline replaces it with a manifest at once
-//! (`tenant::timeline::init`). Both still load; the next store writes format 3.
+//! (`tenant::timeline::init`). All of them still load; the next store writes format 4.
 //!
 //! # Atomic replacement
 //!
@@ -59,15 +71,19 @@ use crate::io::crashsafe::{PathError, StagedFile};
 use crate::io::virtual_file::{FileIo, VirtualFile};
 use crate::tenant::storage_layer::LayerName;
 
+pub mod history;
+
 pub const METADATA_FILE: &str = "metadata";
 const METADATA_TEMP: &str = "metadata.___temp";
 const MAGIC: u32 = 0x544C_4D44;
 const VERSION_LEGACY: u16 = 1;
 const VERSION_2: u16 = 2;
-const VERSION: u16 = 3;
+const VERSION_3: u16 = 3;
+const VERSION: u16 = 4;
 const LEGACY_LEN: usize = 20;
 const HEADER_2_LEN: usize = 52;
-const HEADER_LEN: usize = 60;
+const HEADER_3_LEN: usize = 60;
+const HEADER_LEN: usize = 68;
 const CRC_LEN: usize = 4;
 /// Far beyond any real manifest (a million layers); a longer file is corrupt, and is refused
 /// before it is read into memory.
@@ -80,10 +96,15 @@ mod off {
     pub const TENANT: usize = 8;
     pub const TIMELINE: usize = 24;
     pub const DISK_CONSISTENT_LSN: usize = 40;
-    /// Format 3.
+    /// Formats 3 and 4.
     pub const GC_CUTOFF_LSN: usize = 48;
-    pub const LAYER_COUNT: usize = 56;
-    pub const LAYERS: usize = 60;
+    /// Format 4.
+    pub const CONTIGUOUS_FROM: usize = 56;
+    pub const LAYER_COUNT: usize = 64;
+    pub const LAYERS: usize = 68;
+    /// Format 3.
+    pub const LAYER_COUNT_3: usize = 56;
+    pub const LAYERS_3: usize = 60;
     /// Format 2.
     pub const LAYER_COUNT_2: usize = 48;
     pub const LAYERS_2: usize = 52;
@@ -153,6 +174,10 @@ pub struct LayerFileEntry {
     /// CRC-32C of the whole file.
     pub crc32c: u32,
     pub level: LayerLevel,
+    /// How many layer files the change that wrote this one wrote at its LSN range, itself
+    /// included: 1 for a flush, the outputs of a compaction, the files of an import, the
+    /// images of one image creation. 0 when not known (a manifest older than format 4).
+    pub group_size: u32,
 }
 
 /// The manifest: see the module documentation.
@@ -163,6 +188,10 @@ pub struct TimelineMetadata {
     pub disk_consistent_lsn: Lsn,
     /// Reads below it are refused: GC may have removed what they need.
     pub gc_cutoff_lsn: Lsn,
+    /// The layers' LSN ranges meet, with no gap, from here up to `disk_consistent_lsn`: the
+    /// start of the timeline's own history (0, or a branch's branch point), or for a timeline
+    /// older than format 4 its `disk_consistent_lsn` when it was upgraded.
+    pub contiguous_from: Lsn,
     /// Sorted by name.
     pub layers: Vec<LayerFileEntry>,
     /// Files replaced by a committed change and still to delete; sorted, none in `layers`.
@@ -187,6 +216,11 @@ pub enum MetadataError {
     Corrupt { path: PathBuf, reason: String },
     #[error("timeline metadata cannot list layer file {name:?}: {reason}")]
     BadLayerName { name: String, reason: &'static str },
+}
+
+/// The group size of `n` files written together (saturating: no change writes 2^32 files).
+pub fn group_size(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }
 
 /// Whether `name` can stand in a manifest: one plain ASCII file name, nothing a path could
@@ -239,8 +273,19 @@ impl TimelineMetadata {
             timeline_id,
             disk_consistent_lsn: Lsn::INVALID,
             gc_cutoff_lsn: Lsn::INVALID,
+            contiguous_from: Lsn::INVALID,
             layers: Vec::new(),
             retired: Vec::new(),
+        }
+    }
+
+    /// The manifest of a new timeline whose history starts at `lsn`: a branch at its branch
+    /// point, with nothing of its own yet.
+    pub fn starting_at(tenant_id: TenantId, timeline_id: TimelineId, lsn: Lsn) -> TimelineMetadata {
+        TimelineMetadata {
+            disk_consistent_lsn: lsn,
+            contiguous_from: lsn,
+            ..TimelineMetadata::empty(tenant_id, timeline_id)
         }
     }
 
@@ -277,7 +322,7 @@ impl TimelineMetadata {
     }
 
     fn encode(&self) -> Result<Vec<u8>, MetadataError> {
-        let names: usize = self.layers.iter().map(|l| l.name.len() + 15).sum::<usize>()
+        let names: usize = self.layers.iter().map(|l| l.name.len() + 19).sum::<usize>()
             + self.retired.iter().map(|r| r.len() + 2).sum::<usize>();
         let mut b = Vec::with_capacity(HEADER_LEN + names + 4 + CRC_LEN);
         b.extend_from_slice(&MAGIC.to_be_bytes());
@@ -287,6 +332,7 @@ impl TimelineMetadata {
         b.extend_from_slice(self.timeline_id.as_bytes());
         b.extend_from_slice(&self.disk_consistent_lsn.0.to_be_bytes());
         b.extend_from_slice(&self.gc_cutoff_lsn.0.to_be_bytes());
+        b.extend_from_slice(&self.contiguous_from.0.to_be_bytes());
         let count = |n: usize| {
             u32::try_from(n).map_err(|_| MetadataError::BadLayerName {
                 name: String::new(),
@@ -309,6 +355,7 @@ impl TimelineMetadata {
             b.extend_from_slice(&layer.size.to_be_bytes());
             b.extend_from_slice(&layer.crc32c.to_be_bytes());
             b.push(layer.level.code());
+            b.extend_from_slice(&layer.group_size.to_be_bytes());
         }
         b.extend_from_slice(&count(self.retired.len())?.to_be_bytes());
         for (i, name) in self.retired.iter().enumerate() {
@@ -345,6 +392,7 @@ impl TimelineMetadata {
         let (body_len, min_len) = match version {
             VERSION_LEGACY => (off::LEGACY_CRC, LEGACY_LEN),
             VERSION_2 => (b.len().saturating_sub(CRC_LEN), HEADER_2_LEN + CRC_LEN),
+            VERSION_3 => (b.len().saturating_sub(CRC_LEN), HEADER_3_LEN + 4 + CRC_LEN),
             VERSION => (b.len().saturating_sub(CRC_LEN), HEADER_LEN + 4 + CRC_LEN),
             _ => return Err(format!("unsupported format version {version}")),
         };
@@ -369,14 +417,22 @@ impl TimelineMetadata {
                 disk_consistent_lsn: Lsn(u64_at(off::LEGACY_LSN)),
             });
         }
-        let v3 = version == VERSION;
-        let (count_at, mut at) = if v3 {
-            (off::LAYER_COUNT, off::LAYERS)
-        } else {
-            (off::LAYER_COUNT_2, off::LAYERS_2)
+        // Format 3 and later: levels, the GC cutoff and retired files. Format 4: group sizes and
+        // where the history is contiguous from.
+        let v3 = version >= VERSION_3;
+        let v4 = version == VERSION;
+        let (count_at, mut at) = match version {
+            VERSION => (off::LAYER_COUNT, off::LAYERS),
+            VERSION_3 => (off::LAYER_COUNT_3, off::LAYERS_3),
+            _ => (off::LAYER_COUNT_2, off::LAYERS_2),
         };
-        // The fixed part of an entry after its name: size, CRC, and (format 3) level.
-        let fixed = if v3 { 13 } else { 12 };
+        // The fixed part of an entry after its name: size, CRC, (format 3) level, (format 4)
+        // group size.
+        let fixed = match version {
+            VERSION => 17,
+            VERSION_3 => 13,
+            _ => 12,
+        };
         let count = u32_at(count_at);
         // Every entry takes at least its fixed parts and one byte of name.
         let room = (body_len - at) / (2 + 1 + fixed);
@@ -413,6 +469,7 @@ impl TimelineMetadata {
                 size: u64_at(name_end),
                 crc32c: u32_at(name_end + 8),
                 level,
+                group_size: if v4 { u32_at(name_end + 13) } else { 0 },
             });
             at = name_end + fixed;
         }
@@ -451,11 +508,18 @@ impl TimelineMetadata {
         if at != body_len {
             return Err(format!("{} bytes follow the last entry", body_len - at));
         }
+        let disk_consistent_lsn = Lsn(u64_at(off::DISK_CONSISTENT_LSN));
         Ok(StoredMetadata::Manifest(TimelineMetadata {
             tenant_id: TenantId::from_bytes(array_at(b, off::TENANT)),
             timeline_id: TimelineId::from_bytes(array_at(b, off::TIMELINE)),
-            disk_consistent_lsn: Lsn(u64_at(off::DISK_CONSISTENT_LSN)),
+            disk_consistent_lsn,
             gc_cutoff_lsn: Lsn(if v3 { u64_at(off::GC_CUTOFF_LSN) } else { 0 }),
+            // Older servers left gaps where nothing was written; from here on there are none.
+            contiguous_from: if v4 {
+                Lsn(u64_at(off::CONTIGUOUS_FROM))
+            } else {
+                disk_consistent_lsn
+            },
             layers,
             retired,
         }))

@@ -120,7 +120,7 @@ use crate::tenant::storage_layer::inmemory_layer::{
 use crate::tenant::storage_layer::on_demand::{OnDemandLayer, OpenSettings};
 use crate::tenant::storage_layer::{max_stored_value_len, Layer, LayerReadError};
 use crate::tenant::timeline::metadata::{
-    LayerFileEntry, LayerLevel, MetadataError, TimelineMetadata,
+    group_size, LayerFileEntry, LayerLevel, MetadataError, TimelineMetadata,
 };
 use crate::PAGE_SZ;
 use scan::{ScanCursor, ScanPage};
@@ -516,7 +516,7 @@ impl Timeline {
         let map = self.layer_map();
         let in_memory = |kind, l: &InMemoryLayer| LayerDescription {
             kind,
-            lsn_start: l.start_lsn(),
+            lsn_start: l.range_start(),
             lsn_end: l.end_lsn(),
             size_bytes: l.bytes_written(),
             values: l.len() as u64,
@@ -610,6 +610,12 @@ impl Timeline {
         let mut next = current.clone();
         change(&mut next);
         next.retired.retain(|name| self.dir.join(name).exists());
+        // A change that would leave a hole in the history is a bug: refused before it is
+        // durable, so the layer set on disk stays one that loads.
+        metadata::history::check(&next).map_err(|e| TimelineError::LayerSet {
+            file: metadata::METADATA_FILE.to_owned(),
+            reason: format!("a change to the layer set was refused: {e}"),
+        })?;
         next.store(&self.dir)?;
         if let Some(remote) = self.remote.get() {
             remote.manifest_committed(&next);

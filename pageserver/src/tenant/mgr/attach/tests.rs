@@ -84,14 +84,27 @@ fn settle(mgr: &TenantManager, tenant: TenantId) {
     }
 }
 
+/// A server in `<dir>/a` storing into `<dir>/remote`, with one tenant and one timeline
+/// [populated](populate).
+fn populated_server(
+    dir: &Path,
+) -> (
+    TenantManager,
+    Arc<crate::tenant::mgr::Tenant>,
+    Arc<Timeline>,
+) {
+    let mgr = load(&dir.join("a"), &dir.join("remote"), 0);
+    let tenant = mgr.create_tenant(None).unwrap();
+    let timeline = tenant.create_timeline(None).unwrap();
+    populate(&timeline);
+    (mgr, tenant, timeline)
+}
+
 #[test]
 fn a_tenant_moves_to_an_empty_disk_and_serves_the_same_pages() {
     let dir = tempfile::tempdir().unwrap();
     let remote = dir.path().join("remote");
-    let first = load(&dir.path().join("a"), &remote, 0);
-    let tenant = first.create_tenant(None).unwrap();
-    let timeline = tenant.create_timeline(None).unwrap();
-    populate(&timeline);
+    let (first, tenant, timeline) = populated_server(dir.path());
     let counts = timeline.layer_counts();
     assert!(
         counts.l1 > 0 && counts.images > 0 && counts.l0 == 1,
@@ -140,11 +153,7 @@ fn a_tenant_moves_to_an_empty_disk_and_serves_the_same_pages() {
 #[test]
 fn evicted_layers_download_once_for_concurrent_readers() {
     let dir = tempfile::tempdir().unwrap();
-    let remote = dir.path().join("remote");
-    let mgr = load(&dir.path().join("a"), &remote, 0);
-    let tenant = mgr.create_tenant(None).unwrap();
-    let timeline = tenant.create_timeline(None).unwrap();
-    populate(&timeline);
+    let (mgr, tenant, timeline) = populated_server(dir.path());
     settle(&mgr, tenant.id());
     let resident = timeline.resident_layer_bytes();
 
@@ -185,10 +194,7 @@ fn a_damaged_or_missing_local_layer_comes_back_from_the_store() {
     let dir = tempfile::tempdir().unwrap();
     let remote = dir.path().join("remote");
     let workdir = dir.path().join("a");
-    let mgr = load(&workdir, &remote, 0);
-    let tenant = mgr.create_tenant(None).unwrap();
-    let timeline = tenant.create_timeline(None).unwrap();
-    populate(&timeline);
+    let (mgr, tenant, timeline) = populated_server(dir.path());
     settle(&mgr, tenant.id());
     let (tenant_id, timeline_id) = (tenant.id(), timeline.timeline_id());
     let manifest = timeline.manifest_snapshot();
@@ -232,4 +238,80 @@ fn a_damaged_or_missing_local_layer_comes_back_from_the_store() {
     }
     check_every_page(&timeline);
     mgr.shutdown().unwrap();
+}
+
+/// An index that lost a layer (any one: an L0 in the middle or on top, an L1, an image) leaves
+/// the attached tenant broken, named by the gap, instead of serving reads that walk past the
+/// hole (older versions as if they were the newest, or no page where there is one).
+#[test]
+fn an_index_that_lost_a_layer_attaches_broken() {
+    let dir = tempfile::tempdir().unwrap();
+    let remote = dir.path().join("remote");
+    let (first, tenant, timeline) = populated_server(dir.path());
+    let on_top: Vec<PutRecord> = (0..KEYS)
+        .map(|k| PutRecord {
+            key: rel_key(k),
+            lsn: Lsn(0x50),
+            value: Value::Image(page(k, 0x50)),
+        })
+        .collect();
+    timeline.put_batch(&on_top).unwrap();
+    timeline.checkpoint().unwrap();
+    let (tenant_id, timeline_id) = (tenant.id(), timeline.timeline_id());
+    let counts = timeline.layer_counts();
+    assert!(
+        counts.l0 == 2 && counts.l1 > 0 && counts.images > 0,
+        "{counts:?}"
+    );
+    first.detach_tenant(tenant_id).unwrap();
+    first.shutdown().unwrap();
+
+    let prefix = remote.join(format!("tenants/{tenant_id}/timelines/{timeline_id}"));
+    let index = |generation: u32| prefix.join(format!("index_part.json-{generation:08x}"));
+    let whole: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(index(1)).unwrap()).unwrap();
+    let names: Vec<String> = whole["layers"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(names.len(), counts.l0 + counts.l1 + counts.images);
+    for (i, lost) in names.iter().enumerate() {
+        // The newest index, of a generation above every other, lists every layer but one.
+        let generation = 2 * i as u32 + 2;
+        let mut damaged = whole.clone();
+        damaged["generation"] = generation.into();
+        damaged["layers"].as_object_mut().unwrap().remove(lost);
+        std::fs::write(index(generation), serde_json::to_vec(&damaged).unwrap()).unwrap();
+
+        let second = load(&dir.path().join(format!("b{i}")), &remote, 0);
+        let attached = second.attach_tenant(tenant_id, Generation::new(generation + 1).unwrap());
+        let Err(TenantError::AttachedBroken { reason, .. }) = attached else {
+            panic!("without {lost}: {:?}", attached.map(|t| t.state().clone()));
+        };
+        assert!(
+            reason.contains(&timeline_id.to_string()) && reason.contains("a layer is missing"),
+            "without {lost}: {reason}"
+        );
+        let tenant = second.get_tenant(tenant_id).unwrap();
+        assert!(matches!(
+            tenant.state(),
+            crate::tenant::mgr::TenantState::Broken { .. }
+        ));
+        assert!(tenant.get_timeline(timeline_id).is_err());
+        second.shutdown().unwrap();
+    }
+
+    // The whole index, newest again, attaches and serves every page.
+    let generation = 2 * names.len() as u32 + 2;
+    let mut newest = whole.clone();
+    newest["generation"] = generation.into();
+    std::fs::write(index(generation), serde_json::to_vec(&newest).unwrap()).unwrap();
+    let third = load(&dir.path().join("c"), &remote, 0);
+    let tenant = third
+        .attach_tenant(tenant_id, Generation::new(generation + 1).unwrap())
+        .unwrap();
+    check_every_page(&tenant.get_timeline(timeline_id).unwrap());
+    third.shutdown().unwrap();
 }

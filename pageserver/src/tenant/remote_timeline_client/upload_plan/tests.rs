@@ -72,6 +72,7 @@ impl Attachment {
                 size: rng.u64(1..1000),
                 crc32c: rng.u32(..),
                 level: LayerLevel::L0,
+                group_size: 1,
             });
         }
         for _ in 0..rng.usize(0..3) {
@@ -251,6 +252,7 @@ fn entry(name: &str) -> LayerFileEntry {
         size: 10,
         crc32c: 1,
         level: LayerLevel::L0,
+        group_size: 1,
     }
 }
 

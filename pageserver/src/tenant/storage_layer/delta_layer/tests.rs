@@ -330,7 +330,7 @@ proptest! {
         let dated = dated.finish().unwrap();
         let dated_bytes = std::fs::read(&dated.path).unwrap();
         std::fs::remove_file(&dated.path).unwrap();
-        let undated = undated.finish_at(lsn).unwrap();
+        let undated = undated.finish_at(lsn, lsn).unwrap();
         prop_assert_eq!(&undated.path, &dated.path);
         prop_assert_eq!(std::fs::read(&undated.path).unwrap(), dated_bytes);
         prop_assert_eq!(undated.crc32c, dated.crc32c);
@@ -362,7 +362,7 @@ fn an_undated_writer_refuses_keys_out_of_order_and_the_dated_calls() {
     let e = dated.put_undated(rel_key(1), &image).unwrap_err();
     assert!(e.to_string().contains("dated"), "{e}");
     dated.put_value(rel_key(1), Lsn(2), &image).unwrap();
-    let e = dated.finish_at(Lsn(2)).unwrap_err();
+    let e = dated.finish_at(Lsn(2), Lsn(2)).unwrap_err();
     assert!(e.to_string().contains("not undated"), "{e}");
     // Every writer above was dropped or failed: no file is left.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);

@@ -168,9 +168,14 @@ impl DeltaLayerWriter {
         Ok(())
     }
 
-    /// Dates an undated writer's versions at `lsn` (the layer's range is `[lsn, lsn + 1)`) and
+    /// Dates an undated writer's versions at `lsn` (the layer's range is `[range_start, lsn +
+    /// 1)`: an import's files cover the LSNs from its base on, see `timeline::import`) and
     /// finishes it as [`Self::finish`] does.
-    pub fn finish_at(mut self, lsn: Lsn) -> Result<WrittenLayer, DeltaLayerError> {
+    pub fn finish_at(
+        mut self,
+        range_start: Lsn,
+        lsn: Lsn,
+    ) -> Result<WrittenLayer, DeltaLayerError> {
         let Index::Undated(entries) = std::mem::replace(
             &mut self.index,
             Index::Building(DiskBtreeBuilder::new(VecBlockSink::new())),
@@ -180,7 +185,12 @@ impl DeltaLayerWriter {
         let Some(lsn_end) = lsn.0.checked_add(1).map(Lsn) else {
             return Err(self.usage(format!("LSN {lsn} leaves no room for the layer's end")));
         };
-        (self.lsn_start, self.lsn_end) = (lsn, lsn_end);
+        if range_start > lsn {
+            return Err(self.usage(format!(
+                "dated at {lsn}, below its range's start {range_start}"
+            )));
+        }
+        (self.lsn_start, self.lsn_end) = (range_start, lsn_end);
         let Index::Building(tree) = &mut self.index else {
             unreachable!("just set");
         };

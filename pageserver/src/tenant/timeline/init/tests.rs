@@ -204,17 +204,45 @@ fn a_listed_layer_beyond_disk_consistent_lsn_is_refused() {
     manifest.store(dir.path()).unwrap();
     let err = load_err(dir.path());
     assert!(err.contains(file_name(&layers[2])), "{err}");
+    assert!(err.contains("beyond disk_consistent_lsn 0/20"), "{err}");
+}
+
+/// A manifest that lost a layer's entry (the middle flush) is refused before anything is
+/// opened or removed: read as it is, the layer below would answer for the lost LSNs.
+#[test]
+fn a_manifest_that_lost_a_layer_is_refused_with_the_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let layers = three_layers(dir.path(), TENANT);
+    let whole = load(dir.path()).unwrap().manifest_snapshot();
+    let mut manifest = whole.clone();
+    assert!(manifest.retire_layer(file_name(&layers[1])));
+    manifest.retired.clear();
+    manifest.store(dir.path()).unwrap();
+    let err = load_err(dir.path());
     assert!(
-        err.contains("beyond the manifest's disk_consistent_lsn"),
+        err.contains("no layer holds LSNs 0/11..0/21") && err.contains("a layer is missing"),
         "{err}"
     );
+    assert!(
+        layers.iter().all(|l| l.exists()),
+        "a refused load removes nothing"
+    );
+    // Listed again, it loads.
+    whole.store(dir.path()).unwrap();
+    load(dir.path()).unwrap();
 }
 
 #[test]
 fn format_1_metadata_is_upgraded_to_a_manifest_of_the_same_layers() {
     let dir = tempfile::tempdir().unwrap();
     let layers = three_layers(dir.path(), TENANT);
-    let expected = load(dir.path()).unwrap().manifest_snapshot();
+    let mut expected = load(dir.path()).unwrap().manifest_snapshot();
+    // Format 1 kept no list: the history it claims is not checked for holes, and no group is
+    // known.
+    expected.contiguous_from = expected.disk_consistent_lsn;
+    for layer in &mut expected.layers {
+        layer.group_size = 0;
+    }
     // As an older server left it: format 1 metadata, plus a layer of an unfinished flush
     // (beyond disk_consistent_lsn) and a stray file.
     store_legacy(dir.path(), Lsn(0x30));
@@ -273,20 +301,21 @@ fn the_manifest_is_the_commit_point_of_a_flush() {
     );
 }
 
-/// Two layers replaced by an image of their keys, as a committed compaction or GC leaves
-/// them: the manifest lists the image and names the two as retired. Load removes the retired
-/// files, stores a manifest without them, and reads come from the image and the L0 above it.
+/// Two layers replaced by an image of every key, as a committed GC leaves them: the manifest
+/// lists the image, names the two as retired and has its cutoff at the image. Load removes the
+/// retired files, stores a manifest without them, and reads come from the image and the L0
+/// above it.
 #[test]
 fn retired_files_are_removed_at_load_and_an_image_layer_serves_reads() {
     use crate::tenant::storage_layer::image_layer::ImageLayerWriter;
-    use crate::tenant::timeline::metadata::{LayerFileEntry, LayerLevel, StoredMetadata};
+    use crate::tenant::timeline::metadata::StoredMetadata;
     let dir = tempfile::tempdir().unwrap();
     let layers = three_layers(dir.path(), TENANT);
     let mut writer = ImageLayerWriter::new(
         dir.path(),
         TENANT,
         TIMELINE,
-        rel_key(0)..rel_key(10),
+        pageserver_api::Key::MIN..pageserver_api::Key::MAX,
         Lsn(0x20),
     )
     .unwrap();
@@ -302,12 +331,8 @@ fn retired_files_are_removed_at_load_and_an_image_layer_serves_reads() {
     for old in &layers[..2] {
         assert!(manifest.retire_layer(file_name(old)));
     }
-    manifest.add_layer(LayerFileEntry {
-        name: written.summary.file_name(),
-        size: written.size,
-        crc32c: written.crc32c,
-        level: LayerLevel::Image,
-    });
+    manifest.add_layer(image_entry(&written));
+    manifest.gc_cutoff_lsn = Lsn(0x20);
     manifest.store(dir.path()).unwrap();
 
     let tl = load(dir.path()).unwrap();

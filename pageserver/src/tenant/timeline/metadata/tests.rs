@@ -36,6 +36,7 @@ fn manifest(layers: usize) -> TimelineMetadata {
             size: 8192 * (u64::from(i) + 3),
             crc32c: 0xDEAD_0000 + i,
             level,
+            group_size: 1,
         });
     }
     if layers > 0 {
@@ -138,7 +139,7 @@ fn forged_entries_with_valid_checksums_are_refused() {
     );
 
     // The two entries swapped: out of order.
-    let entry_len = |l: &LayerFileEntry| 2 + l.name.len() + 13;
+    let entry_len = |l: &LayerFileEntry| 2 + l.name.len() + 17;
     let (first_len, second_len) = (entry_len(&two.layers[0]), entry_len(&two.layers[1]));
     let entries_end = off::LAYERS + first_len + second_len;
     let mut swapped = body[..off::LAYERS].to_vec();
@@ -149,7 +150,7 @@ fn forged_entries_with_valid_checksums_are_refused() {
     expect_corrupt(dir.path(), &sealed(swapped), "entries out of order");
 
     // The first entry (an L0 delta) claims to be an image, or a level that does not exist.
-    let level_at = off::LAYERS + first_len - 1;
+    let level_at = off::LAYERS + first_len - 5;
     for (code, what) in [(2u8, "a delta listed as an image"), (7, "an unknown level")] {
         let mut bad = body.clone();
         bad[level_at] = code;
@@ -177,7 +178,7 @@ fn forged_entries_with_valid_checksums_are_refused() {
     dot_dot[off::LAYER_COUNT..off::LAYER_COUNT + 4].copy_from_slice(&1u32.to_be_bytes());
     dot_dot.extend_from_slice(&2u16.to_be_bytes());
     dot_dot.extend_from_slice(b"..");
-    dot_dot.extend_from_slice(&[0; 13]);
+    dot_dot.extend_from_slice(&[0; 17]);
     dot_dot.extend_from_slice(&0u32.to_be_bytes());
     expect_corrupt(dir.path(), &sealed(dot_dot), "a name that climbs");
 }
@@ -215,6 +216,52 @@ fn format_2_files_load_with_every_layer_an_l0() {
 }
 
 #[test]
+fn format_3_files_load_with_their_history_unchecked_below_disk_consistent_lsn() {
+    let dir = tempfile::tempdir().unwrap();
+    let names = [layer_name(1, false), layer_name(2, true)];
+    let mut b = Vec::new();
+    b.extend_from_slice(&MAGIC.to_be_bytes());
+    b.extend_from_slice(&VERSION_3.to_be_bytes());
+    b.extend_from_slice(&[0, 0]);
+    b.extend_from_slice(TENANT.as_bytes());
+    b.extend_from_slice(TIMELINE.as_bytes());
+    b.extend_from_slice(&0x42u64.to_be_bytes());
+    b.extend_from_slice(&0x10u64.to_be_bytes());
+    b.extend_from_slice(&2u32.to_be_bytes());
+    for (name, level) in names.iter().zip([1u8, 2]) {
+        b.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        b.extend_from_slice(name.as_bytes());
+        b.extend_from_slice(&8192u64.to_be_bytes());
+        b.extend_from_slice(&7u32.to_be_bytes());
+        b.push(level);
+    }
+    b.extend_from_slice(&0u32.to_be_bytes());
+    std::fs::write(dir.path().join(METADATA_FILE), sealed(b)).unwrap();
+    let StoredMetadata::Manifest(m) = TimelineMetadata::load(dir.path()).unwrap() else {
+        panic!("a format 3 manifest");
+    };
+    assert_eq!(
+        (m.disk_consistent_lsn, m.gc_cutoff_lsn, m.contiguous_from),
+        (Lsn(0x42), Lsn(0x10), Lsn(0x42))
+    );
+    assert_eq!(
+        m.layers
+            .iter()
+            .map(|l| (l.level, l.group_size))
+            .collect::<Vec<_>>(),
+        [(LayerLevel::L1, 0), (LayerLevel::Image, 0)]
+    );
+    // Stored again, it is format 4 with the same contents.
+    m.store(dir.path()).unwrap();
+    let again = std::fs::read(dir.path().join(METADATA_FILE)).unwrap();
+    assert_eq!(u16::from_be_bytes([again[4], again[5]]), VERSION);
+    assert_eq!(
+        TimelineMetadata::load(dir.path()).unwrap(),
+        StoredMetadata::Manifest(m)
+    );
+}
+
+#[test]
 fn retiring_a_layer_moves_it_to_the_retired_files() {
     let mut m = manifest(3);
     let name = m.layers[0].name.clone();
@@ -234,6 +281,7 @@ fn retiring_a_layer_moves_it_to_the_retired_files() {
         size: 1,
         crc32c: 2,
         level: LayerLevel::L0,
+        group_size: 1,
     };
     m.add_layer(entry);
     assert!(!m.retired.contains(&name));
@@ -251,6 +299,7 @@ fn names_that_are_not_plain_file_names_cannot_be_stored() {
             size: 1,
             crc32c: 1,
             level: LayerLevel::L1,
+            group_size: 1,
         });
         let err = m.store(dir.path()).unwrap_err();
         assert!(
@@ -270,6 +319,7 @@ fn add_layer_keeps_the_list_sorted_and_replaces_by_name() {
             size: 1,
             crc32c: 0,
             level: LayerLevel::L0,
+            group_size: 1,
         });
     }
     m.add_layer(LayerFileEntry {
@@ -277,6 +327,7 @@ fn add_layer_keeps_the_list_sorted_and_replaces_by_name() {
         size: 2,
         crc32c: 0,
         level: LayerLevel::L0,
+        group_size: 1,
     });
     let names: Vec<&str> = m.layers.iter().map(|l| l.name.as_str()).collect();
     assert_eq!(names, ["a", "b", "c"]);
@@ -303,6 +354,7 @@ proptest! {
                     size,
                     crc32c,
                     level,
+                    group_size: 1,
                 }),
                 None => m.retired.push(layer_name(i, false)),
             }

@@ -570,9 +570,7 @@ fn chunks_grow_like_read_ahead_up_to_their_bound() {
 #[test]
 fn a_scan_across_an_image_layer_matches_point_reads() {
     use crate::tenant::storage_layer::image_layer::ImageLayerWriter;
-    use crate::tenant::timeline::metadata::{
-        LayerFileEntry, LayerLevel, StoredMetadata, TimelineMetadata,
-    };
+    use crate::tenant::timeline::metadata::{StoredMetadata, TimelineMetadata};
     let dir = tempfile::tempdir().unwrap();
     let delta = |will_init, byte: u8| Value::Delta {
         will_init,
@@ -605,7 +603,14 @@ fn a_scan_across_an_image_layer_matches_point_reads() {
         }
     }
     // Keys 0..4 have an image at 0x18, where the L1 ends; keys 4..10 are in its range without
-    // one. Reads walk it after the L0 above and before the L1.
+    // one. Reads walk it after the L0 above and before the L1. Image layers cover the key
+    // space (the history check), so an empty one at LSN 0 covers every key: no key has a page
+    // before the timeline's first LSN.
+    let nothing_yet =
+        ImageLayerWriter::new(dir.path(), TENANT, TIMELINE, Key::MIN..Key::MAX, Lsn(0))
+            .unwrap()
+            .finish()
+            .unwrap();
     let mut writer = ImageLayerWriter::new(
         dir.path(),
         TENANT,
@@ -623,15 +628,12 @@ fn a_scan_across_an_image_layer_matches_point_reads() {
     let StoredMetadata::Manifest(mut manifest) = TimelineMetadata::load(dir.path()).unwrap() else {
         panic!("a manifest");
     };
-    manifest.add_layer(LayerFileEntry {
-        name: written.summary.file_name(),
-        size: written.size,
-        crc32c: written.crc32c,
-        level: LayerLevel::Image,
-    });
+    for written in [written, nothing_yet] {
+        manifest.add_layer(image_entry(&written));
+    }
     manifest.store(dir.path()).unwrap();
     let tl = Timeline::load(dir.path(), TENANT, TIMELINE, small_cache(64), manual_conf()).unwrap();
-    assert_eq!(tl.layer_counts().images, 1);
+    assert_eq!(tl.layer_counts().images, 2);
     let later: Vec<PutRecord> = [(1, delta(false, 4)), (5, image(0x55)), (7, delta(true, 5))]
         .into_iter()
         .map(|(k, value)| PutRecord {

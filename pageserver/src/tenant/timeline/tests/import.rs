@@ -117,6 +117,18 @@ fn an_import_group_reads_like_the_model_across_reloads_and_compaction() {
     assert_eq!(tl.layer_counts().l0, 2 + MAX_IMPORT_RUNS + 1);
     assert_eq!(tl.l0_depth(), 3);
     assert_eq!(tl.disk_consistent_lsn(), Lsn(0x100));
+    // The group starts where the flush of the open layer ended (0x20 + 1), its versions at
+    // 0x100: the layers' LSN ranges meet, and every file of the group knows its group's size.
+    let manifest = tl.manifest_snapshot();
+    let group: Vec<&LayerFileEntry> = manifest
+        .layers
+        .iter()
+        .filter(|l| l.name.ends_with("__0000000000000021-0000000000000101"))
+        .collect();
+    assert_eq!(group.len(), MAX_IMPORT_RUNS + 1, "{:?}", manifest.layers);
+    assert!(group
+        .iter()
+        .all(|l| l.group_size as usize == MAX_IMPORT_RUNS + 1));
     assert!(
         !std::fs::read_dir(dir.path()).unwrap().any(|e| e
             .unwrap()

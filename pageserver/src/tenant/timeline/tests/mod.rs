@@ -677,6 +677,26 @@ fn lsns_may_jump_by_more_than_a_layer_can_span() {
         assert_eq!(tl.get_page(rel_key(1), Lsn(at)).unwrap().unwrap()[0], n);
     }
     assert_eq!(tl.get_page(rel_key(1), Lsn(far - 1)).unwrap(), None);
+    // The layers still meet with no gap (what a load checks): each starts where the one before
+    // ended, the first at 0/1, though their first versions lie far above.
+    let mut ranges: Vec<std::ops::Range<Lsn>> = tl
+        .manifest_snapshot()
+        .layers
+        .iter()
+        .map(|l| {
+            l.name
+                .parse::<crate::tenant::storage_layer::LayerName>()
+                .unwrap()
+                .lsn_range()
+        })
+        .collect();
+    ranges.sort_by_key(|r| r.start);
+    assert_eq!(ranges.len(), 3);
+    assert_eq!(ranges[0].start, Lsn(1));
+    assert!(
+        ranges.windows(2).all(|w| w[0].end == w[1].start),
+        "{ranges:?}"
+    );
 }
 
 mod batch;

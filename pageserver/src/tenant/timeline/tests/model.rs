@@ -200,6 +200,31 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             expected_page(&model, rel_key(k), last)
         );
     }
+    // The layer set holds its whole history, and losing any one delta layer whose versions a
+    // read at or above the GC cutoff may need is seen (`metadata::history`).
+    let manifest = tl.manifest_snapshot();
+    if let Err(e) = metadata::history::check(&manifest) {
+        return Err(TestCaseError::fail(format!("{e}: {manifest:?}")));
+    }
+    for entry in &manifest.layers {
+        let lsns = entry
+            .name
+            .parse::<crate::tenant::storage_layer::LayerName>()
+            .unwrap()
+            .lsn_range();
+        if entry.level == LayerLevel::Image || lsns.end.0 - 1 <= manifest.gc_cutoff_lsn.0 {
+            continue;
+        }
+        let mut lost = manifest.clone();
+        lost.retire_layer(&entry.name);
+        lost.retired.clear();
+        prop_assert!(
+            metadata::history::check(&lost).is_err(),
+            "without {}: {:?}",
+            entry.name,
+            manifest
+        );
+    }
     Ok(())
 }
 

@@ -20,9 +20,9 @@ fn branch_of(
     assert!(Lsn(1) <= lsn && lsn <= ancestor.last_record_lsn());
     ancestor.reserve_branch_point(lsn).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut manifest = TimelineMetadata::empty(TENANT, id);
-    manifest.disk_consistent_lsn = lsn;
-    manifest.store(dir.path()).unwrap();
+    TimelineMetadata::starting_at(TENANT, id, lsn)
+        .store(dir.path())
+        .unwrap();
     Ancestry {
         timeline_id: ancestor.timeline_id(),
         lsn,
