@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from fixtures.pageserver import Pageserver
+from fixtures.plugin import PageserverFactory
 from fixtures.postgres import PgCluster, PgEnv
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
@@ -500,3 +501,44 @@ def test_pagectl_round_trip(pg: PgEnv, pageserver: Pageserver, timeline: Timelin
     # Into a directory that is not empty: refused before anything is fetched.
     out = subprocess.run([pagectl, "basebackup", *target, "--into", str(restored_dir)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "not empty" in out.stderr, out.stderr
+
+
+def test_gc_does_not_pass_a_basebackup_in_progress(pg: PgEnv, pageserver_factory: PageserverFactory):
+    """A basebackup leases its snapshot's LSN: a GC pass while the archive streams (cutoff
+    wanted past it, the layers it reads removable) stops at that LSN, and the archive comes out
+    whole, byte for byte the one taken before. Once it is done, GC goes on."""
+    ps = pageserver_factory.start({"gc_horizon": 0, "compaction_threshold": 0})
+    timeline = TimelineHandle.create(ps)
+    cluster = pg.new_cluster("source").start()
+    cluster.pgbench("-i", "-s", "3", "-q")
+    cluster.stop()
+    first = Lsn.parse(import_stopped(pg, timeline, cluster)["lsn"])
+    cluster.start()
+    cluster.pgbench("-t", "200", "-n")
+    cluster.stop()
+    second = Lsn.parse(import_stopped(pg, timeline, cluster)["lsn"])
+    url = f"{timeline.url}/basebackup"
+    whole = requests.get(url, params={"lsn": str(first)}).content
+    assert len(whole) > 16 << 20
+
+    with requests.get(url, params={"lsn": str(first)}, stream=True) as r:
+        assert r.status_code == 200 and r.headers["x-snapshot-lsn"] == str(first)
+        chunks = r.iter_content(64 << 10)
+        got = bytearray(next(chunks))
+        # Compaction and images at the second snapshot make everything below it removable.
+        compacted = ps.http.compact(timeline.tenant_id, timeline.timeline_id, force_images=True)
+        assert compacted["image_creation"]["layers_written"] > 0, compacted
+        outcome = ps.http.gc(timeline.tenant_id, timeline.timeline_id)["gc"]
+        assert Lsn.parse(outcome["cutoff"]) == first, outcome
+        for chunk in chunks:
+            got += chunk
+    assert bytes(got) == whole
+    with tarfile.open(fileobj=io.BytesIO(got)) as archive:
+        assert "global/pg_control" in archive.getnames()
+
+    # The lease ended with the archive: the next pass moves the cutoff to the images, and the
+    # first snapshot is gone.
+    outcome = ps.http.gc(timeline.tenant_id, timeline.timeline_id)["gc"]
+    assert Lsn.parse(outcome["cutoff"]) == second and outcome["layers_removed"] > 0, outcome
+    r = requests.get(url, params={"lsn": str(first)})
+    assert r.status_code == 410, r.text

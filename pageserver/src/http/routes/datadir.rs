@@ -169,9 +169,12 @@ pub async fn basebackup(
 ) -> ApiResult<Response> {
     let timeline = timeline_of(&state, &ids)?;
     let lsn = optional_lsn(&uri)?.unwrap_or_else(|| timeline.last_record_lsn());
-    let (snapshot, timeline) = blocking(move || {
+    let (snapshot, timeline, lease) = blocking(move || {
         let snapshot = snapshot_at(&timeline, lsn).map_err(basebackup_error)?;
-        Ok((snapshot, timeline))
+        // Held until the archive is written (or its client leaves): GC does not pass the
+        // snapshot's LSN half way through.
+        let lease = timeline.lease_lsn(snapshot.lsn)?;
+        Ok((snapshot, timeline, lease))
     })
     .await?;
     // The archive is written on the blocking pool into a bounded queue the response body
@@ -192,6 +195,7 @@ pub async fn basebackup(
             // The client sees the transfer fail, never a short archive that looks whole.
             let _ = tx.blocking_send(Err(io::Error::other(e.to_string())));
         }
+        drop(lease);
     });
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|piece| (piece, rx))

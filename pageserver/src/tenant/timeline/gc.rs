@@ -5,9 +5,10 @@
 //!
 //! Reads below the GC cutoff are refused ([`TimelineError::BelowGcCutoff`], a 410 over HTTP,
 //! naming the cutoff). A GC pass moves it to `last_record_lsn - gc_horizon`, but never below
-//! where it is (it only rises) and never above the last LSN of the L1 layers: images are only
+//! where it is (it only rises), never above the last LSN of the L1 layers: images are only
 //! ever made there (see `image_creation.rs`), so a cutoff above it would refuse reads without
-//! letting anything more be removed, and image creation reads at it.
+//! letting anything more be removed, and image creation reads at it; and never above an LSN
+//! leased by a read in progress (a basebackup, `lsn_lease.rs`).
 //!
 //! # What is removed
 //!
@@ -111,6 +112,12 @@ impl Timeline {
         let cutoff = match map.l1_end() {
             Some(end) => old.max(wanted.min(Lsn(end.0 - 1))),
             None => old,
+        };
+        // Never past a read in progress that leased its LSN (`lsn_lease.rs`); leases are taken
+        // at or above the cutoff, under this pass's lock, so this never lowers it.
+        let cutoff = match self.oldest_lease() {
+            Some(leased) => cutoff.min(leased).max(old),
+            None => cutoff,
         };
         let images = map.image_ranges();
         let removed: Vec<Layer> = map

@@ -160,6 +160,7 @@ impl Timeline {
             l0_stop_waiters: std::sync::atomic::AtomicUsize::new(0),
             ancestor: OnceLock::new(),
             branch_points: Mutex::new(Vec::new()),
+            lsn_leases: Mutex::new(Vec::new()),
             import_lock: Mutex::new(()),
             importing: AtomicBool::new(false),
             shutting_down: AtomicBool::new(false),

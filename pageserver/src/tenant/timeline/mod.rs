@@ -409,6 +409,9 @@ pub struct Timeline {
     ancestor: OnceLock<(Arc<Timeline>, Lsn)>,
     /// The LSNs this timeline's branches start at: GC retains them.
     branch_points: Mutex<Vec<Lsn>>,
+    /// The LSNs leased by reads in progress (`lsn_lease.rs`): GC's cutoff stays at or below
+    /// the oldest.
+    lsn_leases: Mutex<Vec<Lsn>>,
     /// Held by an import (`import.rs`): one at a time.
     import_lock: Mutex<()>,
     /// Set while an import runs: batches are refused (set and read under `write_lock`).
@@ -708,6 +711,7 @@ mod import;
 mod ingest;
 mod init;
 mod layer_map;
+mod lsn_lease;
 mod lsn_wait;
 pub mod metadata;
 mod read;
@@ -722,6 +726,7 @@ pub use image_creation::ImageCreationOutcome;
 pub use import::{Import, IMPORT_RUN_MIN_BYTES, MAX_IMPORT_RUNS};
 pub use init::{open_listed_layer, RemoteLayers};
 use layer_map::LayerMap;
+pub use lsn_lease::LsnLease;
 use lsn_wait::LsnWait;
 pub use residence::LocalCopy;
 #[cfg(test)]

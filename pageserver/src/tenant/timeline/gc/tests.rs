@@ -153,3 +153,48 @@ fn a_reader_keeps_a_collected_layer_readable_until_it_lets_go() {
     assert!(before.iter().any(|n| !dir.path().join(n).exists()));
     check_all(&tl, &model);
 }
+
+/// A read in progress at an old LSN (a basebackup) leases it: GC's cutoff stops at it, the
+/// layers it reads stay, and once the lease is dropped the next pass goes on. A lease below
+/// the cutoff is refused, as a read there would be.
+#[test]
+fn a_leased_lsn_holds_the_cutoff_until_the_lease_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let tl = Arc::new(
+        Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(256), conf_gc(0)).unwrap(),
+    );
+    let mut model = Model::new();
+    ingest(&tl, &mut model, 1);
+    let early = tl.last_record_lsn();
+    let lease = tl.lease_lsn(early).unwrap();
+    assert_eq!(lease.lsn(), early);
+    let images_at = two_runs_and_images(&tl, &mut model);
+    assert!(early < images_at);
+
+    let outcome = tl.gc(&[]).unwrap();
+    assert_eq!((outcome.cutoff, outcome.layers_removed), (early, 0));
+    // What the read at the leased LSN sees is all there, however long it takes.
+    for k in 0..8 {
+        assert_eq!(
+            tl.get_page(rel_key(k), early).unwrap(),
+            expected(&model, rel_key(k), early),
+            "key {k}"
+        );
+    }
+    // Two leases at one LSN: the cutoff waits for both.
+    let second = tl.lease_lsn(early).unwrap();
+    drop(lease);
+    assert_eq!(tl.gc(&[]).unwrap().cutoff, early);
+    drop(second);
+    let outcome = tl.gc(&[]).unwrap();
+    assert_eq!(outcome.cutoff, images_at);
+    assert!(outcome.layers_removed > 0);
+    match tl.lease_lsn(early) {
+        Err(TimelineError::BelowGcCutoff { lsn, cutoff }) => {
+            assert_eq!((lsn, cutoff), (early, images_at))
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a lease below the cutoff"),
+    }
+    check_all(&tl, &model);
+}

@@ -1,0 +1,107 @@
+//! Leases on LSNs: what a long read at one LSN (a basebackup streaming a data directory)
+//! holds so that GC does not pass it half way.
+//!
+//! GC raises the cutoff below which reads are refused, and removes what only reads below it
+//! need. A basebackup reads hundreds of megabytes at its snapshot's LSN, for as long as its
+//! client takes: without a lease a GC pass in the meantime moves the cutoff past that LSN, and
+//! the archive stops with an error after part of it was sent.
+//!
+//! A lease is taken at an LSN at or above the cutoff (below it, the read could not start) and
+//! lasts until the [`LsnLease`] is dropped: GC never raises the cutoff past the oldest LSN
+//! leased (see `gc.rs`), so every read at a leased LSN stays allowed and finds its layers.
+//! Both the check and GC's pass hold `image_lock`, so a lease either sees the cutoff of a pass
+//! that ran before it, or caps the cutoff of one that runs after.
+//!
+//! A branch's reads below its branch point go to its ancestor, so a lease on a branch leases
+//! the LSN those reads reach in each ancestor too, except where that is a branch point (GC
+//! retains what reads there need, and the cutoff does not apply to them).
+//!
+//! Leases live in memory: a restart ends the reads that held them. They are for reads that end
+//! by themselves; a branch, which lasts, holds a branch point instead (`ancestry.rs`).
+
+use std::sync::Arc;
+
+use utils::Lsn;
+
+use super::{Timeline, TimelineError};
+
+/// A lease on an LSN of a timeline, and on the LSN its reads reach in each ancestor, until
+/// dropped (see the module documentation).
+#[must_use = "the lease ends when it is dropped"]
+pub struct LsnLease {
+    /// Each timeline leased, with its LSN: the timeline itself first.
+    held: Vec<(Arc<Timeline>, Lsn)>,
+}
+
+impl LsnLease {
+    /// The LSN leased on the timeline itself.
+    pub fn lsn(&self) -> Lsn {
+        self.held[0].1
+    }
+}
+
+impl Drop for LsnLease {
+    fn drop(&mut self) {
+        for (timeline, lsn) in &self.held {
+            let mut leases = timeline
+                .lsn_leases
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = leases.iter().position(|l| l == lsn) {
+                leases.swap_remove(i);
+            }
+        }
+    }
+}
+
+impl Timeline {
+    /// Leases `lsn` until the lease is dropped: GC keeps its cutoff at or below it, here and,
+    /// for a branch, in each ancestor at the LSN a read there reaches (unless that is a branch
+    /// point, which GC retains anyway). Refused below a cutoff
+    /// ([`TimelineError::BelowGcCutoff`]): reads there are refused already.
+    pub fn lease_lsn(self: &Arc<Self>, lsn: Lsn) -> Result<LsnLease, TimelineError> {
+        let mut lease = LsnLease { held: Vec::new() };
+        let (mut timeline, mut at) = (self.clone(), lsn);
+        loop {
+            timeline.lease_here(at)?;
+            lease.held.push((timeline.clone(), at));
+            // Down the ancestors, as a read walks them.
+            loop {
+                let Some((ancestor, branch_lsn)) = timeline.ancestor() else {
+                    return Ok(lease);
+                };
+                let ancestor = ancestor.clone();
+                at = at.min(branch_lsn);
+                let at_branch_point = ancestor.branch_points().contains(&at);
+                timeline = ancestor;
+                if !at_branch_point {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Adds a lease on `lsn` to this timeline's, unless it is below the cutoff.
+    fn lease_here(&self, lsn: Lsn) -> Result<(), TimelineError> {
+        let _gc = self.image_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let cutoff = self.gc_cutoff_lsn();
+        if lsn < cutoff {
+            return Err(TimelineError::BelowGcCutoff { lsn, cutoff });
+        }
+        self.lsn_leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(lsn);
+        Ok(())
+    }
+
+    /// The oldest LSN leased now, if any: GC's cutoff stays at or below it.
+    pub(super) fn oldest_lease(&self) -> Option<Lsn> {
+        self.lsn_leases
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .min()
+    }
+}
