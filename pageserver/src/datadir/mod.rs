@@ -8,7 +8,7 @@
 //! - `path.rs`: which archive members are relation segments, plain files, or refused;
 //! - `pg_control.rs`: the control file fields an import checks (identity, clean stop, LSN);
 //! - `wal_end.rs`: the end of a backup's WAL, the LSN its state is at;
-//! - `import.rs`: a tar stream into a timeline as one snapshot, storing only what changed,
+//! - `import/`: a tar stream into a timeline as one snapshot, storing only what changed,
 //!   applied whole or not at all;
 //! - `basebackup.rs`: the snapshot at or below an LSN as a tar stream a stock PostgreSQL
 //!   starts from.
