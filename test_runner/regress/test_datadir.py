@@ -1,17 +1,20 @@
 """Real PostgreSQL in and out: a cluster imported into a timeline (a stopped cluster's
 directory, or a pg_basebackup of a running one under load), basebackups at any LSN that a second
 PostgreSQL starts from and answers exactly as the original did at that snapshot, imports that
-store only what changed, refusals that store nothing, and a crash during an import."""
+store only what changed, refusals that store nothing, hostile archives refused within the
+import's memory budget (measured from the server's RSS), and a crash during an import."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import select
 import struct
 import subprocess
 import tarfile
 import threading
+from collections.abc import Iterator
 
 import pytest
 import requests
@@ -19,8 +22,14 @@ import requests
 from fixtures.pageserver import Pageserver
 from fixtures.plugin import PageserverFactory
 from fixtures.postgres import PgCluster, PgEnv
+from fixtures.raw_http import connect, read_response
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
+
+MiB = 1 << 20
+# The most an import may grow the server's memory by, while it runs and after it
+# (docs/http-api.md, "Memory").
+IMPORT_MEMORY_BUDGET = 256 * MiB
 
 
 def import_stopped(pg: PgEnv, timeline: TimelineHandle, cluster: PgCluster) -> dict:
@@ -542,3 +551,99 @@ def test_gc_does_not_pass_a_basebackup_in_progress(pg: PgEnv, pageserver_factory
     assert Lsn.parse(outcome["cutoff"]) == second and outcome["layers_removed"] > 0, outcome
     r = requests.get(url, params={"lsn": str(first)})
     assert r.status_code == 410, r.text
+
+
+def server_rss(ps: Pageserver) -> int:
+    """The server's resident memory in bytes, from /proc/<pid>/status."""
+    with open(f"/proc/{ps.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def tar_header(name: bytes, size: int, typeflag: bytes, mode: int = 0o600) -> bytes:
+    """One GNU tar header block (a name of at most 100 bytes; longer ones go in a long name
+    member before it), uid, gid and mtime 0."""
+    head = name[:100].ljust(100, b"\0") + b"%07o\0" % mode + b"0000000\0" * 2 + b"%011o\0" % size + b"%011o\0" % 0
+    tail = typeflag + bytes(100) + b"ustar  \0" + bytes(247)
+    # The checksum counts its own field as eight spaces.
+    checksum = sum(head) + sum(tail) + 8 * ord(" ")
+    return head + b"%06o\0 " % checksum + tail
+
+
+def long_named_empty_files(count: int, name_len: int) -> Iterator[bytes]:
+    """`count` empty files, each named by a `././@LongLink` member of `name_len` bytes."""
+    for i in range(count):
+        name = f"./hostile/{i:07d}-".encode().ljust(name_len, b"x")
+        data = name + b"\0"
+        yield tar_header(b"././@LongLink", len(data), b"L") + data.ljust(-(-len(data) // 512) * 512, b"\0")
+        yield tar_header(name, 0, b"0")
+
+
+def empty_relation_files(count: int) -> Iterator[bytes]:
+    """`count` empty relation files `base/1/<n>`, a fork each (headers made from one template:
+    only the name and the checksum differ)."""
+    template = tar_header(b"", 0, b"0")
+    unnamed = int(template[148:154], 8)
+    middle, tail = template[100:148], template[156:]
+    for relnode in range(1, count + 1):
+        name = b"base/1/%d" % relnode
+        yield name.ljust(100, b"\0") + middle + b"%06o\0 " % (unnamed + sum(name)) + tail
+
+
+def import_within_budget(ps: Pageserver, timeline: TimelineHandle, pieces: Iterator[bytes], length: int) -> str:
+    """Streams an archive of `length` bytes, made as it is sent, into an import, checking the
+    server's memory after every 256 KiB: it must grow by at most the import budget while the
+    import reads and after its answer, which must be a refusal that stores nothing. Returns
+    the refusal's message."""
+    baseline = server_rss(ps)
+    peak = 0
+    sent = 0
+    path = f"/v1/tenant/{timeline.tenant_id}/timeline/{timeline.timeline_id}/import"
+    with connect(ps, timeout=60) as s:
+        s.sendall(f"PUT {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {length}\r\n\r\n".encode())
+        while sent < length:
+            # The answer may come before the body is all sent: then stop sending and read it.
+            if select.select([s], [], [], 0)[0]:
+                break
+            batch = bytearray()
+            for piece in pieces:
+                batch += piece
+                if len(batch) >= 256 * 1024:
+                    break
+            else:
+                batch += bytes(1024)  # the end-of-archive marker
+            try:
+                s.sendall(batch)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(batch)
+            peak = max(peak, server_rss(ps) - baseline)
+            assert peak <= IMPORT_MEMORY_BUDGET, f"the server grew by {peak / MiB:.0f} MiB after {sent / MiB:.0f} MiB of the archive"
+        status, _, body = read_response(s)
+    after = server_rss(ps) - baseline
+    print(f"sent {sent / MiB:.1f} MiB of {length / MiB:.1f}; growth: peak {peak / MiB:.1f} MiB, after {after / MiB:.1f} MiB")
+    assert status == 400, body
+    assert after <= IMPORT_MEMORY_BUDGET, f"the server kept {after / MiB:.0f} MiB after the import"
+    assert timeline.info()["last_record_lsn"] == "0/0"
+    assert ps.leftovers() == []
+    return json.loads(body)["msg"]
+
+
+def test_an_archive_of_long_names_stays_within_the_memory_budget(pageserver: Pageserver, timeline: TimelineHandle):
+    """200,000 empty files with 4,000-byte GNU long names, about 1 GB of archive: refused once
+    their entries pass what the file directory holds, within the memory budget."""
+    count, name_len = 200_000, 4000
+    length = count * (512 + -(-(name_len + 1) // 512) * 512 + 512) + 1024
+    msg = import_within_budget(pageserver, timeline, long_named_empty_files(count, name_len), length)
+    assert "max_value_size (1048576 bytes)" in msg and "file directory" in msg, msg
+
+
+def test_an_archive_past_the_member_limit_stays_within_the_memory_budget(pageserver: Pageserver, timeline: TimelineHandle):
+    """One member more than an import takes, 2,000,001 empty relation files (a fork each, the
+    cheapest member to send and the one that leaves the most state behind), about 1 GB of
+    archive: refused at the last one, within the memory budget."""
+    count = 2_000_001
+    msg = import_within_budget(pageserver, timeline, empty_relation_files(count), count * 512 + 1024)
+    assert "more than 2000000 members" in msg, msg

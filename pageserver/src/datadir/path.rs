@@ -140,3 +140,17 @@ fn canonical_number(text: &str) -> Option<u32> {
     }
     text.parse().ok()
 }
+
+/// A path as an error message shows it: whole up to 200 bytes, else its start and its length
+/// (a 4,000-byte name repeated in a message helps no one).
+pub fn abbreviated(path: &str) -> String {
+    const SHOWN: usize = 200;
+    if path.len() <= SHOWN {
+        return path.to_string();
+    }
+    let mut end = SHOWN;
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &path[..end], path.len())
+}

@@ -16,6 +16,7 @@ use super::*;
 use crate::tenant::test_support::small_cache;
 use crate::tenant::timeline::{PutRecord, Timeline, TimelineConf, TimelineError};
 
+mod members;
 mod wal;
 
 /// One member of a synthetic data directory.

@@ -1,6 +1,7 @@
 //! The end of an import: the checks that need the whole archive, the metadata values that list
 //! what it holds, and the commit.
 
+use super::listing::Fork;
 use super::*;
 
 impl Importer<'_> {
@@ -55,17 +56,15 @@ impl Importer<'_> {
         }
         // Every segment before a fork's last one must be whole: a missing or short one would
         // leave blocks that the size covers but the archive never gave.
-        for (rel, size) in &self.new_rels {
-            let given = self.rel_blocks.get(rel).copied().unwrap_or(0);
-            if given != u64::from(*size) {
+        for Fork { rel, size, blocks } in self.listing.forks() {
+            if blocks != u64::from(size) {
                 return Err(ImportError::Invalid(format!(
-                    "relation {}/{}/{} fork {} has {given} blocks in its segment files, but its \
+                    "relation {}/{}/{} fork {} has {blocks} blocks in its segment files, but its \
                      last segment ends at block {size}: a segment is missing or short",
                     rel.spcnode, rel.dbnode, rel.relnode, rel.forknum
                 )));
             }
         }
-        self.add_implied_directories();
         self.store_relations()?;
         self.store_file_directory()?;
         let mut snapshots = self.old_snapshots.take().unwrap_or(SnapshotList {
@@ -85,37 +84,11 @@ impl Importer<'_> {
         Ok(report)
     }
 
-    /// Every stored path's parent directories are entries too, so a basebackup recreates them
-    /// even if the archive did not list them.
-    fn add_implied_directories(&mut self) {
-        let mut parents = BTreeSet::new();
-        for path in self.new_entries.keys() {
-            parents.extend(ancestors(path));
-        }
-        for rel in self.new_rels.keys() {
-            let dir = database_dir(rel.spcnode, rel.dbnode);
-            parents.extend(ancestors(&dir));
-            parents.insert(dir);
-        }
-        for path in parents {
-            self.new_entries
-                .entry(path.clone())
-                .or_insert_with(|| FileEntry {
-                    path,
-                    kind: EntryKind::Directory,
-                    mode: 0o700,
-                    mtime: 0,
-                    size: 0,
-                    id: 0,
-                });
-        }
-    }
-
     /// Sizes of new or resized forks, and the relation directory of every database whose set
     /// of forks changed (an emptied one for each database that is gone).
     fn store_relations(&mut self) -> Result<(), ImportError> {
         let mut by_db: BTreeMap<(u32, u32), Vec<(u32, u8)>> = BTreeMap::new();
-        for (rel, size) in &self.new_rels {
+        for Fork { rel, size, .. } in self.listing.forks() {
             by_db
                 .entry((rel.spcnode, rel.dbnode))
                 .or_default()
@@ -126,18 +99,18 @@ impl Importer<'_> {
                 .and_then(|forks| forks.get(&(rel.relnode, rel.forknum)));
             match old {
                 None => self.report.relations_new += 1,
-                Some(old) if old != size => self.report.relations_resized += 1,
+                Some(old) if *old != size => self.report.relations_resized += 1,
                 Some(_) => continue,
             }
             self.import.put(
                 rel.size_key(),
-                &Value::Image(Bytes::from(encode_rel_size(*size))),
+                &Value::Image(Bytes::from(encode_rel_size(size))),
             )?;
         }
-        self.report.relations = self.new_rels.len() as u64;
+        self.report.relations = self.listing.forks().count() as u64;
         // Databases that have a directory now, or had one.
         let mut databases: BTreeSet<(u32, u32)> = self.old_rels.keys().copied().collect();
-        databases.extend(self.new_entries.keys().filter_map(|p| database_of_dir(p)));
+        databases.extend(self.listing.paths().filter_map(database_of_dir));
         for db in databases {
             let new = by_db.remove(&db).unwrap_or_default();
             let old: Vec<(u32, u8)> = self
@@ -159,9 +132,7 @@ impl Importer<'_> {
     }
 
     fn store_file_directory(&mut self) -> Result<(), ImportError> {
-        let entries: Vec<FileEntry> = std::mem::take(&mut self.new_entries)
-            .into_values()
-            .collect();
+        let entries = self.listing.take_entries();
         self.report.files = entries.iter().filter(|e| e.kind == EntryKind::File).count() as u64;
         self.report.directories = entries.len() as u64 - self.report.files;
         self.report.files_removed = self
@@ -180,14 +151,11 @@ impl Importer<'_> {
             entries,
         };
         if dir != self.old_files {
+            let encoded = dir.encode();
+            debug_assert_eq!(encoded.len(), self.listing.file_directory_len());
             self.import
-                .put(file_dir_key(), &Value::Image(Bytes::from(dir.encode())))?;
+                .put(file_dir_key(), &Value::Image(Bytes::from(encoded)))?;
         }
         Ok(())
     }
-}
-
-/// `a/b/c` → `a`, `a/b`.
-fn ancestors(path: &str) -> impl Iterator<Item = String> + '_ {
-    path.match_indices('/').map(|(i, _)| path[..i].to_string())
 }

@@ -14,8 +14,23 @@
 //! The snapshot's LSN is the `lsn` the caller gives, else, for a `pg_basebackup` archive
 //! (it has a `backup_label`), the end of the WAL in its newest segment (`wal_end`), else, for
 //! a stopped cluster, `pg_control`'s latest checkpoint.
+//!
+//! # Memory
+//!
+//! An import holds what its archive lists, not its data: `listing.rs` keeps the paths of the
+//! files and directories (each once) and the relation segments, bounded as each member arrives
+//! (the entries by the file directory they make, one value of at most `max_value_size`; the
+//! members by `MAX_MEMBERS`), so an archive past either is refused at that member before the
+//! rest is read, and everything is dropped with the [`Importer`]. Besides that: the newest WAL
+//! segment of a backup (at most [`MAX_WAL_SEGMENT_KEPT`]), one long name (at most
+//! [`MAX_EXTENSION_HEADER`]), a block or chunk, and the private layer's index entry for each
+//! value put through it (members under `IMPORT_RUN_MIN_BYTES`), about 55 bytes. The budget
+//! this keeps to is in `docs/http-api.md` (the import's "Memory").
+//!
+//! Files: `tail.rs` tells the end of the archive from a cut-off one; `listing.rs` lists what
+//! the archive holds; `finish.rs` checks the whole and writes the values that list it.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read};
 
 use bytes::Bytes;
@@ -28,23 +43,21 @@ use pageserver_api::{Key, Value};
 use serde::Serialize;
 use utils::Lsn;
 
-use super::path::{classify, database_dir, database_of_dir, normalize, DatadirPath, PathError};
+use super::path::{classify, database_of_dir, normalize, DatadirPath, PathError};
 use super::pg_control::{self, ControlFile, ControlFileError};
 use super::wal_end::{segment_name_order, wal_end, WalEndError};
 use crate::tenant::timeline::{Import, Timeline, TimelineError, IMPORT_RUN_MIN_BYTES};
 
 mod finish;
+mod listing;
 mod tail;
 
+use listing::{Entry, Listing, ListingError};
 use tail::{TailReader, TAR_BLOCK};
 
 /// The largest WAL segment an import keeps in memory to find a backup's end (PostgreSQL's
 /// default is 16 MiB); with larger segments the caller gives the LSN.
 const MAX_WAL_SEGMENT_KEPT: u64 = 64 * 1024 * 1024;
-
-/// The most members an archive may have: each costs memory until the import ends (a data
-/// directory of 100,000 relations of three forks has about 300,000).
-const MAX_MEMBERS: usize = 4_000_000;
 
 /// The largest GNU long name or pax header an import reads (paths are at most 4 KiB).
 const MAX_EXTENSION_HEADER: u64 = 64 * 1024;
@@ -70,6 +83,12 @@ pub enum ImportError {
 
 impl From<PathError> for ImportError {
     fn from(e: PathError) -> Self {
+        ImportError::Invalid(e.to_string())
+    }
+}
+
+impl From<ListingError> for ImportError {
+    fn from(e: ListingError) -> Self {
         ImportError::Invalid(e.to_string())
     }
 }
@@ -122,7 +141,7 @@ pub fn import_archive(
     lsn: Option<Lsn>,
 ) -> Result<ImportReport, ImportError> {
     let import = timeline.begin_import()?;
-    let mut importer = Importer::new(import)?;
+    let mut importer = Importer::new(import, timeline.conf().max_value_size)?;
     let mut input = TailReader::new(input);
     importer.read_archive(&mut input)?;
     importer.report.bytes_read = input.total;
@@ -136,15 +155,11 @@ struct Importer<'t> {
     old_snapshots: Option<SnapshotList>,
     /// Every database's relation forks and their sizes at the base.
     old_rels: BTreeMap<(u32, u32), BTreeMap<(u32, u8), u32>>,
-    /// Forks the archive holds, with their sizes in blocks so far.
-    new_rels: BTreeMap<RelTag, u32>,
-    /// Blocks of each fork's segments together, to find a missing or short segment.
-    rel_blocks: BTreeMap<RelTag, u64>,
     /// Where the last member's data (with its padding) ends in the archive.
     last_member_end: u64,
-    new_entries: BTreeMap<String, FileEntry>,
+    /// The archive's files, directories and relation segments so far.
+    listing: Listing,
     next_id: u32,
-    seen: HashSet<String>,
     control: Option<ControlFile>,
     backup_label: bool,
     /// The newest WAL segment so far: its order and bytes.
@@ -153,7 +168,8 @@ struct Importer<'t> {
 }
 
 impl<'t> Importer<'t> {
-    fn new(import: Import<'t>) -> Result<Importer<'t>, ImportError> {
+    /// `max_value_size`: the largest file directory the archive's entries may make.
+    fn new(import: Import<'t>, max_value_size: usize) -> Result<Importer<'t>, ImportError> {
         let old_files = match import.read_current(file_dir_key())? {
             Some(bytes) => FileDirectory::decode(&bytes)?,
             None => FileDirectory {
@@ -194,11 +210,8 @@ impl<'t> Importer<'t> {
             old_files,
             old_snapshots,
             old_rels,
-            new_rels: BTreeMap::new(),
-            rel_blocks: BTreeMap::new(),
             last_member_end: 0,
-            new_entries: BTreeMap::new(),
-            seen: HashSet::new(),
+            listing: Listing::new(max_value_size),
             control: None,
             backup_label: false,
             newest_wal: None,
@@ -269,16 +282,7 @@ impl<'t> Importer<'t> {
             let path = normalize(&raw_path)?;
             let mode = header.mode().map_err(invalid_archive)? & 0o7777;
             let mtime = header.mtime().map_err(invalid_archive)?;
-            if self.seen.len() >= MAX_MEMBERS {
-                return Err(ImportError::Invalid(format!(
-                    "the archive has more than {MAX_MEMBERS} members"
-                )));
-            }
-            if !self.seen.insert(path.clone()) {
-                return Err(ImportError::Invalid(format!(
-                    "archive member {path:?} appears twice"
-                )));
-            }
+            self.listing.count_member()?;
             if path == "postmaster.pid" {
                 return Err(ImportError::Invalid(
                     "the archive has postmaster.pid: the cluster is running (stop it first, or \
@@ -305,26 +309,16 @@ impl<'t> Importer<'t> {
                 )));
             };
             match classify(&path, is_file)? {
-                DatadirPath::Root => {}
+                DatadirPath::Root => self.listing.add_root()?,
                 DatadirPath::Relation { rel, segno } => {
                     self.import_relation_segment(&mut entry, &path, rel, segno, size)?
                 }
                 DatadirPath::Other(path) if is_file => {
                     self.import_file(&mut entry, path, mode, mtime, size)?
                 }
-                DatadirPath::Other(path) => {
-                    self.new_entries.insert(
-                        path.clone(),
-                        FileEntry {
-                            path,
-                            kind: EntryKind::Directory,
-                            mode,
-                            mtime,
-                            size: 0,
-                            id: 0,
-                        },
-                    );
-                }
+                DatadirPath::Other(path) => self
+                    .listing
+                    .add_entry(path, Entry::directory(mode, mtime))?,
             }
         }
         input.check_end(self.last_member_end)
@@ -351,6 +345,7 @@ impl<'t> Importer<'t> {
         let end = first.checked_add(blocks).ok_or_else(|| {
             ImportError::Invalid(format!("relation file {path:?} reaches past block 2^32"))
         })?;
+        self.listing.add_segment(path, rel, segno, blocks)?;
         let old_size = self.old_size(&rel);
         let mut stored = run_credit(first >= old_size, size);
         let mut buf = vec![0u8; BLCKSZ];
@@ -369,13 +364,6 @@ impl<'t> Importer<'t> {
             let value = Value::Image(Bytes::copy_from_slice(&buf));
             self.put_from_member(key, &value, &mut stored, BLCKSZ)?;
         }
-        // An empty segment past the data (PostgreSQL leaves one behind after a truncation,
-        // until the next checkpoint) adds no blocks: the fork ends where its data does.
-        let fork_size = self.new_rels.entry(rel).or_insert(0);
-        if blocks > 0 {
-            *fork_size = (*fork_size).max(end);
-        }
-        *self.rel_blocks.entry(rel).or_insert(0) += u64::from(blocks);
         Ok(())
     }
 
@@ -444,6 +432,13 @@ impl<'t> Importer<'t> {
                 size <= MAX_WAL_SEGMENT_KEPT
                     && self.newest_wal.as_ref().is_none_or(|(o, _, _)| order > o)
             });
+        let wal_path = wal_order.map(|_| path.clone());
+        if path == "backup_label" {
+            self.backup_label = true;
+        }
+        // Listed before its data is read: a member twice is refused before it stores anything.
+        self.listing
+            .add_entry(path, Entry::file(mode, mtime, size, id))?;
         // Only one WAL segment is ever kept: the previous newest goes before this one is read
         // (memory stays at one segment, allocated once at its size).
         let mut kept = Vec::new();
@@ -488,23 +483,9 @@ impl<'t> Importer<'t> {
         if keep_control {
             self.control = Some(pg_control::parse(&kept)?);
         }
-        if path == "backup_label" {
-            self.backup_label = true;
+        if let Some((order, path)) = wal_order.zip(wal_path) {
+            self.newest_wal = Some((order, path, kept));
         }
-        if let Some(order) = wal_order {
-            self.newest_wal = Some((order, path.clone(), kept));
-        }
-        self.new_entries.insert(
-            path.clone(),
-            FileEntry {
-                path,
-                kind: EntryKind::File,
-                mode,
-                mtime,
-                size,
-                id,
-            },
-        );
         Ok(())
     }
 }
