@@ -183,18 +183,18 @@ def test_pg_basebackup_under_load_restores_and_passes_amcheck(pg: PgEnv, timelin
         restored.stop()
 
 
-def tar_bytes(members: dict[str, bytes | None], symlinks: dict[str, str] | None = None) -> bytes:
+def tar_bytes(members: dict[str, bytes | None], symlinks: dict[str, str] | None = None, modes: dict[str, int] | None = None) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             if data is None:
                 info.type = tarfile.DIRTYPE
-                info.mode = 0o700
+                info.mode = (modes or {}).get(name, 0o700)
                 tar.addfile(info)
             else:
                 info.size = len(data)
-                info.mode = 0o600
+                info.mode = (modes or {}).get(name, 0o600)
                 tar.addfile(info, io.BytesIO(data))
         for name, target in (symlinks or {}).items():
             info = tarfile.TarInfo(name)
@@ -209,6 +209,18 @@ def directory_tar(cluster: PgCluster) -> bytes:
     data, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0
     return data
+
+
+def with_setgid_directories(archive: bytes) -> bytes:
+    """The archive with the setgid bit on every directory, as a cluster created under a setgid
+    directory has it."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as src, tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as dst:
+        for info in src:
+            if info.isdir():
+                info.mode |= 0o2000
+            dst.addfile(info, src.extractfile(info) if info.isfile() else None)
+    return out.getvalue()
 
 
 def test_refused_imports_store_nothing(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
@@ -247,6 +259,10 @@ def test_refused_imports_store_nothing(pg: PgEnv, pageserver: Pageserver, timeli
     refused(b"this is not a tar archive" * 100, 400, "tar")
     refused(b"", 400, "empty")
     refused(tar_bytes({"./PG_VERSION": b"15\n"}), 400, "pg_control")
+    # Setuid, setgid or sticky: PostgreSQL writes none, and a basebackup restored as root would
+    # give them back.
+    refused(tar_bytes({"./PG_VERSION": b"15\n"}, modes={"./PG_VERSION": 0o4755}), 400, 'archive member "PG_VERSION" has the setuid bit (mode 04755)')
+    refused(tar_bytes({"./pg_stat": None}, modes={"./pg_stat": 0o1777}), 400, 'archive member "pg_stat" has the sticky bit (mode 01777)')
     pageserver.assert_no_errors()
 
     # The timeline still gives the first snapshot, and still takes a good import.
@@ -254,7 +270,15 @@ def test_refused_imports_store_nothing(pg: PgEnv, pageserver: Pageserver, timeli
     assert at == Lsn.parse(before)
     cluster.start()
     cluster.stop()
-    assert requests.put(f"{timeline.url}/import", data=directory_tar(cluster)).status_code == 200
+    # Every directory setgid (inherited from where the cluster was made): taken, and given back
+    # without the bit.
+    r = requests.put(f"{timeline.url}/import", data=with_setgid_directories(directory_tar(cluster)))
+    assert r.status_code == 200, r.text
+    backup = requests.get(f"{timeline.url}/basebackup")
+    assert backup.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(backup.content)) as tar:
+        modes = {info.name: info.mode for info in tar if info.isdir()}
+    assert len(modes) > 5 and set(modes.values()) == {0o700}, modes
 
 
 def a_snapshot_then_more_work(pg: PgEnv, timeline: TimelineHandle) -> tuple[Lsn, dict, bytes]:

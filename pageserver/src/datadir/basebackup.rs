@@ -6,7 +6,9 @@
 //! holds), then each database's relation forks, segment by segment. Contents are read block by
 //! block as the archive is written: memory stays at a block, whatever the directory's size.
 //! Every value read is checked (a chunk or block of the wrong length, or a missing one, stops
-//! the archive with an error rather than writing a wrong file).
+//! the archive with an error rather than writing a wrong file). Members have their permission
+//! bits (0777) and no owner; setuid, setgid and sticky are never written, whatever a snapshot
+//! holds.
 
 use std::io::{self, Read, Write};
 
@@ -87,7 +89,10 @@ pub fn write_basebackup(
     let mut databases = Vec::new();
     for entry in &files.entries {
         let mut header = tar::Header::new_gnu();
-        header.set_mode(entry.mode);
+        // The permission bits only: an import refuses or drops setuid, setgid and sticky, and
+        // a snapshot stored before it did must not give them back either (restored as root,
+        // its members are root's).
+        header.set_mode(entry.mode & 0o777);
         header.set_mtime(entry.mtime);
         match entry.kind {
             EntryKind::Directory => {

@@ -13,9 +13,11 @@
 //! - `basebackup.rs`: the snapshot at or below an LSN as a tar stream a stock PostgreSQL
 //!   starts from.
 //!
-//! Limits: only the `pg_default` and `pg_global` tablespaces, no symlinks (a `pg_wal`
-//! elsewhere), `pg_control` format 1300 (PostgreSQL 13 to 16); a relation's empty trailing
-//! segment files (left by a truncation until the next checkpoint) are not reproduced.
+//! Limits: only the `pg_default` and `pg_global` tablespaces, regular files and directories (no
+//! symlinks: a `pg_wal` elsewhere), permission bits only (setuid, setgid and sticky refused,
+//! but setgid on a directory dropped: `import/member.rs`), `pg_control` format 1300
+//! (PostgreSQL 13 to 16); a relation's empty trailing segment files (left by a truncation
+//! until the next checkpoint) are not reproduced.
 
 mod basebackup;
 mod import;

@@ -27,8 +27,9 @@
 //! value put through it (members under `IMPORT_RUN_MIN_BYTES`), about 55 bytes. The budget
 //! this keeps to is in `docs/http-api.md` (the import's "Memory").
 //!
-//! Files: `tail.rs` tells the end of the archive from a cut-off one; `listing.rs` lists what
-//! the archive holds; `finish.rs` checks the whole and writes the values that list it.
+//! Files: `member.rs` says which member types and modes are imported; `tail.rs` tells the end
+//! of the archive from a cut-off one; `listing.rs` lists what the archive holds; `finish.rs`
+//! checks the whole and writes the values that list it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Read};
@@ -50,9 +51,11 @@ use crate::tenant::timeline::{Import, Timeline, TimelineError, IMPORT_RUN_MIN_BY
 
 mod finish;
 mod listing;
+mod member;
 mod tail;
 
 use listing::{Entry, Listing, ListingError};
+use member::{member_kind, stored_mode, MemberError, MemberKind};
 use tail::{TailReader, TAR_BLOCK};
 
 /// The largest WAL segment an import keeps in memory to find a backup's end (PostgreSQL's
@@ -89,6 +92,12 @@ impl From<PathError> for ImportError {
 
 impl From<ListingError> for ImportError {
     fn from(e: ListingError) -> Self {
+        ImportError::Invalid(e.to_string())
+    }
+}
+
+impl From<MemberError> for ImportError {
+    fn from(e: MemberError) -> Self {
         ImportError::Invalid(e.to_string())
     }
 }
@@ -280,7 +289,7 @@ impl<'t> Importer<'t> {
                 .take()
                 .unwrap_or_else(|| entry.path_bytes().into_owned());
             let path = normalize(&raw_path)?;
-            let mode = header.mode().map_err(invalid_archive)? & 0o7777;
+            let mode = header.mode().map_err(invalid_archive)?;
             let mtime = header.mtime().map_err(invalid_archive)?;
             self.listing.count_member()?;
             if path == "postmaster.pid" {
@@ -290,35 +299,24 @@ impl<'t> Importer<'t> {
                         .to_string(),
                 ));
             }
-            let is_file = if kind.is_file() || kind.is_contiguous() {
-                true
-            } else if kind.is_dir() {
-                false
-            } else if kind.is_symlink() || kind.is_hard_link() {
-                let what = if path.starts_with("pg_tblspc/") {
-                    "tablespaces outside the data directory are not supported"
-                } else {
-                    "links are not supported (a pg_wal elsewhere, initdb -X, is not importable)"
-                };
-                return Err(ImportError::Invalid(format!(
-                    "archive member {path:?} is a link: {what}"
-                )));
-            } else {
-                return Err(ImportError::Invalid(format!(
-                    "archive member {path:?} is neither a file nor a directory"
-                )));
-            };
+            let member_kind = member_kind(&path, kind)?;
+            let is_file = member_kind == MemberKind::File;
             match classify(&path, is_file)? {
                 DatadirPath::Root => self.listing.add_root()?,
                 DatadirPath::Relation { rel, segno } => {
+                    // Not stored (a basebackup writes relation files 0600), but refused alike.
+                    stored_mode(&path, member_kind, mode)?;
                     self.import_relation_segment(&mut entry, &path, rel, segno, size)?
                 }
-                DatadirPath::Other(path) if is_file => {
-                    self.import_file(&mut entry, path, mode, mtime, size)?
+                DatadirPath::Other(path) => {
+                    let mode = stored_mode(&path, member_kind, mode)?;
+                    if is_file {
+                        self.import_file(&mut entry, path, mode, mtime, size)?
+                    } else {
+                        self.listing
+                            .add_entry(path, Entry::directory(mode, mtime))?
+                    }
                 }
-                DatadirPath::Other(path) => self
-                    .listing
-                    .add_entry(path, Entry::directory(mode, mtime))?,
             }
         }
         input.check_end(self.last_member_end)
