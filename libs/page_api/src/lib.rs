@@ -20,6 +20,11 @@ pub mod proto {
     tonic::include_proto!("pageserver.page.v1");
 }
 
+/// The compiled `.proto` (a `FileDescriptorSet`, encoded): what server reflection tells clients
+/// such as grpcurl about the protocol.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    tonic::include_file_descriptor_set!("page_service_descriptor");
+
 /// Metadata that names the tenant of a call.
 pub const TENANT_ID_HEADER: &str = "tenant-id";
 /// Metadata that names the timeline of a call.
@@ -127,6 +132,24 @@ mod tests {
             ..rel_to_wire(&rel)
         };
         assert_eq!(rel_from_wire(Some(&huge)), Err(ProtocolError::Fork(260)));
+    }
+
+    #[test]
+    fn the_descriptor_set_describes_the_service() {
+        use prost::Message;
+        let set = prost_types::FileDescriptorSet::decode(FILE_DESCRIPTOR_SET).unwrap();
+        let file = set
+            .file
+            .iter()
+            .find(|f| f.name() == "page_service.proto")
+            .unwrap();
+        assert_eq!(file.package(), "pageserver.page.v1");
+        let service = &file.service[0];
+        assert_eq!(
+            format!("{}.{}", file.package(), service.name()),
+            proto::page_service_server::SERVICE_NAME
+        );
+        assert!(service.method.iter().any(|m| m.name() == "GetPages"));
     }
 
     #[test]

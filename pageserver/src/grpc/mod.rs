@@ -22,7 +22,11 @@
 //! calls run to their end, and the server stops waiting for whatever is still open
 //! [`SHUTDOWN_GRACE`] later (a client that reads nothing, so its stream cannot even be told):
 //! it flushes and exits, which closes those connections.
+//!
+//! Beside the page service, on the same address, the standard health service and server
+//! reflection ([`conventions`]), which need no token.
 
+pub mod conventions;
 pub mod handshake;
 pub mod incoming;
 pub mod service;
@@ -65,6 +69,8 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) -> Result<Served, tonic::transport::Error> {
     let incoming = incoming::incoming(listener, connections, handshake_timeout);
+    let health = conventions::health_service(shutdown.clone()).await;
+    let (reflection_v1, reflection_v1alpha) = conventions::reflection();
     let server = tonic::transport::Server::builder()
         // Answers are pages: let a client's many small requests through without waiting for
         // window updates, and keep a dead peer from holding a stream forever.
@@ -77,6 +83,9 @@ pub async fn serve(
             state,
             shutdown.clone(),
         )))
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(incoming, stopping(shutdown.clone()));
     tokio::select! {
         served = server => served.map(|()| Served::Drained),
