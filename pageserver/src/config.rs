@@ -123,6 +123,11 @@ http_response_write_timeout = "30s"
 # A page service connection that has not sent its HTTP/2 preface and first SETTINGS frame this
 # long after it was accepted is closed (it holds a place under max_connections meanwhile).
 grpc_handshake_timeout = "10s"
+# The page service's answers waiting for their client to read them (docs/grpc-api.md,
+# "Memory"): a GetPages stream takes no new batch while its own answers, or those of all the
+# streams of its connection, take this much or more; they are counted until written out.
+grpc_answer_bytes_per_stream = "16MiB"
+grpc_answer_bytes_per_connection = "64MiB"
 # Request bodies being read into memory, all requests together, may take at most this much;
 # past it a request is refused with 503. At least max_request_body_size.
 max_buffered_request_bytes = "256MiB"
@@ -204,6 +209,10 @@ pub struct PageServerConf {
     #[serde(deserialize_with = "duration")]
     pub grpc_handshake_timeout: Duration,
     #[serde(deserialize_with = "size_usize")]
+    pub grpc_answer_bytes_per_stream: usize,
+    #[serde(deserialize_with = "size_usize")]
+    pub grpc_answer_bytes_per_connection: usize,
+    #[serde(deserialize_with = "size_usize")]
     pub max_buffered_request_bytes: usize,
     /// `None`: derived from the open-file limit at startup ([`default_max_connections`]).
     pub max_connections: Option<usize>,
@@ -253,6 +262,8 @@ impl Default for PageServerConf {
             import_body_read_timeout: Duration::from_secs(600),
             http_response_write_timeout: Duration::from_secs(30),
             grpc_handshake_timeout: Duration::from_secs(10),
+            grpc_answer_bytes_per_stream: 16 << 20,
+            grpc_answer_bytes_per_connection: 64 << 20,
             max_buffered_request_bytes: 256 << 20,
             max_connections: None,
             scan_cursor_cache_size: 16 << 20,
@@ -451,6 +462,21 @@ impl PageServerConf {
                 ));
             }
         }
+        // Zero would serve no batch; a stream's budget over its connection's would be the
+        // connection's.
+        let sizes = |n: &u64| format_size(*n);
+        in_range_shown(
+            "grpc_answer_bytes_per_stream",
+            self.grpc_answer_bytes_per_stream as u64,
+            MIN_ANSWER_BYTES..=MAX_ANSWER_BYTES,
+            sizes,
+        )?;
+        in_range_shown(
+            "grpc_answer_bytes_per_connection",
+            self.grpc_answer_bytes_per_connection as u64,
+            self.grpc_answer_bytes_per_stream as u64..=MAX_ANSWER_BYTES,
+            sizes,
+        )?;
         if self.max_buffered_request_bytes < self.max_request_body_size {
             return invalid(format!(
                 "max_buffered_request_bytes {} is below max_request_body_size {}: a body of \
@@ -571,6 +597,11 @@ pub const MAX_CHECKPOINT_DISTANCE: u64 = 1 << 40;
 pub const MAX_FROZEN_LAYERS: usize = 1000;
 pub const MIN_WAIT_LSN_TIMEOUT: Duration = Duration::from_millis(1);
 pub const MAX_WAIT_LSN_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// The smallest `grpc_answer_bytes_per_stream`: a page. A stream under its budget takes a
+/// batch whatever its size, so any budget serves every batch.
+pub const MIN_ANSWER_BYTES: u64 = crate::PAGE_SZ as u64;
+/// The largest answer budgets: 16 GiB, beyond which they would bound nothing.
+pub const MAX_ANSWER_BYTES: u64 = 16 << 30;
 
 fn in_range<T: PartialOrd + Display>(
     name: &str,

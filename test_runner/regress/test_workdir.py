@@ -58,6 +58,8 @@ def test_fresh_workdir_gets_the_first_starts_settings(pageserver_factory: Pagese
         "import_body_read_timeout": "10m",
         "http_response_write_timeout": "30s",
         "grpc_handshake_timeout": "10s",
+        "grpc_answer_bytes_per_stream": "16MiB",
+        "grpc_answer_bytes_per_connection": "64MiB",
         "max_buffered_request_bytes": "256MiB",
         "scan_cursor_cache_size": "16MiB",
         "scan_cursor_idle_timeout": "60s",

@@ -253,6 +253,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         tenants: tenants.clone(),
         auth: state.auth.clone(),
         wait_lsn_timeout: state.conf.wait_lsn_timeout,
+        answer_limits: pageserver::grpc::budget::AnswerLimits {
+            per_stream: state.conf.grpc_answer_bytes_per_stream,
+            per_connection: state.conf.grpc_answer_bytes_per_connection,
+        },
     });
     let listen_grpc = state.conf.listen_grpc_addr;
     let grpc_handshake_timeout = state.conf.grpc_handshake_timeout;

@@ -98,6 +98,12 @@ fn http_limits_refuse_nonsense() {
     assert!(
         err(&["grpc_handshake_timeout=0s"]).contains("grpc_handshake_timeout must be above zero")
     );
+    assert!(err(&["grpc_answer_bytes_per_stream=0"]).contains(
+        "grpc_answer_bytes_per_stream = 0B is out of range: it must be from 8KiB to 16GiB"
+    ));
+    assert!(err(&["grpc_answer_bytes_per_connection=8MiB"]).contains(
+        "grpc_answer_bytes_per_connection = 8MiB is out of range: it must be from 16MiB to 16GiB"
+    ));
     assert!(err(&["max_connections=0"]).contains("from 1 to"));
     assert!(err(&["max_connections=99999999"]).contains("from 1 to"));
     assert!(err(&["max_buffered_request_bytes=1MiB"]).contains("below max_request_body_size"));
@@ -106,6 +112,8 @@ fn http_limits_refuse_nonsense() {
         "http_body_read_timeout=2s",
         "http_response_write_timeout=3s",
         "grpc_handshake_timeout=4s",
+        "grpc_answer_bytes_per_stream=1MiB",
+        "grpc_answer_bytes_per_connection=2MiB",
         "max_connections=3",
         "max_buffered_request_bytes=1MiB",
         "max_request_body_size=1MiB",
@@ -115,6 +123,8 @@ fn http_limits_refuse_nonsense() {
     assert_eq!(conf.http_body_read_timeout, Duration::from_secs(2));
     assert_eq!(conf.http_response_write_timeout, Duration::from_secs(3));
     assert_eq!(conf.grpc_handshake_timeout, Duration::from_secs(4));
+    assert_eq!(conf.grpc_answer_bytes_per_stream, 1 << 20);
+    assert_eq!(conf.grpc_answer_bytes_per_connection, 2 << 20);
     assert_eq!(conf.max_connections(), 3);
     assert_eq!(conf.max_buffered_request_bytes, 1 << 20);
 }

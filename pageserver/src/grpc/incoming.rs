@@ -5,7 +5,8 @@
 //! hold all places but a floor kept for HTTP ([`ConnectionLimit::http_floor`]): its
 //! connections are long-lived and may sit idle, and must never lock the HTTP API out. A
 //! connection that does not finish its HTTP/2 handshake in time gives its place back
-//! ([`HandshakeDeadline`]).
+//! ([`HandshakeDeadline`]). Each connection carries the budget its streams' answers share
+//! ([`ConnectionInfo`], see [`super::budget`]).
 
 use std::io;
 use std::pin::Pin;
@@ -18,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use super::budget::{AnswerLimits, ByteBudget};
 use super::handshake::HandshakeDeadline;
 use crate::http::server::{accept_error, Admitted, ConnectionLimit};
 
@@ -25,14 +27,25 @@ use crate::http::server::{accept_error, Admitted, ConnectionLimit};
 pub struct CappedConnection {
     stream: HandshakeDeadline<TcpStream>,
     _admitted: Admitted,
+    answers: Arc<ByteBudget>,
+}
+
+/// What tonic puts in the extensions of every request on a connection.
+#[derive(Debug, Clone)]
+pub struct ConnectionInfo {
+    pub tcp: TcpConnectInfo,
+    /// The bytes of answers the connection's streams hold, together.
+    pub answers: Arc<ByteBudget>,
 }
 
 /// The connections `listener` accepts, each once a place under `limit` is free, each with
-/// `handshake_timeout` from then to send its HTTP/2 handshake.
+/// `handshake_timeout` from then to send its HTTP/2 handshake and a budget of `answer_limits`
+/// for its answers.
 pub fn incoming(
     listener: TcpListener,
     limit: Arc<ConnectionLimit>,
     handshake_timeout: Duration,
+    answer_limits: AnswerLimits,
 ) -> impl Stream<Item = io::Result<CappedConnection>> {
     futures::stream::unfold((listener, limit), move |(listener, limit)| async move {
         loop {
@@ -47,6 +60,7 @@ pub fn incoming(
                     let connection = CappedConnection {
                         stream: HandshakeDeadline::new(stream, handshake_timeout),
                         _admitted: admitted,
+                        answers: answer_limits.for_new_connection(),
                     };
                     return Some((Ok(connection), (listener, limit)));
                 }
@@ -57,10 +71,13 @@ pub fn incoming(
 }
 
 impl Connected for CappedConnection {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ConnectionInfo;
 
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.get_ref().connect_info()
+    fn connect_info(&self) -> ConnectionInfo {
+        ConnectionInfo {
+            tcp: self.stream.get_ref().connect_info(),
+            answers: self.answers.clone(),
+        }
     }
 }
 

@@ -9,14 +9,20 @@
 //!
 //! Reads run as HTTP's do ([`crate::http::read`]): the wait for an LSN as a task (a caller
 //! that goes away ends it), then the read in place when the page cache can answer it whole,
-//! on the blocking pool when it needs the disk. A `GetPages` stream reads its batches
-//! concurrently, up to [`service::MAX_BATCHES_IN_FLIGHT`] of them, and answers each as soon as
-//! it is read, so answers overtake each other; one answer waits to be sent at most, so a client
-//! that stops reading stops the stream from taking more batches (they wait in HTTP/2 flow
-//! control), which bounds what one stream can make the server hold. Each batch looks its
-//! timeline up again, as every HTTP request does, so a stream never reads a timeline that was
-//! detached or deleted since it opened. A stream checks its token when it opens; a token that
-//! expires later does not end it.
+//! on the blocking pool when it needs the disk. A `GetPages` stream ([`get_pages`]) reads its
+//! batches concurrently, up to [`get_pages::MAX_BATCHES_IN_FLIGHT`] of them, and answers each
+//! as soon as it is read, so answers overtake each other. Each batch looks its timeline up
+//! again, as every HTTP request does, so a stream never reads a timeline that was detached or
+//! deleted since it opened. A stream checks its token when it opens; a token that expires
+//! later does not end it.
+//!
+//! What a client can make the server hold is bounded: a connection's streams
+//! ([`MAX_STREAMS_PER_CONNECTION`]), a request message ([`MAX_REQUEST_BYTES`]), what a client
+//! may send ahead (the receive windows), and, in bytes, the answers a stream and a connection
+//! hold until h2 has written them ([`budget`]: settings `grpc_answer_bytes_per_stream` and
+//! `grpc_answer_bytes_per_connection`). A stream over its budget reads no more requests, so
+//! a client that does not read its answers, or grants no flow-control window, is not read
+//! from either: its requests wait on its side.
 //!
 //! At shutdown, open streams end with UNAVAILABLE after the answers already queued, unary
 //! calls run to their end, and the server stops waiting for whatever is still open
@@ -26,7 +32,9 @@
 //! Beside the page service, on the same address, the standard health service and server
 //! reflection ([`conventions`]), which need no token.
 
+pub mod budget;
 pub mod conventions;
+pub mod get_pages;
 pub mod handshake;
 pub mod incoming;
 pub mod service;
@@ -38,6 +46,7 @@ use axum::http::StatusCode;
 use page_api::proto::page_service_server::PageServiceServer;
 use tokio::sync::watch;
 
+use self::budget::AnswerLimits;
 use crate::http::auth::JwtAuth;
 use crate::http::error::{redact_paths, ApiError};
 use crate::http::server::ConnectionLimit;
@@ -49,6 +58,8 @@ pub struct PageServiceState {
     pub auth: Option<JwtAuth>,
     /// How long a read waits for its LSN to be ingested.
     pub wait_lsn_timeout: Duration,
+    /// The bytes of answers a stream, and a connection, may hold.
+    pub answer_limits: AnswerLimits,
 }
 
 /// How long calls may still run after shutdown began (the HTTP server's grace, too).
@@ -56,6 +67,12 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
 /// Streams one connection may have open at once.
 pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+
+/// The largest request message, past which a call ends with OUT_OF_RANGE: a batch of 1024
+/// pages is under 34 KiB. tonic buffers a message whole before decoding it, so this bounds what
+/// a stream's unfinished message can hold (tonic's default is 4 MiB, a gigabyte over a
+/// connection's streams).
+pub const MAX_REQUEST_BYTES: usize = 64 << 10;
 
 /// Serves the page service on `listener`, its connections under `connections` (the cap it
 /// shares with the HTTP server), each with `handshake_timeout` to send its HTTP/2 handshake,
@@ -68,21 +85,23 @@ pub async fn serve(
     state: Arc<PageServiceState>,
     shutdown: watch::Receiver<bool>,
 ) -> Result<Served, tonic::transport::Error> {
-    let incoming = incoming::incoming(listener, connections, handshake_timeout);
+    let answer_limits = state.answer_limits;
+    let incoming = incoming::incoming(listener, connections, handshake_timeout, answer_limits);
     let health = conventions::health_service(shutdown.clone()).await;
     let (reflection_v1, reflection_v1alpha) = conventions::reflection();
+    let page_service = PageServiceServer::new(service::PageService::new(state, shutdown.clone()))
+        .max_decoding_message_size(MAX_REQUEST_BYTES);
     let server = tonic::transport::Server::builder()
-        // Answers are pages: let a client's many small requests through without waiting for
-        // window updates, and keep a dead peer from holding a stream forever.
+        // Requests are small: let a client's many of them through without waiting for window
+        // updates (what it may send ahead, unread, is at most the connection's window), and
+        // keep a dead peer from holding a stream forever. What the server sends waits in h2
+        // for the client's window, counted against the answer budgets until it is written.
         .initial_connection_window_size(Some(4 << 20))
         .initial_stream_window_size(Some(1 << 20))
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .max_concurrent_streams(Some(MAX_STREAMS_PER_CONNECTION))
-        .add_service(PageServiceServer::new(service::PageService::new(
-            state,
-            shutdown.clone(),
-        )))
+        .add_service(budget::Budgeted::new(page_service, answer_limits))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

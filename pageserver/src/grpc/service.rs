@@ -1,29 +1,23 @@
 //! The page service's calls (see the module above for what they share).
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use bytes::Bytes;
-use futures::stream::{FuturesUnordered, StreamExt};
 use page_api::proto::{self, page_service_server};
 use page_api::{key_from_wire, lsn_from_wire, rel_from_wire, TENANT_ID_HEADER, TIMELINE_ID_HEADER};
 use pageserver_api::datadir::{decode_rel_size, RelTag};
-use pageserver_api::Key;
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio::sync::watch;
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status, Streaming};
 use utils::{Lsn, TenantId, TimelineId};
 
+use super::budget::AnswerBudget;
+use super::get_pages::{self, GetPagesStream};
 use super::{status_of, PageServiceState};
 use crate::http::error::ApiError;
 use crate::http::read;
 use crate::io::read_cost::{self, ReadCost};
 use crate::tenant::timeline::Timeline;
-
-/// Batches of one `GetPages` stream read at once; the stream's further requests wait.
-pub const MAX_BATCHES_IN_FLIGHT: usize = 16;
 
 /// The service; one per server, shared by every connection.
 pub struct PageService {
@@ -63,13 +57,16 @@ impl PageService {
     }
 }
 
-type TimelineIds = (TenantId, TimelineId);
+pub(super) type TimelineIds = (TenantId, TimelineId);
 
 impl PageServiceState {
     /// The timeline, as it is now: looked up for every call and every batch (as HTTP looks it
     /// up for every request), so that a stream opened before a detach, a re-attach or a
     /// deletion never reads a timeline object that is no longer the tenant's.
-    fn timeline(&self, (tenant, timeline): TimelineIds) -> Result<Arc<Timeline>, ApiError> {
+    pub(super) fn timeline(
+        &self,
+        (tenant, timeline): TimelineIds,
+    ) -> Result<Arc<Timeline>, ApiError> {
         Ok(self.tenants.get_timeline(tenant, timeline)?)
     }
 }
@@ -105,7 +102,7 @@ fn finish<T>(
     result.map(Response::new)
 }
 
-fn record_call(method: &'static str, code: Code, started: Instant) {
+pub(super) fn record_call(method: &'static str, code: Code, started: Instant) {
     crate::metrics::GRPC_REQUESTS
         .with_label_values(&[method, code_name(code)])
         .inc();
@@ -152,7 +149,7 @@ fn rel_and_lsn(
     Ok((rel, read_lsn(timeline, lsn)))
 }
 
-fn cost_to_wire(cost: &ReadCost) -> proto::ReadCost {
+pub(super) fn cost_to_wire(cost: &ReadCost) -> proto::ReadCost {
     proto::ReadCost {
         layers: cost.layers,
         idx_hit: cost.idx_hit,
@@ -172,9 +169,6 @@ fn rel_text(rel: &RelTag) -> String {
         rel.spcnode, rel.dbnode, rel.relnode, rel.forknum
     )
 }
-
-type GetPagesStream =
-    Pin<Box<dyn tokio_stream::Stream<Item = Result<proto::GetPagesResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl page_service_server::PageService for PageService {
@@ -216,25 +210,19 @@ impl page_service_server::PageService for PageService {
                 return Err(status);
             }
         };
-        let inbound = request.into_inner();
-        // One answer queued: a client that does not read its answers stops the stream from
-        // reading more batches (it waits in HTTP/2 flow control), so a stream holds at most
-        // its batches in flight and this one answer.
-        let (answers, stream) = mpsc::channel(1);
-        // How the stream ends when it ends with an error: after every answer already queued,
-        // whether or not there was room to queue the error itself.
-        let (end, ended) = oneshot::channel::<Status>();
-        tokio::spawn(serve_batches(
+        // The budgets its answers count against, which the server's wrapper of this service
+        // made for the stream (see `super::budget`); a fresh pair where there is none.
+        let budget = request
+            .extensions()
+            .get::<AnswerBudget>()
+            .cloned()
+            .unwrap_or_else(|| self.state.answer_limits.for_new_stream(None));
+        Ok(Response::new(get_pages::serve(
             self.state.clone(),
             ids,
-            inbound,
-            Outbox { answers, end },
+            request.into_inner(),
+            budget,
             self.shutdown.clone(),
-        ));
-        let end_status =
-            futures::stream::once(ended).filter_map(|ended| async move { ended.ok().map(Err) });
-        Ok(Response::new(Box::pin(
-            ReceiverStream::new(stream).chain(end_status),
         )))
     }
 
@@ -314,143 +302,4 @@ impl PageService {
             })
             .transpose()
     }
-}
-
-/// Reads a `GetPages` stream's batches, up to [`MAX_BATCHES_IN_FLIGHT`] at once, and sends
-/// each answer as soon as it is ready. Ends when the client closes its side and every batch is
-/// answered, when the client goes away, or at shutdown, even if the client stopped reading.
-/// Where a stream's answers go, and the status it ends with if it ends with an error.
-struct Outbox {
-    answers: mpsc::Sender<Result<proto::GetPagesResponse, Status>>,
-    end: oneshot::Sender<Status>,
-}
-
-async fn serve_batches(
-    state: Arc<PageServiceState>,
-    ids: TimelineIds,
-    mut inbound: Streaming<proto::GetPagesRequest>,
-    outbox: Outbox,
-    shutdown: watch::Receiver<bool>,
-) {
-    let Outbox { answers, end } = outbox;
-    let shutting_down = || Status::unavailable("the pageserver is shutting down");
-    let mut in_flight = FuturesUnordered::new();
-    let mut open = true;
-    while open || !in_flight.is_empty() {
-        tokio::select! {
-            // Shutdown first, whatever else is ready.
-            biased;
-            _ = super::stopping(shutdown.clone()) => {
-                // Not a send to await: a client that reads nothing must not hold the shutdown
-                // up. The status follows the answers already queued.
-                let _ = end.send(shutting_down());
-                return;
-            }
-            _ = answers.closed() => return,
-            message = inbound.message(), if open && in_flight.len() < MAX_BATCHES_IN_FLIGHT => {
-                match message {
-                    Ok(Some(batch)) => in_flight.push(read_batch(state.clone(), ids, batch)),
-                    Ok(None) => open = false,
-                    // A malformed message or a broken connection: nothing more can be read,
-                    // and the batches in flight are dropped unanswered.
-                    Err(status) => {
-                        let _ = end.send(status);
-                        return;
-                    }
-                }
-            }
-            Some(answer) = in_flight.next(), if !in_flight.is_empty() => {
-                tokio::select! {
-                    biased;
-                    _ = super::stopping(shutdown.clone()) => {
-                        let _ = end.send(shutting_down());
-                        return;
-                    }
-                    sent = answers.send(Ok(answer)) => {
-                        if sent.is_err() {
-                            // The client is gone; its batches' reads on the blocking pool
-                            // finish without it.
-                            return;
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// One batch's answer: its pages, or the error that failed it.
-async fn read_batch(
-    state: Arc<PageServiceState>,
-    ids: TimelineIds,
-    batch: proto::GetPagesRequest,
-) -> proto::GetPagesResponse {
-    let started = Instant::now();
-    let id = batch.id;
-    crate::metrics::GRPC_BATCH_PAGES.observe(batch.pages.len() as f64);
-    let result = match state.timeline(ids) {
-        Ok(timeline) => read_batch_inner(timeline, batch, state.wait_lsn_timeout).await,
-        Err(e) => Err(e),
-    };
-    match result {
-        Ok((pages, cost)) => {
-            record_call("GetPages", Code::Ok, started);
-            proto::GetPagesResponse {
-                id,
-                pages,
-                cost: Some(cost_to_wire(&cost)),
-                error: None,
-            }
-        }
-        Err(e) => {
-            let status = status_of(e);
-            record_call("GetPages", status.code(), started);
-            proto::GetPagesResponse {
-                id,
-                pages: Vec::new(),
-                cost: None,
-                error: Some(proto::Error {
-                    code: status.code() as i32,
-                    message: status.message().to_owned(),
-                }),
-            }
-        }
-    }
-}
-
-async fn read_batch_inner(
-    timeline: Arc<Timeline>,
-    batch: proto::GetPagesRequest,
-    wait_lsn_timeout: Duration,
-) -> Result<(Vec<proto::PageResult>, ReadCost), ApiError> {
-    page_api::check_batch_size(batch.pages.len())
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let latest = timeline.last_record_lsn();
-    let requests = batch
-        .pages
-        .iter()
-        .enumerate()
-        .map(|(i, page)| {
-            let key = key_from_wire(&page.key)
-                .map_err(|e| ApiError::bad_request(format!("pages[{i}].{e}")))?;
-            Ok((key, lsn_from_wire(page.lsn).unwrap_or(latest)))
-        })
-        .collect::<Result<Vec<(Key, Lsn)>, ApiError>>()?;
-    let highest = requests.iter().map(|(_, lsn)| *lsn).max().unwrap_or(latest);
-    timeline.wait_lsn(highest, wait_lsn_timeout).await?;
-    let requests = Arc::new(requests);
-    let batch = requests.clone();
-    let (pages, cost) = read(move || read_cost::measure(|| timeline.get_pages(&batch))).await?;
-    read_cost::record(&cost, requests.len());
-    let pages: Vec<Option<Bytes>> = pages?;
-    let results = pages
-        .into_iter()
-        .zip(requests.iter())
-        .map(|(page, (_, lsn))| proto::PageResult {
-            found: page.is_some(),
-            page: page.unwrap_or_default(),
-            lsn: lsn.0,
-        })
-        .collect();
-    Ok((results, cost))
 }
