@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 
 from fixtures.auth import AuthKeys, start_with_auth
 from fixtures.ingest import Image, key, page_of
+from fixtures.page_service import pb, pb_grpc
 from fixtures.plugin import PageserverFactory
 
 PAGE_SERVICE = "pageserver.page.v1.PageService"
@@ -50,9 +51,7 @@ def test_health_answers_probes_without_a_token(auth_server):
         with pytest.raises(grpc.RpcError) as e:
             health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
         assert e.value.code() == grpc.StatusCode.NOT_FOUND
-        # The page service itself still wants the token on the same connection.
-        from fixtures.page_service import pb, pb_grpc
-
+        # The page service itself still checks its calls on the same connection.
         with pytest.raises(grpc.RpcError) as e:
             pb_grpc.PageServiceStub(channel).GetPage(pb.GetPageRequest(key=key(1)), timeout=10)
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # no tenant-id: checked first

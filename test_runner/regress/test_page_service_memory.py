@@ -1,14 +1,19 @@
 """What a page service client can make the server hold (docs/grpc-api.md#memory): a hostile
-client on one HTTP/2 connection, speaking raw frames, that advertises a 1-byte stream window,
-opens every stream the server allows, asks each for batches of 1024 pages of 8 KiB and never
-grants a byte of window back. The server's resident memory, read from /proc while it happens,
-must grow by at most the documented budget, and another client must still be served."""
+client on one HTTP/2 connection, speaking raw frames, that opens every stream the server allows,
+asks each for batches of 1024 pages of 8 KiB and never lets an answer through: either it
+advertises a 1-byte stream window and never grants more (answers wait in the server's HTTP/2
+send buffers), or it opens every window wide and then reads nothing from its socket (answers
+wait behind TCP). The server's resident memory, read from /proc while it happens, must grow by
+at most the documented budget, and another client must still be served."""
 
 from __future__ import annotations
 
+import array
+import fcntl
 import select
 import socket
 import struct
+import termios
 import threading
 import time
 from typing import Optional
@@ -31,6 +36,10 @@ PAGES = 1024
 REQUESTS_PER_STREAM = 4
 
 
+class OverBudget(AssertionError):
+    pass
+
+
 def rss(pid: int) -> int:
     """The process's resident set, in bytes."""
     with open(f"/proc/{pid}/status") as status:
@@ -45,18 +54,25 @@ def grpc_message(message) -> bytes:
     return b"\0" + struct.pack(">I", len(body)) + body
 
 
-class WindowlessClient:
-    """One HTTP/2 connection that advertises an initial stream window of `window` bytes and
-    never sends WINDOW_UPDATE: the server may send it `window` bytes per stream and no more.
-    It answers the server's SETTINGS and PINGs (so keepalive does not drop it) and respects
-    the server's own flow control when it sends."""
+class HostileClient:
+    """One HTTP/2 connection that lets no answer through. With `deaf` false, it advertises an
+    initial stream window of 1 byte and never sends WINDOW_UPDATE, so the server may send one
+    byte per stream; it answers the server's SETTINGS and PINGs (so keepalive does not drop
+    it). With `deaf` true, it opens its windows wide and, once the server's first SETTINGS and
+    window are in, reads nothing at all. Either way it respects the server's flow control when
+    it sends."""
 
-    def __init__(self, port: int, window: int = 1):
+    def __init__(self, port: int, deaf: bool):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        window = (1 << 31) - 1 if deaf else 1
         self.conn.local_settings = h2.settings.Settings(client=True, initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window, h2.settings.SettingCodes.ENABLE_PUSH: 0})
         self.conn.initiate_connection()
+        if deaf:
+            self.conn.increment_flow_control_window(window - 65535)
         self.flush()
+        self.deaf = deaf
+        self.listening = True
         self.settings_received = False
         self.closed: Optional[str] = None
         self.answered_streams: set[int] = set()
@@ -64,13 +80,22 @@ class WindowlessClient:
         self.window_updates = 0
         self.unsent: dict[int, bytes] = {}
 
+    def unread_bytes(self) -> int:
+        """What the server sent that is waiting in this socket's receive queue."""
+        count = array.array("i", [0])
+        fcntl.ioctl(self.sock.fileno(), termios.FIONREAD, count)
+        return count[0]
+
     def flush(self) -> None:
         data = self.conn.data_to_send()
         if data:
             self.sock.sendall(data)
 
     def pump(self, wait: float) -> None:
-        """Reads what the server sent within `wait` seconds and answers what needs answering."""
+        """Reads what the server sent within `wait` seconds and answers what needs answering
+        (a deaf client that has its handshake reads nothing)."""
+        if not self.listening:
+            return
         readable, _, _ = select.select([self.sock], [], [], wait)
         if not readable:
             return
@@ -97,6 +122,10 @@ class WindowlessClient:
     def open_get_pages_streams(self, authority: str, metadata: list[tuple[str, str]], requests: list[bytes]) -> int:
         """Opens as many GetPages streams as the server allows, each to send `requests`."""
         wait_until(lambda: self.pump(0.1) or self.settings_received, what="the server's SETTINGS")
+        if self.deaf:
+            # The server's connection window comes right after its SETTINGS.
+            wait_until(lambda: self.pump(0.1) or self.conn.outbound_flow_control_window > 65535, what="the server's window")
+            self.listening = False
         allowed = self.conn.remote_settings.max_concurrent_streams
         assert 1 <= allowed <= 1024, allowed
         headers = [
@@ -135,7 +164,8 @@ class WindowlessClient:
         self.sock.close()
 
 
-def test_a_client_that_grants_no_window_cannot_grow_the_server_past_its_budget(timeline: TimelineHandle):
+@pytest.mark.parametrize("deaf", [False, True], ids=["one-byte-window", "reads-nothing"])
+def test_a_client_that_lets_no_answer_through_cannot_grow_the_server_past_its_budget(timeline: TimelineHandle, deaf: bool):
     ps = timeline.ps
     timeline.ingest([Image(key(n), 0x10, page_of(n)) for n in range(PAGES)])
     batch = [(key(n), 0) for n in range(PAGES)]
@@ -151,7 +181,7 @@ def test_a_client_that_grants_no_window_cannot_grow_the_server_past_its_budget(t
             peak = max(peak, grown)
             return grown
 
-        hostile = WindowlessClient(ps.grpc_port)
+        hostile = HostileClient(ps.grpc_port, deaf)
         try:
             request = grpc_message(pb.GetPagesRequest(id=1, pages=[pb.PageRef(key=k, lsn=lsn) for k, lsn in batch]))
             metadata = [("tenant-id", timeline.tenant_id), ("timeline-id", timeline.timeline_id)]
@@ -161,22 +191,29 @@ def test_a_client_that_grants_no_window_cannot_grow_the_server_past_its_budget(t
             # Send until the server stops taking requests: every window it grants used up,
             # none granted for a while. Checked as it goes, so that a server without a bound
             # is caught before it takes the machine's memory.
-            deadline = time.monotonic() + 120
             quiet_since = time.monotonic()
-            while time.monotonic() < deadline and hostile.closed is None:
+
+            def server_stopped_taking_requests() -> bool:
+                nonlocal quiet_since
                 updates = hostile.window_updates
                 if hostile.send_what_the_windows_allow() > 0:
                     quiet_since = time.monotonic()
-                hostile.pump(0.05)
+                hostile.pump(0)
                 if hostile.window_updates != updates:
                     quiet_since = time.monotonic()
-                assert growth() <= GROWTH_BUDGET, f"RSS grew by {growth() >> 20} MiB"
-                if not any(hostile.unsent.values()) or time.monotonic() - quiet_since > 3:
-                    break
+                if growth() > GROWTH_BUDGET:
+                    raise OverBudget(f"RSS grew by {growth() >> 20} MiB")
+                return hostile.closed is not None or not any(hostile.unsent.values()) or time.monotonic() - quiet_since > 3
+
+            wait_until(server_stopped_taking_requests, timeout=120, interval=0.05, what="the server to stop taking requests", fatal=(OverBudget,))
             assert hostile.closed is None, hostile.closed
             assert not hostile.ended_streams, hostile.ended_streams
-            # Answers are waiting on the hostile streams (each got its one byte).
-            assert len(hostile.answered_streams) >= 2, hostile.answered_streams
+            # Answers are waiting: each stream answered got its one byte, or the socket holds
+            # what the kernel let through of them (it grows no receive buffer that is not read).
+            if deaf:
+                assert hostile.unread_bytes() >= 32 << 10, hostile.unread_bytes()
+            else:
+                assert len(hostile.answered_streams) >= 2, hostile.answered_streams
 
             # Meanwhile, another connection is served promptly, and memory stays in bounds.
             stop = threading.Event()
@@ -184,8 +221,8 @@ def test_a_client_that_grants_no_window_cannot_grow_the_server_past_its_budget(t
 
             def keep_pumping():
                 try:
-                    while not stop.is_set():
-                        hostile.pump(0.05)
+                    while not stop.wait(0.05):
+                        hostile.pump(0)
                         if growth() > GROWTH_BUDGET:
                             errors.append(f"RSS grew by {growth() >> 20} MiB")
                 except Exception as e:  # noqa: BLE001 - reported below
@@ -207,7 +244,7 @@ def test_a_client_that_grants_no_window_cannot_grow_the_server_past_its_budget(t
             final = growth()
         finally:
             hostile.close()
-        print(f"RSS growth with {streams} windowless streams: peak {peak >> 20} MiB, at the end {final >> 20} MiB")
+        print(f"RSS growth with {streams} streams ({'reads nothing' if deaf else 'one-byte window'}): peak {peak >> 20} MiB, at the end {final >> 20} MiB")
         assert peak <= GROWTH_BUDGET
         # The server is well after the hostile connection is gone.
         assert reader.get_batch(batch[:8]) == [page_of(n) for n in range(8)]
