@@ -136,6 +136,17 @@ max_buffered_request_bytes = "256MiB"
 # and 64 more for the runtime and logs, from 16 to 1000.
 # max_connections = 1000
 
+# Work that can wait on something outside the server for long (an import on its client's
+# body, a basebackup on its client reading, an on-demand layer download on the object store)
+# runs on threads of its own, at most this many at once on the server and for one tenant; past
+# either bound it is refused with 503 and Retry-After (docs/http-api.md, "Limits and timeouts").
+max_concurrent_imports = 4
+max_concurrent_imports_per_tenant = 2
+max_concurrent_basebackups = 16
+max_concurrent_basebackups_per_tenant = 4
+max_concurrent_downloads = 32
+max_concurrent_downloads_per_tenant = 8
+
 # Paged key scans (GET .../keys) keep each scan's cursor between pages, so the next page
 # resumes without seeking every layer again. The cursors together weigh at most this much...
 scan_cursor_cache_size = "16MiB"
@@ -216,6 +227,12 @@ pub struct PageServerConf {
     pub max_buffered_request_bytes: usize,
     /// `None`: derived from the open-file limit at startup ([`default_max_connections`]).
     pub max_connections: Option<usize>,
+    pub max_concurrent_imports: usize,
+    pub max_concurrent_imports_per_tenant: usize,
+    pub max_concurrent_basebackups: usize,
+    pub max_concurrent_basebackups_per_tenant: usize,
+    pub max_concurrent_downloads: usize,
+    pub max_concurrent_downloads_per_tenant: usize,
     #[serde(deserialize_with = "size")]
     pub scan_cursor_cache_size: u64,
     #[serde(deserialize_with = "duration")]
@@ -266,6 +283,12 @@ impl Default for PageServerConf {
             grpc_answer_bytes_per_connection: 64 << 20,
             max_buffered_request_bytes: 256 << 20,
             max_connections: None,
+            max_concurrent_imports: 4,
+            max_concurrent_imports_per_tenant: 2,
+            max_concurrent_basebackups: 16,
+            max_concurrent_basebackups_per_tenant: 4,
+            max_concurrent_downloads: 32,
+            max_concurrent_downloads_per_tenant: 8,
             scan_cursor_cache_size: 16 << 20,
             scan_cursor_idle_timeout: Duration::from_secs(60),
             log_format: LogFormat::Plain,
@@ -477,6 +500,29 @@ impl PageServerConf {
             self.grpc_answer_bytes_per_stream as u64..=MAX_ANSWER_BYTES,
             sizes,
         )?;
+        for (name, value) in [
+            ("max_concurrent_imports", self.max_concurrent_imports),
+            (
+                "max_concurrent_imports_per_tenant",
+                self.max_concurrent_imports_per_tenant,
+            ),
+            (
+                "max_concurrent_basebackups",
+                self.max_concurrent_basebackups,
+            ),
+            (
+                "max_concurrent_basebackups_per_tenant",
+                self.max_concurrent_basebackups_per_tenant,
+            ),
+            ("max_concurrent_downloads", self.max_concurrent_downloads),
+            (
+                "max_concurrent_downloads_per_tenant",
+                self.max_concurrent_downloads_per_tenant,
+            ),
+        ] {
+            // Each runs on a thread of its own.
+            in_range(name, value, 1..=MAX_CONCURRENT_WORK)?;
+        }
         if self.max_buffered_request_bytes < self.max_request_body_size {
             return invalid(format!(
                 "max_buffered_request_bytes {} is below max_request_body_size {}: a body of \
@@ -485,6 +531,24 @@ impl PageServerConf {
             ));
         }
         Ok(())
+    }
+
+    /// The bounds on long-running work, for `tenant::admission`.
+    pub fn admission_limits(&self) -> crate::tenant::admission::AdmissionLimits {
+        crate::tenant::admission::AdmissionLimits {
+            imports: (
+                self.max_concurrent_imports,
+                self.max_concurrent_imports_per_tenant,
+            ),
+            basebackups: (
+                self.max_concurrent_basebackups,
+                self.max_concurrent_basebackups_per_tenant,
+            ),
+            downloads: (
+                self.max_concurrent_downloads,
+                self.max_concurrent_downloads_per_tenant,
+            ),
+        }
     }
 
     /// `max_connections`, or its default for this process's open-file limit.
@@ -541,6 +605,9 @@ impl PageServerConf {
         }
     }
 }
+
+/// The most any `max_concurrent_*` bound may be: each unit of that work has a thread.
+const MAX_CONCURRENT_WORK: usize = 1024;
 
 /// The most `max_connections` may be set to: beyond it the descriptors alone would exhaust any
 /// usual open-file limit.

@@ -215,6 +215,24 @@ pub static INGEST_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
         "Bytes of ingest request bodies accepted",
     )
 });
+/// The kinds of long-running work `tenant::admission` bounds.
+pub const WORK_KINDS: &[&str] = &["import", "basebackup", "download"];
+pub static WORK_RUNNING: LazyLock<prometheus::IntGaugeVec> = LazyLock::new(|| {
+    prometheus::register_int_gauge_vec!(
+        "pageserver_work_running",
+        "Imports, basebackups and on-demand layer downloads running now, each on a thread of its own",
+        &["kind"]
+    )
+    .expect("metric names are unique")
+});
+pub static WORK_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "pageserver_work_refused_total",
+        "Imports, basebackups and on-demand layer downloads refused (503) because as many ran already, by the bound that refused them: server or tenant",
+        &["kind", "scope"]
+    )
+    .expect("metric names are unique")
+});
 pub static DATADIR_IMPORTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register_int_counter_vec!(
         "pageserver_datadir_imports_total",
@@ -479,6 +497,12 @@ pub fn register_all(wait_lsn_timeout: Duration) {
     }
     for outcome in ["ok", "refused", "error"] {
         DATADIR_IMPORTS.with_label_values(&[outcome]);
+    }
+    for kind in WORK_KINDS {
+        WORK_RUNNING.with_label_values(&[kind]);
+        for scope in ["server", "tenant"] {
+            WORK_REFUSED.with_label_values(&[kind, scope]);
+        }
     }
     for kind in ["index", "value"] {
         for result in ["hit", "miss"] {

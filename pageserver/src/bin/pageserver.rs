@@ -28,6 +28,7 @@ use pageserver::http::body_limits::BodyBudget;
 use pageserver::http::server::{serve, ConnectionLimit, ConnectionTimeouts};
 use pageserver::http::{router, AppState};
 use pageserver::page_cache::PageCache;
+use pageserver::tenant::admission::Admissions;
 use pageserver::tenant::mgr::TenantManager;
 use pageserver::tenant::remote_timeline_client::RemoteContext;
 use pageserver::tenant::timeline::scan::cursor_cache::CursorCache;
@@ -239,9 +240,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         header_read: conf.http_header_read_timeout,
         response_write: conf.http_response_write_timeout,
     };
+    let admissions = Arc::new(Admissions::new(conf.admission_limits()));
     let state = Arc::new(AppState {
         body_budget: Arc::new(BodyBudget::new(conf.max_buffered_request_bytes)),
         connections: connections.clone(),
+        admissions: admissions.clone(),
         conf,
         tenants: tenants.clone(),
         cache,
@@ -257,6 +260,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             per_stream: state.conf.grpc_answer_bytes_per_stream,
             per_connection: state.conf.grpc_answer_bytes_per_connection,
         },
+        admissions,
     });
     let listen_grpc = state.conf.listen_grpc_addr;
     let grpc_handshake_timeout = state.conf.grpc_handshake_timeout;

@@ -62,6 +62,9 @@ fn mistakes_are_named() {
     assert!(err(&["checkpoint_distance=12parsecs"]).contains("unknown size unit"));
     assert!(err(&["checkpoint_timeout=soon"]).contains("not a duration"));
     assert!(err(&["listen_http_addr=nowhere"]).contains("invalid socket address"));
+    assert!(err(&["max_concurrent_imports_per_tenant=0"]).contains(
+        "max_concurrent_imports_per_tenant = 0 is out of range: it must be from 1 to 1024"
+    ));
     assert!(err(&["listen_grpc_addr=127.0.0.1:9898"]).contains("an address of its own"));
     // Port 0 (any free port) may be asked for twice.
     let both_any = [

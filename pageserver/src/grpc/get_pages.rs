@@ -17,7 +17,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
@@ -209,7 +209,7 @@ async fn read_batch(
     let id = batch.id;
     crate::metrics::GRPC_BATCH_PAGES.observe(batch.pages.len() as f64);
     let result = match state.timeline(ids) {
-        Ok(timeline) => read_batch_inner(timeline, batch, state.wait_lsn_timeout).await,
+        Ok(timeline) => read_batch_inner(&state, timeline, batch).await,
         Err(e) => Err(e),
     };
     let response = match result {
@@ -242,10 +242,11 @@ async fn read_batch(
 }
 
 async fn read_batch_inner(
+    state: &PageServiceState,
     timeline: Arc<Timeline>,
     batch: proto::GetPagesRequest,
-    wait_lsn_timeout: Duration,
 ) -> Result<(Vec<proto::PageResult>, ReadCost), ApiError> {
+    let wait_lsn_timeout = state.wait_lsn_timeout;
     page_api::check_batch_size(batch.pages.len())
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let latest = timeline.last_record_lsn();
@@ -263,7 +264,10 @@ async fn read_batch_inner(
     timeline.wait_lsn(highest, wait_lsn_timeout).await?;
     let requests = Arc::new(requests);
     let batch = requests.clone();
-    let (pages, cost) = read(move || read_cost::measure(|| timeline.get_pages(&batch))).await?;
+    let (pages, cost) = read(&state.admissions, move || {
+        read_cost::measure(|| timeline.get_pages(&batch))
+    })
+    .await?;
     read_cost::record(&cost, requests.len());
     let pages: Vec<Option<Bytes>> = pages?;
     let results = pages

@@ -60,6 +60,8 @@ pub struct PageServiceState {
     pub wait_lsn_timeout: Duration,
     /// The bytes of answers a stream, and a connection, may hold.
     pub answer_limits: AnswerLimits,
+    /// The bounds on on-demand downloads (shared with the HTTP API).
+    pub admissions: Arc<crate::tenant::admission::Admissions>,
 }
 
 /// How long calls may still run after shutdown began (the HTTP server's grace, too).

@@ -274,7 +274,10 @@ impl PageService {
         let key = key_from_wire(&request.key).map_err(|e| ApiError::bad_request(e.to_string()))?;
         let lsn = read_lsn(&timeline, request.lsn);
         timeline.wait_lsn(lsn, self.state.wait_lsn_timeout).await?;
-        let (page, cost) = read(move || read_cost::measure(|| timeline.get_page(key, lsn))).await?;
+        let (page, cost) = read(&self.state.admissions, move || {
+            read_cost::measure(|| timeline.get_page(key, lsn))
+        })
+        .await?;
         read_cost::record(&cost, 1);
         let page = page?;
         let page = page.ok_or_else(|| ApiError::no_version(key, lsn))?;
@@ -293,7 +296,10 @@ impl PageService {
         lsn: Lsn,
     ) -> Result<Option<u32>, ApiError> {
         timeline.wait_lsn(lsn, self.state.wait_lsn_timeout).await?;
-        let value = read(move || timeline.get_page(rel.size_key(), lsn)).await??;
+        let value = read(&self.state.admissions, move || {
+            timeline.get_page(rel.size_key(), lsn)
+        })
+        .await??;
         value
             .map(|bytes| {
                 decode_rel_size(&bytes).map_err(|e| {

@@ -4,6 +4,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use crate::tenant::admission::{Busy, DownloadError};
 use crate::tenant::mgr::TenantError;
 use crate::tenant::timeline::TimelineError;
 
@@ -11,6 +12,8 @@ use crate::tenant::timeline::TimelineError;
 pub struct ApiError {
     pub status: StatusCode,
     pub msg: String,
+    /// Seconds for a `Retry-After` header: a refusal that will pass (work at its bound).
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -18,6 +21,15 @@ impl ApiError {
         ApiError {
             status,
             msg: msg.into(),
+            retry_after: None,
+        }
+    }
+
+    /// A 503 that says when to come back: `Retry-After: 1`.
+    pub fn try_again(msg: impl Into<String>) -> ApiError {
+        ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, msg)
         }
     }
 
@@ -63,7 +75,13 @@ impl IntoResponse for ApiError {
         } else {
             self.msg
         };
-        (self.status, Json(serde_json::json!({ "msg": msg }))).into_response()
+        let mut response = (self.status, Json(serde_json::json!({ "msg": msg }))).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 
@@ -154,6 +172,24 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         | LayerSet { .. }
         | Redo { .. }
         | Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl From<Busy> for ApiError {
+    fn from(e: Busy) -> ApiError {
+        ApiError::try_again(e.to_string())
+    }
+}
+
+impl From<DownloadError> for ApiError {
+    fn from(e: DownloadError) -> ApiError {
+        match e {
+            DownloadError::Busy(busy) => busy.into(),
+            // The store failed or did not answer in time (its deadlines are remote storage's).
+            failed @ DownloadError::Failed { .. } => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, failed.to_string())
+            }
+        }
     }
 }
 

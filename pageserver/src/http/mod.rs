@@ -34,8 +34,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
 
+use axum::http::StatusCode;
+
 use crate::config::PageServerConf;
 use crate::page_cache::PageCache;
+use crate::tenant::admission::Admissions;
 use crate::tenant::mgr::TenantManager;
 use crate::tenant::timeline::scan::cursor_cache::CursorCache;
 use auth::JwtAuth;
@@ -54,6 +57,9 @@ pub struct AppState {
     pub body_budget: Arc<body_limits::BodyBudget>,
     /// The connection cap, shared with the accept loop ([`server::serve`]).
     pub connections: Arc<server::ConnectionLimit>,
+    /// The bounds on imports, basebackups and on-demand downloads (shared with the page
+    /// service).
+    pub admissions: Arc<Admissions>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -268,13 +274,21 @@ async fn account(request: Request, next: Next) -> Response {
     response
 }
 
+/// How many times a read runs again after downloads it needed before it gives up: each run
+/// makes at least one more layer resident, unless eviction takes them away as fast.
+const MAX_READ_DOWNLOAD_ROUNDS: u32 = 16;
+
 /// Runs a read here, on the async worker, when it needs no disk I/O (a hot page: see
-/// [`crate::io::cached_only`]), and otherwise on the blocking pool: no thread hand-off for
-/// what the page cache holds, no blocked worker for what it does not. `read` may run twice,
-/// so it must not count anything itself; its result is kept only from the run that finished.
-pub async fn read<T, F>(read: F) -> Result<T, ApiError>
+/// [`crate::io::cached_only`]), and otherwise on the blocking pool, where it may wait for the
+/// disk but not for the object store: a layer it needs that is not on the local disk is
+/// downloaded under `admissions`' bounds on a thread of its own while this task waits (holding
+/// no thread), and the read runs again. No thread hand-off for what the page cache holds, no
+/// blocked worker for what it does not, no pool thread held by a slow store. `read` may run
+/// several times, so it must not count anything itself; its result is kept only from the run
+/// that finished.
+pub async fn read<T, F>(admissions: &Admissions, read: F) -> Result<T, ApiError>
 where
-    F: Fn() -> T + Send + 'static,
+    F: Fn() -> T + Send + Sync + 'static,
     T: Send + 'static,
 {
     // A panic in place fails this call as one on the blocking pool would, and no more.
@@ -289,7 +303,69 @@ where
         Ok(None) => {}
         Err(_) => return Err(ApiError::internal("the read panicked")),
     }
-    blocking(move || Ok(read())).await
+    read_on_pool(admissions, read).await
+}
+
+/// [`read`] without the attempt in place: for reads too long to run on an async worker even
+/// when the page cache holds everything (a page of a scan).
+pub async fn read_on_pool<T, F>(admissions: &Admissions, read: F) -> Result<T, ApiError>
+where
+    F: Fn() -> T + Send + Sync + 'static,
+    T: Send + 'static,
+{
+    let read = Arc::new(read);
+    let mut downloads = 0;
+    for _ in 0..MAX_READ_DOWNLOAD_ROUNDS {
+        let this_run = read.clone();
+        let outcome = blocking(move || {
+            crate::io::read_cost::carry_downloads(downloads);
+            let outcome = crate::io::cached_only::without_downloads(|| this_run());
+            crate::io::read_cost::carry_downloads(0);
+            Ok(outcome)
+        })
+        .await?;
+        match outcome {
+            Ok(done) => return Ok(done),
+            Err(pending) => {
+                admissions.download(pending).await?;
+                downloads += 1;
+            }
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!(
+            "the layers this read needs were evicted again as fast as they were downloaded \
+             ({MAX_READ_DOWNLOAD_ROUNDS} rounds); try again shortly"
+        ),
+    ))
+}
+
+/// Runs `work` on a thread of its own (named `name`), holding `permit` until it ends, to
+/// completion even if the request is dropped: for work that may wait on a client or the
+/// object store for long, which must not hold a thread of the shared blocking pool (see
+/// `tenant::admission`).
+pub async fn on_own_thread<T, F>(
+    name: &str,
+    permit: crate::tenant::admission::Permit,
+    work: F,
+) -> Result<T, ApiError>
+where
+    F: FnOnce() -> Result<T, ApiError> + Send + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
+                .unwrap_or_else(|_| Err(ApiError::internal("the work panicked")));
+            drop(permit);
+            let _ = tx.send(result);
+        })
+        .map_err(|e| ApiError::internal(format!("no thread for {name}: {e}")))?;
+    rx.await
+        .map_err(|_| ApiError::internal(format!("{name} ended without an answer")))?
 }
 
 /// Runs storage work on the blocking pool, to completion even if the request is dropped.

@@ -43,14 +43,27 @@ pub struct ReadCost {
 
 thread_local! {
     static CURRENT: Cell<Option<ReadCost>> = const { Cell::new(None) };
+    /// Downloads done for this read before it ran (see [`carry_downloads`]).
+    static CARRIED: Cell<u32> = const { Cell::new(0) };
 }
 
 /// Runs `read` and returns what it cost. Nested calls each see their own part only.
 pub fn measure<T>(read: impl FnOnce() -> T) -> (T, ReadCost) {
-    let outer = CURRENT.with(|c| c.replace(Some(ReadCost::default())));
+    let carried = CARRIED.with(|c| c.replace(0));
+    let start = ReadCost {
+        downloads: carried,
+        ..ReadCost::default()
+    };
+    let outer = CURRENT.with(|c| c.replace(Some(start)));
     let result = read();
     let cost = CURRENT.with(|c| c.replace(outer)).unwrap_or_default();
     (result, cost)
+}
+
+/// Counts `downloads` into the next [`measure`] on this thread: the layer downloads a read
+/// waited for before it ran again (`tenant::admission`), which happened on other threads.
+pub fn carry_downloads(downloads: u32) {
+    CARRIED.with(|c| c.set(downloads));
 }
 
 fn update(change: impl FnOnce(&mut ReadCost)) {

@@ -1,7 +1,9 @@
 //! A PostgreSQL data directory in and out of a timeline: `PUT .../import` reads a tar stream
 //! as it arrives, `GET .../basebackup` writes one as it is read. Neither holds more than a few
 //! chunks of the archive in memory (the body budget of `body_limits` does not apply to an
-//! import: its bytes are not buffered).
+//! import: its bytes are not buffered). Each waits on its client for as long as the client
+//! takes, so each runs on a thread of its own, never the shared blocking pool, and only so many
+//! run at once (`tenant::admission`).
 
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Mutex};
@@ -19,7 +21,7 @@ use utils::Lsn;
 use super::{closing, lsn_param, query_params, timeline_of, ApiResult};
 use crate::datadir::{import_archive, snapshot_at, write_basebackup, BasebackupError, ImportError};
 use crate::http::error::ApiError;
-use crate::http::{blocking, SharedState};
+use crate::http::{blocking, on_own_thread, SharedState};
 
 /// Bytes of archive handed to the client at a time, and how many such pieces may wait.
 const BASEBACKUP_PIECE: usize = 256 * 1024;
@@ -54,6 +56,13 @@ pub async fn import(
 ) -> Result<Json<JsonValue>, Response> {
     let timeline = timeline_of(&state, &ids).map_err(closing)?;
     let lsn = optional_lsn(&uri).map_err(closing)?;
+    // Before a byte of the body is read: an import waits on its client for as long as the
+    // client sends, on a thread of its own, so only so many may run.
+    let permit = state
+        .admissions
+        .imports
+        .admit(timeline.tenant_id())
+        .map_err(|busy| closing(busy.into()))?;
     let body_error = Arc::new(Mutex::new(None));
     let mut reader = BodyReader {
         body,
@@ -61,7 +70,7 @@ pub async fn import(
         current: Bytes::new(),
         error: body_error.clone(),
     };
-    let result = blocking(move || {
+    let result = on_own_thread("import", permit, move || {
         let outcome = import_archive(&timeline, &mut reader, lsn);
         let label = match &outcome {
             Ok(_) => "ok",
@@ -116,7 +125,7 @@ fn drain(reader: &mut BodyReader) -> bool {
     false
 }
 
-/// The request body as a blocking reader, for the import on the blocking pool.
+/// The request body as a blocking reader, for the import on its own thread.
 struct BodyReader {
     body: Body,
     runtime: tokio::runtime::Handle,
@@ -128,7 +137,7 @@ struct BodyReader {
 impl Read for BodyReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         while self.current.is_empty() {
-            // On a blocking-pool thread, outside the runtime's workers: blocking is allowed.
+            // On the import's own thread, outside the runtime's workers: blocking is allowed.
             match self.runtime.block_on(self.body.frame()) {
                 None => return Ok(0),
                 Some(Ok(frame)) => {
@@ -169,6 +178,9 @@ pub async fn basebackup(
 ) -> ApiResult<Response> {
     let timeline = timeline_of(&state, &ids)?;
     let lsn = optional_lsn(&uri)?.unwrap_or_else(|| timeline.last_record_lsn());
+    // The archive is written as the client reads it, for as long as the client takes, on a
+    // thread of its own: only so many may run.
+    let permit = state.admissions.basebackups.admit(timeline.tenant_id())?;
     let (snapshot, timeline, lease) = blocking(move || {
         let snapshot = snapshot_at(&timeline, lsn).map_err(basebackup_error)?;
         // Held until the archive is written (or its client leaves): GC does not pass the
@@ -177,10 +189,11 @@ pub async fn basebackup(
         Ok((snapshot, timeline, lease))
     })
     .await?;
-    // The archive is written on the blocking pool into a bounded queue the response body
+    // The archive is written on a thread of its own into a bounded queue the response body
     // drains: a slow client slows the writer down, and one that leaves stops it.
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(BASEBACKUP_PIECES_QUEUED);
-    tokio::task::spawn_blocking(move || {
+    let writer = std::thread::Builder::new().name("basebackup".into());
+    let spawned = writer.spawn(move || {
         let mut out = PieceWriter {
             tx: tx.clone(),
             buf: Vec::with_capacity(BASEBACKUP_PIECE),
@@ -196,7 +209,9 @@ pub async fn basebackup(
             let _ = tx.blocking_send(Err(io::Error::other(e.to_string())));
         }
         drop(lease);
+        drop(permit);
     });
+    spawned.map_err(|e| ApiError::internal(format!("no thread for the basebackup: {e}")))?;
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|piece| (piece, rx))
     });

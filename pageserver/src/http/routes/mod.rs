@@ -20,7 +20,7 @@ use utils::{Lsn, TenantId, TimelineId};
 
 use super::body_limits::GatheredBody;
 use super::error::{redact_paths, ApiError};
-use super::{blocking, read, SharedState};
+use super::{blocking, read, read_on_pool, SharedState};
 use crate::io::read_cost;
 use crate::page_cache::KindStats;
 use crate::tenant::mgr::TenantState;
@@ -504,7 +504,10 @@ async fn get_page_inner(
     let lsn = lsn.unwrap_or_else(|| timeline.last_record_lsn());
     // Waits as a task, not on a thread: a client that hangs up ends its wait.
     timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
-    let (page, cost) = read(move || read_cost::measure(|| timeline.get_page(key, lsn))).await?;
+    let (page, cost) = read(&state.admissions, move || {
+        read_cost::measure(|| timeline.get_page(key, lsn))
+    })
+    .await?;
     read_cost::record(&cost, 1);
     Ok((key, page?, lsn, cost))
 }
@@ -596,7 +599,8 @@ pub async fn scan_keys(
         (None, None) => timeline.last_record_lsn(),
     };
     timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
-    let (result, lsn, cost) = blocking(move || {
+    let admissions = state.admissions.clone();
+    let (result, cost) = read_on_pool(&admissions, move || {
         let request = ScanRequest {
             lsn,
             end: query.end,
@@ -606,10 +610,10 @@ pub async fn scan_keys(
             },
             limit: query.limit,
         };
-        let (result, cost) = read_cost::measure(|| state.scan_cursors.page(&timeline, request));
-        Ok((result?, lsn, cost))
+        read_cost::measure(|| state.scan_cursors.page(&timeline, request))
     })
     .await?;
+    let result = result?;
     let entries: Vec<JsonValue> = result
         .entries
         .iter()

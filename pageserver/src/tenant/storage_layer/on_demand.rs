@@ -27,6 +27,7 @@ use utils::{Lsn, TenantId, TimelineId};
 use super::delta_layer::DeltaLayer;
 use super::image_layer::ImageLayer;
 use super::{Layer, LayerName, LayerReadError};
+use crate::io::cached_only::PendingDownload;
 use crate::io::crashsafe::TEMP_SUFFIX;
 use crate::page_cache::PageCache;
 
@@ -164,8 +165,10 @@ impl OnDemandLayer {
     }
 
     /// The opened local copy, downloaded first if it is not resident. A resident layer costs
-    /// a read lock and an `Arc` clone: reads of one layer never queue behind each other.
-    pub fn resident(&self) -> Result<Layer, LayerReadError> {
+    /// a read lock and an `Arc` clone: reads of one layer never queue behind each other. A read
+    /// that may not wait for a download (see [`crate::io::cached_only`]) gets an error instead,
+    /// and hands back the download as a [`PendingDownload`].
+    pub fn resident(self: &Arc<Self>) -> Result<Layer, LayerReadError> {
         let now = now_ms();
         // Only a clock that moved is written: the line stays shared between readers' cores.
         if self.last_read_ms.load(Ordering::Relaxed) != now {
@@ -174,7 +177,8 @@ impl OnDemandLayer {
         if let Some(layer) = self.current() {
             return Ok(layer);
         }
-        if let Some(refused) = crate::io::cached_only::refuse() {
+        let pending = || Arc::new(ResidentLayer(self.clone())) as Arc<dyn PendingDownload>;
+        if let Some(refused) = crate::io::cached_only::refuse_download(pending) {
             return Err(LayerReadError::Download {
                 name: self.file_name.clone(),
                 reason: refused.to_string(),
@@ -230,6 +234,10 @@ impl OnDemandLayer {
     }
 
     fn download_and_open(&self) -> Result<Layer, LayerReadError> {
+        fail::fail_point!("on-demand-download", |_| Err(LayerReadError::Download {
+            name: self.file_name.clone(),
+            reason: "failpoint on-demand-download".to_owned(),
+        }));
         let failed = |reason: String| LayerReadError::Download {
             name: self.file_name.clone(),
             reason,
@@ -269,5 +277,27 @@ impl OnDemandLayer {
             "downloaded a layer file on demand"
         );
         Ok(layer)
+    }
+}
+
+/// A download a read handed back (see [`OnDemandLayer::resident`]): makes the layer resident
+/// as a prefetch does.
+struct ResidentLayer(Arc<OnDemandLayer>);
+
+impl PendingDownload for ResidentLayer {
+    fn path(&self) -> &Path {
+        &self.0.path
+    }
+
+    fn name(&self) -> String {
+        self.0.file_name.clone()
+    }
+
+    fn tenant_id(&self) -> TenantId {
+        self.0.settings.tenant_id
+    }
+
+    fn download(&self) -> Result<(), String> {
+        self.0.prefetch().map(|_| ()).map_err(|e| e.to_string())
     }
 }
