@@ -130,7 +130,9 @@ use http::*;
 use phases::*;
 use report::*;
 
-/// Load generator for the page server's HTTP API; see the method at the top of pagebench.rs.
+/// Load generator for the page server's HTTP API and page service (gRPC), each measured against
+/// a same-protocol baseline; the method is at the top of pagebench/src/main.rs, the figures in
+/// docs/benchmarks.md.
 #[derive(Parser)]
 #[command(name = "pagebench", version)]
 struct Cli {
@@ -157,14 +159,14 @@ enum Command {
     /// Batches of page images, one timeline per client, then the /v1/status baseline.
     Ingest(IngestArgs),
     /// GiBs of random updates with compaction, images and GC at default settings, against a
-    /// flush-only baseline, starting the server itself (see `scale.rs`).
+    /// flush-only baseline, starting the server itself (see pagebench/src/scale.rs).
     Scale(scale::ScaleArgs),
     /// A long run of mixed load (HTTP and gRPC reads, ingest, scans, maintenance) with
     /// restarts, watched for errors, memory, descriptors and p99 per interval, starting the
-    /// server itself (see `soak.rs`).
+    /// server itself (see pagebench/src/soak.rs).
     Soak(soak::SoakArgs),
     /// Import and basebackup of a real PostgreSQL data directory against a tar copy, starting
-    /// the server itself (see `datadir.rs`).
+    /// the server itself (see pagebench/src/datadir.rs).
     Datadir(datadir::DatadirArgs),
 }
 
@@ -229,7 +231,7 @@ struct GetPageArgs {
     grpc: GrpcArgs,
 }
 
-/// How `getpage` reads: over HTTP, or over the page service (see `grpc.rs`).
+/// How `getpage` reads: over HTTP, or over the page service (see pagebench/src/grpc.rs).
 #[derive(Args, Clone)]
 struct GrpcArgs {
     /// `http` (one page per GET) or `grpc` (the page service).

@@ -42,7 +42,10 @@ const VERSION: &str = if pageserver::failpoints::ENABLED {
     env!("CARGO_PKG_VERSION")
 };
 
-/// The page server: ingests page versions, serves GetPage@LSN over HTTP.
+/// The page server: ingests page versions and PostgreSQL data directories, keeps them in layer
+/// files copied to remote storage, and serves GetPage@LSN over HTTP (`listen_http_addr`,
+/// default 127.0.0.1:9898) and the gRPC page service (`listen_grpc_addr`, default
+/// 127.0.0.1:9899). Settings: docs/http-api.md; a graceful stop: SIGINT or SIGTERM.
 #[derive(Parser)]
 #[command(name = "pageserver", version = VERSION)]
 struct Cli {
