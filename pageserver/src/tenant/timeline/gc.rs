@@ -103,6 +103,8 @@ impl Timeline {
         let mut retain = retain.to_vec();
         retain.extend(self.branch_points());
         let retain = &retain[..];
+        // Held until the new cutoff is in the map: no lease slips in below it meanwhile.
+        let leases = self.leases();
         let map = self.layer_map();
         let old = map.gc_cutoff;
         let wanted = Lsn(self
@@ -115,8 +117,8 @@ impl Timeline {
         };
         // Never past a read in progress that leased its LSN (`lsn_lease.rs`); leases are taken
         // at or above the cutoff, under this pass's lock, so this never lowers it.
-        let cutoff = match self.oldest_lease() {
-            Some(leased) => cutoff.min(leased).max(old),
+        let cutoff = match leases.iter().min() {
+            Some(&leased) => cutoff.min(leased).max(old),
             None => cutoff,
         };
         let images = map.image_ranges();
@@ -156,6 +158,7 @@ impl Timeline {
                 .retain(|l| !removed.iter().any(|r| l.same_as(r)));
             Ok::<_, TimelineError>(())
         })?;
+        drop(leases);
         for layer in &removed {
             layer.retire();
             outcome.bytes_removed += layer.file_size();

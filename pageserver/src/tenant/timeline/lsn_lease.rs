@@ -9,8 +9,11 @@
 //! A lease is taken at an LSN at or above the cutoff (below it, the read could not start) and
 //! lasts until the [`LsnLease`] is dropped: GC never raises the cutoff past the oldest LSN
 //! leased (see `gc.rs`), so every read at a leased LSN stays allowed and finds its layers.
-//! Both the check and GC's pass hold `image_lock`, so a lease either sees the cutoff of a pass
-//! that ran before it, or caps the cutoff of one that runs after.
+//! A GC pass holds the list of leases from the moment it reads the oldest until its new cutoff
+//! is in the layer map, and a lease checks the cutoff under the same lock, so a lease either
+//! sees the cutoff of a pass that committed before it, or caps the cutoff of one that reads the
+//! leases after it. (Not `image_lock`, which an image creation holds for as long as it writes:
+//! a basebackup does not wait for one.)
 //!
 //! A branch's reads below its branch point go to its ancestor, so a lease on a branch leases
 //! the LSN those reads reach in each ancestor too, except where that is a branch point (GC
@@ -43,10 +46,7 @@ impl LsnLease {
 impl Drop for LsnLease {
     fn drop(&mut self) {
         for (timeline, lsn) in &self.held {
-            let mut leases = timeline
-                .lsn_leases
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut leases = timeline.leases();
             if let Some(i) = leases.iter().position(|l| l == lsn) {
                 leases.swap_remove(i);
             }
@@ -83,25 +83,18 @@ impl Timeline {
 
     /// Adds a lease on `lsn` to this timeline's, unless it is below the cutoff.
     fn lease_here(&self, lsn: Lsn) -> Result<(), TimelineError> {
-        let _gc = self.image_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut leases = self.leases();
         let cutoff = self.gc_cutoff_lsn();
         if lsn < cutoff {
             return Err(TimelineError::BelowGcCutoff { lsn, cutoff });
         }
-        self.lsn_leases
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(lsn);
+        leases.push(lsn);
         Ok(())
     }
 
-    /// The oldest LSN leased now, if any: GC's cutoff stays at or below it.
-    pub(super) fn oldest_lease(&self) -> Option<Lsn> {
-        self.lsn_leases
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .copied()
-            .min()
+    /// The leases, locked: a GC pass holds them from reading the oldest until its cutoff is in
+    /// the layer map (see the module documentation).
+    pub(super) fn leases(&self) -> std::sync::MutexGuard<'_, Vec<Lsn>> {
+        self.lsn_leases.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
