@@ -30,7 +30,7 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use pageserver::config::PageServerConf;
 use pageserver::http::body_limits::BodyBudget;
-use pageserver::http::metrics_page;
+use pageserver::http::metrics_page::MetricsPage;
 use pageserver::http::server::ConnectionLimit;
 use pageserver::http::AppState;
 use pageserver::page_cache::{PageCache, PageCacheConfig};
@@ -147,7 +147,8 @@ fn metrics_page_bench(c: &mut Criterion) {
     for timelines in [100, 1000] {
         let dir = tempfile::tempdir().expect("temp dir");
         let state = state_with(dir.path(), timelines);
-        let page = metrics_page::render(&state);
+        let metrics_page = MetricsPage::new(&state);
+        let page = metrics_page.render();
         let series = page
             .lines()
             .filter(|l| l.starts_with("pageserver_last_record_lsn{"))
@@ -164,7 +165,7 @@ fn metrics_page_bench(c: &mut Criterion) {
             .warm_up_time(Duration::from_secs(1))
             .measurement_time(Duration::from_secs(5));
         group.bench_function("registered_baseline", |b| cpu_time_of(b, registered_only));
-        group.bench_function("page", |b| cpu_time_of(b, || metrics_page::render(&state)));
+        group.bench_function("page", |b| cpu_time_of(b, || metrics_page.render()));
         group.finish();
         state.tenants.shutdown().expect("shutdown");
     }

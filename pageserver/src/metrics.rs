@@ -4,8 +4,9 @@
 //! their latencies) live in the `prometheus` crate's default registry as the statics below; each
 //! costs an atomic add or a histogram bucket increment. State that already exists elsewhere (the
 //! page cache's and the scan cursor cache's counters, each timeline's LSNs and layers, the
-//! process) is read at scrape time by `http::metrics_page` rather than mirrored, so it can never
-//! drift from the truth.
+//! process) is read at scrape time by the collectors of `http::metrics_page`, in a registry of
+//! their own, rather than mirrored, so it can never drift from the truth; that page renders both
+//! registries in one pass of the text encoder.
 //!
 //! A leaf: this module imports nothing of ours, so any module may count into it.
 
@@ -14,8 +15,7 @@ use std::time::Duration;
 
 use prometheus::{
     register_histogram, register_histogram_vec, register_int_counter, register_int_counter_vec,
-    register_int_gauge, Encoder, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    TextEncoder,
+    register_int_gauge, Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge,
 };
 
 /// Latency buckets from 10 µs to 10 s.
@@ -523,16 +523,6 @@ pub fn register_all(wait_lsn_timeout: Duration) {
             REMOTE_OPERATIONS.with_label_values(&[op, result]);
         }
     }
-}
-
-/// Every metric of the registry, in the text format: the first part of the `/metrics` page,
-/// whose rest is read at scrape time (`http::metrics_page`).
-pub fn render_registered() -> String {
-    let mut out = Vec::new();
-    TextEncoder::new()
-        .encode(&prometheus::gather(), &mut out)
-        .expect("the text encoder writes to a Vec");
-    String::from_utf8(out).expect("the text format is UTF-8")
 }
 
 #[cfg(test)]

@@ -114,6 +114,7 @@ pub fn router(state: SharedState) -> Router {
     for (method, route) in ROUTES {
         crate::metrics::http_request_seconds().with_label_values(&[method, route]);
     }
+    let metrics_page = Arc::new(metrics_page::MetricsPage::new(&state));
     Router::new()
         .route("/v1/status", get(status))
         .route("/v1/failpoints", put(failpoints))
@@ -167,7 +168,7 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/v1/page_cache", get(page_cache_stats))
         .route("/v1/page_cache/drop", post(page_cache_drop))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(move || metrics(metrics_page.clone())))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn_with_state(

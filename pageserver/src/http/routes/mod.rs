@@ -1,6 +1,7 @@
 //! The handlers, one per route, and the JSON they exchange: the tenants' in `tenant.rs`, a data
 //! directory's import and basebackup in `datadir.rs`, the rest here.
 
+use std::sync::Arc;
 use std::time::{Instant, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes, HttpBody as _};
@@ -20,6 +21,7 @@ use utils::{Lsn, TenantId, TimelineId};
 
 use super::body_limits::GatheredBody;
 use super::error::{redact_paths, ApiError};
+use super::metrics_page::MetricsPage;
 use super::{blocking, read, read_on_pool, SharedState};
 use crate::io::read_cost;
 use crate::page_cache::KindStats;
@@ -764,7 +766,9 @@ pub async fn page_cache_drop(State(state): State<SharedState>) -> Json<JsonValue
     }))
 }
 
-pub async fn metrics(State(state): State<SharedState>) -> Response {
-    let text = super::metrics_page::render(&state);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+/// On the blocking pool: a page of thousands of timelines takes milliseconds of CPU to render,
+/// which the async workers serving reads should not wait behind.
+pub async fn metrics(page: Arc<MetricsPage>) -> Result<Response, ApiError> {
+    let text = blocking(move || Ok(page.render())).await?;
+    Ok(([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response())
 }
