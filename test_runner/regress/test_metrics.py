@@ -12,6 +12,7 @@ from fixtures.ingest import Image, Workload, key, page_of
 from fixtures.metrics import Metrics
 from fixtures.pageserver import Pageserver
 from fixtures.plugin import PageserverFactory
+from fixtures.remote_storage import RemoteStore
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
 
@@ -150,6 +151,59 @@ def test_metrics_follow_deletion_and_restart(pageserver: Pageserver):
     assert m.value_or("pageserver_ingest_records_total", 0) == 0
     assert m.value("pageserver_disk_consistent_lsn", tenant_id=a.tenant_id, timeline_id=a.timeline_id) == 0x10
     assert m.value("pageserver_layers", kind="delta", tenant_id=a.tenant_id, timeline_id=a.timeline_id) == 1
+
+
+# Every family with a series per timeline (labels tenant_id and timeline_id), remote storage's
+# included.
+TIMELINE_FAMILIES = [
+    "pageserver_last_record_lsn",
+    "pageserver_disk_consistent_lsn",
+    "pageserver_remote_consistent_lsn",
+    "pageserver_upload_queue_bytes",
+    "pageserver_layers",
+    "pageserver_layer_files",
+    "pageserver_layer_bytes",
+]
+
+
+def timelines_named(m: Metrics) -> dict[str, set[tuple[str, str]]]:
+    """For each per-timeline family, the (tenant, timeline) pairs its series name."""
+    return {name: {(s.labels["tenant_id"], s.labels["timeline_id"]) for s in m.samples(name)} for name in TIMELINE_FAMILIES}
+
+
+@pytest.mark.parametrize("remote_store", ["local"], indirect=True)
+def test_timeline_series_go_with_their_timeline(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    """The per-timeline values are read at scrape time: every family has a series for each
+    timeline the server holds, and none left behind for a timeline deleted, or one whose tenant
+    was deleted or detached; a tenant attached again has its series back."""
+    ps = pageserver_factory.start(remote=remote_store)
+    kept = TimelineHandle.create(ps)
+    sibling = TimelineHandle(ps, kept.tenant_id, ps.http.timeline_create(kept.tenant_id)["timeline_id"])
+    in_deleted_tenant = TimelineHandle.create(ps)
+    moved = TimelineHandle.create(ps)
+    everyone = (kept, sibling, in_deleted_tenant, moved)
+    for i, tl in enumerate(everyone):
+        tl.ingest([Image(key(1), 0x10 * (i + 1), page_of(i))])
+        tl.checkpoint()
+
+    def ids(*timelines: TimelineHandle) -> dict[str, set[tuple[str, str]]]:
+        return {name: {(t.tenant_id, t.timeline_id) for t in timelines} for name in TIMELINE_FAMILIES}
+
+    assert timelines_named(metrics(ps)) == ids(*everyone)
+    ps.http.timeline_delete(sibling.tenant_id, sibling.timeline_id)
+    ps.http.tenant_delete(in_deleted_tenant.tenant_id)
+    ps.http.tenant_detach(moved.tenant_id)
+    m = metrics(ps)
+    assert timelines_named(m) == ids(kept)
+    for gone in (sibling, in_deleted_tenant, moved):
+        assert gone.timeline_id not in m.text
+
+    ps.http.tenant_attach(moved.tenant_id, generation=2)
+    m = metrics(ps)
+    assert timelines_named(m) == ids(kept, moved)
+    labels = {"tenant_id": moved.tenant_id, "timeline_id": moved.timeline_id}
+    assert m.value("pageserver_disk_consistent_lsn", **labels) == 0x40
+    assert m.value("pageserver_remote_consistent_lsn", **labels) == 0x40
 
 
 STANDARD_METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT"}
