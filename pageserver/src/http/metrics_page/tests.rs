@@ -42,6 +42,9 @@ fn state(dir: &Path) -> SharedState {
     Arc::new(AppState {
         body_budget: Arc::new(BodyBudget::new(conf.max_buffered_request_bytes)),
         connections: Arc::new(ConnectionLimit::new(conf.max_connections())),
+        admissions: Arc::new(crate::tenant::admission::Admissions::new(
+            conf.admission_limits(),
+        )),
         scan_cursors: CursorCache::new(conf.cursor_cache_conf()),
         conf,
         tenants: Arc::new(tenants),
