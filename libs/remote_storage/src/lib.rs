@@ -20,6 +20,9 @@
 //! | [`list`](RemoteStorage::list) | every object under a key prefix, with sizes | none listed |
 //! | [`delete`](RemoteStorage::delete) | removes an object | `Ok` (deletion is idempotent) |
 //!
+//! The operations on whole objects are here; `transfer.rs` streams files up and down,
+//! `retry.rs` decides what is retried and for how long, `s3.rs` builds the S3 client.
+//!
 //! Keys are [`RemotePath`]s: relative, `/`-separated, printable ASCII, never climbing out of
 //! the configured root or prefix.
 //!
@@ -36,25 +39,26 @@
 //! again after a success: tests see every retry path without a flaky network.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use object_store::aws::AmazonS3Builder;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use object_store::{
-    GetResultPayload, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload, WriteMultipart,
-};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 mod config;
 mod faults;
+mod retry;
+mod s3;
+mod transfer;
 
 pub use config::{RemoteStorageConfig, S3Config};
 use faults::FaultInjection;
+pub use retry::RetryPolicy;
+use retry::classify;
 
 /// Objects up to this size are written to S3 in one request; larger ones in parts of this size
 /// (S3's multipart minimum is 5 MiB).
@@ -172,53 +176,6 @@ pub enum RemoteError {
     },
 }
 
-/// How long an operation is retried. Backoff starts at `initial` and doubles up to
-/// `max_backoff`; no new attempt starts once `timeout` has passed since the first.
-#[derive(Clone, Copy, Debug)]
-pub struct RetryPolicy {
-    pub initial: Duration,
-    pub max_backoff: Duration,
-    pub timeout: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            initial: Duration::from_millis(50),
-            max_backoff: Duration::from_secs(2),
-            timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-/// What one attempt's failure means for the next.
-enum AttemptError {
-    /// A retry cannot change it.
-    Final(RemoteError),
-    /// Worth another attempt.
-    Transient(String),
-}
-
-impl From<object_store::Error> for AttemptError {
-    fn from(e: object_store::Error) -> Self {
-        AttemptError::Transient(e.to_string())
-    }
-}
-
-/// Maps the errors a retry cannot change; everything else is transient.
-fn classify(op: &'static str, key: &RemotePath, e: object_store::Error) -> AttemptError {
-    match e {
-        object_store::Error::NotFound { .. } => AttemptError::Final(RemoteError::NotFound {
-            key: key.to_string(),
-        }),
-        object_store::Error::InvalidPath { .. } => AttemptError::Final(RemoteError::BadKey {
-            key: key.to_string(),
-            reason: e.to_string(),
-        }),
-        e => AttemptError::Transient(format!("{op}: {e}")),
-    }
-}
-
 /// See the module documentation.
 #[derive(Clone)]
 pub struct RemoteStorage {
@@ -275,38 +232,7 @@ impl RemoteStorage {
                     format!("local directory {}", local_path.display()),
                 )
             }
-            RemoteStorageConfig::S3(s3) => {
-                install_crypto_provider();
-                let mut builder = AmazonS3Builder::from_env()
-                    .with_bucket_name(&s3.bucket)
-                    .with_region(&s3.region)
-                    .with_virtual_hosted_style_request(false)
-                    // Our retries log every failure with its key; the client's own retry
-                    // loop only covers the network blips below that.
-                    .with_retry(object_store::RetryConfig {
-                        max_retries: 2,
-                        retry_timeout: Duration::from_secs(10),
-                        ..Default::default()
-                    });
-                if let Some(endpoint) = &s3.endpoint {
-                    builder = builder
-                        .with_endpoint(endpoint)
-                        .with_allow_http(endpoint.starts_with("http://"));
-                }
-                let store = builder
-                    .build()
-                    .map_err(|e| RemoteError::Config(format!("S3 bucket {}: {e}", s3.bucket)))?;
-                let prefix = s3.prefix.trim_matches('/').to_owned();
-                let description = format!(
-                    "S3 bucket {} prefix {:?} at {}",
-                    s3.bucket,
-                    prefix,
-                    s3.endpoint
-                        .as_deref()
-                        .unwrap_or("the AWS endpoint of its region")
-                );
-                (Arc::new(store), prefix, description)
-            }
+            RemoteStorageConfig::S3(s3) => s3::open(s3)?,
         };
         Ok(RemoteStorage {
             store,
@@ -349,57 +275,6 @@ impl RemoteStorage {
         })
     }
 
-    /// Runs `attempt` until it succeeds or fails for good, under the retry policy, each
-    /// attempt first passing the fault injection.
-    async fn retrying<T, F, Fut>(
-        &self,
-        op: &'static str,
-        key: &RemotePath,
-        mut attempt: F,
-    ) -> Result<T, RemoteError>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T, AttemptError>>,
-    {
-        let started = Instant::now();
-        let mut backoff = self.retry.initial;
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            let outcome = match &self.faults {
-                Some(faults) if faults.should_fail(op, key) => Err(AttemptError::Transient(
-                    format!("{op}: injected failure (test_remote_failures)"),
-                )),
-                _ => attempt().await,
-            };
-            let reason = match outcome {
-                Ok(value) => {
-                    if let Some(faults) = &self.faults {
-                        faults.succeeded(op, key);
-                    }
-                    return Ok(value);
-                }
-                Err(AttemptError::Final(e)) => return Err(e),
-                Err(AttemptError::Transient(reason)) => reason,
-            };
-            let elapsed = started.elapsed();
-            if elapsed + backoff > self.retry.timeout {
-                tracing::error!(op, key = %key, attempts, "remote operation failed, giving up: {reason}");
-                return Err(RemoteError::Failed {
-                    op,
-                    key: key.to_string(),
-                    attempts,
-                    elapsed,
-                    reason,
-                });
-            }
-            tracing::warn!(op, key = %key, attempt = attempts, retry_in_ms = backoff.as_millis() as u64,
-                "remote operation failed: {reason}");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(self.retry.max_backoff);
-        }
-    }
-
     /// Writes `bytes` as the object `key`, replacing any.
     pub async fn put(&self, key: &RemotePath, bytes: Bytes) -> Result<(), RemoteError> {
         let location = self.location(key)?;
@@ -439,83 +314,6 @@ impl RemoteStorage {
         .await
     }
 
-    /// Writes the local file at `path` as the object `key`: in one request up to the part size
-    /// ([`PART_SIZE`], [`LOCAL_PART_SIZE`]), in parts beyond, never the whole file in memory.
-    /// Returns the length and CRC-32C of what it sent.
-    pub async fn put_file(
-        &self,
-        key: &RemotePath,
-        path: &Path,
-    ) -> Result<Transferred, RemoteError> {
-        let location = self.location(key)?;
-        let local_err = |source| RemoteError::LocalIo {
-            op: "upload",
-            key: key.to_string(),
-            path: path.to_owned(),
-            source,
-        };
-        let len = tokio::fs::metadata(path).await.map_err(local_err)?.len();
-        self.retrying("upload", key, || async {
-            let mut file = tokio::fs::File::open(path)
-                .await
-                .map_err(|e| AttemptError::Final(local_err(e)))?;
-            if len <= self.part_size as u64 {
-                let mut bytes = Vec::with_capacity(len as usize);
-                file.read_to_end(&mut bytes)
-                    .await
-                    .map_err(|e| AttemptError::Final(local_err(e)))?;
-                let crc32c = crc32c::crc32c(&bytes);
-                let len = bytes.len() as u64;
-                self.store
-                    .put(&location, PutPayload::from(bytes))
-                    .await
-                    .map_err(|e| classify("upload", key, e))?;
-                return Ok(Transferred { len, crc32c });
-            }
-            let upload = self
-                .store
-                .put_multipart(&location)
-                .await
-                .map_err(|e| classify("upload", key, e))?;
-            let mut writer = WriteMultipart::new_with_chunk_size(upload, self.part_size);
-            let mut sent = 0u64;
-            let mut crc = 0u32;
-            let mut buf = vec![0u8; self.part_size];
-            loop {
-                let n = match read_full(&mut file, &mut buf).await {
-                    Ok(n) => n,
-                    Err(e) => {
-                        let _ = writer.abort().await;
-                        return Err(AttemptError::Final(local_err(e)));
-                    }
-                };
-                if n == 0 {
-                    break;
-                }
-                if let Err(e) = writer.wait_for_capacity(self.parts_in_flight).await {
-                    return Err(classify("upload", key, e));
-                }
-                writer.write(&buf[..n]);
-                crc = crc32c::crc32c_append(crc, &buf[..n]);
-                sent += n as u64;
-            }
-            if sent != len {
-                let _ = writer.abort().await;
-                return Err(AttemptError::Final(local_err(std::io::Error::other(
-                    format!(
-                        "the file changed during the upload: {sent} bytes read, {len} expected"
-                    ),
-                ))));
-            }
-            writer
-                .finish()
-                .await
-                .map_err(|e| classify("upload", key, e))?;
-            Ok(Transferred { len, crc32c: crc })
-        })
-        .await
-    }
-
     /// The whole object `key`.
     pub async fn get(&self, key: &RemotePath) -> Result<Bytes, RemoteError> {
         let location = self.location(key)?;
@@ -542,69 +340,6 @@ impl RemoteStorage {
                 .get_range(&location, range.clone())
                 .await
                 .map_err(|e| classify("get_range", key, e))
-        })
-        .await
-    }
-
-    /// Streams the object `key` into a new file at `dest` (replacing any), fsynced; returns its
-    /// length and CRC-32C, computed as it streams. Making the file visible under its final
-    /// name is the caller's step.
-    pub async fn download_to_file(
-        &self,
-        key: &RemotePath,
-        dest: &Path,
-    ) -> Result<Transferred, RemoteError> {
-        let location = self.location(key)?;
-        let local_err = |source| RemoteError::LocalIo {
-            op: "download",
-            key: key.to_string(),
-            path: dest.to_owned(),
-            source,
-        };
-        self.retrying("download", key, || async {
-            let result = self
-                .store
-                .get(&location)
-                .await
-                .map_err(|e| classify("download", key, e))?;
-            match result.payload {
-                // The directory backend hands over the open file: one blocking copy in large
-                // chunks, not a stream of small ones each crossing to the blocking pool.
-                GetResultPayload::File(source, _) => {
-                    let dest = dest.to_owned();
-                    tokio::task::spawn_blocking(move || copy_file(source, &dest))
-                        .await
-                        .map_err(|e| AttemptError::Transient(format!("download task: {e}")))?
-                        .map_err(|e| AttemptError::Final(local_err(e)))
-                }
-                GetResultPayload::Stream(mut stream) => {
-                    let mut file = tokio::fs::File::create(dest)
-                        .await
-                        .map_err(|e| AttemptError::Final(local_err(e)))?;
-                    let mut done = Transferred { len: 0, crc32c: 0 };
-                    // Chunks gathered into writes of COPY_CHUNK, each one blocking call.
-                    let mut pending = Vec::with_capacity(COPY_CHUNK);
-                    while let Some(chunk) = stream.next().await {
-                        let chunk = chunk.map_err(|e| classify("download", key, e))?;
-                        done.len += chunk.len() as u64;
-                        done.crc32c = crc32c::crc32c_append(done.crc32c, &chunk);
-                        pending.extend_from_slice(&chunk);
-                        if pending.len() >= COPY_CHUNK {
-                            file.write_all(&pending)
-                                .await
-                                .map_err(|e| AttemptError::Final(local_err(e)))?;
-                            pending.clear();
-                        }
-                    }
-                    file.write_all(&pending)
-                        .await
-                        .map_err(|e| AttemptError::Final(local_err(e)))?;
-                    file.sync_all()
-                        .await
-                        .map_err(|e| AttemptError::Final(local_err(e)))?;
-                    Ok(done)
-                }
-            }
         })
         .await
     }
@@ -650,44 +385,4 @@ impl RemoteStorage {
         })
         .await
     }
-}
-
-/// Downloads are written in chunks of this size.
-const COPY_CHUNK: usize = 4 << 20;
-
-/// Copies `source` from its start into a new file at `dest`, fsynced, with its CRC-32C.
-fn copy_file(mut source: std::fs::File, dest: &Path) -> std::io::Result<Transferred> {
-    use std::io::{Read, Write};
-    let mut out = std::fs::File::create(dest)?;
-    let mut buf = vec![0u8; COPY_CHUNK];
-    let mut done = Transferred { len: 0, crc32c: 0 };
-    loop {
-        let n = source.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        out.write_all(&buf[..n])?;
-        done.len += n as u64;
-        done.crc32c = crc32c::crc32c_append(done.crc32c, &buf[..n]);
-    }
-    out.sync_all()?;
-    Ok(done)
-}
-
-/// Reads until `buf` is full or the file ends; returns the bytes read.
-async fn read_full(file: &mut tokio::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let n = file.read(&mut buf[filled..]).await?;
-        if n == 0 {
-            break;
-        }
-        filled += n;
-    }
-    Ok(filled)
-}
-
-/// rustls needs one process-wide crypto provider: ring, which we link anyway.
-fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }
