@@ -14,7 +14,7 @@ use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use remote_storage::RemoteStorageConfig;
+use remote_storage::{Deadlines, RemoteStorageConfig};
 use serde::{Deserialize, Deserializer};
 
 use crate::page_cache::materialized::MAX_VERSIONS_PER_KEY;
@@ -80,8 +80,15 @@ gc_horizon = "64MiB"
 # in the work directory. A directory elsewhere (a relative path is under the work directory):
 # remote_storage = { local_path = "/mnt/layers" }
 # or an S3 bucket, credentials from AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and
-# AWS_SESSION_TOKEN); endpoint is optional (AWS itself), and may be plain http:// for a local server:
+# AWS_SESSION_TOKEN); endpoint (else AWS_ENDPOINT_URL, else AWS itself; plain http:// for a local
+# server) and region (else AWS_REGION, AWS_DEFAULT_REGION, us-east-1) are optional. Credentials
+# come from the EC2 instance metadata service only with use_instance_metadata = true:
 # remote_storage = { bucket = "layers", prefix = "pageserver-1", endpoint = "http://127.0.0.1:9000", region = "us-east-1" }
+# Deadlines of S3 requests: connecting; one request, from its start to its answer's last byte
+# (a request moves at most an 8 MiB part); one operation or part with all its retries.
+remote_storage_connect_timeout = "5s"
+remote_storage_request_timeout = "30s"
+remote_storage_operation_timeout = "1m"
 # A flush waits while more than this many bytes of layer files wait for upload. Twice
 # checkpoint_distance keeps remote_consistent_lsn within about that of disk_consistent_lsn.
 upload_queue_max_bytes = "512MiB"
@@ -242,6 +249,12 @@ pub struct PageServerConf {
     pub auth_validation_public_key_path: Option<PathBuf>,
     /// `None`: the directory `remote` in the work directory ([`PageServerConf::remote_storage`]).
     pub remote_storage: Option<RemoteStorageConfig>,
+    #[serde(deserialize_with = "duration")]
+    pub remote_storage_connect_timeout: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub remote_storage_request_timeout: Duration,
+    #[serde(deserialize_with = "duration")]
+    pub remote_storage_operation_timeout: Duration,
     #[serde(deserialize_with = "size")]
     pub upload_queue_max_bytes: u64,
     #[serde(deserialize_with = "size")]
@@ -295,6 +308,9 @@ impl Default for PageServerConf {
             http_auth_type: AuthType::Trust,
             auth_validation_public_key_path: None,
             remote_storage: None,
+            remote_storage_connect_timeout: Deadlines::default().connect,
+            remote_storage_request_timeout: Deadlines::default().request,
+            remote_storage_operation_timeout: Deadlines::default().operation,
             upload_queue_max_bytes: 512 << 20,
             max_local_layer_bytes: 0,
             test_remote_failures: 0,
@@ -453,7 +469,41 @@ impl PageServerConf {
                     .into(),
             );
         }
-        self.validate_http_limits()
+        self.validate_http_limits()?;
+        self.validate_remote_deadlines()
+    }
+
+    /// The remote storage deadlines: zero would fail every request; an operation shorter than
+    /// one request could never finish one.
+    fn validate_remote_deadlines(&self) -> Result<(), ConfigError> {
+        let show = |d: &Duration| humantime::format_duration(*d).to_string();
+        for (name, value) in [
+            (
+                "remote_storage_connect_timeout",
+                self.remote_storage_connect_timeout,
+            ),
+            (
+                "remote_storage_request_timeout",
+                self.remote_storage_request_timeout,
+            ),
+        ] {
+            in_range_shown(name, value, MIN_REMOTE_DEADLINE..=MAX_REMOTE_DEADLINE, show)?;
+        }
+        in_range_shown(
+            "remote_storage_operation_timeout",
+            self.remote_storage_operation_timeout,
+            self.remote_storage_request_timeout..=MAX_REMOTE_DEADLINE,
+            show,
+        )
+    }
+
+    /// The remote storage deadlines as set.
+    pub fn remote_deadlines(&self) -> Deadlines {
+        Deadlines {
+            connect: self.remote_storage_connect_timeout,
+            request: self.remote_storage_request_timeout,
+            operation: self.remote_storage_operation_timeout,
+        }
     }
 
     /// The checks of the HTTP connection limits: zero would refuse every request or close
@@ -663,6 +713,9 @@ pub const MIN_CHECKPOINT_DISTANCE: u64 = crate::PAGE_SZ as u64;
 pub const MAX_CHECKPOINT_DISTANCE: u64 = 1 << 40;
 pub const MAX_FROZEN_LAYERS: usize = 1000;
 pub const MIN_WAIT_LSN_TIMEOUT: Duration = Duration::from_millis(1);
+/// The remote storage deadlines: 10 ms to an hour.
+pub const MIN_REMOTE_DEADLINE: Duration = Duration::from_millis(10);
+pub const MAX_REMOTE_DEADLINE: Duration = Duration::from_secs(3600);
 pub const MAX_WAIT_LSN_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// The smallest `grpc_answer_bytes_per_stream`: a page. A stream under its budget takes a
 /// batch whatever its size, so any budget serves every batch.

@@ -1,5 +1,7 @@
 //! Which backend, and where: `remote_storage = { local_path = "..." }` or
-//! `remote_storage = { bucket = "...", prefix = "...", endpoint = "...", region = "..." }`.
+//! `remote_storage = { bucket = "...", prefix = "...", endpoint = "...", region = "...",
+//! use_instance_metadata = false }`. What the S3 fields leave out comes from the environment
+//! by AWS's conventions (`s3.rs`).
 
 use std::path::PathBuf;
 
@@ -21,9 +23,15 @@ pub struct S3Config {
     pub bucket: String,
     /// Prepended to every key, without a leading or trailing `/`; may be empty.
     pub prefix: String,
-    /// The S3 API endpoint (`http://127.0.0.1:9000` for a local server); `None`: AWS.
+    /// The S3 API endpoint (`http://127.0.0.1:9000` for a local server); `None`:
+    /// `AWS_ENDPOINT_URL_S3` or `AWS_ENDPOINT_URL`, else AWS's endpoint of the region.
     pub endpoint: Option<String>,
-    pub region: String,
+    /// `None`: `AWS_REGION`, else `AWS_DEFAULT_REGION`, else `us-east-1`.
+    pub region: Option<String>,
+    /// Whether credentials may come from the EC2 instance metadata service when the
+    /// environment has none. Off by default: a server that is not on EC2 would send requests
+    /// to 169.254.169.254 and wait for them to time out.
+    pub use_instance_metadata: bool,
 }
 
 /// The table as written: the fields of either backend, checked by `TryFrom`.
@@ -40,6 +48,8 @@ struct RawConfig {
     endpoint: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     region: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    use_instance_metadata: Option<bool>,
 }
 
 impl TryFrom<RawConfig> for RemoteStorageConfig {
@@ -59,6 +69,7 @@ impl TryFrom<RawConfig> for RemoteStorageConfig {
                     ("prefix", raw.prefix.is_some()),
                     ("endpoint", raw.endpoint.is_some()),
                     ("region", raw.region.is_some()),
+                    ("use_instance_metadata", raw.use_instance_metadata.is_some()),
                 ]
                 .iter()
                 .find(|(_, set)| *set)
@@ -78,11 +89,13 @@ impl TryFrom<RawConfig> for RemoteStorageConfig {
                     return Err("remote_storage: bucket is empty".to_owned());
                 }
                 if let Some(endpoint) = &raw.endpoint {
-                    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-                        return Err(format!(
-                            "remote_storage: endpoint {endpoint:?} is not an http:// or https:// URL"
-                        ));
-                    }
+                    check_endpoint("remote_storage: endpoint", endpoint)?;
+                }
+                if raw.region.as_deref() == Some("") {
+                    return Err(
+                        "remote_storage: region is empty (leave it out for AWS_REGION or us-east-1)"
+                            .to_owned(),
+                    );
                 }
                 let prefix = raw.prefix.unwrap_or_default();
                 let prefix = prefix.trim_matches('/').to_owned();
@@ -98,7 +111,8 @@ impl TryFrom<RawConfig> for RemoteStorageConfig {
                     bucket,
                     prefix,
                     endpoint: raw.endpoint,
-                    region: raw.region.unwrap_or_else(|| "us-east-1".to_owned()),
+                    region: raw.region,
+                    use_instance_metadata: raw.use_instance_metadata.unwrap_or(false),
                 }))
             }
         }
@@ -116,9 +130,23 @@ impl From<RemoteStorageConfig> for RawConfig {
                 bucket: Some(s3.bucket),
                 prefix: Some(s3.prefix),
                 endpoint: s3.endpoint,
-                region: Some(s3.region),
+                region: s3.region,
+                use_instance_metadata: s3.use_instance_metadata.then_some(true),
                 ..RawConfig::default()
             },
         }
+    }
+}
+
+/// An endpoint must be an `http://` or `https://` URL; `what` names where it came from.
+pub(crate) fn check_endpoint(what: &str, endpoint: &str) -> Result<(), String> {
+    let rest = endpoint
+        .strip_prefix("http://")
+        .or_else(|| endpoint.strip_prefix("https://"));
+    match rest {
+        Some(host) if !host.is_empty() && !host.starts_with('/') => Ok(()),
+        _ => Err(format!(
+            "{what} {endpoint:?} is not an http:// or https:// URL with a host"
+        )),
     }
 }

@@ -7,7 +7,8 @@
 //!   staging name, fsynced, and renamed (or hard-linked, for a conditional create) into place,
 //!   with the directory fsynced, so an object is whole or absent after a crash;
 //! - an **S3 bucket** (`S3`): any S3 API endpoint (AWS, or a local server with plain HTTP),
-//!   path-style requests, credentials from the usual `AWS_*` environment variables.
+//!   path-style requests, region, endpoint and credentials by AWS's conventions, and never a
+//!   request to the EC2 instance metadata service unless the settings ask for it (`s3.rs`).
 //!
 //! # Operations
 //!
@@ -26,13 +27,18 @@
 //! Keys are [`RemotePath`]s: relative, `/`-separated, printable ASCII, never climbing out of
 //! the configured root or prefix.
 //!
-//! # Retries and faults
+//! # Deadlines, retries and faults
 //!
-//! Every operation is retried with exponential backoff (see [`RetryPolicy`]) until it
-//! succeeds, fails in a way a retry cannot change (not found, already exists, a bad key), or
-//! its time bound runs out; every failed attempt is logged with its operation and key. The
-//! last error is returned with the number of attempts. A caller that must not give up (the
-//! pageserver's upload queue) retries again itself, later.
+//! Every request to S3 has deadlines ([`Deadlines`]: `remote_storage_connect_timeout` to
+//! connect, `remote_storage_request_timeout` from its start to the last byte of its answer),
+//! and no request moves more than one part of an object (uploads and downloads go in parts of
+//! [`PART_SIZE`]), so one deadline fits every request. A request that failed in a way another
+//! attempt may change is retried with backoff, in one loop (`retry.rs`), until it succeeds, fails
+//! for good (not found, access denied, no such bucket, bad credentials: each its own
+//! [`RemoteError`]), or `remote_storage_operation_timeout` passes: then the caller has its
+//! error, also when the store stopped answering mid-request. Every failed attempt is logged
+//! with its operation and key. A caller that must not give up (the pageserver's upload queue)
+//! tries again itself, later.
 //!
 //! With `test_remote_failures = N` ([`RemoteStorage::with_injected_failures`]) every operation
 //! on a key fails its first N attempts before it reaches the backend, and the count starts
@@ -46,6 +52,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use object_store::local::LocalFileSystem;
+use object_store::multipart::MultipartStore;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
@@ -58,7 +65,7 @@ mod transfer;
 pub use config::{RemoteStorageConfig, S3Config};
 use faults::FaultInjection;
 pub use retry::RetryPolicy;
-use retry::classify;
+use retry::{classify, AttemptError};
 
 /// Objects up to this size are written to S3 in one request; larger ones in parts of this size
 /// (S3's multipart minimum is 5 MiB).
@@ -149,6 +156,27 @@ pub struct ListedObject {
     pub size: u64,
 }
 
+/// How long the store may take; see the module documentation and docs/remote-storage.md.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Connecting to the store: TCP, and TLS for https.
+    pub connect: Duration,
+    /// One request, from its start to the last byte of its answer (at most a part).
+    pub request: Duration,
+    /// One operation, or one part of a transfer, with all its retries.
+    pub operation: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            connect: Duration::from_secs(5),
+            request: Duration::from_secs(30),
+            operation: Duration::from_secs(60),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
     #[error("remote object {key} not found")]
@@ -157,6 +185,30 @@ pub enum RemoteError {
     BadKey { key: String, reason: String },
     #[error("remote storage settings: {0}")]
     Config(String),
+    #[error("no S3 credentials: {0}")]
+    NoCredentials(String),
+    #[error("{op}: the bucket does not exist: {store} (NoSuchBucket)")]
+    NoSuchBucket { op: &'static str, store: String },
+    #[error("{op} of remote object {key}: access denied by {store}: the credentials lack the permission ({reason})")]
+    AccessDenied {
+        op: &'static str,
+        key: String,
+        store: String,
+        reason: String,
+    },
+    #[error("{op} of remote object {key}: {store} does not accept the credentials ({reason})")]
+    Unauthenticated {
+        op: &'static str,
+        key: String,
+        store: String,
+        reason: String,
+    },
+    #[error("{op} of remote object {key} was refused, and retrying cannot change that: {reason}")]
+    Rejected {
+        op: &'static str,
+        key: String,
+        reason: String,
+    },
     #[error(
         "{op} of remote object {key} failed after {attempts} attempts in {elapsed:?}: {reason}"
     )]
@@ -176,10 +228,31 @@ pub enum RemoteError {
     },
 }
 
+impl RemoteError {
+    /// Whether only a change of the settings, the credentials or the store can end it: an
+    /// operator's matter, never solved by waiting.
+    pub fn needs_operator(&self) -> bool {
+        matches!(
+            self,
+            RemoteError::Config(_)
+                | RemoteError::NoCredentials(_)
+                | RemoteError::NoSuchBucket { .. }
+                | RemoteError::AccessDenied { .. }
+                | RemoteError::Unauthenticated { .. }
+                | RemoteError::Rejected { .. }
+        )
+    }
+}
+
 /// See the module documentation.
 #[derive(Clone)]
 pub struct RemoteStorage {
     store: Arc<dyn ObjectStore>,
+    /// The same store's parts API, where parts go over the network (S3): each part is then
+    /// retried on its own. `None` for a directory.
+    multipart: Option<Arc<dyn MultipartStore>>,
+    /// Whether the operation deadline cuts off an attempt in flight (S3; see `retry.rs`).
+    hard_deadline: bool,
     /// Prepended to every key (the S3 prefix); empty for a directory.
     prefix: String,
     retry: RetryPolicy,
@@ -200,8 +273,17 @@ impl fmt::Debug for RemoteStorage {
 }
 
 impl RemoteStorage {
-    /// Opens the backend `config` names. A local directory is created if missing.
+    /// Opens the backend `config` names with the default [`Deadlines`].
     pub fn new(config: &RemoteStorageConfig) -> Result<RemoteStorage, RemoteError> {
+        RemoteStorage::open(config, Deadlines::default())
+    }
+
+    /// Opens the backend `config` names. A local directory is created if missing; nothing is
+    /// sent to S3 yet ([`RemoteStorage::check`] does).
+    pub fn open(
+        config: &RemoteStorageConfig,
+        deadlines: Deadlines,
+    ) -> Result<RemoteStorage, RemoteError> {
         let (parts_in_flight, part_size, objects_in_flight) = match config {
             RemoteStorageConfig::LocalFs { .. } => (
                 LOCAL_PARTS_IN_FLIGHT,
@@ -210,7 +292,7 @@ impl RemoteStorage {
             ),
             RemoteStorageConfig::S3(_) => (PARTS_IN_FLIGHT, PART_SIZE, OBJECTS_IN_FLIGHT),
         };
-        let (store, prefix, description): (Arc<dyn ObjectStore>, String, String) = match config {
+        let (store, multipart, prefix, description) = match config {
             RemoteStorageConfig::LocalFs { local_path } => {
                 std::fs::create_dir_all(local_path).map_err(|e| {
                     RemoteError::Config(format!(
@@ -227,17 +309,32 @@ impl RemoteStorage {
                     })?
                     .with_fsync(true);
                 (
-                    Arc::new(store),
+                    Arc::new(store) as Arc<dyn ObjectStore>,
+                    None,
                     String::new(),
                     format!("local directory {}", local_path.display()),
                 )
             }
-            RemoteStorageConfig::S3(s3) => s3::open(s3)?,
+            RemoteStorageConfig::S3(s3) => {
+                let opened = s3::open(s3, &deadlines, &s3::Environment::of_process())?;
+                let store = Arc::new(opened.store);
+                (
+                    store.clone() as Arc<dyn ObjectStore>,
+                    Some(store as Arc<dyn MultipartStore>),
+                    opened.prefix,
+                    opened.description,
+                )
+            }
         };
         Ok(RemoteStorage {
             store,
+            hard_deadline: multipart.is_some(),
+            multipart,
             prefix,
-            retry: RetryPolicy::default(),
+            retry: RetryPolicy {
+                timeout: deadlines.operation,
+                ..RetryPolicy::default()
+            },
             faults: None,
             description,
             parts_in_flight,
@@ -282,7 +379,7 @@ impl RemoteStorage {
             self.store
                 .put(&location, PutPayload::from_bytes(bytes.clone()))
                 .await
-                .map_err(|e| classify("put", key, e))?;
+                .map_err(|e| classify(self.context("put", key), e))?;
             Ok(())
         })
         .await
@@ -308,7 +405,7 @@ impl RemoteStorage {
                 Ok(_) => Ok(true),
                 Err(object_store::Error::AlreadyExists { .. })
                 | Err(object_store::Error::Precondition { .. }) => Ok(false),
-                Err(e) => Err(classify("create", key, e)),
+                Err(e) => Err(classify(self.context("create", key), e)),
             }
         })
         .await
@@ -322,8 +419,11 @@ impl RemoteStorage {
                 .store
                 .get(&location)
                 .await
-                .map_err(|e| classify("get", key, e))?;
-            result.bytes().await.map_err(|e| classify("get", key, e))
+                .map_err(|e| classify(self.context("get", key), e))?;
+            result
+                .bytes()
+                .await
+                .map_err(|e| classify(self.context("get", key), e))
         })
         .await
     }
@@ -339,7 +439,7 @@ impl RemoteStorage {
             self.store
                 .get_range(&location, range.clone())
                 .await
-                .map_err(|e| classify("get_range", key, e))
+                .map_err(|e| classify(self.context("get_range", key), e))
         })
         .await
     }
@@ -356,7 +456,7 @@ impl RemoteStorage {
             let mut stream = self.store.list(Some(&location));
             let mut found = Vec::new();
             while let Some(meta) = stream.next().await {
-                let meta = meta.map_err(|e| classify("list", prefix, e))?;
+                let meta = meta.map_err(|e| classify(self.context("list", prefix), e))?;
                 let full = meta.location.as_ref();
                 let Some(relative) = full.get(strip..) else {
                     continue;
@@ -379,10 +479,70 @@ impl RemoteStorage {
         let location = self.location(key)?;
         self.retrying("delete", key, || async {
             match self.store.delete(&location).await {
-                Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-                Err(e) => Err(classify("delete", key, e)),
+                Ok(()) => Ok(()),
+                Err(e) => match classify(self.context("delete", key), e) {
+                    AttemptError::Final(RemoteError::NotFound { .. }) => Ok(()),
+                    other => Err(other),
+                },
             }
         })
         .await
+    }
+
+    /// Checks that the store answers and takes the credentials: for S3, one listing under the
+    /// prefix (the bucket exists, the credentials are valid and may list it), a single attempt
+    /// within the request deadline; a directory was checked when it was opened. So a server
+    /// with a wrong bucket, no access or no store to reach refuses to start, saying which,
+    /// instead of failing every upload later.
+    pub async fn check(&self) -> Result<(), RemoteError> {
+        if self.multipart.is_none() {
+            return Ok(());
+        }
+        let shown = RemotePath(format!("{}/", self.prefix));
+        let prefix = (!self.prefix.is_empty()).then(|| ObjectPath::from(self.prefix.as_str()));
+        let started = std::time::Instant::now();
+        let listing = tokio::time::timeout(
+            self.retry.timeout,
+            self.store.list_with_delimiter(prefix.as_ref()),
+        )
+        .await;
+        let reason = match listing {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) => match classify(self.context("list", &shown), e) {
+                AttemptError::Final(e) => return Err(e),
+                AttemptError::Transient(reason) => reason,
+            },
+            Err(_) => format!("list: no answer within {:?}", self.retry.timeout),
+        };
+        Err(RemoteError::Failed {
+            op: "list",
+            key: shown.to_string(),
+            attempts: 1,
+            elapsed: started.elapsed(),
+            reason: format!("{reason} (is {} reachable?)", self.description),
+        })
+    }
+}
+
+/// Every operation's future can be spawned on a runtime, as the pageserver does; closures
+/// over borrowed streams inside them have broken that before (rustc's "Send is not general
+/// enough"), which only shows where a caller spawns.
+#[cfg(test)]
+mod spawnable {
+    use super::*;
+    #[allow(dead_code)]
+    fn every_operation(s: RemoteStorage, k: RemotePath, p: std::path::PathBuf) {
+        let (s1, k1) = (s.clone(), k.clone());
+        tokio::spawn(async move { s1.get(&k1).await });
+        let (s1, k1) = (s.clone(), k.clone());
+        tokio::spawn(async move { s1.put(&k1, Bytes::new()).await });
+        let (s1, k1) = (s.clone(), k.clone());
+        tokio::spawn(async move { s1.list(&k1).await });
+        let (s1, k1) = (s.clone(), k.clone());
+        tokio::spawn(async move { s1.delete(&k1).await });
+        let (s1, k1, p1) = (s.clone(), k.clone(), p.clone());
+        tokio::spawn(async move { s1.put_file(&k1, &p1).await });
+        let (s1, k1, p1) = (s.clone(), k.clone(), p.clone());
+        tokio::spawn(async move { s1.download_to_file(&k1, &p1).await });
     }
 }

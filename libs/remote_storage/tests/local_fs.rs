@@ -188,9 +188,15 @@ fn settings_parse_with_clear_errors() {
         .unwrap()
     {
         RemoteStorageConfig::S3(s3) => {
+            // No region: the environment's, or us-east-1, when the client is built.
             assert_eq!(
-                (s3.bucket.as_str(), s3.prefix.as_str(), s3.region.as_str()),
-                ("b", "p/q", "us-east-1")
+                (
+                    s3.bucket.as_str(),
+                    s3.prefix.as_str(),
+                    s3.region,
+                    s3.use_instance_metadata
+                ),
+                ("b", "p/q", None, false)
             );
         }
         other => panic!("{other:?}"),
@@ -208,6 +214,11 @@ fn settings_parse_with_clear_errors() {
         ),
         (r#"{"bucket": "b", "prefix": "a/../b"}"#, "prefix"),
         (r#"{"bucket": "b", "bukket": "c"}"#, "unknown field"),
+        (r#"{"bucket": "b", "region": ""}"#, "region is empty"),
+        (
+            r#"{"local_path": "/d", "use_instance_metadata": true}"#,
+            "use_instance_metadata is an S3 setting",
+        ),
     ] {
         let err = parse(bad).unwrap_err();
         assert!(err.contains(says), "{bad}: {err}");

@@ -164,18 +164,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     );
 
     let remote_conf = conf.remote_storage(workdir);
-    let storage = RemoteStorage::new(&remote_conf)
+    let storage = RemoteStorage::open(&remote_conf, conf.remote_deadlines())
         .context("remote_storage")?
         .with_injected_failures(conf.test_remote_failures);
     let remote_description = format!("{storage:?}");
     let remote = Arc::new(
         RemoteContext::new(
-            storage,
+            storage.clone(),
             conf.upload_queue_max_bytes,
             conf.max_local_layer_bytes,
         )
         .context("starting the remote storage runtime")?,
     );
+    // A bucket that is not there, credentials it refuses or a store that does not answer stop
+    // the start here, saying which, rather than failing every upload later.
+    remote
+        .block_on(async move { storage.check().await })
+        .with_context(|| format!("remote storage {remote_description}"))?;
     phases.done(
         "remote_storage",
         format_args!(

@@ -195,6 +195,18 @@ fn values_that_break_the_server_are_refused_with_their_range() {
             "l0_stop_threshold=7",
             "l0_stop_threshold = 7 is out of range: it must be from 8 to 1000",
         ),
+        (
+            "remote_storage_connect_timeout=0s",
+            "remote_storage_connect_timeout = 0s is out of range: it must be from 10ms to 1h",
+        ),
+        (
+            "remote_storage_request_timeout=2h",
+            "remote_storage_request_timeout = 2h is out of range: it must be from 10ms to 1h",
+        ),
+        (
+            "remote_storage_operation_timeout=10s",
+            "remote_storage_operation_timeout = 10s is out of range: it must be from 30s to 1h",
+        ),
     ];
     for (setting, message) in cases {
         let e = load(&[setting]).unwrap_err().to_string();
@@ -314,6 +326,25 @@ fn remote_storage_is_a_directory_in_the_workdir_unless_set() {
     assert_eq!(
         (conf.upload_queue_max_bytes, conf.test_remote_failures),
         (256 << 20, 2)
+    );
+    // The deadlines, each set apart.
+    let conf = PageServerConf::load(
+        workdir,
+        &[
+            "remote_storage_connect_timeout=\"1s\"".into(),
+            "remote_storage_request_timeout=\"2s\"".into(),
+            "remote_storage_operation_timeout=\"3s\"".into(),
+        ],
+    )
+    .unwrap();
+    let deadlines = conf.remote_deadlines();
+    assert_eq!(
+        (deadlines.connect, deadlines.request, deadlines.operation),
+        (
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+            Duration::from_secs(3)
+        )
     );
     let e = PageServerConf::load(
         workdir,
