@@ -28,6 +28,11 @@
 //! writing a layer while more than `upload_queue_max_bytes` of layers wait for upload
 //! (`pageserver_upload_queue_wait_seconds`, and a log line per wait).
 //!
+//! # Downloads
+//!
+//! Reads of layers that are not on the local disk download them through the client
+//! (`download.rs`).
+//!
 //! # Durability
 //!
 //! `remote_consistent_lsn` is the `disk_consistent_lsn` of the newest durable index: every
@@ -48,12 +53,12 @@ use futures::StreamExt;
 use remote_storage::{RemoteError, RemotePath, RemoteStorage};
 use utils::{Generation, Lsn, TenantId, TimelineId};
 
-use crate::tenant::storage_layer::on_demand::LayerDownloader;
 use crate::tenant::timeline::metadata::TimelineMetadata;
 use crate::tenant::timeline::Ancestry;
 use crate::tenant::timeline::RemoteCopy;
 
 mod discovery;
+mod download;
 pub mod index;
 #[cfg(test)]
 mod tests;
@@ -679,33 +684,6 @@ impl RemoteCopy for RemoteTimelineClient {
             }
             let _ = futures::executor::block_on(task);
         }
-    }
-}
-
-impl LayerDownloader for RemoteTimelineClient {
-    fn download(&self, name: &str, dest: &Path, size: u64, crc32c: u32) -> Result<(), String> {
-        let generation = self
-            .state()
-            .plan
-            .present_generation(name)
-            .ok_or_else(|| "the remote index does not list it".to_owned())?;
-        let key = layer_path(&self.remote_dir, name, generation).map_err(|e| e.to_string())?;
-        let storage = self.context.storage.clone();
-        let (task_key, task_dest) = (key.clone(), dest.to_owned());
-        let result = self
-            .context
-            .block_on(async move { storage.download_to_file(&task_key, &task_dest).await });
-        count("download", &result);
-        let got = result.map_err(|e| e.to_string())?;
-        crate::metrics::REMOTE_DOWNLOADED_BYTES.inc_by(got.len);
-        if (got.len, got.crc32c) != (size, crc32c) {
-            let _ = std::fs::remove_file(dest);
-            return Err(format!(
-                "{key} is {} bytes with CRC-32C {:#010x}; the manifest lists {size} bytes with {crc32c:#010x}",
-                got.len, got.crc32c
-            ));
-        }
-        Ok(())
     }
 }
 
