@@ -92,6 +92,9 @@ remote_storage_operation_timeout = "1m"
 # A flush waits while more than this many bytes of layer files wait for upload. Twice
 # checkpoint_distance keeps remote_consistent_lsn within about that of disk_consistent_lsn.
 upload_queue_max_bytes = "512MiB"
+# ...for at most this long; then the flush fails, and an ingest batch that needs one is
+# refused with 503 and Retry-After (the store is down or too slow: nothing is lost).
+upload_queue_wait_timeout = "30s"
 # The local disk is a cache of remote storage: layer files on it are kept within this many
 # bytes by evicting the least recently read ones the store holds (downloaded again when read).
 # 0: no limit.
@@ -257,6 +260,8 @@ pub struct PageServerConf {
     pub remote_storage_operation_timeout: Duration,
     #[serde(deserialize_with = "size")]
     pub upload_queue_max_bytes: u64,
+    #[serde(deserialize_with = "duration")]
+    pub upload_queue_wait_timeout: Duration,
     #[serde(deserialize_with = "size")]
     pub max_local_layer_bytes: u64,
     pub test_remote_failures: u32,
@@ -312,6 +317,7 @@ impl Default for PageServerConf {
             remote_storage_request_timeout: Deadlines::default().request,
             remote_storage_operation_timeout: Deadlines::default().operation,
             upload_queue_max_bytes: 512 << 20,
+            upload_queue_wait_timeout: Duration::from_secs(30),
             max_local_layer_bytes: 0,
             test_remote_failures: 0,
         }
@@ -486,6 +492,7 @@ impl PageServerConf {
                 "remote_storage_request_timeout",
                 self.remote_storage_request_timeout,
             ),
+            ("upload_queue_wait_timeout", self.upload_queue_wait_timeout),
         ] {
             in_range_shown(name, value, MIN_REMOTE_DEADLINE..=MAX_REMOTE_DEADLINE, show)?;
         }
@@ -713,7 +720,7 @@ pub const MIN_CHECKPOINT_DISTANCE: u64 = crate::PAGE_SZ as u64;
 pub const MAX_CHECKPOINT_DISTANCE: u64 = 1 << 40;
 pub const MAX_FROZEN_LAYERS: usize = 1000;
 pub const MIN_WAIT_LSN_TIMEOUT: Duration = Duration::from_millis(1);
-/// The remote storage deadlines: 10 ms to an hour.
+/// The remote storage deadlines and the upload queue's wait: 10 ms to an hour.
 pub const MIN_REMOTE_DEADLINE: Duration = Duration::from_millis(10);
 pub const MAX_REMOTE_DEADLINE: Duration = Duration::from_secs(3600);
 pub const MAX_WAIT_LSN_TIMEOUT: Duration = Duration::from_secs(24 * 3600);

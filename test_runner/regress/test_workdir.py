@@ -49,6 +49,7 @@ def test_fresh_workdir_gets_the_first_starts_settings(pageserver_factory: Pagese
         "remote_storage_request_timeout": "30s",
         "remote_storage_operation_timeout": "1m",
         "upload_queue_max_bytes": "512MiB",
+        "upload_queue_wait_timeout": "30s",
         "max_local_layer_bytes": 0,
         "test_remote_failures": 0,
         "wait_lsn_timeout": "60s",

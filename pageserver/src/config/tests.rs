@@ -200,8 +200,8 @@ fn values_that_break_the_server_are_refused_with_their_range() {
             "remote_storage_connect_timeout = 0s is out of range: it must be from 10ms to 1h",
         ),
         (
-            "remote_storage_request_timeout=2h",
-            "remote_storage_request_timeout = 2h is out of range: it must be from 10ms to 1h",
+            "upload_queue_wait_timeout=2h",
+            "upload_queue_wait_timeout = 2h is out of range: it must be from 10ms to 1h",
         ),
         (
             "remote_storage_operation_timeout=10s",
@@ -334,16 +334,23 @@ fn remote_storage_is_a_directory_in_the_workdir_unless_set() {
             "remote_storage_connect_timeout=\"1s\"".into(),
             "remote_storage_request_timeout=\"2s\"".into(),
             "remote_storage_operation_timeout=\"3s\"".into(),
+            "upload_queue_wait_timeout=\"4s\"".into(),
         ],
     )
     .unwrap();
     let deadlines = conf.remote_deadlines();
     assert_eq!(
-        (deadlines.connect, deadlines.request, deadlines.operation),
+        (
+            deadlines.connect,
+            deadlines.request,
+            deadlines.operation,
+            conf.upload_queue_wait_timeout
+        ),
         (
             Duration::from_secs(1),
             Duration::from_secs(2),
-            Duration::from_secs(3)
+            Duration::from_secs(3),
+            Duration::from_secs(4)
         )
     );
     let e = PageServerConf::load(

@@ -1,4 +1,5 @@
-//! API errors: every failure is a JSON body `{"msg": "..."}` with the status that fits it.
+//! API errors: every failure is a JSON body `{"msg": "..."}` with the status that fits it; a
+//! 503 (retrying later may work) also says when, with `Retry-After`.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -12,8 +13,6 @@ use crate::tenant::timeline::TimelineError;
 pub struct ApiError {
     pub status: StatusCode,
     pub msg: String,
-    /// Seconds for a `Retry-After` header: a refusal that will pass (work at its bound).
-    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -21,16 +20,12 @@ impl ApiError {
         ApiError {
             status,
             msg: msg.into(),
-            retry_after: None,
         }
     }
 
-    /// A 503 that says when to come back: `Retry-After: 1`.
+    /// A refusal that will pass (work at its bound): a 503, which says when to come back.
     pub fn try_again(msg: impl Into<String>) -> ApiError {
-        ApiError {
-            retry_after: Some(1),
-            ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, msg)
-        }
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, msg)
     }
 
     pub fn bad_request(msg: impl Into<String>) -> ApiError {
@@ -76,14 +71,20 @@ impl IntoResponse for ApiError {
             self.msg
         };
         let mut response = (self.status, Json(serde_json::json!({ "msg": msg }))).into_response();
-        if let Some(seconds) = self.retry_after {
-            response
-                .headers_mut()
-                .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(RETRY_AFTER_SECONDS),
+            );
         }
         response
     }
 }
+
+/// `Retry-After` of every 503: the conditions behind one (a broken tenant loading, a wait
+/// for an LSN, an upload queue, a download) are re-checked at each request, and a refused
+/// request has already waited its bound on the server, so a second is enough.
+pub const RETRY_AFTER_SECONDS: &str = "1";
 
 /// `msg` with every file system path cut down to names the client knows: from the work
 /// directory's `tenants/` on (`tenants/<tenant>/timelines/<timeline>/<file>`), or the file name
@@ -158,6 +159,8 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         | WaitLsnTimeout { .. }
         | TooManyLsnWaiters { .. }
         | IngestStopped { .. }
+        // The store takes no uploads for now; the batch was not stored.
+        | UploadQueueFull { .. }
         | Broken { .. }
         | ShuttingDown
         // The remote store did not give the layer; it may later.
@@ -290,6 +293,27 @@ mod tests {
             body(ApiError::not_found("no such endpoint: /v1/nothing")),
             "no such endpoint: /v1/nothing"
         );
+    }
+
+    #[test]
+    fn every_503_says_when_to_retry() {
+        let unavailable = ApiError::from(TimelineError::UploadQueueFull {
+            queued_bytes: 2 << 20,
+            limit: 1 << 20,
+            waited: std::time::Duration::from_secs(30),
+            store_error: String::new(),
+        });
+        assert_eq!(unavailable.status, StatusCode::SERVICE_UNAVAILABLE);
+        let response = unavailable.into_response();
+        assert_eq!(
+            response.headers().get(axum::http::header::RETRY_AFTER),
+            Some(&axum::http::HeaderValue::from_static(RETRY_AFTER_SECONDS))
+        );
+        let other = ApiError::internal("x").into_response();
+        assert!(other
+            .headers()
+            .get(axum::http::header::RETRY_AFTER)
+            .is_none());
     }
 
     fn futures_body(response: Response) -> Vec<u8> {

@@ -20,18 +20,25 @@
 //! all in the store is uploaded as this generation's index; otherwise the oldest target's
 //! missing layers are uploaded (four at a time to S3, one at a time into a local directory, each
 //! streamed from its local file); objects no
-//! index needs are deleted last. A failed step is logged with the object's key and retried with backoff (1 s
-//! doubling to 30 s), forever: the queue is never dropped, and it is not persisted, because the
-//! local manifest and the remote index rebuild it at the next start.
+//! index needs are deleted last. Each storage operation of a step is retried by remote storage
+//! itself, with backoff, until its deadline (`remote_storage_operation_timeout`); a step that
+//! still failed is logged and tried again after [`STEP_RETRY_DELAY`], or after
+//! [`OPERATOR_RETRY_DELAY`] when its error needs an operator (no such bucket, access denied,
+//! credentials refused), which waiting alone cannot cure: forever either way, because the queue
+//! is the durability path and is never dropped. It is not persisted: the local manifest and
+//! the remote index rebuild it at the next start.
 //!
 //! Ingest never waits for the store, except through the queue's bound: a flush waits before
 //! writing a layer while more than `upload_queue_max_bytes` of layers wait for upload
-//! (`pageserver_upload_queue_wait_seconds`, and a log line per wait).
+//! (`pageserver_upload_queue_wait_seconds`, and a log line per wait), for at most
+//! `upload_queue_wait_timeout`; then the flush fails with
+//! [`TimelineError::UploadQueueFull`](crate::tenant::timeline::TimelineError::UploadQueueFull),
+//! which an ingest batch answers as 503 with `Retry-After`.
 //!
 //! # Downloads
 //!
 //! Reads of layers that are not on the local disk download them through the client
-//! (`download.rs`).
+//! (`download.rs`), with remote storage's deadlines.
 //!
 //! # Durability
 //!
@@ -43,6 +50,7 @@
 //! The client's task runs on the remote storage runtime ([`RemoteContext`]); the timeline's
 //! threads only lock the plan, and a flush waits on a condition variable.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -56,6 +64,7 @@ use utils::{Generation, Lsn, TenantId, TimelineId};
 use crate::tenant::timeline::metadata::TimelineMetadata;
 use crate::tenant::timeline::Ancestry;
 use crate::tenant::timeline::RemoteCopy;
+use crate::tenant::timeline::TimelineError;
 
 mod discovery;
 mod download;
@@ -72,10 +81,13 @@ use upload_plan::{Step, UploadPlan};
 use discovery::parse_index;
 pub use discovery::{download_newest_index, list_tenant, TenantInStore};
 
-/// A failed step is retried after this, doubling...
-const RETRY_FIRST: Duration = Duration::from_secs(1);
-/// ...up to this.
-const RETRY_MAX: Duration = Duration::from_secs(30);
+/// A failed step is tried again after this: its operations were retried with backoff already,
+/// up to their deadline, so this is only a pause between rounds.
+pub const STEP_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// ...or after this, when the error needs an operator: logged each time, without spinning.
+pub const OPERATOR_RETRY_DELAY: Duration = Duration::from_secs(30);
+/// The default of `upload_queue_wait_timeout`.
+pub const DEFAULT_UPLOAD_ROOM_TIMEOUT: Duration = Duration::from_secs(30);
 /// A branch waiting for its ancestor's uploads looks again at least this often (a stop, or an
 /// ancestor index uploaded while it was not listening yet).
 const ANCESTOR_RECHECK: Duration = Duration::from_secs(1);
@@ -87,8 +99,10 @@ pub const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct RemoteContext {
     pub storage: RemoteStorage,
     runtime: Option<tokio::runtime::Runtime>,
-    /// A flush waits while more than this many bytes of layers wait for upload.
+    /// A flush waits while more than this many bytes of layers wait for upload...
     pub upload_queue_max_bytes: u64,
+    /// ...for at most this long.
+    pub upload_room_timeout: Duration,
     /// The local layer files are kept within this many bytes by eviction (0: no limit).
     pub max_local_layer_bytes: u64,
 }
@@ -108,8 +122,15 @@ impl RemoteContext {
             storage,
             runtime: Some(runtime),
             upload_queue_max_bytes,
+            upload_room_timeout: DEFAULT_UPLOAD_ROOM_TIMEOUT,
             max_local_layer_bytes,
         })
+    }
+
+    /// Sets how long a flush waits for room in the upload queue (`upload_queue_wait_timeout`).
+    pub fn with_upload_room_timeout(mut self, timeout: Duration) -> RemoteContext {
+        self.upload_room_timeout = timeout;
+        self
     }
 
     fn handle(&self) -> &tokio::runtime::Handle {
@@ -155,6 +176,17 @@ pub enum RemoteClientError {
     Local(String),
 }
 
+impl RemoteClientError {
+    /// Whether only an operator can end it (see [`RemoteError::needs_operator`]).
+    fn needs_operator(&self) -> bool {
+        match self {
+            RemoteClientError::Storage(e) => e.needs_operator(),
+            RemoteClientError::CorruptIndex { .. } | RemoteClientError::WrongIndex { .. } => true,
+            RemoteClientError::Local(_) => false,
+        }
+    }
+}
+
 struct ClientState {
     plan: UploadPlan,
     stopping: bool,
@@ -178,6 +210,9 @@ pub struct RemoteTimelineClient {
     index_uploaded: tokio::sync::Notify,
     /// Index uploads of this branch held back because the ancestor's store lagged.
     held_for_ancestor: AtomicU64,
+    /// Layer downloads that failed lately: name → when, and the error (see
+    /// [`FAILED_DOWNLOAD_SHARED_FOR`]).
+    failed_downloads: Mutex<HashMap<String, (Instant, String)>>,
     tenant_id: TenantId,
     timeline_id: TimelineId,
     generation: Generation,
@@ -221,6 +256,7 @@ impl RemoteTimelineClient {
             ancestor: std::sync::OnceLock::new(),
             index_uploaded: tokio::sync::Notify::new(),
             held_for_ancestor: AtomicU64::new(0),
+            failed_downloads: Mutex::new(HashMap::new()),
             tenant_id,
             timeline_id,
             generation,
@@ -353,7 +389,6 @@ impl RemoteTimelineClient {
 
     /// The task: steps towards the target until stopped.
     async fn run(self: Arc<Self>) {
-        let mut backoff = RETRY_FIRST;
         loop {
             let step = {
                 let state = self.state();
@@ -367,22 +402,27 @@ impl RemoteTimelineClient {
                 continue;
             }
             match self.execute(step).await {
-                Ok(()) => {
-                    backoff = RETRY_FIRST;
-                    self.state().last_error = None;
-                }
+                Ok(()) => self.state().last_error = None,
                 Err(e) => {
-                    tracing::error!(tenant = %self.tenant_id, timeline = %self.timeline_id,
-                        retry_in_s = backoff.as_secs(), "remote upload queue step failed: {e}");
+                    let delay = if e.needs_operator() {
+                        tracing::error!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                            retry_in_s = OPERATOR_RETRY_DELAY.as_secs(),
+                            "remote upload queue step failed, and only a change of the remote storage settings, credentials or bucket can fix it: {e}");
+                        OPERATOR_RETRY_DELAY
+                    } else {
+                        tracing::error!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                            retry_in_s = STEP_RETRY_DELAY.as_secs(), "remote upload queue step failed: {e}");
+                        STEP_RETRY_DELAY
+                    };
                     self.state().last_error = Some(e.to_string());
+                    self.progressed.notify_all();
                     // Woken early by a stop; a new commit does not cut the wait short.
-                    let _ = tokio::time::timeout(backoff, async {
+                    let _ = tokio::time::timeout(delay, async {
                         while !self.state().stopping {
                             self.wakeup.notified().await;
                         }
                     })
                     .await;
-                    backoff = (backoff * 2).min(RETRY_MAX);
                 }
             }
             self.progressed.notify_all();
@@ -626,11 +666,12 @@ impl RemoteCopy for RemoteTimelineClient {
         self.wakeup.notify_one();
     }
 
-    fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool) {
+    fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool) -> Result<(), TimelineError> {
         let limit = self.context.upload_queue_max_bytes;
+        let max_wait = self.context.upload_room_timeout;
         let mut state = self.state();
         if state.plan.pending_bytes() <= limit || state.plan.is_fenced() {
-            return;
+            return Ok(());
         }
         let started = Instant::now();
         tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
@@ -641,9 +682,26 @@ impl RemoteCopy for RemoteTimelineClient {
             && !state.plan.is_fenced()
             && !cancelled()
         {
+            let left = max_wait.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                let queued_bytes = state.plan.pending_bytes();
+                let store_error = state.last_error.clone();
+                drop(state);
+                crate::metrics::UPLOAD_QUEUE_WAIT_SECONDS.observe(max_wait.as_secs_f64());
+                tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                    queued_bytes, limit, "the upload queue had no room for {max_wait:?}: the flush gives up for now");
+                return Err(TimelineError::UploadQueueFull {
+                    queued_bytes,
+                    limit,
+                    waited: max_wait,
+                    store_error: store_error
+                        .map(|e| format!("; the last upload error: {e}"))
+                        .unwrap_or_default(),
+                });
+            }
             state = self
                 .progressed
-                .wait_timeout(state, Duration::from_millis(100))
+                .wait_timeout(state, left.min(Duration::from_millis(100)))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
@@ -651,6 +709,7 @@ impl RemoteCopy for RemoteTimelineClient {
         crate::metrics::UPLOAD_QUEUE_WAIT_SECONDS.observe(waited.as_secs_f64());
         tracing::info!(tenant = %self.tenant_id, timeline = %self.timeline_id,
             waited_ms = waited.as_millis() as u64, "the flush waited for the upload queue");
+        Ok(())
     }
 
     fn remote_consistent_lsn(&self) -> Lsn {

@@ -380,3 +380,96 @@ fn a_branch_index_waits_for_the_ancestor_to_reach_the_branch_point() {
     branch.stop(true);
     main.stop(true);
 }
+
+#[test]
+fn a_store_that_takes_nothing_fails_flushes_and_batches_after_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let (workdir, remote) = (dir.path().join("work"), dir.path().join("remote"));
+    let storage = RemoteStorage::new(&RemoteStorageConfig::LocalFs {
+        local_path: remote.clone(),
+    })
+    .unwrap()
+    .with_retry_policy(remote_storage::RetryPolicy {
+        initial: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(5),
+        timeout: Duration::from_millis(50),
+    });
+    let wait = Duration::from_millis(300);
+    let context = Arc::new(
+        RemoteContext::new(storage, 1, 0)
+            .unwrap()
+            .with_upload_room_timeout(wait),
+    );
+    let conf = TimelineConf {
+        max_frozen_layers: 1,
+        ..conf()
+    };
+    let (mgr, _) =
+        TenantManager::load_with_remote(&workdir, small_cache(256), conf, Some(context)).unwrap();
+    let tenant = mgr.create_tenant(None).unwrap();
+    let timeline = tenant.create_timeline(None).unwrap();
+    let client = tenant.remote_client(timeline.timeline_id()).unwrap();
+    assert!(client.wait_settled(Duration::from_secs(20)));
+
+    // The store goes down: a file where its directory was fails every operation.
+    let away = dir.path().join("remote.away");
+    std::fs::rename(&remote, &away).unwrap();
+    std::fs::write(&remote, b"not a directory").unwrap();
+    // The first layer goes into the queue, which is then over its bound of one byte.
+    put_images(&timeline, 0x10, 8);
+    timeline.checkpoint().unwrap();
+    put_images(&timeline, 0x20, 8);
+    let started = std::time::Instant::now();
+    let e = timeline.checkpoint().unwrap_err();
+    let waited = started.elapsed();
+    assert!(
+        matches!(
+            e,
+            crate::tenant::timeline::TimelineError::UploadQueueFull { .. }
+        ),
+        "{e}"
+    );
+    assert!(waited >= wait && waited < wait * 10, "{waited:?}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("over upload_queue_max_bytes 1") && msg.contains("the last upload error"),
+        "{msg}"
+    );
+    // A batch that could have to flush is refused the same way, and stores nothing.
+    let last = timeline.last_record_lsn();
+    let batch = |lsn| {
+        vec![PutRecord {
+            key: rel_key(0),
+            lsn: Lsn(lsn),
+            value: Value::Image(Bytes::from(vec![3u8; PAGE_SZ])),
+        }]
+    };
+    let e = timeline.put_batch(&batch(0x30)).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            crate::tenant::timeline::TimelineError::UploadQueueFull { .. }
+        ),
+        "{e}"
+    );
+    assert_eq!(timeline.last_record_lsn(), last);
+
+    // The store is back: the queue drains, and the same batch goes through.
+    std::fs::remove_file(&remote).unwrap();
+    std::fs::rename(&away, &remote).unwrap();
+    assert!(
+        client.wait_settled(Duration::from_secs(20)),
+        "{:?}",
+        client.last_error()
+    );
+    timeline.checkpoint().unwrap();
+    timeline.put_batch(&batch(0x30)).unwrap();
+    timeline.checkpoint().unwrap();
+    assert!(
+        client.wait_settled(Duration::from_secs(20)),
+        "{:?}",
+        client.last_error()
+    );
+    assert_eq!(timeline.remote_consistent_lsn(), Some(Lsn(0x30)));
+    timeline.shutdown(false).unwrap();
+}

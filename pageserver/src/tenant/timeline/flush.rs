@@ -38,8 +38,10 @@ impl Timeline {
                 break;
             };
             if let Some(remote) = self.remote.get() {
-                // Shutdown does not wait: its flush must finish whatever the store does.
-                remote.wait_for_upload_room(&|| self.shutting_down.load(Ordering::Acquire));
+                // Shutdown does not wait: its flush must finish whatever the store does. A
+                // store that takes nothing for upload_queue_wait_timeout fails the flush: its
+                // layer stays frozen, and the next flush tries again.
+                remote.wait_for_upload_room(&|| self.shutting_down.load(Ordering::Acquire))?;
             }
             let started = Instant::now();
             let end = frozen.end_lsn().expect("frozen layers have an end");
@@ -106,6 +108,20 @@ impl Timeline {
             );
         }
         Ok(())
+    }
+
+    /// Before a batch that may have to flush (the frozen layers are at `max_frozen_layers`):
+    /// waits, outside `write_lock`, for room in the upload queue, so that a store that takes
+    /// nothing refuses the batch (503, nothing stored) after `upload_queue_wait_timeout`
+    /// instead of holding it, and every batch behind it, in the flush.
+    pub(super) fn wait_for_upload_room_before_batch(&self) -> Result<(), TimelineError> {
+        let Some(remote) = self.remote.get() else {
+            return Ok(());
+        };
+        if self.layer_map().frozen.len() < self.conf.max_frozen_layers {
+            return Ok(());
+        }
+        remote.wait_for_upload_room(&|| self.shutting_down.load(Ordering::Acquire))
     }
 
     /// Freezes the open layer and writes every frozen layer to disk. Returns when everything

@@ -245,7 +245,7 @@ impl Import<'_> {
             return Err(TimelineError::ShuttingDown);
         }
         if let Some(remote) = timeline.remote.get() {
-            remote.wait_for_upload_room(&|| timeline.shutting_down.load(Ordering::Acquire));
+            remote.wait_for_upload_room(&|| timeline.shutting_down.load(Ordering::Acquire))?;
             if timeline.is_shutting_down() {
                 return Err(TimelineError::ShuttingDown);
             }

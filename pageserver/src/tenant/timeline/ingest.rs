@@ -24,6 +24,7 @@ impl Timeline {
         let mut writer = loop {
             if !records.is_empty() {
                 self.wait_for_l0_room()?;
+                self.wait_for_upload_room_before_batch()?;
             }
             let writer = self.writer();
             if records.is_empty() || !self.l0_stopped() {

@@ -64,7 +64,10 @@
 //! layer meanwhile; readers see a frozen layer until its delta layer replaces it in one swap
 //! of the map snapshot. When more than `max_frozen_layers` wait, the putting thread flushes them
 //! itself before returning: ingest slows to the disk's pace instead of filling memory and the
-//! ephemeral files without bound.
+//! ephemeral files without bound. With remote storage a flush also waits, for at most
+//! `upload_queue_wait_timeout`, while the upload queue is over its bound; a batch that may have
+//! to flush waits so first, outside `write_lock`, and is refused (`UploadQueueFull`, a 503)
+//! with nothing stored if the store takes nothing meanwhile.
 //!
 //! # Backpressure on L0 layers
 //!
@@ -256,6 +259,14 @@ pub enum TimelineError {
     },
     #[error("{limit} reads already wait for an LSN on this timeline; try again later")]
     TooManyLsnWaiters { limit: usize },
+    #[error("the upload queue holds {queued_bytes} bytes of layers, over upload_queue_max_bytes {limit}, and remote storage took none of them for {waited:?}{store_error}; nothing was lost: try again later")]
+    UploadQueueFull {
+        queued_bytes: u64,
+        limit: u64,
+        waited: Duration,
+        /// "; the last upload error: ..." or empty.
+        store_error: String,
+    },
     #[error(transparent)]
     Put(#[from] PutError),
     #[error(transparent)]
@@ -351,8 +362,10 @@ pub trait RemoteCopy: Send + Sync {
     /// every layer it lists durable on the local disk.
     fn manifest_committed(&self, manifest: &TimelineMetadata);
     /// Called by a flush before it writes a layer: blocks while too many bytes wait for
-    /// upload (the upload queue's backpressure), or until `cancelled` says to stop waiting.
-    fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool);
+    /// upload (the upload queue's backpressure), until `cancelled` says to stop waiting (then
+    /// `Ok`), or for at most `upload_queue_wait_timeout` (then
+    /// [`TimelineError::UploadQueueFull`]).
+    fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool) -> Result<(), TimelineError>;
     /// Everything at or below it is in remote storage.
     fn remote_consistent_lsn(&self) -> Lsn;
     /// Whether the store holds layer file `name` as listed (so its local copy may be evicted).
