@@ -102,6 +102,9 @@ fn state_with(dir: &std::path::Path, timelines: usize) -> Arc<AppState> {
     Arc::new(AppState {
         body_budget: Arc::new(BodyBudget::new(conf.max_buffered_request_bytes)),
         connections: Arc::new(ConnectionLimit::new(conf.max_connections())),
+        admissions: Arc::new(pageserver::tenant::admission::Admissions::new(
+            conf.admission_limits(),
+        )),
         scan_cursors: CursorCache::new(conf.cursor_cache_conf()),
         conf,
         tenants: Arc::new(tenants),
