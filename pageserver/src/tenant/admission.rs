@@ -161,7 +161,10 @@ impl Limit {
 pub enum DownloadError {
     #[error(transparent)]
     Busy(#[from] Busy),
-    #[error("downloading layer {name}: {reason}")]
+    /// Worded as a read that downloads on its own thread says it (`TimelineError`).
+    #[error(
+        "layer file {name} is not on the local disk, and downloading it from remote storage failed: {reason}"
+    )]
     Failed { name: String, reason: String },
 }
 

@@ -298,6 +298,11 @@ impl PendingDownload for ResidentLayer {
     }
 
     fn download(&self) -> Result<(), String> {
-        self.0.prefetch().map(|_| ()).map_err(|e| e.to_string())
+        match self.0.prefetch() {
+            Ok(_) => Ok(()),
+            // The caller names the layer and says it was a download.
+            Err(LayerReadError::Download { reason, .. }) => Err(reason),
+            Err(e) => Err(e.to_string()),
+        }
     }
 }
