@@ -61,7 +61,7 @@ use futures::StreamExt;
 use remote_storage::{RemoteError, RemotePath, RemoteStorage};
 use utils::{Generation, Lsn, TenantId, TimelineId};
 
-use crate::tenant::timeline::metadata::TimelineMetadata;
+use crate::tenant::timeline::metadata::{history, TimelineMetadata};
 use crate::tenant::timeline::Ancestry;
 use crate::tenant::timeline::RemoteCopy;
 use crate::tenant::timeline::TimelineError;
@@ -248,6 +248,17 @@ impl RemoteTimelineClient {
                     .await
             })?
         };
+        // Before anything acts on it: the queue's sweep deletes every layer object the durable
+        // index does not list, so an index that lost a layer would take the layer's object
+        // with it. Refused here, the timeline fails to load and the store stays as it is.
+        if let Some(index) = &durable {
+            if let Err(e) = history::check(&index.to_manifest()) {
+                return Err(RemoteClientError::CorruptIndex {
+                    key: index_path(&remote_dir, index.generation).to_string(),
+                    reason: format!("its layers do not hold the whole history it claims: {e}"),
+                });
+            }
+        }
         // Written with the timeline's directory and never changed: read once.
         let ancestry =
             Ancestry::read(local_dir).map_err(|e| RemoteClientError::Local(e.to_string()))?;

@@ -301,6 +301,12 @@ fn an_index_that_lost_a_layer_attaches_broken() {
         ));
         assert!(tenant.get_timeline(timeline_id).is_err());
         second.shutdown().unwrap();
+        // Nothing acted on the index: the lost layer's object is still in the store (the
+        // upload queue's sweep deletes every object the durable index does not list).
+        assert!(
+            prefix.join(format!("{lost}-00000001")).exists(),
+            "without {lost}: its object was deleted"
+        );
     }
 
     // The whole index, newest again, attaches and serves every page.
