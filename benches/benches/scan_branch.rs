@@ -31,6 +31,12 @@
 //! `scan_branch/page/<case>` times one page per iteration, cycling through the scan's pages
 //! in order, every page timed (throughput: keys).
 //!
+//! What `GET .../keys` adds to a page: `scan_branch/body/direct` writes the JSON body of one
+//! full page of the scan (1000 entries of 8 KiB) as the handler does
+//! (`http::routes::scan_body`); `scan_branch/body/serde_json`, its baseline, builds the same
+//! body as a `serde_json::Value` and serializes it, as the handler used to. Both bodies are
+//! checked equal first.
+//!
 //! Before criterion runs, a table pass reads each case's whole scan `TABLE_SCANS` times,
 //! interleaving the cases so that a busy machine weighs on all of them alike, and prints: the
 //! pages and keys of a scan, the median whole-scan time, pages/s, the ratio to the baseline,
@@ -44,8 +50,11 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use pageserver::http::routes::scan_body::scan_page_body;
 use pageserver::io::read_cost::{self, ReadCost};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
 use pageserver::tenant::timeline::metadata::TimelineMetadata;
@@ -55,6 +64,7 @@ use pageserver::tenant::timeline::scan::cursor_cache::{
 use pageserver::tenant::timeline::{Ancestry, Timeline, TimelineConf};
 use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value};
+use serde_json::json;
 use utils::{Lsn, TenantId, TimelineId};
 
 const TENANT: TenantId = TenantId::from_bytes([1; 16]);
@@ -527,6 +537,22 @@ fn scan_branch(c: &mut Criterion) {
             })
         });
     }
+    group.throughput(Throughput::Elements(PAGE_LIMIT as u64));
+    let mut scan = Scan::new(&cache, &f.parent, SECOND);
+    let page = scan.page();
+    assert_eq!(page.len(), PAGE_LIMIT);
+    let token = scan.token.clone();
+    let direct = || scan_page_body(&page, token.as_deref());
+    let via_serde = || {
+        let entries: Vec<serde_json::Value> = page
+            .iter()
+            .map(|(key, page)| json!({ "key": key.to_string(), "page": BASE64.encode(page) }))
+            .collect();
+        serde_json::to_vec(&json!({ "entries": entries, "next_page_token": token })).expect("json")
+    };
+    assert!(direct() == via_serde(), "the bodies differ");
+    group.bench_function("body/direct", |b| b.iter(|| black_box(direct())));
+    group.bench_function("body/serde_json", |b| b.iter(|| black_box(via_serde())));
     group.finish();
     // Printed again where it is seen, after criterion's report.
     println!("\n{table}");

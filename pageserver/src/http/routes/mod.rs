@@ -1,5 +1,6 @@
 //! The handlers, one per route, and the JSON they exchange: the tenants' in `tenant.rs`, a data
-//! directory's import and basebackup in `datadir.rs`, the rest here.
+//! directory's import and basebackup in `datadir.rs`, the body of a scan page in `scan_body.rs`,
+//! the rest here.
 
 use std::sync::Arc;
 use std::time::{Instant, UNIX_EPOCH};
@@ -9,8 +10,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use base64::Engine;
 use bytes::BytesMut;
 use pageserver_api::ingest::{BatchDecoder, IngestDecodeError, PutRecord};
 use pageserver_api::Key;
@@ -34,8 +33,10 @@ use crate::tenant::timeline::{LayerDescription, LayerKind, Timeline};
 type ApiResult<T> = Result<T, ApiError>;
 
 mod datadir;
+pub mod scan_body;
 mod tenant;
 pub use datadir::{basebackup, import};
+use scan_body::scan_page_body;
 pub use tenant::*;
 
 pub(super) fn parse_tenant(text: &str) -> ApiResult<TenantId> {
@@ -602,7 +603,7 @@ pub async fn scan_keys(
     };
     timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
     let admissions = state.admissions.clone();
-    let (result, cost) = read_on_pool(&admissions, move || {
+    let (body, cost) = read_on_pool(&admissions, move || {
         let request = ScanRequest {
             lsn,
             end: query.end,
@@ -612,28 +613,23 @@ pub async fn scan_keys(
             },
             limit: query.limit,
         };
-        read_cost::measure(|| state.scan_cursors.page(&timeline, request))
+        let (result, cost) = read_cost::measure(|| state.scan_cursors.page(&timeline, request));
+        // Up to about 11 MiB of JSON: written here, off the async workers.
+        let body = result.map(|r| scan_page_body(&r.entries, r.next_page_token.as_deref()));
+        (body, cost)
     })
     .await?;
-    let result = result?;
-    let entries: Vec<JsonValue> = result
-        .entries
-        .iter()
-        .map(|(key, page)| json!({ "key": key.to_string(), "page": BASE64.encode(page) }))
-        .collect();
-    let body = json!({
-        "entries": entries,
-        "next_page_token": result.next_page_token,
-    });
+    let body = body?;
     Ok((
         [
+            (header::CONTENT_TYPE, "application/json".to_owned()),
             (header::HeaderName::from_static("x-lsn"), lsn.to_string()),
             (
                 header::HeaderName::from_static("x-read-cost"),
                 cost.to_string(),
             ),
         ],
-        Json(body),
+        body,
     )
         .into_response())
 }
