@@ -1,7 +1,9 @@
 //! `pagectl` end to end: a real delta layer written with `DeltaLayerWriter`, inspected by the
 //! real binary, with the output checked line by line; then truncated, bit-flipped, missing and
 //! misnamed inputs, which must give exit code 1 and a one-line error naming the file, never a
-//! panic. Image layers are in `pagectl/image.rs`, `pagectl draw` in `pagectl/draw.rs`.
+//! panic. Image layers are in `pagectl/image.rs`, `pagectl draw` in `pagectl/draw.rs`. The
+//! commands that talk to a server run against a real one (`pagectl/server.rs`): `import` and
+//! `basebackup` in `pagectl/datadir.rs`, `getpage` in `pagectl/getpage.rs`.
 
 use std::ffi::OsStr;
 use std::io::Read;
@@ -16,10 +18,16 @@ use pageserver_api::value::Patch;
 use pageserver_api::{Key, Value};
 use utils::{Lsn, TenantId, TimelineId};
 
+#[path = "pagectl/datadir.rs"]
+mod datadir;
 #[path = "pagectl/draw.rs"]
 mod draw;
+#[path = "pagectl/getpage.rs"]
+mod getpage;
 #[path = "pagectl/image.rs"]
 mod image;
+#[path = "pagectl/server.rs"]
+mod server;
 
 const TENANT: TenantId = TenantId::from_bytes([0x11; 16]);
 const TIMELINE: TimelineId = TimelineId::from_bytes([0x22; 16]);

@@ -15,15 +15,20 @@
 //!                                                      stdin) into a timeline, over HTTP
 //! pagectl basebackup --tenant T --timeline TL --into DIR [--lsn L] [--endpoint URL]
 //!                                                      a timeline's snapshot into a directory
+//! pagectl getpage --tenant T --timeline TL --key K... [--lsn L...] [--grpc-endpoint URL]
+//!                                                      pages through the page service (gRPC)
 //! ```
 //!
 //! The `layer` commands take delta and image layer files alike (`layer.rs`); `draw` is in
-//! `draw.rs`; `import` and `basebackup`, the only ones that talk to a running server, in
-//! `datadir.rs`. Output goes to stdout, one line per item, so it can be grepped and diffed;
-//! docs/pagectl.md shows each command's output. A problem (a missing file, a file that is not a
-//! layer, a corrupt one) is one line on stderr naming the file, and exit code 1; a usage error
-//! is exit code 2. Everything read is checked exactly as the page server checks it, through the
-//! same code, so pagectl never trusts what the page server would refuse.
+//! `draw.rs`. The commands that talk to a running server share `server.rs` (endpoints, ids,
+//! tokens, LSNs): `import` and `basebackup` are in `datadir.rs`, with their progress line in
+//! `progress.rs`, and `getpage` in `getpage.rs`. Output goes to stdout, one line per item, so
+//! it can be grepped and diffed; docs/pagectl.md shows each command's output. A problem (a
+//! missing file, a file that is not a layer, a corrupt one, a server's refusal) is one line on
+//! stderr naming the file or the cause, and exit code 1; a usage error (clap's message, or a
+//! batch too large for the protocol) is exit code 2. Everything read is checked exactly as the
+//! page server checks it, through the same code, so pagectl never trusts what the page server
+//! would refuse.
 
 use std::fmt::Write as _;
 use std::io::{self, Write};
@@ -31,7 +36,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use pageserver::page_cache::{PageCache, PageCacheConfig, PageCacheConfigError};
 use pageserver::tenant::storage_layer::delta_layer::DeltaLayerError;
 use pageserver::tenant::storage_layer::image_layer::ImageLayerError;
@@ -45,7 +50,10 @@ use utils::Lsn;
 
 mod datadir;
 mod draw;
+mod getpage;
 mod layer;
+mod progress;
+mod server;
 
 /// Pages in the private page cache (1 MiB): pagectl reads most blocks once, and a read that
 /// finds every page pinned gets a private copy instead.
@@ -53,8 +61,10 @@ const CACHE_PAGES: u64 = 128;
 /// Patches listed per delta before the rest are only counted.
 const MAX_PATCHES_SHOWN: usize = 16;
 
-/// Inspect the page server's files (delta and image layers, timeline metadata), and move a
-/// PostgreSQL data directory in and out of a timeline.
+/// Inspect the page server's files (delta and image layers, timeline metadata), move a
+/// PostgreSQL data directory in and out of a timeline, and read pages over gRPC.
+///
+/// Exit codes: 0 done, 1 a problem (named on stderr), 2 a usage error.
 #[derive(Parser)]
 #[command(name = "pagectl", version)]
 struct Cli {
@@ -94,7 +104,15 @@ enum Command {
     /// stream on stdin such as `pg_basebackup -Ft -X fetch -D -`. Prints the server's report.
     Import(datadir::ImportArgs),
     /// Write a timeline's snapshot at an LSN into a new directory a PostgreSQL starts from.
+    ///
+    /// On a failure the directory is removed again (or emptied, if it was there before).
     Basebackup(datadir::BasebackupArgs),
+    /// Read pages through the page service (gRPC), as compute does: every key at every LSN,
+    /// in one GetPages batch.
+    ///
+    /// One line per page (found, with its length, CRC-32C and the LSN it was read at, or not
+    /// found), then the batch's read cost.
+    Getpage(getpage::GetPageArgs),
 }
 
 #[derive(Subcommand)]
@@ -199,6 +217,9 @@ enum Error {
     /// An import or a basebackup failed (the server's answer, the transfer, the directory).
     #[error("{0:#}")]
     Datadir(anyhow::Error),
+    /// A read through the page service failed (connecting, the server's refusal).
+    #[error("{0:#}")]
+    Server(anyhow::Error),
     /// Writing to stdout failed; a closed pipe (`pagectl ... | head`) is not reported.
     #[error("writing the output: {0}")]
     Output(#[from] io::Error),
@@ -206,6 +227,14 @@ enum Error {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Getpage(args) = &cli.command {
+        if let Err(message) = args.pages() {
+            // Exits 2, as clap does for what it finds wrong itself.
+            Cli::command()
+                .error(clap::error::ErrorKind::TooManyValues, message)
+                .exit();
+        }
+    }
     let stdout = io::stdout();
     let mut out = io::BufWriter::new(stdout.lock());
     let result = run(cli, &mut out).and_then(|()| out.flush().map_err(Error::from));
@@ -228,6 +257,7 @@ fn run(cli: Cli, out: &mut impl Write) -> Result<(), Error> {
         Command::Layer(command) => layer::run(command, cli.max_value_size, out),
         Command::Import(args) => datadir::import(args, out).map_err(Error::Datadir),
         Command::Basebackup(args) => datadir::basebackup(args, out).map_err(Error::Datadir),
+        Command::Getpage(args) => getpage::getpage(args, out).map_err(Error::Server),
     }
 }
 
