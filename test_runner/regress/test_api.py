@@ -56,6 +56,10 @@ def test_tenant_lifecycle(pageserver: Pageserver):
         "state": "Active",
         "broken_reason": None,
         "timelines": 0,
+        "resident_layers": 0,
+        "layers_total": 0,
+        "resident_bytes": 0,
+        "layer_bytes_total": 0,
     }
     generated = http.tenant_create()
     assert len(generated["id"]) == 32 and generated["id"] != TENANT
@@ -161,6 +165,10 @@ def test_timeline_lifecycle(pageserver: Pageserver):
         "in_memory_bytes": 0,
         "delta_layer_bytes": 0,
         "image_layer_bytes": 0,
+        "resident_layers": 0,
+        "layers_total": 0,
+        "resident_bytes": 0,
+        "layer_bytes_total": 0,
     }
     other = http.timeline_create(TENANT)["timeline_id"]
     assert len(other) == 32 and other != TIMELINE

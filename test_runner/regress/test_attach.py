@@ -102,6 +102,60 @@ def test_detach_from_one_server_and_attach_to_another(pageserver_factory: Pagese
     assert missing.status_code == 404, missing.text
 
 
+def hydration(info: dict) -> tuple[int, int, int, int]:
+    """Tenant or timeline info's layer files on the local disk, against all of them."""
+    return (info["resident_layers"], info["layers_total"], info["resident_bytes"], info["layer_bytes_total"])
+
+
+def test_info_and_the_log_show_the_prefetch_filling_the_disk(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
+    """Tenant and timeline info count the layer files on the local disk against all of them:
+    all of them where they were written; after an attach, those the prefetch has downloaded,
+    until it has them all, with a log line per file and a last line that says it is done; under
+    a disk budget, what fits, and the last line says why it stopped."""
+    first = pageserver_factory.start(ON_REQUEST, remote=remote_store)
+    timeline = TimelineHandle.create(first)
+    history(timeline, Workload(14, KEYS))
+    wait_uploaded(remote_store, timeline)
+    before = timeline.info()
+    files = before["layers"]["delta"] + before["layers"]["image"]
+    size = before["delta_layer_bytes"] + before["image_layer_bytes"]
+    assert files >= 4 and before["layers"]["image"] >= 1, before
+    assert hydration(before) == (files, files, size, size)
+    assert hydration(first.http.tenant_info(timeline.tenant_id)) == (files, files, size, size)
+    first.http.tenant_detach(timeline.tenant_id)
+
+    second = pageserver_factory.start(ON_REQUEST, remote=remote_store, name="second")
+    attached = second.http.tenant_attach(timeline.tenant_id, generation=2)
+    # Only the indexes came before the answer; the prefetch may have begun since.
+    assert (attached["layers_total"], attached["layer_bytes_total"]) == (files, size), attached
+    assert attached["resident_layers"] < files, attached
+
+    def filled() -> dict:
+        info = second.http.timeline_info(timeline.tenant_id, timeline.timeline_id)
+        assert hydration(info) == (files, files, size, size), hydration(info)
+        return info
+
+    wait_until(filled, timeout=60, what="the prefetch to download every layer")
+    assert hydration(second.http.tenant_info(timeline.tenant_id)) == (files, files, size, size)
+    second.wait_for_log(rf"prefetching {files} layer files \({size} bytes\) of the attached tenant")
+    for n in range(1, files + 1):
+        assert second.log_contains(rf"prefetched layer {n} of {files}, \d+ of {size} bytes"), n
+    second.wait_for_log(rf"prefetched {files} of {files} layer files, {size} of {size} bytes; done")
+    moved = TimelineHandle(second, timeline.tenant_id, timeline.timeline_id, timeline.model)
+    moved.verify()
+    second.http.tenant_detach(timeline.tenant_id)
+
+    # Room for about half: the prefetch stops at the budget and says so; reads download the rest.
+    budget = size // 2
+    third = pageserver_factory.start({**ON_REQUEST, "max_local_layer_bytes": budget}, remote=remote_store, name="third")
+    third.http.tenant_attach(timeline.tenant_id, generation=3)
+    third.wait_for_log(r"prefetched \d+ of \d+ layer files, \d+ of \d+ bytes; stopped: the rest would not fit in max_local_layer_bytes", timeout=60)
+    resident, total, resident_bytes, total_bytes = hydration(third.http.timeline_info(timeline.tenant_id, timeline.timeline_id))
+    assert (total, total_bytes) == (files, size)
+    assert 0 < resident < files and 0 < resident_bytes <= budget, (resident, resident_bytes, budget)
+    TimelineHandle(third, timeline.tenant_id, timeline.timeline_id, timeline.model).verify()
+
+
 def test_eviction_keeps_the_disk_budget_and_reads_download(pageserver_factory: PageserverFactory, remote_store: RemoteStore):
     ps = pageserver_factory.start({**ON_REQUEST, "max_local_layer_bytes": "64KiB"}, remote=remote_store)
     timeline = TimelineHandle.create(ps)

@@ -1,6 +1,7 @@
 //! The handlers, one per route, and the JSON they exchange: the tenants' in `tenant.rs`, a data
 //! directory's import and basebackup in `datadir.rs`, the body of a scan page in `scan_body.rs`,
-//! the rest here.
+//! the layer files on the local disk that tenant and timeline info count in `residence.rs`, the
+//! rest here.
 
 use std::sync::Arc;
 use std::time::{Instant, UNIX_EPOCH};
@@ -33,6 +34,7 @@ use crate::tenant::timeline::{LayerDescription, LayerKind, Timeline};
 type ApiResult<T> = Result<T, ApiError>;
 
 mod datadir;
+mod residence;
 pub mod scan_body;
 mod tenant;
 pub use datadir::{basebackup, import};
@@ -134,7 +136,7 @@ fn timeline_json(timeline: &Timeline) -> JsonValue {
             .sum()
     };
     let broken = timeline.broken_reason().map(|r| redact_paths(&r));
-    json!({
+    let mut info = json!({
         "tenant_id": timeline.tenant_id().to_string(),
         "timeline_id": timeline.timeline_id().to_string(),
         "last_record_lsn": timeline.last_record_lsn().to_string(),
@@ -156,7 +158,9 @@ fn timeline_json(timeline: &Timeline) -> JsonValue {
         "in_memory_bytes": bytes(&[LayerKind::Open, LayerKind::Frozen]),
         "delta_layer_bytes": bytes(&[LayerKind::Delta]),
         "image_layer_bytes": bytes(&[LayerKind::Image]),
-    })
+    });
+    residence::Residence::of([timeline]).add_to(&mut info);
+    info
 }
 
 pub async fn status(State(state): State<SharedState>) -> Json<JsonValue> {

@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::{json, Value as JsonValue};
 use utils::Generation;
 
+use super::residence::Residence;
 use super::{json_body, parse_tenant, ApiResult};
 use crate::http::error::{redact_paths, ApiError};
 use crate::http::{blocking, SharedState};
@@ -18,13 +19,16 @@ pub(super) fn tenant_json(tenant: &Tenant) -> JsonValue {
         TenantState::Active => ("Active", None),
         TenantState::Broken { reason } => ("Broken", Some(redact_paths(reason))),
     };
-    json!({
+    let timelines = tenant.list_timelines();
+    let mut info = json!({
         "id": tenant.id().to_string(),
         "generation": tenant.generation().get(),
         "state": state,
         "broken_reason": reason,
-        "timelines": tenant.list_timelines().len(),
-    })
+        "timelines": timelines.len(),
+    });
+    Residence::of(timelines.iter().map(|t| &**t)).add_to(&mut info);
+    info
 }
 
 pub async fn tenant_list(State(state): State<SharedState>) -> Json<JsonValue> {

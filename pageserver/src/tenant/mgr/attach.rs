@@ -135,8 +135,8 @@ impl TenantManager {
         let spawned = std::thread::Builder::new()
             .name("prefetch".into())
             .spawn(move || {
-                let downloaded = eviction::prefetch(&timelines, budget);
-                tracing::info!(tenant = %id, layers = downloaded, "prefetched the attached tenant's layers");
+                // It logs its start, each layer and its end (`tasks::eviction`).
+                eviction::prefetch(&timelines, budget);
             });
         if let Err(e) = spawned {
             tracing::warn!(tenant = %id, "no prefetch (reads download on demand): {e}");

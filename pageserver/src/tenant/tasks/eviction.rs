@@ -11,6 +11,10 @@
 //! Prefetch, once after an attach: the on-demand layers of the tenant's timelines are
 //! downloaded in the background, the newest first (by the end of their LSN range, images
 //! before deltas at one end), for as long as they fit in the budget; reads do not wait for it.
+//! It logs what it will download (layers and bytes), a line per layer downloaded with the
+//! count and bytes so far against those totals, and a last line with what it did and why it
+//! stopped; tenant and timeline info show the same progress as `resident_layers` and
+//! `resident_bytes` (docs/http-api.md).
 
 use std::sync::Arc;
 
@@ -74,6 +78,8 @@ const PREFETCH_THREADS: usize = 4;
 /// while they fit in `budget` (0: no budget); stops early once a timeline shuts down. Returns
 /// the layers downloaded.
 pub fn prefetch(timelines: &[Arc<Timeline>], budget: u64) -> usize {
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
     let mut layers: Vec<(Arc<Timeline>, LocalCopy)> = timelines
         .iter()
         .flat_map(|t| {
@@ -89,40 +95,82 @@ pub fn prefetch(timelines: &[Arc<Timeline>], budget: u64) -> usize {
             !c.layer.is_image(),
         )
     });
+    let Some(tenant) = timelines.first().map(|t| t.tenant_id()) else {
+        return 0;
+    };
+    let layers_total = layers.len();
+    let bytes_total: u64 = layers.iter().map(|(_, c)| c.layer.file_size()).sum();
+    tracing::info!(
+        tenant = %tenant,
+        layers_total,
+        bytes_total,
+        budget,
+        "prefetching {layers_total} layer files ({bytes_total} bytes) of the attached tenant, newest first"
+    );
     let queue = std::sync::Mutex::new(layers.into_iter());
-    let downloaded = std::sync::atomic::AtomicUsize::new(0);
+    let (downloaded, failed) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let downloaded_bytes = AtomicU64::new(0);
+    let (over_budget, shutting_down) = (AtomicBool::new(false), AtomicBool::new(false));
     // Bytes downloads in flight will add: the budget counts them before they land.
-    let claimed = std::sync::atomic::AtomicU64::new(0);
+    let claimed = AtomicU64::new(0);
     let worker = || loop {
         let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
         let Some((timeline, copy)) = next else {
             return;
         };
         if timeline.is_shutting_down() {
+            shutting_down.store(true, Ordering::Relaxed);
             return;
         }
         let size = copy.layer.file_size();
         let resident: u64 = timelines.iter().map(|t| t.resident_layer_bytes()).sum();
-        let in_flight = claimed.fetch_add(size, std::sync::atomic::Ordering::AcqRel);
+        let in_flight = claimed.fetch_add(size, Ordering::AcqRel);
         if budget != 0 && resident.saturating_add(in_flight).saturating_add(size) > budget {
+            over_budget.store(true, Ordering::Relaxed);
             return;
         }
         match copy.layer.prefetch() {
             Ok(true) => {
-                downloaded.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let done = downloaded.fetch_add(1, Ordering::Relaxed) + 1;
+                let bytes = downloaded_bytes.fetch_add(size, Ordering::Relaxed) + size;
+                tracing::info!(
+                    tenant = %tenant,
+                    timeline = %timeline.timeline_id(),
+                    layer = copy.layer.file_name(),
+                    size,
+                    "prefetched layer {done} of {layers_total}, {bytes} of {bytes_total} bytes"
+                );
             }
             Ok(false) => {}
             Err(e) => {
-                tracing::warn!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+                failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(tenant = %tenant, timeline = %timeline.timeline_id(),
                     "prefetching a layer failed (a read will download it): {e}");
             }
         }
-        claimed.fetch_sub(size, std::sync::atomic::Ordering::AcqRel);
+        claimed.fetch_sub(size, Ordering::AcqRel);
     };
     std::thread::scope(|s| {
         for _ in 0..PREFETCH_THREADS {
             s.spawn(worker);
         }
     });
-    downloaded.into_inner()
+    let (done, bytes) = (downloaded.into_inner(), downloaded_bytes.into_inner());
+    let why = if shutting_down.into_inner() {
+        "stopped: the tenant is shutting down"
+    } else if over_budget.into_inner() {
+        "stopped: the rest would not fit in max_local_layer_bytes"
+    } else {
+        "done"
+    };
+    // The rest of the total: downloaded by a read first, or failed (a read downloads those).
+    let failed = failed.into_inner();
+    tracing::info!(
+        tenant = %tenant,
+        layers = done,
+        bytes,
+        failed,
+        "prefetched {done} of {layers_total} layer files, {bytes} of {bytes_total} bytes; {why}"
+    );
+    done
 }
