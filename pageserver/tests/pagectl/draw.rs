@@ -1,8 +1,9 @@
 //! `pagectl draw` on a timeline directory written with the crate's own writers: L0s, an L1 run
 //! of two layers, an image at the top of that run, and a retired L0 whose file is still there.
 //! The SVG must be well-formed XML (checked by the small parser below: no XML crate is a
-//! dependency), with one rectangle per listed layer in its level's colour, and nothing drawn for
-//! the retired file.
+//! dependency), with one rectangle per listed layer in its level's colour, to scale on both
+//! axes, and nothing drawn for the retired file. Manifests of names alone (`draw` reads nothing
+//! else) check the breaks in the key axis and the logarithmic LSN axis.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -260,7 +261,8 @@ fn draw_renders_every_listed_layer_by_level_and_not_the_retired() {
     assert_eq!(elements[0].name, "svg");
     assert_eq!(elements[0].attr("xmlns"), "http://www.w3.org/2000/svg");
 
-    // One rectangle per listed layer and three in the legend: nothing else is a rect.
+    // One rectangle per listed layer and three in the legend: nothing else is a rect (no gaps
+    // here: every step between boundaries is a few keys).
     let rects: Vec<&Element> = elements.iter().filter(|e| e.name == "rect").collect();
     assert_eq!(rects.len(), 5 + 3, "{svg}");
     let of_class = |class: &str| rects.iter().filter(|r| r.attr("class") == class).count();
@@ -298,15 +300,19 @@ fn draw_renders_every_listed_layer_by_level_and_not_the_retired() {
     }
     for label in [
         ">0/10<",
+        ">0/2F<",
         ">0/50<",
         &format!(">{}<", k1()),
         &format!(">{}<", key(9)),
     ] {
         assert!(svg.contains(label), "axis label {label}");
     }
+    assert!(svg.contains(">key, linear: 8 keys across<"), "{svg}");
+    assert!(svg.contains(">LSN, linear from 0/10 to 0/50<"), "{svg}");
 
-    // Geometry: keys across, LSNs up. The L0s lie above the L1 run, the image bar sits at the
-    // top of the run (its LSN is the run's last), visibly tall, and spans both L1s' keys.
+    // Geometry, to scale: keys 1..9 across, LSNs 0x10..0x50 up. The L1 run is the lower half
+    // (0x20 of 0x40 LSNs), each L1 half the width (4 of 8 keys); the L0s a quarter of the height
+    // each; the second L0's keys 2..4 a quarter of the width, an eighth in.
     let l1a = layer_rect(&svg, &elements, &t.names["l1a"]);
     let l1b = layer_rect(&svg, &elements, &t.names["l1b"]);
     let l0a = layer_rect(&svg, &elements, &t.names["l0a"]);
@@ -314,16 +320,121 @@ fn draw_renders_every_listed_layer_by_level_and_not_the_retired() {
     let image = layer_rect(&svg, &elements, &t.names["image"]);
     let bottom = |r: &Element| r.num("y") + r.num("height");
     let right = |r: &Element| r.num("x") + r.num("width");
+    let close = |a: f64, b: f64| (a - b).abs() <= 0.15;
+    let (left, width) = (l1a.num("x"), right(l1b) - l1a.num("x"));
+    let (lsn_top, height) = (l0b.num("y"), bottom(l1a) - l0b.num("y"));
+    assert!(width > 1000.0 && height > 600.0, "{width} {height}");
     assert_eq!(l1a.num("y"), l1b.num("y"));
-    assert!(bottom(l0a) <= l1a.num("y") + 0.1);
-    assert!(bottom(l0b) <= l0a.num("y") + 0.1);
-    assert_eq!(image.num("y"), l1a.num("y"));
-    assert!(image.num("height") >= 3.0);
-    assert!(right(l1a) <= l1b.num("x") + 0.1);
-    assert_eq!(image.num("x"), l1a.num("x"));
-    assert_eq!(right(image), right(l1b));
-    // The compressed key axis: keys 2..4 of the second L0 are a visible step, not a sliver.
-    assert!(l0b.num("width") > 100.0, "{l0b:?}");
+    assert!(close(l1a.num("height"), height / 2.0), "{l1a:?}");
+    assert!(close(l0a.num("height"), height / 4.0), "{l0a:?}");
+    assert!(close(l0b.num("height"), height / 4.0), "{l0b:?}");
+    assert!(close(bottom(l0a), l1a.num("y")) && close(bottom(l0b), l0a.num("y")));
+    assert!(close(l1a.num("width"), width / 2.0) && close(right(l1a), l1b.num("x")));
+    assert!(close(l0a.num("x"), left) && close(l0a.num("width"), width));
+    assert!(close(l0b.num("x"), left + width / 8.0), "{l0b:?}");
+    assert!(close(l0b.num("width"), width / 4.0), "{l0b:?}");
+    // The image: a visible bar across keys 1..9, centred on 0x2F, one LSN below the run's top.
+    assert!(image.num("height") >= 8.0, "{image:?}");
+    let centre = image.num("y") + image.num("height") / 2.0;
+    assert!(
+        close(centre, l1a.num("y") + height / 64.0),
+        "{image:?} {l1a:?}"
+    );
+    assert!(close(image.num("x"), left) && close(right(image), left + width));
+    assert!(lsn_top >= 90.0, "{lsn_top}");
+}
+
+/// A manifest listing layers by name alone (no files: `draw` reads only the manifest).
+fn manifest_of(layers: &[(String, LayerLevel)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let mut manifest = TimelineMetadata::empty(TENANT, TIMELINE);
+    for (name, level) in layers {
+        manifest.add_layer(LayerFileEntry {
+            name: name.clone(),
+            size: 8192,
+            crc32c: 0,
+            level: *level,
+            group_size: 1,
+        });
+    }
+    manifest.store(dir.path()).unwrap();
+    dir
+}
+
+fn delta_name(keys: Range<Key>, lsns: Range<u64>) -> String {
+    format!(
+        "{}-{}__{:016X}-{:016X}",
+        keys.start, keys.end, lsns.start, lsns.end
+    )
+}
+
+fn image_name(keys: Range<Key>, lsn: u64) -> String {
+    format!("{}-{}__{lsn:016X}", keys.start, keys.end)
+}
+
+#[test]
+fn draw_cuts_far_apart_keys_short_and_marks_the_breaks() {
+    // Two relations 2^42 keys apart, 24 blocks each, an L1 of each and an L0 across both; an
+    // image over the whole key space, as the first and last image pieces are.
+    let other = |b| Key::rel_block(1663, 5, 16390, 0, b);
+    let l1a = delta_name(key(0)..key(24), 0x1..0x100);
+    let l1b = delta_name(other(0)..other(24), 0x1..0x100);
+    let l0 = delta_name(key(12)..other(12), 0x100..0x200);
+    let whole = image_name(Key::MIN..Key::MAX, 0xFF);
+    let dir = manifest_of(&[
+        (l1a.clone(), LayerLevel::L1),
+        (l1b.clone(), LayerLevel::L1),
+        (l0.clone(), LayerLevel::L0),
+        (whole.clone(), LayerLevel::Image),
+    ]);
+    let svg = stdout_of(draw(&[dir.path().as_os_str()]));
+    let elements = parse_xml(&svg);
+    // Three gaps: below the first relation, between them, above the second.
+    let gaps = elements.iter().filter(|e| e.attr("class") == "gap").count();
+    let breaks = elements
+        .iter()
+        .filter(|e| e.attr("class") == "break")
+        .count();
+    assert_eq!((gaps, breaks), (3, 6), "{svg}");
+    assert!(svg.contains("key, linear over 48 keys; 3 gaps"), "{svg}");
+    // Both relations' L1s are as wide as each other (24 keys on one scale), and together they
+    // take all but the gaps' 3 x 16 px of the image's width.
+    let (a, b) = (
+        layer_rect(&svg, &elements, &l1a),
+        layer_rect(&svg, &elements, &l1b),
+    );
+    let w = layer_rect(&svg, &elements, &whole);
+    assert!(
+        (a.num("width") - b.num("width")).abs() < 0.15,
+        "{a:?} {b:?}"
+    );
+    let shown = a.num("width") + b.num("width") + 3.0 * 16.0;
+    assert!((shown - w.num("width")).abs() < 0.3, "{shown} {w:?}");
+    // The L0 from the middle of one to the middle of the other: half of each, and the gap.
+    let l0 = layer_rect(&svg, &elements, &l0);
+    let expected = a.num("width") / 2.0 + 16.0 + b.num("width") / 2.0;
+    assert!((l0.num("width") - expected).abs() < 0.3, "{l0:?}");
+    assert!(svg.contains(&format!(">{}<", Key::MIN)) && svg.contains(&format!(">{}<", Key::MAX)));
+}
+
+#[test]
+fn draw_uses_a_log_scale_when_the_thinnest_delta_would_vanish() {
+    // An import-sized L0 over 256 MiB of LSNs, then a flush of 0x20 LSNs on top.
+    let big = delta_name(key(0)..key(100), 0x100..0x1000_0100);
+    let small = delta_name(key(0)..key(10), 0x1000_0100..0x1000_0120);
+    let dir = manifest_of(&[(big, LayerLevel::L0), (small.clone(), LayerLevel::L0)]);
+    let svg = stdout_of(draw(&[dir.path().as_os_str()]));
+    let elements = parse_xml(&svg);
+    assert!(
+        svg.contains(">LSN, log scale of the distance below 0/10000120 (ticks 16x apart)<"),
+        "{svg}"
+    );
+    let small = layer_rect(&svg, &elements, &small);
+    assert!(small.num("height") >= 20.0, "{small:?}");
+    // Ticks 16, 256, 4096, ... LSNs below the top, labelled with their LSNs.
+    for tick in [">0/10000110<", ">0/10000020<", ">0/FFFF120<"] {
+        assert!(svg.contains(tick), "tick {tick}: {svg}");
+    }
 }
 
 #[test]

@@ -1,21 +1,18 @@
 //! `pagectl draw`: the layers a timeline's manifest lists, as an SVG picture.
 //!
 //! Keys run across (x), LSNs up (y), one rectangle per layer: L0 and L1 delta layers as the
-//! rectangle of their key and LSN ranges, image layers as a thin bar at their one LSN. Only the
-//! manifest is read; every range comes from a layer's name, so a timeline of many thousands
-//! of layers draws in a moment. Retired files are not part of the layer set and are not drawn.
+//! rectangle of their key and LSN ranges, image layers as a bar at their one LSN across their
+//! key range, drawn over the deltas. Only the manifest is read; every range comes from a
+//! layer's name, so a timeline of many thousands of layers draws in a moment. Retired files
+//! are not part of the layer set and are not drawn.
 //!
-//! Both axes are *compressed*: a coordinate is the rank of a value among the distinct range
-//! boundaries of the drawn layers, not the value itself (as Neon's layer drawing does).
-//!
-//! - Keys: a timeline's keys cluster in a few relations spread over an 18-byte space; drawn to
-//!   scale, most layers would be hairlines. By rank, every key range is at least one step wide.
-//! - LSNs: layers' LSN spans differ by orders of magnitude (a flush of one small batch next to a
-//!   bulk import, an L1 run spanning every L0 it replaced). To scale, the L0s that compaction is
-//!   waiting on would shrink to slivers above the L1 runs. By rank, every L0 (or an import's
-//!   group of L0s) is a row of its own, so the L0 backlog can be counted, an L1 run reads as one row split into its key
-//!   partitions, and each image bar sits at the top of the history it was made from. The axis
-//!   labels give the real LSNs at their ranks.
+//! Both axes are to scale (`draw/axis.rs`): a layer is as wide as the keys it spans and as tall
+//! as its LSNs, so the picture says how big each layer's share of the history is. Where one
+//! scale cannot show everything, the axes say so: stretches of the key space between far-apart
+//! boundaries (two relations, the key space's ends) are cut short and marked as breaks, and the
+//! LSN axis is logarithmic when the thinnest delta layer would otherwise vanish. An image layer
+//! spans one LSN: it is a bar [`IMAGE_BAR`] pixels tall centred on its LSN, and its LSN is
+//! labelled on the axis.
 
 use std::collections::BTreeSet;
 use std::fmt::Display;
@@ -26,19 +23,22 @@ use pageserver::tenant::timeline::metadata::LayerLevel;
 
 use super::*;
 
+mod axis;
+use axis::{key_distance, KeyAxis, LsnAxis, GAP_RATIO, GAP_WIDTH};
+
 const WIDTH: f64 = 1200.0;
 const HEIGHT: f64 = 800.0;
-/// Room for the LSN labels, the key labels, and the title and legend.
+/// Room for the LSN labels, the key labels and captions, and the title and legend.
 const LEFT: f64 = 140.0;
 const RIGHT: f64 = 30.0;
 const TOP: f64 = 90.0;
 const BOTTOM: f64 = 70.0;
 /// An image layer spans one LSN: it is a bar this tall, so it can be seen.
-const IMAGE_BAR: f64 = 6.0;
+const IMAGE_BAR: f64 = 10.0;
 /// The least width or height of a delta layer's rectangle.
-const MIN_SIZE: f64 = 1.0;
-/// At most this many labelled LSN boundaries.
-const LSN_TICKS: usize = 10;
+const MIN_SIZE: f64 = 2.0;
+/// The least distance between two LSN labels.
+const LSN_LABEL_SPACING: f64 = 13.0;
 /// The width of a key's label (36 digits of 11-pixel monospace), and the least gap between two.
 const KEY_LABEL_WIDTH: f64 = 240.0;
 const LABEL_GAP: f64 = 12.0;
@@ -72,49 +72,14 @@ struct Drawn<'a> {
     name: &'a str,
     level: LayerLevel,
     keys: Range<Key>,
-    /// An image layer's is its LSN to the next: it holds the pages as of its LSN, so its bar
-    /// sits at the top of that LSN, level with the end of the deltas it was made from.
+    /// An image layer's is its LSN to the next.
     lsns: Range<Lsn>,
 }
 
-/// A compressed axis: the distinct boundaries, sorted; each value sits at its rank.
-struct RankAxis<T> {
-    bounds: Vec<T>,
-}
-
-impl<T: Ord + Copy> RankAxis<T> {
-    fn new(values: BTreeSet<T>) -> Self {
-        RankAxis {
-            bounds: values.into_iter().collect(),
-        }
-    }
-
-    /// Where `v` lies from 0 (the first boundary) to 1 (the last); a value between two
-    /// boundaries is placed at the next one (only boundaries are drawn).
-    fn fraction(&self, v: T) -> f64 {
-        let rank = self.bounds.partition_point(|b| *b < v);
-        let steps = self.bounds.len().saturating_sub(1).max(1);
-        rank.min(steps) as f64 / steps as f64
-    }
-
-    /// At most `n` boundaries spread evenly by rank, the first and the last among them.
-    fn ticks(&self, n: usize) -> Vec<T> {
-        let len = self.bounds.len();
-        if len <= n {
-            return self.bounds.clone();
-        }
-        let mut picked: Vec<T> = (0..n)
-            .map(|i| self.bounds[i * (len - 1) / (n - 1).max(1)])
-            .collect();
-        picked.dedup();
-        picked
-    }
-}
-
-/// The rectangle of the plot the layers are drawn in.
+/// The rectangle of the plot the layers are drawn in, and its two axes.
 struct Plot {
-    keys: RankAxis<Key>,
-    lsns: RankAxis<Lsn>,
+    keys: KeyAxis,
+    lsns: LsnAxis,
 }
 
 impl Plot {
@@ -126,12 +91,26 @@ impl Plot {
         HEIGHT - TOP - BOTTOM
     }
 
-    fn x(&self, key: Key) -> f64 {
-        LEFT + self.keys.fraction(key) * Self::width()
-    }
-
-    fn y(&self, lsn: Lsn) -> f64 {
-        TOP + Self::height() - self.lsns.fraction(lsn) * Self::height()
+    /// The axes for `layers`. The LSNs are mapped inside half an image bar from the plot's top
+    /// and bottom, so a bar at either end stays inside it.
+    fn new(layers: &[Drawn<'_>]) -> Plot {
+        let mut keys = BTreeSet::new();
+        for l in layers {
+            keys.insert(l.keys.start);
+            keys.insert(l.keys.end);
+        }
+        let lo = layers.iter().map(|l| l.lsns.start).min().unwrap_or(Lsn(0));
+        let hi = layers.iter().map(|l| l.lsns.end).max().unwrap_or(Lsn(1));
+        let deltas: Vec<(Lsn, Lsn)> = layers
+            .iter()
+            .filter(|l| l.level != LayerLevel::Image)
+            .map(|l| (l.lsns.start, l.lsns.end))
+            .collect();
+        let pad = IMAGE_BAR / 2.0;
+        Plot {
+            keys: KeyAxis::new(&keys, LEFT, LEFT + Self::width()),
+            lsns: LsnAxis::new(lo, hi, &deltas, TOP + pad, TOP + Self::height() - pad),
+        }
     }
 }
 
@@ -192,24 +171,7 @@ pub(super) fn draw(path: &Path, output: Option<&Path>, out: &mut impl Write) -> 
 }
 
 fn render(manifest: &TimelineMetadata, layers: &[Drawn<'_>]) -> String {
-    let mut keys = BTreeSet::new();
-    let mut lsns = BTreeSet::new();
-    for l in layers {
-        keys.insert(l.keys.start);
-        keys.insert(l.keys.end);
-        if l.level != LayerLevel::Image {
-            lsns.insert(l.lsns.start);
-        }
-        lsns.insert(l.lsns.end);
-    }
-    if lsns.len() == 1 {
-        // Only images, all at one LSN: the LSN below gives the axis a step.
-        lsns.extend(layers.iter().map(|l| l.lsns.start));
-    }
-    let plot = Plot {
-        keys: RankAxis::new(keys),
-        lsns: RankAxis::new(lsns),
-    };
+    let plot = Plot::new(layers);
     let mut svg = String::new();
     let _ = writeln!(svg, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>");
     let _ = writeln!(
@@ -219,13 +181,28 @@ fn render(manifest: &TimelineMetadata, layers: &[Drawn<'_>]) -> String {
     );
     title(&mut svg, manifest, layers);
     legend(&mut svg, layers);
-    axes(&mut svg, &plot, layers.is_empty());
+    if layers.is_empty() {
+        frame(&mut svg);
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>no layers</text>",
+            LEFT + Plot::width() / 2.0,
+            TOP + Plot::height() / 2.0
+        );
+        svg.push_str("</svg>\n");
+        return svg;
+    }
+    gap_bands(&mut svg, &plot);
+    frame(&mut svg);
+    lsn_labels(&mut svg, &plot, layers);
+    key_labels(&mut svg, &plot);
     // Deltas first, L1s under L0s, then images over both.
     for level in [LayerLevel::L1, LayerLevel::L0, LayerLevel::Image] {
         for l in layers.iter().filter(|l| l.level == level) {
             rect(&mut svg, &plot, l);
         }
     }
+    gap_marks(&mut svg, &plot);
     svg.push_str("</svg>\n");
     svg
 }
@@ -275,7 +252,7 @@ fn legend(svg: &mut String, layers: &[Drawn<'_>]) {
     }
 }
 
-fn axes(svg: &mut String, plot: &Plot, empty: bool) {
+fn frame(svg: &mut String) {
     let (left, right) = (LEFT, LEFT + Plot::width());
     let (top, bottom) = (TOP, TOP + Plot::height());
     let _ = writeln!(
@@ -283,17 +260,38 @@ fn axes(svg: &mut String, plot: &Plot, empty: bool) {
         "<path class=\"frame\" d=\"M{left} {top} H{right} V{bottom} H{left} Z\" fill=\"none\" \
          stroke=\"#999999\" stroke-width=\"1\"/>"
     );
-    if empty {
-        let _ = writeln!(
-            svg,
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>no layers</text>",
-            LEFT + Plot::width() / 2.0,
-            TOP + Plot::height() / 2.0
-        );
-        return;
+}
+
+/// A number of keys, exact while it is small, else as a power of two.
+fn keys_text(n: f64) -> String {
+    if n < 1e7 {
+        format!("{n:.0}")
+    } else {
+        format!("about 2^{:.0}", n.log2())
     }
-    for lsn in plot.lsns.ticks(LSN_TICKS) {
-        let y = plot.y(lsn);
+}
+
+/// The LSN labels: every image layer's LSN first, then the axis's ends, then its ticks, each
+/// where it does not crowd one already placed; and the axis caption.
+fn lsn_labels(svg: &mut String, plot: &Plot, layers: &[Drawn<'_>]) {
+    let left = LEFT;
+    let images: BTreeSet<Lsn> = layers
+        .iter()
+        .filter(|l| l.level == LayerLevel::Image)
+        .map(|l| l.lsns.start)
+        .collect();
+    let candidates = images
+        .iter()
+        .copied()
+        .chain([plot.lsns.lo, plot.lsns.hi])
+        .chain(plot.lsns.ticks());
+    let mut placed: Vec<f64> = Vec::new();
+    for lsn in candidates {
+        let y = plot.lsns.y(lsn);
+        if placed.iter().any(|p| (p - y).abs() < LSN_LABEL_SPACING) {
+            continue;
+        }
+        placed.push(y);
         let _ = writeln!(
             svg,
             "<line x1=\"{}\" y1=\"{y:.1}\" x2=\"{left}\" y2=\"{y:.1}\" stroke=\"#999999\"/>",
@@ -306,7 +304,53 @@ fn axes(svg: &mut String, plot: &Plot, empty: bool) {
             y + 4.0
         );
     }
-    for (key, x, anchor) in key_labels(plot) {
+    let _ = writeln!(
+        svg,
+        "<text x=\"16\" y=\"{y}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {y})\" \
+         {FONT}>{}</text>",
+        esc(plot.lsns.describe()),
+        y = TOP + Plot::height() / 2.0
+    );
+}
+
+/// The key labels, each anchored so it stays inside the plot's width and placed where it does
+/// not overlap one already placed: the first and last boundary, the two sides of each gap,
+/// then boundaries near a quarter, half and three quarters of the way; and the caption.
+fn key_labels(svg: &mut String, plot: &Plot) {
+    let bottom = TOP + Plot::height();
+    let (left, right) = (LEFT, LEFT + Plot::width());
+    let pieces = &plot.keys.pieces;
+    let mut candidates: Vec<Key> = Vec::new();
+    if let (Some(first), Some(last)) = (pieces.first(), pieces.last()) {
+        candidates.extend([first.from, last.to]);
+        for gap in plot.keys.gaps() {
+            candidates.extend([gap.from, gap.to]);
+        }
+        for share in [0.5, 0.25, 0.75] {
+            let target = left + share * Plot::width();
+            let nearest = pieces.iter().map(|p| p.from).min_by(|a, b| {
+                (plot.keys.x(*a) - target)
+                    .abs()
+                    .total_cmp(&(plot.keys.x(*b) - target).abs())
+            });
+            candidates.extend(nearest);
+        }
+    }
+    let mut placed: Vec<(f64, f64)> = Vec::new();
+    for key in candidates {
+        let x = plot.keys.x(key);
+        let (anchor, from) = if x - KEY_LABEL_WIDTH / 2.0 < left {
+            ("start", x)
+        } else if x + KEY_LABEL_WIDTH / 2.0 > right {
+            ("end", x - KEY_LABEL_WIDTH)
+        } else {
+            ("middle", x - KEY_LABEL_WIDTH / 2.0)
+        };
+        let extent = (from - LABEL_GAP, from + KEY_LABEL_WIDTH + LABEL_GAP);
+        if placed.iter().any(|(a, b)| extent.0 < *b && *a < extent.1) {
+            continue;
+        }
+        placed.push(extent);
         let _ = writeln!(
             svg,
             "<line x1=\"{x:.1}\" y1=\"{bottom}\" x2=\"{x:.1}\" y2=\"{}\" stroke=\"#999999\"/>",
@@ -318,60 +362,84 @@ fn axes(svg: &mut String, plot: &Plot, empty: bool) {
             bottom + 18.0
         );
     }
+    let gaps = plot.keys.gaps().count();
+    let scaled = keys_text(plot.keys.keys_to_scale());
+    let caption = if gaps == 0 {
+        format!("key, linear: {scaled} keys across")
+    } else {
+        let widest = plot
+            .keys
+            .gaps()
+            .map(|g| key_distance(g.from, g.to))
+            .fold(0.0, f64::max);
+        format!(
+            "key, linear over {scaled} keys; {gaps} gap{} (over {GAP_RATIO}x the median step \
+             between boundaries, widest {} keys) cut to {GAP_WIDTH} px and marked //",
+            if gaps == 1 { "" } else { "s" },
+            keys_text(widest)
+        )
+    };
     let _ = writeln!(
         svg,
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>key: the {} distinct layer key \
-         boundaries, evenly spaced</text>",
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>{}</text>",
         LEFT + Plot::width() / 2.0,
         bottom + 45.0,
-        plot.keys.bounds.len()
-    );
-    let _ = writeln!(
-        svg,
-        "<text x=\"16\" y=\"{y}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {y})\" \
-         {FONT}>LSN: the {} distinct layer LSN boundaries, evenly spaced</text>",
-        plot.lsns.bounds.len(),
-        y = TOP + Plot::height() / 2.0
+        esc(caption)
     );
 }
 
-/// The key boundaries to label, where, and how each label is anchored: the first (its label
-/// to the right), the last (to the left), and the middle one by rank if its label, centred,
-/// leaves room on either side (a key's label is long: no more fit across the plot).
-fn key_labels(plot: &Plot) -> Vec<(Key, f64, &'static str)> {
-    let bounds = &plot.keys.bounds;
-    let (Some(&first), Some(&last)) = (bounds.first(), bounds.last()) else {
-        return Vec::new();
-    };
-    let mut labels = vec![(first, plot.x(first), "start")];
-    if last == first {
-        return labels;
+/// A light band behind each gap, so a layer drawn across one shows where its keys are cut.
+fn gap_bands(svg: &mut String, plot: &Plot) {
+    for gap in plot.keys.gaps() {
+        let _ = writeln!(
+            svg,
+            "<path class=\"gap\" d=\"M{:.1} {TOP} H{:.1} V{} H{:.1} Z\" fill=\"#eeeeee\"/>",
+            gap.x0,
+            gap.x1,
+            TOP + Plot::height(),
+            gap.x0
+        );
     }
-    let middle = bounds[bounds.len() / 2];
-    let (x, half) = (plot.x(middle), KEY_LABEL_WIDTH / 2.0);
-    if x - half >= plot.x(first) + KEY_LABEL_WIDTH + LABEL_GAP
-        && x + half <= plot.x(last) - KEY_LABEL_WIDTH - LABEL_GAP
-    {
-        labels.push((middle, x, "middle"));
+}
+
+/// A break mark (//) on the key axis at each gap, over everything.
+fn gap_marks(svg: &mut String, plot: &Plot) {
+    let bottom = TOP + Plot::height();
+    for gap in plot.keys.gaps() {
+        let middle = (gap.x0 + gap.x1) / 2.0;
+        for dx in [-3.0, 3.0] {
+            let x = middle + dx;
+            let _ = writeln!(
+                svg,
+                "<path class=\"break\" d=\"M{:.1} {} L{:.1} {}\" stroke=\"#444444\" \
+                 stroke-width=\"1.5\"/>",
+                x - 3.0,
+                bottom + 5.0,
+                x + 3.0,
+                bottom - 5.0
+            );
+        }
     }
-    labels.push((last, plot.x(last), "end"));
-    labels
 }
 
 fn rect(svg: &mut String, plot: &Plot, l: &Drawn<'_>) {
-    let x = plot.x(l.keys.start);
-    let width = (plot.x(l.keys.end) - x).max(MIN_SIZE);
-    let top = plot.y(l.lsns.end);
+    let x = plot.keys.x(l.keys.start);
+    let width = (plot.keys.x(l.keys.end) - x).max(MIN_SIZE / 2.0);
     let (y, height) = if l.level == LayerLevel::Image {
-        // The bar hangs below its LSN, inside the plot.
-        (top.min(TOP + Plot::height() - IMAGE_BAR), IMAGE_BAR)
+        // Centred on its LSN.
+        (plot.lsns.y(l.lsns.start) - IMAGE_BAR / 2.0, IMAGE_BAR)
     } else {
-        (top, (plot.y(l.lsns.start) - top).max(MIN_SIZE))
+        let (top, bottom) = (plot.lsns.y(l.lsns.end), plot.lsns.y(l.lsns.start));
+        if bottom - top >= MIN_SIZE {
+            (top, bottom - top)
+        } else {
+            ((top + bottom - MIN_SIZE) / 2.0, MIN_SIZE)
+        }
     };
     let fill = colour(l.level);
-    // An image bar is drawn solid over the deltas it lies on.
+    // An image bar is drawn nearly solid over the deltas it lies on.
     let opacity = if l.level == LayerLevel::Image {
-        "1"
+        "0.9"
     } else {
         "0.7"
     };

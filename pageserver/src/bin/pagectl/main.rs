@@ -89,8 +89,10 @@ enum Command {
     },
     /// Draw the layers a timeline's manifest lists as an SVG picture.
     ///
-    /// Keys across, LSNs up, one rectangle per layer, coloured by level (L0, L1, image). Only
-    /// the manifest is read: the ranges come from the layer names.
+    /// Keys across, LSNs up, both to scale, one rectangle per layer, coloured by level (L0, L1,
+    /// image); far-apart keys are cut short as marked breaks, and the LSN axis is logarithmic
+    /// when the thinnest delta layer would vanish (docs/pagectl.md). Only the manifest is read:
+    /// the ranges come from the layer names.
     Draw {
         /// A timeline directory, or the `metadata` file in one.
         path: PathBuf,
