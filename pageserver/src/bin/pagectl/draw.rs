@@ -264,10 +264,12 @@ fn frame(svg: &mut String) {
 
 /// A number of keys, exact while it is small, else as a power of two.
 fn keys_text(n: f64) -> String {
-    if n < 1e7 {
-        format!("{n:.0}")
+    if n == 1.0 {
+        "1 key".to_owned()
+    } else if n < 1e7 {
+        format!("{n:.0} keys")
     } else {
-        format!("about 2^{:.0}", n.log2())
+        format!("about 2^{:.0} keys", n.log2())
     }
 }
 
@@ -314,14 +316,19 @@ fn lsn_labels(svg: &mut String, plot: &Plot, layers: &[Drawn<'_>]) {
 }
 
 /// The key labels, each anchored so it stays inside the plot's width and placed where it does
-/// not overlap one already placed: the first and last boundary, the two sides of each gap,
-/// then boundaries near a quarter, half and three quarters of the way; and the caption.
+/// not overlap one already placed: the first and last boundary that are not the key space's
+/// ends, the ends, the two sides of each gap, then boundaries near a quarter, half and three
+/// quarters of the way; and the caption.
 fn key_labels(svg: &mut String, plot: &Plot) {
     let bottom = TOP + Plot::height();
     let (left, right) = (LEFT, LEFT + Plot::width());
     let pieces = &plot.keys.pieces;
     let mut candidates: Vec<Key> = Vec::new();
     if let (Some(first), Some(last)) = (pieces.first(), pieces.last()) {
+        let inner = |k: &Key| *k != Key::MIN && *k != Key::MAX;
+        let bounds = || pieces.iter().map(|p| p.from).chain([last.to]);
+        candidates.extend(bounds().find(inner));
+        candidates.extend(bounds().rev().find(inner));
         candidates.extend([first.from, last.to]);
         for gap in plot.keys.gaps() {
             candidates.extend([gap.from, gap.to]);
@@ -365,7 +372,7 @@ fn key_labels(svg: &mut String, plot: &Plot) {
     let gaps = plot.keys.gaps().count();
     let scaled = keys_text(plot.keys.keys_to_scale());
     let caption = if gaps == 0 {
-        format!("key, linear: {scaled} keys across")
+        format!("key, linear: {scaled} across")
     } else {
         let widest = plot
             .keys
@@ -373,8 +380,8 @@ fn key_labels(svg: &mut String, plot: &Plot) {
             .map(|g| key_distance(g.from, g.to))
             .fold(0.0, f64::max);
         format!(
-            "key, linear over {scaled} keys; {gaps} gap{} (over {GAP_RATIO}x the median step \
-             between boundaries, widest {} keys) cut to {GAP_WIDTH} px and marked //",
+            "key, linear over {scaled}; {gaps} gap{} cut to {GAP_WIDTH} px and marked // \
+             (steps to the key space's ends or over {GAP_RATIO}x the median; widest {})",
             if gaps == 1 { "" } else { "s" },
             keys_text(widest)
         )

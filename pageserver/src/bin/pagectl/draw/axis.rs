@@ -5,10 +5,12 @@
 //! range from the lowest layer boundary to the highest. Layer boundaries are not spread evenly
 //! over it (a relation's blocks are a few thousand keys of an 18-byte space; two relations are
 //! 2^40 keys apart; the first and last image piece reach the key space's very ends), so one
-//! linear scale would leave every layer but one a hairline. A step between two consecutive
-//! boundaries that is more than [`GAP_RATIO`] times the median step is therefore a *gap*,
-//! drawn [`GAP_WIDTH`] pixels wide and marked as a break; everything else is on one common
-//! scale, except that a run of keys between gaps never gets fewer than [`MIN_RUN_WIDTH`] pixels.
+//! linear scale would leave every layer but one a hairline. Some steps between consecutive
+//! boundaries are therefore *gaps*, drawn [`GAP_WIDTH`] pixels wide and marked as breaks: a
+//! step from the key space's first key or to its last (`Key::MIN`, `Key::MAX`: where a tiling
+//! begins and ends, nothing a relation holds), and a step more than [`GAP_RATIO`] times the
+//! median of the other steps. Everything else is on one common scale, except that a run of keys
+//! between gaps never gets fewer than [`MIN_RUN_WIDTH`] pixels.
 //!
 //! **LSNs** are linear from the lowest LSN a layer has to the highest, unless the thinnest
 //! delta layer would be less than [`MIN_LINEAR_ROW`] pixels tall: a small flush after a bulk
@@ -75,10 +77,27 @@ impl KeyAxis {
             .windows(2)
             .map(|w| key_distance(w[0], w[1]))
             .collect();
-        let mut sorted = steps.clone();
+        // A step from the first key or to the last one reaches the end of the key space. When
+        // there are other steps, those are gaps; the others are gaps past the ratio to their
+        // median.
+        let at_end: Vec<bool> = bounds
+            .windows(2)
+            .map(|w| w[0] == Key::MIN || w[1] == Key::MAX)
+            .collect();
+        let inner = at_end.iter().any(|e| !e);
+        let mut sorted: Vec<f64> = steps
+            .iter()
+            .zip(&at_end)
+            .filter(|(_, end)| !inner || !**end)
+            .map(|(s, _)| *s)
+            .collect();
         sorted.sort_by(f64::total_cmp);
         let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
-        let is_gap: Vec<bool> = steps.iter().map(|s| *s > GAP_RATIO * median).collect();
+        let is_gap: Vec<bool> = steps
+            .iter()
+            .zip(&at_end)
+            .map(|(s, end)| (inner && *end) || *s > GAP_RATIO * median)
+            .collect();
         // Runs of steps between gaps: each its keys, and the width it gets.
         let mut runs: Vec<(std::ops::Range<usize>, f64)> = Vec::new();
         let mut start = 0;
@@ -375,6 +394,20 @@ mod tests {
         assert_eq!(axis.x(Key::MIN), 0.0);
         assert_eq!(axis.x(Key::MAX), 1000.0);
         assert!((axis.x(other(0)) - axis.x(key(24)) - GAP_WIDTH).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_key_spaces_ends_are_gaps_however_few_the_other_steps() {
+        // An image over the whole key space and a layer of one key: the layer is the picture.
+        let bounds: BTreeSet<Key> = [Key::MIN, key(1), key(2), Key::MAX].into();
+        let axis = KeyAxis::new(&bounds, 0.0, 1000.0);
+        assert_eq!(axis.gaps().count(), 2);
+        assert_eq!(axis.keys_to_scale(), 1.0);
+        let one = axis.x(key(2)) - axis.x(key(1));
+        assert!((one - (1000.0 - 2.0 * GAP_WIDTH)).abs() < 1e-6, "{one}");
+        // Only the ends: drawn as they are.
+        let ends: BTreeSet<Key> = [Key::MIN, key(1), Key::MAX].into();
+        assert_eq!(KeyAxis::new(&ends, 0.0, 1000.0).gaps().count(), 0);
     }
 
     #[test]
