@@ -1,9 +1,11 @@
 //! `pageserver -D <workdir> [-c key=value ...]`: the page server.
 //!
-//! Startup, one log line per phase with its duration: settings (a fresh work directory gets a
-//! `pageserver.toml` of the defaults and this first start's `-c` overrides), the work directory lock (`pageserver.pid`, held with an
-//! exclusive file lock for the life of the process, so two servers never share a directory),
-//! failpoints from `FAILPOINTS`, the page cache, loading every tenant, then the HTTP listener.
+//! Startup, one log line per phase with its duration (and `pageserver_startup_duration_seconds`):
+//! `config` (settings; a fresh work directory gets a `pageserver.toml` of the defaults and this
+//! first start's `-c` overrides), `lock` (`pageserver.pid`, held with an exclusive file lock for
+//! the life of the process, so two servers never share a directory; failpoints from
+//! `FAILPOINTS` come after it), `open_files`, `page_cache`, `remote_storage` (the store's client,
+//! and its check of the bucket and credentials), `load_tenants`, then `http` (both listeners).
 //!
 //! SIGTERM or SIGINT: stop accepting requests, let those in flight finish, flush every open
 //! layer, exit 0 ("shut down cleanly"), or 1 if a flush failed ("shut down with data not
