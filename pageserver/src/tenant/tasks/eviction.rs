@@ -123,8 +123,11 @@ pub fn prefetch(timelines: &[Arc<Timeline>], budget: u64) -> usize {
             return;
         }
         let size = copy.layer.file_size();
-        let resident: u64 = timelines.iter().map(|t| t.resident_layer_bytes()).sum();
+        // Claim first, then count what is resident: a download that lands between the two is
+        // then counted in one of them (maybe both, which only stops early), never in neither;
+        // the other order let two workers each miss the other's layer and pass the budget.
         let in_flight = claimed.fetch_add(size, Ordering::AcqRel);
+        let resident: u64 = timelines.iter().map(|t| t.resident_layer_bytes()).sum();
         if budget != 0 && resident.saturating_add(in_flight).saturating_add(size) > budget {
             over_budget.store(true, Ordering::Relaxed);
             return;
