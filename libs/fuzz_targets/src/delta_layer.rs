@@ -1,18 +1,16 @@
 //! A whole delta layer file given to the reader, damaged: a valid layer is written once, then
-//! each input flips bytes of it at offsets of its choice (`pageserver_fuzz::damage`). Opening the damaged file and reading
-//! every key of it must give, for each read, either the versions that were written or an error
-//! that names the file: never a panic, never a changed page. (Every block carries a checksum,
+//! each input flips bytes of it at offsets of its choice ([`crate::damage::damage`]). Opening
+//! the damaged file and reading every key of it must give, for each read, either the versions
+//! that were written or an error that names the file: never a panic, never a changed page. (Every block carries a checksum,
 //! so most damage is caught there; the target checks that none gets past as a wrong answer.)
-#![no_main]
 
 use std::sync::OnceLock;
 
+use crate::damage::{assert_names_damaged_file, Original};
 use bytes::Bytes;
-use libfuzzer_sys::fuzz_target;
 use pageserver::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerWriter};
 use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value};
-use pageserver_fuzz::{assert_names_damaged_file, Original};
 use utils::{Lsn, TenantId, TimelineId};
 
 /// Keys in the layer, and versions of each.
@@ -64,7 +62,8 @@ fn layer() -> &'static Layer {
     })
 }
 
-fuzz_target!(|input: &[u8]| {
+/// Checks one input; panics where the decoder breaks its contract.
+pub fn check(input: &[u8]) {
     let layer = layer();
     let path = layer.original.damaged_copy(input);
     let delta = match DeltaLayer::open(&path, layer.original.cache.clone(), MAX_VALUE_SIZE) {
@@ -99,4 +98,4 @@ fuzz_target!(|input: &[u8]| {
         ),
         Err(e) => assert_names_damaged_file(&e),
     }
-});
+}

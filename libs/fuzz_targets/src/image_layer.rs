@@ -1,17 +1,16 @@
 //! A whole image layer file given to the reader, damaged: a valid layer is written once, with
-//! images for every other key, then each input flips bytes of it (`pageserver_fuzz::damage`). Opening the
-//! damaged file and reading every key of its range must give, for each read, the image that
-//! was written (or, for a key without one, no image), or an error that names the file.
-#![no_main]
+//! images for every other key, then each input flips bytes of it ([`crate::damage::damage`]).
+//! Opening the damaged file and reading every key of its range must give, for each read, the
+//! image that was written (or, for a key without one, no image), or an error that names the
+//! file.
 
 use std::sync::OnceLock;
 
+use crate::damage::{assert_names_damaged_file, Original};
 use bytes::Bytes;
-use libfuzzer_sys::fuzz_target;
 use pageserver::tenant::storage_layer::image_layer::{ImageLayer, ImageLayerWriter};
 use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value};
-use pageserver_fuzz::{assert_names_damaged_file, Original};
 use utils::{Lsn, TenantId, TimelineId};
 
 /// Keys in the layer's range; the even ones have an image.
@@ -55,7 +54,8 @@ fn layer() -> &'static Layer {
     })
 }
 
-fuzz_target!(|input: &[u8]| {
+/// Checks one input; panics where the decoder breaks its contract.
+pub fn check(input: &[u8]) {
     let layer = layer();
     let path = layer.original.damaged_copy(input);
     let image = match ImageLayer::open(&path, layer.original.cache.clone(), MAX_VALUE_SIZE) {
@@ -87,4 +87,4 @@ fuzz_target!(|input: &[u8]| {
         ),
         Err(e) => assert_names_damaged_file(&e),
     }
-});
+}
