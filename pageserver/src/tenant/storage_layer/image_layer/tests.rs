@@ -548,23 +548,6 @@ fn placement_keeps_small_images_within_a_block() {
     );
 }
 
-#[cfg(feature = "testing")]
-#[test]
-fn a_failed_commit_leaves_no_file() {
-    let dir = tempfile::tempdir().unwrap();
-    fail::cfg("image-layer-before-rename", "return").unwrap();
-    let mut writer = ImageLayerWriter::new(dir.path(), TENANT, TIMELINE, range(9), LSN).unwrap();
-    writer.put_image(rel_key(1), &image(1, 10)).unwrap();
-    let err = writer.finish().unwrap_err();
-    fail::cfg("image-layer-before-rename", "off").unwrap();
-    assert!(
-        err.to_string()
-            .contains("failpoint image-layer-before-rename"),
-        "{err}"
-    );
-    assert!(dir_entries(dir.path()).is_empty());
-}
-
 fn model_strategy() -> impl Strategy<Value = Model> {
     let len = prop_oneof![
         3 => Just(PAGE_SZ),
