@@ -33,3 +33,23 @@ fn a_failed_image_layer_commit_leaves_no_file() {
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "the failed commit left {left:?}");
 }
+
+/// A commit says whether its file had taken its final name when it failed: the manifest's
+/// store tells "not stored" from "may or may not be stored" by it.
+#[test]
+fn a_failed_commit_says_whether_the_file_was_renamed() {
+    use pageserver::io::crashsafe::StagedFile;
+    let dir = tempfile::tempdir().unwrap();
+    for (failpoint, renamed) in [
+        ("staged-test-before-rename", false),
+        ("staged-test-after-rename", true),
+    ] {
+        failpoints::configure(failpoint, "return").unwrap();
+        let staged = StagedFile::create(dir.path(), "f.___temp", "staged-test").unwrap();
+        let err = staged.commit("f").unwrap_err();
+        failpoints::configure(failpoint, "off").unwrap();
+        assert_eq!(err.renamed, renamed, "{failpoint}: {err}");
+        assert_eq!(dir.path().join("f").exists(), renamed, "{failpoint}");
+        assert!(!dir.path().join("f.___temp").exists(), "{failpoint}");
+    }
+}

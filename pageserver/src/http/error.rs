@@ -172,6 +172,7 @@ fn timeline_status(e: &TimelineError) -> StatusCode {
         | Layer(_)
         | ImageLayer(_)
         | Metadata(_)
+        | ChangeIndeterminate(_)
         | LayerSet { .. }
         | Redo { .. }
         | Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,

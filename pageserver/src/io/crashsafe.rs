@@ -39,6 +39,22 @@ impl PathError {
     }
 }
 
+/// A failed [`StagedFile::commit`], and whether the file had taken its final name first.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct CommitError {
+    pub error: PathError,
+    /// The rename happened and the directory's fsync did not: the new file is in place now,
+    /// and whether it survives a crash is unknown. `false`: the final name is untouched.
+    pub renamed: bool,
+}
+
+impl From<CommitError> for PathError {
+    fn from(e: CommitError) -> PathError {
+        e.error
+    }
+}
+
 /// Makes the directory entries of `dir` (creations, renames, removals) durable. The directory
 /// is opened through the table of open files, like every file of ours.
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
@@ -111,23 +127,41 @@ impl StagedFile {
     }
 
     /// Makes the file durable as `<dir>/<final_name>`, replacing any file of that name: fsync,
-    /// rename, fsync the directory. Returns the final path. After an error the file may or may
-    /// not have its final name; its directory entry is durable only on success.
-    pub fn commit(mut self, final_name: &str) -> Result<PathBuf, PathError> {
+    /// rename, fsync the directory. Returns the final path. An error says whether the file had
+    /// its final name by then ([`CommitError::renamed`]); its directory entry is durable only
+    /// on success.
+    pub fn commit(mut self, final_name: &str) -> Result<PathBuf, CommitError> {
         let final_path = self.dir.join(final_name);
+        let before = |error| CommitError {
+            error,
+            renamed: false,
+        };
         self.file()
             .sync_all()
-            .map_err(PathError::at(&self.temp_path))?;
+            .map_err(|e| before(PathError::at(&self.temp_path)(e)))?;
         fail::fail_point!(&format!("{}-before-rename", self.failpoints), |_| {
-            Err(failpoint_error(&self.temp_path, self.failpoints, "before"))
+            Err(before(failpoint_error(
+                &self.temp_path,
+                self.failpoints,
+                "before",
+            )))
         });
-        std::fs::rename(&self.temp_path, &final_path).map_err(PathError::at(&final_path))?;
+        std::fs::rename(&self.temp_path, &final_path)
+            .map_err(|e| before(PathError::at(&final_path)(e)))?;
         // Committed: from here the file is not ours to remove.
         self.file = None;
+        let after = |error| CommitError {
+            error,
+            renamed: true,
+        };
         fail::fail_point!(&format!("{}-after-rename", self.failpoints), |_| {
-            Err(failpoint_error(&final_path, self.failpoints, "after"))
+            Err(after(failpoint_error(
+                &final_path,
+                self.failpoints,
+                "after",
+            )))
         });
-        fsync_dir(&self.dir).map_err(PathError::at(&self.dir))?;
+        fsync_dir(&self.dir).map_err(|e| after(PathError::at(&self.dir)(e)))?;
         Ok(final_path)
     }
 }

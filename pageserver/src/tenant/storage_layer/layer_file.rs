@@ -600,7 +600,9 @@ impl LayerFileWriter {
             self.crc_after_summary,
             after_len,
         );
-        let path = self.file.commit(final_name)?;
+        // A layer file is not a commit point (the manifest that lists it is): whether it was
+        // renamed before the error does not matter, the caller removes it either way.
+        let path = self.file.commit(final_name).map_err(PathError::from)?;
         Ok(WrittenLayer {
             path,
             summary,

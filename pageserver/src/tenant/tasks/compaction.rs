@@ -38,7 +38,8 @@ pub fn run_pass(timelines: &[Arc<Timeline>], again: &Wakeup, after_compaction: &
             }
             // Image creation has to catch up first: make sure its loop knows.
             Ok(outcome) if outcome.waiting_for_images => after_compaction.notify(),
-            Ok(_) | Err(TimelineError::ShuttingDown) => {}
+            // A timeline that refuses changes said why when it broke; a load resumes it.
+            Ok(_) | Err(TimelineError::ShuttingDown | TimelineError::Broken { .. }) => {}
             Err(e) => {
                 tracing::error!(
                     tenant = %timeline.tenant_id(),

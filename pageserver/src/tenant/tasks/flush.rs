@@ -17,7 +17,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::tenant::timeline::Timeline;
+use crate::tenant::timeline::{Timeline, TimelineError};
 
 /// The tick for a `checkpoint_timeout`: a quarter of it (a layer is frozen within a quarter of
 /// the timeout after it is due), but never longer than a second nor shorter than 10 ms.
@@ -37,7 +37,11 @@ pub fn run_pass(timelines: &[Arc<Timeline>]) {
                 Ok(())
             }
         });
-        if let Err(e) = outcome {
+        // A timeline that refuses changes said why when it broke; a load resumes it.
+        if let Err(e) = outcome.or_else(|e| match e {
+            TimelineError::Broken { .. } => Ok(()),
+            e => Err(e),
+        }) {
             tracing::error!(
                 tenant = %timeline.tenant_id(),
                 timeline = %timeline.timeline_id(),

@@ -35,12 +35,13 @@ pub fn run_pass(timelines: &[Arc<Timeline>]) {
         if conf.image_creation_threshold != 0 {
             match timeline.create_images(false) {
                 Ok(_) => {}
-                Err(TimelineError::ShuttingDown) => continue,
+                // A timeline that refuses changes said why when it broke; a load resumes it.
+                Err(TimelineError::ShuttingDown | TimelineError::Broken { .. }) => continue,
                 Err(e) => log("image creation", e),
             }
         }
         match timeline.gc(&[]) {
-            Ok(_) | Err(TimelineError::ShuttingDown) => {}
+            Ok(_) | Err(TimelineError::ShuttingDown | TimelineError::Broken { .. }) => {}
             Err(e) => log("GC", e),
         }
     }

@@ -100,6 +100,7 @@ impl Timeline {
         if self.stopped.load(Ordering::Acquire) {
             return Err(TimelineError::ShuttingDown);
         }
+        self.check_layer_set_known()?;
         let input_layers: Vec<Layer> = {
             let map = self.layer_map();
             // A depth of one is never compacted: an output's LSN range must differ from every

@@ -14,7 +14,7 @@ impl Timeline {
         });
         // A broken timeline's open layer may hold part of a batch above last_record_lsn,
         // which must never become durable.
-        if due && !writer.stopping && self.broken.get().is_none() {
+        if due && !writer.stopping && !self.is_broken() {
             let end = Lsn(self.last_record_lsn().0 + 1);
             self.update_layer_map(|map| self.freeze_open(&mut writer, map, end))?;
         }
@@ -31,6 +31,7 @@ impl Timeline {
     /// leaving layers frozen later for the next flush.
     pub(super) fn flush_frozen_until(&self, target: Lsn) -> Result<(), TimelineError> {
         let _flusher = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.check_layer_set_known()?;
         while self.disk_consistent_lsn() < target && !self.stopped.load(Ordering::Acquire) {
             // Only flushers remove frozen layers, and flush_lock admits one: the oldest stays
             // the oldest while it is written.

@@ -99,6 +99,7 @@ impl Timeline {
         if self.stopped.load(Ordering::Acquire) {
             return Err(TimelineError::ShuttingDown);
         }
+        self.check_layer_set_known()?;
         // Branch points are retained like the caller's LSNs.
         let mut retain = retain.to_vec();
         retain.extend(self.branch_points());

@@ -189,6 +189,7 @@ impl Timeline {
         if self.stopped.load(Ordering::Acquire) {
             return Err(TimelineError::ShuttingDown);
         }
+        self.check_layer_set_known()?;
         let mut outcome = ImageCreationOutcome::default();
         let started = Instant::now();
         let map = self.layer_map();

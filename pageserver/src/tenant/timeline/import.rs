@@ -43,9 +43,10 @@
 //! one where nothing was written. A read between the base and `lsn` probes the group and finds
 //! no version there, as it would find no layer.
 //!
-//! If storing the commit's manifest fails, the files are kept and the timeline is broken: a
-//! store that failed after its rename left a manifest that lists them, and a reload finds out
-//! which it is (listed: the import is there; unlisted above `disk_consistent_lsn`: removed).
+//! If storing the commit's manifest fails before its rename, the files are removed; after its
+//! rename (the directory's fsync), they are kept and the timeline is broken (`commit_manifest`):
+//! the manifest on disk lists them unless a crash comes first, and a load finds out which it
+//! is (listed: the import is there; unlisted above `disk_consistent_lsn`: removed).
 //!
 //! While an import runs, batches are refused (`ImportInProgress`): the import compares what it
 //! is given with the state at its base LSN and stores only what differs, which is right only if
@@ -252,7 +253,6 @@ impl Import<'_> {
         }
         let started = Instant::now();
         let mut written = Vec::new();
-        let mut manifest_tried = false;
         let result = self.write_layers(lsn, &mut written).and_then(|()| {
             // What the open layer holds (below the base) goes first: the import's layers are
             // the newest L0s, and no in-memory layer may be left older than them.
@@ -261,17 +261,16 @@ impl Import<'_> {
                 path: timeline.dir.clone(),
                 source: std::io::Error::other("failpoint import-before-manifest"),
             }));
-            self.publish(lsn, &written, &mut manifest_tried)
+            self.publish(lsn, &written)
         });
         if let Err(e) = result {
-            // Before the manifest, the files are no one's; once its store was tried they may
-            // be listed on disk (publish broke the timeline: a reload finds out which).
-            if !manifest_tried {
-                timeline.remove_uncommitted(written.iter().map(|w| w.path.clone()));
-                // A file whose commit failed after its rename (at the directory's fsync) has
-                // its final name but is in no list: nothing else makes layers at this range.
-                remove_unlisted_at(timeline, Lsn(self.base_lsn.0 + 1)..Lsn(lsn.0 + 1));
-            }
+            // The files the manifest does not list are no one's. Once a store of it failed
+            // after its rename, the manifest on disk may list them: then nothing is removed,
+            // and the timeline is broken until a load finds out which manifest it is.
+            timeline.remove_uncommitted(written.iter().map(|w| w.path.clone()));
+            // A file whose commit failed after its rename (at the directory's fsync) has its
+            // final name but is in no list: nothing else makes layers at this range.
+            remove_unlisted_at(timeline, Lsn(self.base_lsn.0 + 1)..Lsn(lsn.0 + 1));
             return Err(e);
         }
         tracing::info!(
@@ -318,12 +317,7 @@ impl Import<'_> {
 
     /// The commit point: one manifest lists the files as L0s, then the map and
     /// `last_record_lsn` show them.
-    fn publish(
-        &self,
-        lsn: Lsn,
-        written: &[WrittenLayer],
-        manifest_tried: &mut bool,
-    ) -> Result<(), TimelineError> {
+    fn publish(&self, lsn: Lsn, written: &[WrittenLayer]) -> Result<(), TimelineError> {
         let timeline = self.timeline;
         let deltas = written
             .iter()
@@ -367,8 +361,7 @@ impl Import<'_> {
             });
         }
         drop(map);
-        *manifest_tried = true;
-        let committed = timeline.commit_manifest(|manifest| {
+        timeline.commit_manifest(|manifest| {
             manifest.disk_consistent_lsn = lsn;
             for w in written {
                 manifest.add_layer(LayerFileEntry {
@@ -379,19 +372,7 @@ impl Import<'_> {
                     group_size: group_size(written.len()),
                 });
             }
-        });
-        if let Err(e) = committed {
-            // A store that failed after its rename (the directory's fsync) left a manifest on
-            // disk that lists the files: neither removing them nor going on is safe.
-            let reason = format!(
-                "the manifest of an import at {lsn} may or may not be stored ({e}); reload the \
-                 timeline to find out"
-            );
-            tracing::error!(tenant = %timeline.tenant_id, timeline = %timeline.timeline_id, "{reason}");
-            // Set under the write lock, and only ever once.
-            let _ = timeline.broken.set(reason);
-            return Err(e);
-        }
+        })?;
         timeline.update_layer_map(|map| {
             map.l0
                 .extend(deltas.iter().map(|delta| Layer::Delta(delta.clone())));

@@ -56,9 +56,8 @@ impl Timeline {
                     "storing version {} of key {} failed after the batch was validated: {e}",
                     record.lsn, record.key,
                 );
-                tracing::error!(tenant = %self.tenant_id, timeline = %self.timeline_id, "{reason}");
-                // Set under write_lock, and only ever once.
-                let _ = self.broken.set(reason);
+                // Set under write_lock.
+                self.break_timeline(reason, false);
                 return Err(e.into());
             }
         }

@@ -148,7 +148,7 @@ impl Timeline {
             conf,
             layers: RwLock::new(Arc::new(map)),
             write_lock: Mutex::new(WriterState::default()),
-            broken: OnceLock::new(),
+            broken: Mutex::new(None),
             flush_lock: Mutex::new(()),
             compaction_lock: Mutex::new(()),
             image_lock: Mutex::new(()),

@@ -212,6 +212,10 @@ pub enum StoredMetadata {
 pub enum MetadataError {
     #[error("timeline metadata {}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
+    /// Stored under its name, its directory not fsynced: the manifest on disk is the new one
+    /// now, and after a crash it may be the old one again.
+    #[error("timeline metadata {}: {source}, after it was renamed into place: the new manifest may or may not be stored", path.display())]
+    Indeterminate { path: PathBuf, source: io::Error },
     #[error("timeline metadata {} is corrupt: {reason}", path.display())]
     Corrupt { path: PathBuf, reason: String },
     #[error("timeline metadata cannot list layer file {name:?}: {reason}")]
@@ -563,7 +567,14 @@ impl TimelineMetadata {
                 path: staged.temp_path().to_owned(),
                 source,
             })?;
-        staged.commit(METADATA_FILE).map_err(io_err)?;
+        staged.commit(METADATA_FILE).map_err(|e| {
+            let PathError { path, source } = e.error;
+            if e.renamed {
+                MetadataError::Indeterminate { path, source }
+            } else {
+                MetadataError::Io { path, source }
+            }
+        })?;
         Ok(())
     }
 }

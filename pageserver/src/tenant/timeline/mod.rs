@@ -92,6 +92,10 @@
 //! refuses further puts ("broken") until it is loaded again, which restarts it at
 //! `disk_consistent_lsn`. A failed flush leaves its frozen layer queued; it is retried.
 //!
+//! A manifest store that fails after its rename leaves the change's outcome unknown until a
+//! load reads the directory: the timeline breaks with its layer set unknown ([`Broken`]), and
+//! then also refuses every change of the layer set and removes no file (`commit_manifest`).
+//!
 //! # Locks
 //!
 //! `write_lock` (puts, freezes) before `flush_lock` (writing frozen layers) before the lock on
@@ -126,6 +130,7 @@ use crate::tenant::timeline::metadata::{
     group_size, LayerFileEntry, LayerLevel, MetadataError, TimelineMetadata,
 };
 use crate::PAGE_SZ;
+use broken::Broken;
 use scan::{ScanCursor, ScanPage};
 
 /// How much longer a batch waits per L0 layer past `l0_slowdown_threshold`.
@@ -281,6 +286,8 @@ pub enum TimelineError {
     ImageLayer(#[from] ImageLayerError),
     #[error(transparent)]
     Metadata(#[from] MetadataError),
+    #[error("{0}; every layer file is kept, and the timeline takes no more writes until it is loaded again (reload the timeline)")]
+    ChangeIndeterminate(MetadataError),
     #[error("layer file {name} is not on the local disk, and downloading it from remote storage failed: {reason}")]
     LayerDownload { name: String, reason: String },
     #[error("layer file {file} of the timeline: {reason}; the timeline does not serve from a layer set it cannot vouch for")]
@@ -399,7 +406,7 @@ pub struct Timeline {
     write_lock: Mutex<WriterState>,
     /// Why the timeline refuses writes, once it does (never cleared: only a load recovers).
     /// Apart from `write_lock` so that describing the timeline never waits for a put.
-    broken: OnceLock<String>,
+    broken: Mutex<Option<Broken>>,
     flush_lock: Mutex<()>,
     /// Held by a compaction: one at a time.
     compaction_lock: Mutex<()>,
@@ -494,17 +501,6 @@ impl Timeline {
 
     pub fn disk_consistent_lsn(&self) -> Lsn {
         Lsn(self.disk_consistent_lsn.load(Ordering::Acquire))
-    }
-
-    /// Why the timeline refuses writes, if it does, and where a reload resumes (read now:
-    /// layers frozen before the failure may have flushed since).
-    pub fn broken_reason(&self) -> Option<String> {
-        self.broken.get().map(|reason| {
-            format!(
-                "{reason}; reload the timeline to resume after {}",
-                self.disk_consistent_lsn()
-            )
-        })
     }
 
     /// The L0 layers' depth: what the compaction and backpressure thresholds count (see
@@ -618,11 +614,17 @@ impl Timeline {
     /// manifest's lock is held throughout, so that commits (a flush's, a compaction's) never
     /// work from the same old manifest. Retired files already removed are dropped from the
     /// list first.
+    ///
+    /// A store that fails after its rename ([`MetadataError::Indeterminate`]) leaves the new
+    /// manifest or, after a crash, the old one: the timeline breaks with the layer set unknown
+    /// (see [`Broken`]), so that no file either one lists is removed and nothing commits on top
+    /// of either until a load reads which it is.
     fn commit_manifest(
         &self,
         change: impl FnOnce(&mut TimelineMetadata),
     ) -> Result<(), TimelineError> {
         let mut current = self.manifest();
+        self.check_layer_set_known()?;
         let mut next = current.clone();
         change(&mut next);
         next.retired.retain(|name| self.dir.join(name).exists());
@@ -632,7 +634,14 @@ impl Timeline {
             file: metadata::METADATA_FILE.to_owned(),
             reason: format!("a change to the layer set was refused: {e}"),
         })?;
-        next.store(&self.dir)?;
+        match next.store(&self.dir) {
+            Ok(()) => {}
+            Err(e @ MetadataError::Indeterminate { .. }) => {
+                self.break_timeline(e.to_string(), true);
+                return Err(TimelineError::ChangeIndeterminate(e));
+            }
+            Err(e) => return Err(e.into()),
+        }
         if let Some(remote) = self.remote.get() {
             remote.manifest_committed(&next);
         }
@@ -642,8 +651,12 @@ impl Timeline {
 
     /// Removes the files of `paths` that the manifest does not list: new layer files of a
     /// change that failed before (or in) its commit, which nothing else knows. Best effort: a
-    /// file left behind is unlisted, and the next load judges it.
+    /// file left behind is unlisted, and the next load judges it. Nothing is removed while
+    /// the manifest on disk is unknown: it may list them.
     fn remove_uncommitted(&self, paths: impl IntoIterator<Item = PathBuf>) {
+        if self.layer_set_unknown() {
+            return;
+        }
         let manifest = self.manifest();
         for path in paths {
             let listed = path
@@ -716,6 +729,7 @@ impl Timeline {
 }
 
 mod ancestry;
+mod broken;
 mod compaction;
 mod flush;
 mod gc;
