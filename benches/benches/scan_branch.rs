@@ -57,7 +57,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pageserver::http::routes::scan_body::scan_page_body;
 use pageserver::io::read_cost::{self, ReadCost};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
-use pageserver::tenant::timeline::metadata::TimelineMetadata;
+use pageserver::tenant::timeline::layer_set::manifest::Manifest;
 use pageserver::tenant::timeline::scan::cursor_cache::{
     CursorCache, CursorCacheConfig, CursorCacheStats, ScanFrom, ScanRequest, ScanToken,
 };
@@ -166,7 +166,7 @@ fn branch_of(
 ) -> (tempfile::TempDir, Arc<Timeline>) {
     parent.reserve_branch_point(lsn).expect("branch point");
     let dir = tempfile::tempdir().expect("temp dir");
-    TimelineMetadata::starting_at(TENANT, id, lsn)
+    Manifest::starting_at(TENANT, id, lsn)
         .store(dir.path())
         .expect("branch metadata");
     Ancestry {

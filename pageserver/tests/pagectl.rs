@@ -12,7 +12,7 @@ use std::process::{Command, Output, Stdio};
 
 use bytes::Bytes;
 use pageserver::tenant::storage_layer::delta_layer::DeltaLayerWriter;
-use pageserver::tenant::timeline::metadata::{LayerFileEntry, LayerLevel, TimelineMetadata};
+use pageserver::tenant::timeline::layer_set::manifest::{LayerFileEntry, LayerLevel, Manifest};
 use pageserver::PAGE_SZ;
 use pageserver_api::value::Patch;
 use pageserver_api::{Key, Value};
@@ -421,7 +421,7 @@ fn verify_checks_a_layer_against_the_manifest_beside_it() {
         level: LayerLevel::L0,
         group_size: 1,
     };
-    let mut manifest = TimelineMetadata::empty(TENANT, TIMELINE);
+    let mut manifest = Manifest::empty(TENANT, TIMELINE);
     manifest.disk_consistent_lsn = Lsn(LSN_END.0 - 1);
     manifest.add_layer(entry.clone());
     manifest.store(f.dir.path()).unwrap();
@@ -645,7 +645,7 @@ fn missing_files_directories_and_non_layers_are_reported() {
     assert!(err.contains("is a directory"), "{err}");
 
     // A metadata file is not a layer.
-    TimelineMetadata::empty(TENANT, TIMELINE)
+    Manifest::empty(TENANT, TIMELINE)
         .store(f.dir.path())
         .unwrap();
     let metadata = f.dir.path().join("metadata");
@@ -666,7 +666,7 @@ fn metadata_is_read_from_a_timeline_dir_or_its_file() {
         &file,
     );
 
-    let mut manifest = TimelineMetadata::empty(TENANT, TIMELINE);
+    let mut manifest = Manifest::empty(TENANT, TIMELINE);
     manifest.disk_consistent_lsn = Lsn(0x016B_5A50);
     manifest.add_layer(LayerFileEntry {
         name: format!("{}-{}__0000000000001000-0000000000002000", k1(), k2()),

@@ -2,7 +2,7 @@
 //! runs on the manifest it describes: never panics.
 
 use pageserver::tenant::remote_timeline_client::index::IndexPart;
-use pageserver::tenant::timeline::metadata::history;
+use pageserver::tenant::timeline::layer_set::manifest::history;
 
 /// Checks one input; panics where the decoder breaks its contract.
 pub fn check(input: &[u8]) {

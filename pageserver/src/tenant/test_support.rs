@@ -26,12 +26,12 @@ pub(crate) fn rel_key(n: u32) -> Key {
 /// The manifest entry of an image layer a test wrote by hand (one image creation's only file).
 pub(crate) fn image_entry(
     written: &crate::tenant::storage_layer::image_layer::WrittenLayer,
-) -> crate::tenant::timeline::metadata::LayerFileEntry {
-    crate::tenant::timeline::metadata::LayerFileEntry {
+) -> crate::tenant::timeline::layer_set::manifest::LayerFileEntry {
+    crate::tenant::timeline::layer_set::manifest::LayerFileEntry {
         name: written.summary.file_name(),
         size: written.size,
         crc32c: written.crc32c,
-        level: crate::tenant::timeline::metadata::LayerLevel::Image,
+        level: crate::tenant::timeline::layer_set::manifest::LayerLevel::Image,
         group_size: 1,
     }
 }

@@ -193,7 +193,7 @@ fn write_delta(dir: &Path, lsns: Range<u64>, keys: Range<u32>) -> (String, Layer
 /// (0x30..0x40 of keys 1..9, 0x40..0x50 of keys 2..4), and a retired L0 0x10..0x20.
 fn timeline() -> Timeline {
     let dir = tempfile::tempdir().unwrap();
-    let mut manifest = TimelineMetadata::empty(TENANT, TIMELINE);
+    let mut manifest = Manifest::empty(TENANT, TIMELINE);
     manifest.disk_consistent_lsn = Lsn(0x4F);
     let mut names = HashMap::new();
     for (label, lsns, keys, level) in [
@@ -347,7 +347,7 @@ fn draw_renders_every_listed_layer_by_level_and_not_the_retired() {
 /// A manifest listing layers by name alone (no files: `draw` reads only the manifest).
 fn manifest_of(layers: &[(String, LayerLevel)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let mut manifest = TimelineMetadata::empty(TENANT, TIMELINE);
+    let mut manifest = Manifest::empty(TENANT, TIMELINE);
     for (name, level) in layers {
         manifest.add_layer(LayerFileEntry {
             name: name.clone(),
@@ -457,9 +457,7 @@ fn draw_writes_to_a_file_and_reads_a_metadata_file_too() {
 #[test]
 fn draw_of_an_empty_timeline_is_an_empty_plot() {
     let dir = tempfile::tempdir().unwrap();
-    TimelineMetadata::empty(TENANT, TIMELINE)
-        .store(dir.path())
-        .unwrap();
+    Manifest::empty(TENANT, TIMELINE).store(dir.path()).unwrap();
     let svg = stdout_of(draw(&[dir.path().as_os_str()]));
     let elements = parse_xml(&svg);
     let layers = elements

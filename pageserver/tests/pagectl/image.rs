@@ -181,7 +181,7 @@ fn image_verify_checks_the_file_and_the_manifest_beside_it() {
     );
 
     let bytes = std::fs::read(&f.layer).unwrap();
-    let mut manifest = TimelineMetadata::empty(TENANT, TIMELINE);
+    let mut manifest = Manifest::empty(TENANT, TIMELINE);
     manifest.disk_consistent_lsn = IMAGE_LSN;
     manifest.add_layer(LayerFileEntry {
         name: image_name(),

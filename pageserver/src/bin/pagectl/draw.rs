@@ -19,7 +19,7 @@ use std::fmt::Display;
 use std::ops::Range;
 
 use pageserver::tenant::storage_layer::LayerName;
-use pageserver::tenant::timeline::metadata::LayerLevel;
+use pageserver::tenant::timeline::layer_set::manifest::LayerLevel;
 
 use super::*;
 
@@ -134,7 +134,7 @@ fn esc(s: impl Display) -> String {
 pub(super) fn draw(path: &Path, output: Option<&Path>, out: &mut impl Write) -> Result<(), Error> {
     let dir = timeline_dir(path)?;
     let file = dir.join(METADATA_FILE);
-    let manifest = match TimelineMetadata::load(dir)? {
+    let manifest = match Manifest::load(dir)? {
         StoredMetadata::Manifest(m) => m,
         StoredMetadata::Legacy { .. } => {
             return Err(Error::Path {
@@ -170,7 +170,7 @@ pub(super) fn draw(path: &Path, output: Option<&Path>, out: &mut impl Write) -> 
     }
 }
 
-fn render(manifest: &TimelineMetadata, layers: &[Drawn<'_>]) -> String {
+fn render(manifest: &Manifest, layers: &[Drawn<'_>]) -> String {
     let plot = Plot::new(layers);
     let mut svg = String::new();
     let _ = writeln!(svg, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>");
@@ -211,7 +211,7 @@ fn count(layers: &[Drawn<'_>], level: LayerLevel) -> usize {
     layers.iter().filter(|l| l.level == level).count()
 }
 
-fn title(svg: &mut String, m: &TimelineMetadata, layers: &[Drawn<'_>]) {
+fn title(svg: &mut String, m: &Manifest, layers: &[Drawn<'_>]) {
     let _ = writeln!(
         svg,
         "<text class=\"title\" x=\"{LEFT}\" y=\"24\" font-family=\"sans-serif\" \

@@ -476,7 +476,7 @@ fn verify(file: &Path, max_value_size: usize, out: &mut impl Write) -> Result<()
     let dir = file.parent().unwrap_or(Path::new("."));
     let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let stored = if dir.join(METADATA_FILE).exists() {
-        Some(TimelineMetadata::load(dir)?)
+        Some(Manifest::load(dir)?)
     } else {
         None
     };

@@ -40,8 +40,8 @@ use clap::{Args, CommandFactory, Parser, Subcommand};
 use pageserver::page_cache::{PageCache, PageCacheConfig, PageCacheConfigError};
 use pageserver::tenant::storage_layer::delta_layer::DeltaLayerError;
 use pageserver::tenant::storage_layer::image_layer::ImageLayerError;
-use pageserver::tenant::timeline::metadata::{
-    MetadataError, StoredMetadata, TimelineMetadata, METADATA_FILE,
+use pageserver::tenant::timeline::layer_set::manifest::{
+    Manifest, MetadataError, StoredMetadata, METADATA_FILE,
 };
 use pageserver::tenant::timeline::TimelineError;
 use pageserver::PAGE_SZ;
@@ -302,7 +302,7 @@ fn timeline_dir(path: &Path) -> Result<&Path, Error> {
 
 fn metadata(path: &Path, out: &mut impl Write) -> Result<(), Error> {
     let dir = timeline_dir(path)?;
-    let stored = TimelineMetadata::load(dir)?;
+    let stored = Manifest::load(dir)?;
     writeln!(
         out,
         "file:                {}",
@@ -332,7 +332,7 @@ fn metadata(path: &Path, out: &mut impl Write) -> Result<(), Error> {
             writeln!(out, "gc_cutoff_lsn:       {}", m.gc_cutoff_lsn)?;
             writeln!(out, "contiguous_from:     {}", m.contiguous_from)?;
             // What the page server checks before it loads the timeline.
-            match pageserver::tenant::timeline::metadata::history::check(&m) {
+            match pageserver::tenant::timeline::layer_set::manifest::history::check(&m) {
                 Ok(()) => writeln!(out, "history:             complete")?,
                 Err(e) => writeln!(out, "history:             incomplete: {e}")?,
             }

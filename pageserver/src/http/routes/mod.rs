@@ -27,7 +27,7 @@ use crate::io::read_cost;
 use crate::page_cache::KindStats;
 use crate::tenant::mgr::TenantState;
 use crate::tenant::storage_layer::max_stored_value_len;
-use crate::tenant::timeline::metadata::LayerLevel;
+use crate::tenant::timeline::layer_set::manifest::LayerLevel;
 use crate::tenant::timeline::scan::cursor_cache::{ScanFrom, ScanRequest, ScanToken};
 use crate::tenant::timeline::{LayerDescription, LayerKind, Timeline};
 

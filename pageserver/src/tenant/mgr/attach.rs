@@ -8,7 +8,7 @@
 //! then load as after a restart: every layer is left on demand (nothing but the indexes is
 //! downloaded before the tenant serves), and the upload clients start from the claimed
 //! indexes. A timeline whose index does not hold a whole history (a layer missing: see
-//! `timeline::metadata::history`) fails to load: the tenant stays, broken with the reason, and
+//! `timeline::layer_set::manifest::history`) fails to load: the tenant stays, broken with the reason, and
 //! the attach answers with that error. A background prefetch then downloads the rest, newest first,
 //! within `max_local_layer_bytes`.
 
@@ -124,7 +124,7 @@ impl TenantManager {
         drop(deleting);
         if let TenantState::Broken { reason } = tenant.state() {
             // Listed, broken, with its reason: nothing is served from a set that cannot vouch
-            // for its pages (a timeline whose index lost a layer, `metadata::history`).
+            // for its pages (a timeline whose index lost a layer, `layer_set::manifest::history`).
             tracing::error!(tenant = %id, "attached tenant is broken: {reason}");
             let reason = reason.clone();
             return Err(TenantError::AttachedBroken { tenant: id, reason });

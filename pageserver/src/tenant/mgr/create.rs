@@ -8,7 +8,7 @@ use utils::{Lsn, TimelineId};
 
 use super::{create_dir_atomically, lock, remote, Tenant, TenantError, TIMELINES_DIR};
 use crate::tenant::remote_timeline_client::RemoteTimelineClient;
-use crate::tenant::timeline::metadata::TimelineMetadata;
+use crate::tenant::timeline::layer_set::manifest::Manifest;
 use crate::tenant::timeline::{Ancestry, Timeline};
 
 impl Tenant {
@@ -56,7 +56,7 @@ impl Tenant {
             create_dir_atomically(&self.dir.join(TIMELINES_DIR), &id.to_string(), |staging| {
                 // A branch starts where its ancestor's history is taken.
                 let start = branch.as_ref().map_or(Lsn(0), |(ancestry, _)| ancestry.lsn);
-                let manifest = TimelineMetadata::starting_at(self.id, id, start);
+                let manifest = Manifest::starting_at(self.id, id, start);
                 if let Some((ancestry, _)) = &branch {
                     ancestry.write(staging)?;
                 }

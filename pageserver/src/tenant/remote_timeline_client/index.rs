@@ -13,9 +13,9 @@
 //! }
 //! ```
 //!
-//! `contiguous_from` and `group_size` are the manifest's (`timeline::metadata`): where the
+//! `contiguous_from` and `group_size` are the manifest's (`timeline::layer_set::manifest`): where the
 //! layers' history starts, and how many files the change that wrote a layer wrote at its LSN
-//! range. An attach checks the history they describe (`metadata::history`) when the timeline
+//! range. An attach checks the history they describe (`layer_set::manifest::history`) when the timeline
 //! loads, so an index that lost a layer leaves the tenant broken instead of serving reads that
 //! walk past the hole. Version 1 (before them) still parses: its history is taken as
 //! contiguous from its `disk_consistent_lsn` and its group sizes as unknown.
@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 use utils::{Generation, Lsn, TenantId, TimelineId};
 
 use crate::tenant::storage_layer::LayerName;
-use crate::tenant::timeline::metadata::{LayerLevel, TimelineMetadata};
+use crate::tenant::timeline::layer_set::manifest::{LayerLevel, Manifest};
 use crate::tenant::timeline::Ancestry;
 
 pub const INDEX_VERSION: u32 = 2;
@@ -110,7 +110,7 @@ impl IndexPart {
     /// The index of `manifest` as `generation` writes it, each layer's object of the
     /// generation `layer_generation` names.
     pub fn from_manifest(
-        manifest: &TimelineMetadata,
+        manifest: &Manifest,
         generation: Generation,
         mut layer_generation: impl FnMut(&str) -> Generation,
     ) -> IndexPart {
@@ -213,7 +213,7 @@ impl IndexPart {
         let mut layers = BTreeMap::new();
         for (name, l) in raw.layers {
             let bad = |reason: String| format!("layer {name:?}: {reason}");
-            crate::tenant::timeline::metadata::check_layer_name(&name)
+            crate::tenant::timeline::layer_set::manifest::check_layer_name(&name)
                 .map_err(|r| bad(r.to_owned()))?;
             let parsed: LayerName = name.parse().map_err(|e| bad(format!("{e}")))?;
             let level = match (l.level.as_str(), &parsed) {
@@ -271,19 +271,21 @@ impl IndexPart {
     }
 
     /// The manifest this index describes (no retired files: the store has none).
-    pub fn to_manifest(&self) -> TimelineMetadata {
-        let mut manifest = TimelineMetadata::empty(self.tenant_id, self.timeline_id);
+    pub fn to_manifest(&self) -> Manifest {
+        let mut manifest = Manifest::empty(self.tenant_id, self.timeline_id);
         manifest.disk_consistent_lsn = self.disk_consistent_lsn;
         manifest.gc_cutoff_lsn = self.gc_cutoff_lsn;
         manifest.contiguous_from = self.contiguous_from;
         for (name, l) in &self.layers {
-            manifest.add_layer(crate::tenant::timeline::metadata::LayerFileEntry {
-                name: name.clone(),
-                size: l.size,
-                crc32c: l.crc32c,
-                level: l.level,
-                group_size: l.group_size,
-            });
+            manifest.add_layer(
+                crate::tenant::timeline::layer_set::manifest::LayerFileEntry {
+                    name: name.clone(),
+                    size: l.size,
+                    crc32c: l.crc32c,
+                    level: l.level,
+                    group_size: l.group_size,
+                },
+            );
         }
         manifest
     }
@@ -343,9 +345,9 @@ mod tests {
     use super::*;
 
     fn sample() -> IndexPart {
-        let mut manifest = TimelineMetadata::empty(TenantId::generate(), TimelineId::generate());
+        let mut manifest = Manifest::empty(TenantId::generate(), TimelineId::generate());
         manifest.disk_consistent_lsn = Lsn(0x30);
-        manifest.add_layer(crate::tenant::timeline::metadata::LayerFileEntry {
+        manifest.add_layer(crate::tenant::timeline::layer_set::manifest::LayerFileEntry {
             name: "000000000000000000000000000000000000-ffffffffffffffffffffffffffffffffffff__0000000000000001-0000000000000021".to_owned(),
             size: 8192 * 3,
             crc32c: 0xdead_beef,

@@ -61,7 +61,7 @@ use futures::StreamExt;
 use remote_storage::{RemoteError, RemotePath, RemoteStorage};
 use utils::{Generation, Lsn, TenantId, TimelineId};
 
-use crate::tenant::timeline::metadata::{history, TimelineMetadata};
+use crate::tenant::timeline::layer_set::manifest::{history, Manifest};
 use crate::tenant::timeline::Ancestry;
 use crate::tenant::timeline::RemoteCopy;
 use crate::tenant::timeline::TimelineError;
@@ -666,7 +666,7 @@ impl RemoteTimelineClient {
 }
 
 impl RemoteCopy for RemoteTimelineClient {
-    fn manifest_committed(&self, manifest: &TimelineMetadata) {
+    fn manifest_committed(&self, manifest: &Manifest) {
         let mut state = self.state();
         let mut target = IndexPart::from_manifest(manifest, self.generation, |name| {
             state.plan.layer_generation(name)

@@ -148,7 +148,7 @@ fn layers_then_index_then_deletions_in_the_documented_layout() {
     assert!(index
         .layers
         .values()
-        .all(|l| l.level != crate::tenant::timeline::metadata::LayerLevel::L0));
+        .all(|l| l.level != crate::tenant::timeline::layer_set::manifest::LayerLevel::L0));
     let remote_layers = objects(&remote)
         .into_iter()
         .filter(|o| !o.contains("index_part"))
@@ -312,7 +312,7 @@ fn a_stale_generation_deletes_nothing_a_newer_one_lists() {
 #[test]
 fn a_branch_index_waits_for_the_ancestor_to_reach_the_branch_point() {
     use super::RemoteTimelineClient;
-    use crate::tenant::timeline::metadata::TimelineMetadata;
+    use crate::tenant::timeline::layer_set::manifest::Manifest;
     use crate::tenant::timeline::{Ancestry, RemoteCopy};
     use utils::{TenantId, TimelineId};
 
@@ -340,7 +340,7 @@ fn a_branch_index_waits_for_the_ancestor_to_reach_the_branch_point() {
     let (main, branch) = (start(main_id, &main_dir), start(branch_id, &branch_dir));
     branch.follow_ancestor(main.clone());
     let manifest = |id, lsn| {
-        let mut manifest = TimelineMetadata::empty(tenant, id);
+        let mut manifest = Manifest::empty(tenant, id);
         manifest.disk_consistent_lsn = Lsn(lsn);
         manifest
     };

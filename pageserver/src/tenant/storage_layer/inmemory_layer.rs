@@ -424,7 +424,7 @@ impl InMemoryLayer {
     }
 
     /// The layer, its written range starting at `range_start` (at or below `start_lsn`): the
-    /// layer files of a timeline tile its LSNs with no gap (`metadata::history`), also where a
+    /// layer files of a timeline tile its LSNs with no gap (`layer_set::manifest::history`), also where a
     /// batch jumps too far ahead for a layer starting where the last one ended to index it, or
     /// where an import's versions all lie at its last LSN. No version lies below `start_lsn`,
     /// so a read of those LSNs finds nothing here either way.

@@ -27,7 +27,7 @@
 //! # Invariants
 //!
 //! - Only the oldest L0s are compacted, of at least two distinct LSN ranges and never part of
-//!   an import's group (`layer_map.rs`), so the outputs' LSN range starts where the L1s end
+//!   an import's group (`layer_set/map.rs`), so the outputs' LSN range starts where the L1s end
 //!   and is never any single L0's (an output never takes an input's name).
 //! - An output holds every version of each of its keys in the inputs: a key's versions are
 //!   never split between two outputs, so a read visits exactly one of them.

@@ -38,7 +38,7 @@
 //! Images are made at `B - 1`, the last LSN of the newest L1 layers: every version at or below
 //! it is in an L1 or an older layer, and compaction only ever adds L1s starting at `B` or later.
 //! So an image's LSN is never inside an L1's LSN range, which is what lets the layer map walk
-//! images and L1s in one order (see `layer_map.rs`). `B - 1` is never below the GC cutoff,
+//! images and L1s in one order (see `layer_set/map.rs`). `B - 1` is never below the GC cutoff,
 //! which GC keeps at or below it (see `gc.rs`).
 //!
 //! # Reading the pages

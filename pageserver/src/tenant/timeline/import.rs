@@ -29,7 +29,7 @@
 //! [`MAX_IMPORT_RUNS`], after which the rest goes through the private layer. A key is put once
 //! (a second put is refused), so the import's layers hold disjoint sets of keys at the same LSN
 //! range: an L0 group, which reads walk like any L0s and compaction takes whole (see
-//! `layer_map.rs`). A read probes every layer of the group whose key range covers its key: the
+//! `layer_set/map.rs`). A read probes every layer of the group whose key range covers its key: the
 //! private layer's file spans most of the key space (it holds the metadata keys, above every
 //! block), and runs overlap when the archive's path order is not the key order, so up to
 //! `MAX_IMPORT_RUNS + 1` until a compaction merges the group.
@@ -39,7 +39,7 @@
 //! The group's files cover `[base + 1, lsn + 1)`, every version at `lsn`: they start where the
 //! timeline's history before the import ends (the commit's flush leaves `disk_consistent_lsn`
 //! at the base, since batches are refused meanwhile), so the layers' ranges meet with no gap
-//! (`metadata::history`), and a manifest that lost a layer below the import cannot pass for
+//! (`manifest::history`), and a manifest that lost a layer below the import cannot pass for
 //! one where nothing was written. A read between the base and `lsn` probes the group and finds
 //! no version there, as it would find no layer.
 //!

@@ -107,7 +107,7 @@ impl Timeline {
             // layers' ranges tile the LSN space; unless the batch jumps too far ahead for a
             // layer from there to index it, and then it indexes from the batch on, while the
             // file it becomes still covers the LSNs from there (no version lies in between,
-            // and the history stays without gaps: `metadata::history`). disk_consistent_lsn
+            // and the history stays without gaps: `manifest::history`). disk_consistent_lsn
             // is read under the map's lock, which a flush holds while it moves both.
             let previous_end = map
                 .frozen
@@ -137,7 +137,7 @@ impl Timeline {
     }
 
     /// Backpressure on the L0 count (its depth: an import's group counts once, see
-    /// `layer_map.rs`), when a compaction loop serves this timeline: with
+    /// `layer_set/map.rs`), when a compaction loop serves this timeline: with
     /// `l0_slowdown_threshold` L0 layers a batch first waits a little (longer the more L0s) or
     /// until a compaction finishes; with `l0_stop_threshold` it waits until compaction brings
     /// the count below that, for at most `L0_STOP_MAX_WAIT`, then is refused (503). At most

@@ -1,6 +1,6 @@
 //! Creating a timeline, and loading one back: its manifest against the files in its directory.
 //!
-//! The manifest (`timeline::metadata`) is the layer set. Loading reconciles the directory with it:
+//! The manifest (`timeline::layer_set::manifest`) is the layer set. Loading reconciles the directory with it:
 //!
 //! | found in the directory                        | what load does                          |
 //! |-----------------------------------------------|-----------------------------------------|
@@ -44,8 +44,8 @@ use crate::tenant::storage_layer::ephemeral_file::remove_leftovers;
 use crate::tenant::storage_layer::image_layer::ImageLayer;
 use crate::tenant::storage_layer::on_demand::{LayerDownloader, OnDemandLayer, OpenSettings};
 use crate::tenant::storage_layer::{Layer, LayerName};
-use crate::tenant::timeline::metadata::{
-    LayerFileEntry, LayerLevel, StoredMetadata, TimelineMetadata, METADATA_FILE,
+use crate::tenant::timeline::layer_set::manifest::{
+    LayerFileEntry, LayerLevel, Manifest, StoredMetadata, METADATA_FILE,
 };
 
 impl Timeline {
@@ -57,7 +57,7 @@ impl Timeline {
         cache: Arc<PageCache>,
         conf: TimelineConf,
     ) -> Result<Timeline, TimelineError> {
-        TimelineMetadata::empty(tenant_id, timeline_id).store(dir)?;
+        Manifest::empty(tenant_id, timeline_id).store(dir)?;
         Self::load(dir, tenant_id, timeline_id, cache, conf)
     }
 
@@ -89,7 +89,7 @@ impl Timeline {
             path: dir.to_owned(),
             source,
         };
-        let stored = TimelineMetadata::load(dir)?;
+        let stored = Manifest::load(dir)?;
         if let Some(remote) = &remote {
             remote.check_not_behind(&stored)?;
         }
@@ -121,7 +121,7 @@ impl Timeline {
                     });
                 }
                 // Before any file is opened or removed: a set with a hole is refused whole.
-                super::metadata::history::check(&manifest).map_err(|e| {
+                super::manifest::history::check(&manifest).map_err(|e| {
                     TimelineError::LayerSet {
                         file: METADATA_FILE.to_owned(),
                         reason: format!("the layer set has lost part of its history: {e}"),
@@ -226,7 +226,7 @@ enum Unlisted {
 impl LayerOpener<'_> {
     /// Opens every layer the manifest lists, then removes the layer files it does not and
     /// the retired ones (storing a manifest without the retired names).
-    fn open_listed(&self, manifest: &mut TimelineMetadata) -> Result<LayerMap, TimelineError> {
+    fn open_listed(&self, manifest: &mut Manifest) -> Result<LayerMap, TimelineError> {
         let durable = manifest.disk_consistent_lsn;
         let mut map = LayerMap::default();
         for entry in &manifest.layers {
@@ -392,7 +392,7 @@ impl LayerOpener<'_> {
 
     /// A format 1 directory: the layer files at or below `disk_consistent_lsn` are the set.
     /// Stores the manifest of that set before returning it.
-    fn upgrade_legacy(&self, durable: Lsn) -> Result<(TimelineMetadata, LayerMap), TimelineError> {
+    fn upgrade_legacy(&self, durable: Lsn) -> Result<(Manifest, LayerMap), TimelineError> {
         // Written, but the metadata update that would acknowledge it was lost: removed without
         // being read, so a layer torn by the crash cannot fail the load.
         let unacknowledged = |end: Lsn| end.0.saturating_sub(1) > durable.0;
@@ -408,7 +408,7 @@ impl LayerOpener<'_> {
                 None
             }
         })?;
-        let mut manifest = TimelineMetadata::empty(self.tenant_id, self.timeline_id);
+        let mut manifest = Manifest::empty(self.tenant_id, self.timeline_id);
         manifest.disk_consistent_lsn = durable;
         // What it holds is not checked for holes: format 1 kept no list to check against.
         manifest.contiguous_from = durable;
@@ -513,7 +513,7 @@ impl LayerOpener<'_> {
 pub fn open_listed_layer(
     dir: &Path,
     name: &str,
-    manifest: &TimelineMetadata,
+    manifest: &Manifest,
     cache: &Arc<PageCache>,
     max_value_size: usize,
 ) -> Result<Layer, TimelineError> {
@@ -571,7 +571,7 @@ fn is_uncommitted_compaction(l0: &[std::ops::Range<Lsn>], range: &std::ops::Rang
 fn check_listed(
     dir: &Path,
     name: &str,
-    manifest: &TimelineMetadata,
+    manifest: &Manifest,
 ) -> Result<(std::path::PathBuf, LayerLevel), TimelineError> {
     let refused = |reason: String| TimelineError::LayerSet {
         file: name.to_owned(),

@@ -2,11 +2,11 @@
 //! checkpoints to disk, and loading it back after a restart.
 //!
 //! The struct, its settings and errors live here; `ingest.rs` holds batches and freezes,
-//! `layer_map.rs` the snapshot of layers, `read.rs` GetPage@LSN and the scan layers,
+//! `layer_set/map.rs` the snapshot of layers, `read.rs` GetPage@LSN and the scan layers,
 //! `lsn_wait.rs` the wait for an LSN, `flush.rs` flushes, checkpoints and shutdown,
 //! `import.rs` imports (many versions at one LSN, all or none), `ancestry.rs` branches, `compaction.rs` L0 → L1
 //! compaction, `image_creation.rs` image layers, `gc.rs` garbage
-//! collection and the GC cutoff, `metadata.rs` the manifest, `init.rs` creation and loading
+//! collection and the GC cutoff, `layer_set/manifest.rs` the manifest, `init.rs` creation and loading
 //! against the manifest.
 //!
 //! # Layer map
@@ -16,7 +16,7 @@
 //!   open InMemoryLayer -> frozen InMemoryLayers -> delta layer files (by LSN range)
 //! ```
 //!
-//! The map is an immutable snapshot (`layer_map.rs`): a read clones the current one and walks
+//! The map is an immutable snapshot (`layer_set/map.rs`): a read clones the current one and walks
 //! it without a lock; a freeze or a flush's swap publishes a new one. Each new map has a new
 //! version, which identifies the layer set for paged scans ([`Timeline::scan_page`],
 //! `timeline::scan`): a scan cursor resumes only on the layer set its version streams were
@@ -72,7 +72,7 @@
 //! # Backpressure on L0 layers
 //!
 //! Each flush adds an L0 layer (an import a group of them at one LSN range, counted once: see
-//! `layer_map.rs`), and a read may visit every one; the background compaction loop
+//! `layer_set/map.rs`), and a read may visit every one; the background compaction loop
 //! (`tenant::tasks::compaction`, woken by a flush that reaches `compaction_threshold`) merges
 //! them into L1s. If it falls behind, ingest waits for it instead of letting reads slow down
 //! without bound: at an L0 depth of `l0_slowdown_threshold` a batch first waits 10 ms per L0
@@ -126,8 +126,8 @@ use crate::tenant::storage_layer::inmemory_layer::{
 };
 use crate::tenant::storage_layer::on_demand::{OnDemandLayer, OpenSettings};
 use crate::tenant::storage_layer::{max_stored_value_len, Layer, LayerReadError};
-use crate::tenant::timeline::metadata::{
-    group_size, LayerFileEntry, LayerLevel, MetadataError, TimelineMetadata,
+use crate::tenant::timeline::layer_set::manifest::{
+    group_size, LayerFileEntry, LayerLevel, Manifest, MetadataError,
 };
 use crate::PAGE_SZ;
 use broken::Broken;
@@ -367,7 +367,7 @@ pub enum LayerKind {
 pub trait RemoteCopy: Send + Sync {
     /// A manifest was committed. Called under the manifest's lock, so in commit order, with
     /// every layer it lists durable on the local disk.
-    fn manifest_committed(&self, manifest: &TimelineMetadata);
+    fn manifest_committed(&self, manifest: &Manifest);
     /// Called by a flush before it writes a layer: blocks while too many bytes wait for
     /// upload (the upload queue's backpressure), until `cancelled` says to stop waiting (then
     /// `Ok`), or for at most `upload_queue_wait_timeout` (then
@@ -401,7 +401,7 @@ pub struct Timeline {
     dir: PathBuf,
     cache: Arc<PageCache>,
     conf: TimelineConf,
-    /// The current layer map; see `layer_map.rs`. Held only to clone or replace the `Arc`.
+    /// The current layer map; see `layer_set/map.rs`. Held only to clone or replace the `Arc`.
     layers: RwLock<Arc<LayerMap>>,
     write_lock: Mutex<WriterState>,
     /// Why the timeline refuses writes, once it does (never cleared: only a load recovers).
@@ -415,7 +415,7 @@ pub struct Timeline {
     image_lock: Mutex<()>,
     /// The durable manifest: `disk_consistent_lsn` and the layer files. Held while a new one
     /// is stored (`commit_manifest`), and replaced once it is.
-    manifest: Mutex<TimelineMetadata>,
+    manifest: Mutex<Manifest>,
     flush_wakeup: Option<Arc<Wakeup>>,
     /// Wakes the background compaction loop; without one there is no L0 backpressure (nothing
     /// would lower the count).
@@ -504,7 +504,7 @@ impl Timeline {
     }
 
     /// The L0 layers' depth: what the compaction and backpressure thresholds count (see
-    /// `layer_map.rs`: an import's group of L0s counts once).
+    /// `layer_set/map.rs`: an import's group of L0s counts once).
     pub fn l0_depth(&self) -> usize {
         self.layer_map().l0_depth()
     }
@@ -606,7 +606,7 @@ impl Timeline {
     }
 
     /// The manifest as last stored.
-    fn manifest(&self) -> MutexGuard<'_, TimelineMetadata> {
+    fn manifest(&self) -> MutexGuard<'_, Manifest> {
         self.manifest.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -619,10 +619,7 @@ impl Timeline {
     /// manifest or, after a crash, the old one: the timeline breaks with the layer set unknown
     /// (see [`Broken`]), so that no file either one lists is removed and nothing commits on top
     /// of either until a load reads which it is.
-    fn commit_manifest(
-        &self,
-        change: impl FnOnce(&mut TimelineMetadata),
-    ) -> Result<(), TimelineError> {
+    fn commit_manifest(&self, change: impl FnOnce(&mut Manifest)) -> Result<(), TimelineError> {
         let mut current = self.manifest();
         self.check_layer_set_known()?;
         let mut next = current.clone();
@@ -630,8 +627,8 @@ impl Timeline {
         next.retired.retain(|name| self.dir.join(name).exists());
         // A change that would leave a hole in the history is a bug: refused before it is
         // durable, so the layer set on disk stays one that loads.
-        metadata::history::check(&next).map_err(|e| TimelineError::LayerSet {
-            file: metadata::METADATA_FILE.to_owned(),
+        manifest::history::check(&next).map_err(|e| TimelineError::LayerSet {
+            file: manifest::METADATA_FILE.to_owned(),
             reason: format!("a change to the layer set was refused: {e}"),
         })?;
         match next.store(&self.dir) {
@@ -696,7 +693,7 @@ impl Timeline {
     }
 
     /// The layer files of the timeline as its durable manifest lists them.
-    pub fn manifest_snapshot(&self) -> TimelineMetadata {
+    pub fn manifest_snapshot(&self) -> Manifest {
         self.manifest().clone()
     }
 
@@ -704,7 +701,7 @@ impl Timeline {
         self.write_lock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The current layer map: a snapshot that no change affects (see `layer_map.rs`).
+    /// The current layer map: a snapshot that no change affects (see `layer_set/map.rs`).
     fn layer_map(&self) -> Arc<LayerMap> {
         self.layers
             .read()
@@ -751,10 +748,8 @@ pub use gc::GcOutcome;
 pub use image_creation::ImageCreationOutcome;
 pub use import::{Import, IMPORT_RUN_MIN_BYTES, MAX_IMPORT_RUNS};
 pub use init::{open_listed_layer, RemoteLayers};
-use layer_map::LayerMap;
-// The paths these modules had before they moved into `layer_set`.
-pub use layer_set::manifest as metadata;
-use layer_set::map as layer_map;
+use layer_set::manifest;
+use layer_set::map::LayerMap;
 pub use lsn_lease::LsnLease;
 use lsn_wait::LsnWait;
 pub use residence::LocalCopy;

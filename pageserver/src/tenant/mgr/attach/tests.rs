@@ -209,7 +209,7 @@ fn a_damaged_or_missing_local_layer_comes_back_from_the_store() {
     let l0 = manifest
         .layers
         .iter()
-        .find(|l| l.level == crate::tenant::timeline::metadata::LayerLevel::L0)
+        .find(|l| l.level == crate::tenant::timeline::layer_set::manifest::LayerLevel::L0)
         .unwrap();
     let truncated = std::fs::OpenOptions::new()
         .write(true)
@@ -233,7 +233,7 @@ fn a_damaged_or_missing_local_layer_comes_back_from_the_store() {
             entry.size
         );
     }
-    if second.level != crate::tenant::timeline::metadata::LayerLevel::L0 {
+    if second.level != crate::tenant::timeline::layer_set::manifest::LayerLevel::L0 {
         assert!(!tl_dir.join(&second.name).exists());
     }
     check_every_page(&timeline);

@@ -9,7 +9,7 @@ use utils::{Generation, Lsn, TenantId, TimelineId};
 
 use super::{Step, UploadPlan};
 use crate::tenant::remote_timeline_client::index::IndexPart;
-use crate::tenant::timeline::metadata::{LayerFileEntry, LayerLevel, TimelineMetadata};
+use crate::tenant::timeline::layer_set::manifest::{LayerFileEntry, LayerLevel, Manifest};
 
 /// The object store: layer objects by (name, generation), indexes by generation.
 #[derive(Default)]
@@ -47,12 +47,12 @@ impl Store {
 /// One attachment: its local manifest (durable), and its plan (memory, lost in a crash).
 struct Attachment {
     generation: Generation,
-    manifest: TimelineMetadata,
+    manifest: Manifest,
     plan: UploadPlan,
 }
 
 impl Attachment {
-    fn start(generation: Generation, manifest: TimelineMetadata, store: &Store) -> Attachment {
+    fn start(generation: Generation, manifest: Manifest, store: &Store) -> Attachment {
         let mut plan = UploadPlan::new(generation, store.newest_index(generation));
         let target = IndexPart::from_manifest(&manifest, generation, |n| plan.layer_generation(n));
         plan.set_target(target);
@@ -162,11 +162,8 @@ fn the_newest_index_never_lists_a_missing_object() {
         let mut rng = fastrand::Rng::with_seed(seed);
         let mut store = Store::default();
         let mut next_name = 0u64;
-        let mut current = Attachment::start(
-            Generation::FIRST,
-            TimelineMetadata::empty(tenant, timeline),
-            &store,
-        );
+        let mut current =
+            Attachment::start(Generation::FIRST, Manifest::empty(tenant, timeline), &store);
         let mut stale: Vec<Attachment> = Vec::new();
         for at in 0..400 {
             match rng.u32(0..100) {
@@ -187,7 +184,7 @@ fn the_newest_index_never_lists_a_missing_object() {
                     let manifest = store
                         .newest_index(generation)
                         .map(|i| i.to_manifest())
-                        .unwrap_or_else(|| TimelineMetadata::empty(tenant, timeline));
+                        .unwrap_or_else(|| Manifest::empty(tenant, timeline));
                     let mut attached = Attachment::start(generation, manifest, &store);
                     while let Step::UploadIndex(_) | Step::UploadLayers(_) = attached.plan.next() {
                         attached.step(&mut store, None, seed, at);
@@ -260,7 +257,7 @@ fn entry(name: &str) -> LayerFileEntry {
 fn layers_go_before_their_index_and_deletions_after() {
     let (tenant, timeline) = (TenantId::generate(), TimelineId::generate());
     let g = Generation::FIRST;
-    let mut manifest = TimelineMetadata::empty(tenant, timeline);
+    let mut manifest = Manifest::empty(tenant, timeline);
     manifest.add_layer(entry("a"));
     manifest.disk_consistent_lsn = Lsn(1);
     let mut plan = UploadPlan::new(g, None);
@@ -306,7 +303,7 @@ fn layers_go_before_their_index_and_deletions_after() {
 fn a_target_whose_retired_layer_never_reached_the_store_leaves_the_queue() {
     let (tenant, timeline) = (TenantId::generate(), TimelineId::generate());
     let g = Generation::FIRST;
-    let mut manifest = TimelineMetadata::empty(tenant, timeline);
+    let mut manifest = Manifest::empty(tenant, timeline);
     let mut plan = UploadPlan::new(g, None);
     for (name, lsn) in [("l0-a", 1), ("l0-b", 2)] {
         manifest.add_layer(entry(name));
@@ -339,7 +336,7 @@ fn a_target_whose_retired_layer_never_reached_the_store_leaves_the_queue() {
 fn a_layer_counts_as_in_the_store_for_eviction_only_once_an_index_lists_it() {
     let (tenant, timeline) = (TenantId::generate(), TimelineId::generate());
     let g = Generation::FIRST;
-    let mut manifest = TimelineMetadata::empty(tenant, timeline);
+    let mut manifest = Manifest::empty(tenant, timeline);
     manifest.add_layer(entry("a"));
     manifest.disk_consistent_lsn = Lsn(1);
     let mut plan = UploadPlan::new(g, None);

@@ -7,7 +7,7 @@ use pageserver_api::Value;
 
 use super::*;
 use crate::tenant::test_support::*;
-use crate::tenant::timeline::metadata::store_legacy;
+use crate::tenant::timeline::layer_set::manifest::store_legacy;
 use crate::tenant::timeline::PutRecord;
 use crate::PAGE_SZ;
 
@@ -258,7 +258,7 @@ fn format_1_metadata_is_upgraded_to_a_manifest_of_the_same_layers() {
     assert_eq!(tl.manifest_snapshot(), expected);
     assert!(!beyond.exists());
     assert_eq!(
-        TimelineMetadata::load(dir.path()).unwrap(),
+        Manifest::load(dir.path()).unwrap(),
         StoredMetadata::Manifest(expected)
     );
     assert_eq!(
@@ -296,7 +296,7 @@ fn the_manifest_is_the_commit_point_of_a_flush() {
     assert_eq!(entry.size, bytes.len() as u64);
     assert_eq!(entry.crc32c, crc32c::crc32c(&bytes));
     assert_eq!(
-        TimelineMetadata::load(dir.path()).unwrap(),
+        Manifest::load(dir.path()).unwrap(),
         StoredMetadata::Manifest(manifest)
     );
 }
@@ -308,7 +308,7 @@ fn the_manifest_is_the_commit_point_of_a_flush() {
 #[test]
 fn retired_files_are_removed_at_load_and_an_image_layer_serves_reads() {
     use crate::tenant::storage_layer::image_layer::ImageLayerWriter;
-    use crate::tenant::timeline::metadata::StoredMetadata;
+    use crate::tenant::timeline::layer_set::manifest::StoredMetadata;
     let dir = tempfile::tempdir().unwrap();
     let layers = three_layers(dir.path(), TENANT);
     let mut writer = ImageLayerWriter::new(
@@ -325,7 +325,7 @@ fn retired_files_are_removed_at_load_and_an_image_layer_serves_reads() {
             .unwrap();
     }
     let written = writer.finish().unwrap();
-    let StoredMetadata::Manifest(mut manifest) = TimelineMetadata::load(dir.path()).unwrap() else {
+    let StoredMetadata::Manifest(mut manifest) = Manifest::load(dir.path()).unwrap() else {
         panic!("a manifest");
     };
     for old in &layers[..2] {
@@ -339,7 +339,7 @@ fn retired_files_are_removed_at_load_and_an_image_layer_serves_reads() {
     for old in &layers[..2] {
         assert!(!old.exists(), "{} is retired", old.display());
     }
-    let StoredMetadata::Manifest(stored) = TimelineMetadata::load(dir.path()).unwrap() else {
+    let StoredMetadata::Manifest(stored) = Manifest::load(dir.path()).unwrap() else {
         panic!("a manifest");
     };
     assert!(stored.retired.is_empty());

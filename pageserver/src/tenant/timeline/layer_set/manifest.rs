@@ -41,7 +41,7 @@
 //! in between leaves files that the next load knows to delete, never files it must guess about.
 //!
 //! `contiguous_from` and the group sizes are what lets a load tell a complete layer set from
-//! one that lost a layer (`metadata::history`): a timeline's history starts at
+//! one that lost a layer (`manifest::history`): a timeline's history starts at
 //! `contiguous_from` (0 for a new timeline, the branch point for a branch), and every group of
 //! files one change wrote is listed whole until GC removes some of it.
 //!
@@ -117,7 +117,7 @@ mod off {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LayerLevel {
     /// A delta layer a flush or an import wrote: one per flush, LSN ranges tiling the newest
-    /// history; an import's share one LSN range (a group, `layer_map.rs`).
+    /// history; an import's share one LSN range (a group, `layer_set/map.rs`).
     L0,
     /// A delta layer compaction wrote from L0s: a run of them shares an LSN range, each a
     /// part of the key space.
@@ -182,7 +182,7 @@ pub struct LayerFileEntry {
 
 /// The manifest: see the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TimelineMetadata {
+pub struct Manifest {
     pub tenant_id: TenantId,
     pub timeline_id: TimelineId,
     pub disk_consistent_lsn: Lsn,
@@ -201,7 +201,7 @@ pub struct TimelineMetadata {
 /// What a timeline directory's `metadata` file holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoredMetadata {
-    Manifest(TimelineMetadata),
+    Manifest(Manifest),
     /// Format 1: no layer list, so the directory's layer files are the set.
     Legacy {
         disk_consistent_lsn: Lsn,
@@ -269,10 +269,10 @@ fn read_name(b: &[u8], at: usize, body_len: usize) -> Result<(&str, usize), Stri
     Ok((name, name_end))
 }
 
-impl TimelineMetadata {
+impl Manifest {
     /// An empty timeline's manifest.
-    pub fn empty(tenant_id: TenantId, timeline_id: TimelineId) -> TimelineMetadata {
-        TimelineMetadata {
+    pub fn empty(tenant_id: TenantId, timeline_id: TimelineId) -> Manifest {
+        Manifest {
             tenant_id,
             timeline_id,
             disk_consistent_lsn: Lsn::INVALID,
@@ -285,11 +285,11 @@ impl TimelineMetadata {
 
     /// The manifest of a new timeline whose history starts at `lsn`: a branch at its branch
     /// point, with nothing of its own yet.
-    pub fn starting_at(tenant_id: TenantId, timeline_id: TimelineId, lsn: Lsn) -> TimelineMetadata {
-        TimelineMetadata {
+    pub fn starting_at(tenant_id: TenantId, timeline_id: TimelineId, lsn: Lsn) -> Manifest {
+        Manifest {
             disk_consistent_lsn: lsn,
             contiguous_from: lsn,
-            ..TimelineMetadata::empty(tenant_id, timeline_id)
+            ..Manifest::empty(tenant_id, timeline_id)
         }
     }
 
@@ -513,7 +513,7 @@ impl TimelineMetadata {
             return Err(format!("{} bytes follow the last entry", body_len - at));
         }
         let disk_consistent_lsn = Lsn(u64_at(off::DISK_CONSISTENT_LSN));
-        Ok(StoredMetadata::Manifest(TimelineMetadata {
+        Ok(StoredMetadata::Manifest(Manifest {
             tenant_id: TenantId::from_bytes(array_at(b, off::TENANT)),
             timeline_id: TimelineId::from_bytes(array_at(b, off::TIMELINE)),
             disk_consistent_lsn,

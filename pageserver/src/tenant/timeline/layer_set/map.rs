@@ -43,7 +43,7 @@ use utils::Lsn;
 
 use crate::tenant::storage_layer::inmemory_layer::InMemoryLayer;
 use crate::tenant::storage_layer::Layer;
-use crate::tenant::timeline::metadata::LayerLevel;
+use crate::tenant::timeline::layer_set::manifest::LayerLevel;
 
 #[derive(Clone, Default)]
 pub(crate) struct LayerMap {

@@ -570,7 +570,7 @@ fn chunks_grow_like_read_ahead_up_to_their_bound() {
 #[test]
 fn a_scan_across_an_image_layer_matches_point_reads() {
     use crate::tenant::storage_layer::image_layer::ImageLayerWriter;
-    use crate::tenant::timeline::metadata::{StoredMetadata, TimelineMetadata};
+    use crate::tenant::timeline::layer_set::manifest::{Manifest, StoredMetadata};
     let dir = tempfile::tempdir().unwrap();
     let delta = |will_init, byte: u8| Value::Delta {
         will_init,
@@ -625,7 +625,7 @@ fn a_scan_across_an_image_layer_matches_point_reads() {
             .unwrap();
     }
     let written = writer.finish().unwrap();
-    let StoredMetadata::Manifest(mut manifest) = TimelineMetadata::load(dir.path()).unwrap() else {
+    let StoredMetadata::Manifest(mut manifest) = Manifest::load(dir.path()).unwrap() else {
         panic!("a manifest");
     };
     for written in [written, nothing_yet] {

@@ -5,7 +5,7 @@ use pageserver_api::DEFAULT_MAX_VALUE_SIZE;
 
 use super::*;
 use crate::tenant::test_support::*;
-use crate::tenant::timeline::metadata::METADATA_FILE;
+use crate::tenant::timeline::layer_set::manifest::METADATA_FILE;
 
 pub(super) const TENANT: TenantId = TenantId::from_bytes([1; 16]);
 pub(super) const TIMELINE: TimelineId = TimelineId::from_bytes([2; 16]);
@@ -109,7 +109,7 @@ fn a_layer_written_without_its_metadata_update_is_dropped_on_load() {
     tl.checkpoint().unwrap();
     drop(tl);
     // Roll the manifest back to the first checkpoint: the second layer is on disk, unlisted.
-    let mut first = TimelineMetadata::empty(TENANT, TIMELINE);
+    let mut first = Manifest::empty(TENANT, TIMELINE);
     first.disk_consistent_lsn = Lsn(10);
     first.add_layer(tl_manifest_before.layers[0].clone());
     first.store(dir.path()).unwrap();

@@ -201,9 +201,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         );
     }
     // The layer set holds its whole history, and losing any one delta layer whose versions a
-    // read at or above the GC cutoff may need is seen (`metadata::history`).
+    // read at or above the GC cutoff may need is seen (`manifest::history`).
     let manifest = tl.manifest_snapshot();
-    if let Err(e) = metadata::history::check(&manifest) {
+    if let Err(e) = manifest::history::check(&manifest) {
         return Err(TestCaseError::fail(format!("{e}: {manifest:?}")));
     }
     for entry in &manifest.layers {
@@ -219,7 +219,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         lost.retire_layer(&entry.name);
         lost.retired.clear();
         prop_assert!(
-            metadata::history::check(&lost).is_err(),
+            manifest::history::check(&lost).is_err(),
             "without {}: {:?}",
             entry.name,
             manifest

@@ -56,7 +56,7 @@ use std::ops::Range;
 use pageserver_api::Key;
 use utils::Lsn;
 
-use super::{LayerLevel, TimelineMetadata};
+use super::{LayerLevel, Manifest};
 use crate::tenant::storage_layer::LayerName;
 
 /// Why a layer set does not hold the history it claims; each says which LSNs or layers.
@@ -126,7 +126,7 @@ struct Listed<'a> {
 
 /// Checks that `manifest`'s layers hold the whole history it claims (see the module
 /// documentation); the error names the first break found.
-pub fn check(manifest: &TimelineMetadata) -> Result<(), HistoryError> {
+pub fn check(manifest: &Manifest) -> Result<(), HistoryError> {
     let durable = manifest.disk_consistent_lsn;
     let cutoff = manifest.gc_cutoff_lsn;
     for (what, lsn) in [
@@ -221,7 +221,7 @@ fn check_delta_order(
 /// The delta ranges meet from `contiguous_from + 1` to `disk_consistent_lsn + 1`, but for holes
 /// GC may have made.
 fn check_contiguous(
-    manifest: &TimelineMetadata,
+    manifest: &Manifest,
     deltas: &BTreeMap<(Lsn, Lsn), Vec<Listed>>,
     images: &[Listed],
 ) -> Result<(), HistoryError> {

@@ -25,8 +25,8 @@ fn layer_name(i: u32, image: bool) -> String {
 }
 
 /// A manifest of `layers` layers of every level, one retired file and a GC cutoff.
-fn manifest(layers: usize) -> TimelineMetadata {
-    let mut m = TimelineMetadata::empty(TENANT, TIMELINE);
+fn manifest(layers: usize) -> Manifest {
+    let mut m = Manifest::empty(TENANT, TIMELINE);
     m.disk_consistent_lsn = Lsn(0x016B_5A50);
     m.gc_cutoff_lsn = Lsn(0x0100_0000);
     for i in 0..layers as u32 {
@@ -47,7 +47,7 @@ fn manifest(layers: usize) -> TimelineMetadata {
 
 fn expect_corrupt(dir: &Path, bytes: &[u8], what: &str) {
     std::fs::write(dir.join(METADATA_FILE), bytes).unwrap();
-    match TimelineMetadata::load(dir) {
+    match Manifest::load(dir) {
         Err(err @ MetadataError::Corrupt { .. }) => {
             assert!(err.to_string().contains(METADATA_FILE), "{what}: {err}")
         }
@@ -61,7 +61,7 @@ fn round_trip_and_every_bit_flip_and_truncation_is_caught() {
     let m = manifest(3);
     m.store(dir.path()).unwrap();
     assert_eq!(
-        TimelineMetadata::load(dir.path()).unwrap(),
+        Manifest::load(dir.path()).unwrap(),
         StoredMetadata::Manifest(m)
     );
     assert!(!dir.path().join(METADATA_TEMP).exists());
@@ -87,7 +87,7 @@ fn format_1_files_still_load_as_legacy() {
     let dir = tempfile::tempdir().unwrap();
     store_legacy(dir.path(), Lsn(0x42));
     assert_eq!(
-        TimelineMetadata::load(dir.path()).unwrap(),
+        Manifest::load(dir.path()).unwrap(),
         StoredMetadata::Legacy {
             disk_consistent_lsn: Lsn(0x42)
         }
@@ -202,7 +202,7 @@ fn format_2_files_load_with_every_layer_an_l0() {
         b.extend_from_slice(&7u32.to_be_bytes());
     }
     std::fs::write(dir.path().join(METADATA_FILE), sealed(b)).unwrap();
-    let StoredMetadata::Manifest(m) = TimelineMetadata::load(dir.path()).unwrap() else {
+    let StoredMetadata::Manifest(m) = Manifest::load(dir.path()).unwrap() else {
         panic!("a format 2 manifest");
     };
     assert_eq!(m.disk_consistent_lsn, Lsn(0x42));
@@ -237,7 +237,7 @@ fn format_3_files_load_with_their_history_unchecked_below_disk_consistent_lsn() 
     }
     b.extend_from_slice(&0u32.to_be_bytes());
     std::fs::write(dir.path().join(METADATA_FILE), sealed(b)).unwrap();
-    let StoredMetadata::Manifest(m) = TimelineMetadata::load(dir.path()).unwrap() else {
+    let StoredMetadata::Manifest(m) = Manifest::load(dir.path()).unwrap() else {
         panic!("a format 3 manifest");
     };
     assert_eq!(
@@ -256,7 +256,7 @@ fn format_3_files_load_with_their_history_unchecked_below_disk_consistent_lsn() 
     let again = std::fs::read(dir.path().join(METADATA_FILE)).unwrap();
     assert_eq!(u16::from_be_bytes([again[4], again[5]]), VERSION);
     assert_eq!(
-        TimelineMetadata::load(dir.path()).unwrap(),
+        Manifest::load(dir.path()).unwrap(),
         StoredMetadata::Manifest(m)
     );
 }
@@ -272,7 +272,7 @@ fn retiring_a_layer_moves_it_to_the_retired_files() {
     let dir = tempfile::tempdir().unwrap();
     m.store(dir.path()).unwrap();
     assert_eq!(
-        TimelineMetadata::load(dir.path()).unwrap(),
+        Manifest::load(dir.path()).unwrap(),
         StoredMetadata::Manifest(m.clone())
     );
     // Listed again (a layer of that name written anew): no longer retired.
@@ -343,7 +343,7 @@ proptest! {
         entries in proptest::collection::btree_map(0u32..10_000, (any::<u64>(), any::<u32>(), 0u8..4), 0..40),
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let mut m = TimelineMetadata::empty(TENANT, TIMELINE);
+        let mut m = Manifest::empty(TENANT, TIMELINE);
         m.disk_consistent_lsn = Lsn(lsn);
         m.gc_cutoff_lsn = Lsn(gc_cutoff);
         for (i, (size, crc32c, level)) in entries {
@@ -360,11 +360,11 @@ proptest! {
             }
         }
         m.store(dir.path()).unwrap();
-        prop_assert_eq!(TimelineMetadata::load(dir.path()).unwrap(), StoredMetadata::Manifest(m));
+        prop_assert_eq!(Manifest::load(dir.path()).unwrap(), StoredMetadata::Manifest(m));
     }
 
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
-        let _ = TimelineMetadata::decode(&bytes);
+        let _ = Manifest::decode(&bytes);
     }
 }

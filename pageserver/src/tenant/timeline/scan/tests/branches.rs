@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::tenant::timeline::ancestry::Ancestry;
-use crate::tenant::timeline::metadata::TimelineMetadata;
+use crate::tenant::timeline::layer_set::manifest::Manifest;
 
 const BRANCH: TimelineId = TimelineId::from_bytes([5; 16]);
 const NESTED: TimelineId = TimelineId::from_bytes([6; 16]);
@@ -20,7 +20,7 @@ fn branch_of(
     assert!(Lsn(1) <= lsn && lsn <= ancestor.last_record_lsn());
     ancestor.reserve_branch_point(lsn).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    TimelineMetadata::starting_at(TENANT, id, lsn)
+    Manifest::starting_at(TENANT, id, lsn)
         .store(dir.path())
         .unwrap();
     Ancestry {

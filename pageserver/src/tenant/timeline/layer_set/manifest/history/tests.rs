@@ -7,18 +7,18 @@ use utils::{Lsn, TenantId, TimelineId};
 use super::{check, HistoryError};
 use crate::tenant::storage_layer::layer_name::{DeltaLayerName, ImageLayerName};
 use crate::tenant::storage_layer::LayerName;
-use crate::tenant::timeline::metadata::{LayerFileEntry, LayerLevel, TimelineMetadata};
+use crate::tenant::timeline::layer_set::manifest::{LayerFileEntry, LayerLevel, Manifest};
 
 fn key(i: u32) -> Key {
     Key::rel_block(1663, 5, 16384, 0, i)
 }
 
 /// A layer set under construction: `disk_consistent_lsn` follows the layers added.
-struct Set(TimelineMetadata);
+struct Set(Manifest);
 
 impl Set {
     fn new() -> Set {
-        let mut m = TimelineMetadata::empty(
+        let mut m = Manifest::empty(
             TenantId::from_bytes([1; 16]),
             TimelineId::from_bytes([2; 16]),
         );
@@ -92,7 +92,7 @@ impl Set {
             .collect()
     }
 
-    fn without(&self, name: &str) -> TimelineMetadata {
+    fn without(&self, name: &str) -> Manifest {
         let mut m = self.0.clone();
         assert!(m.retire_layer(name), "{name} is listed");
         m.retired.clear();
