@@ -150,55 +150,13 @@ impl Timeline {
         let lsn_start = inputs[0].summary().lsn_start;
         let lsn_end = inputs.last().expect("two or more").summary().lsn_end;
         let (written, materialized) = self.write_l1(&inputs, lsn_start, lsn_end)?;
-        let committed = (|| {
-            let outputs = written
-                .iter()
-                .map(|w| {
-                    let delta =
-                        DeltaLayer::open(&w.path, self.cache.clone(), self.conf.max_value_size)?;
-                    let name = w.summary.file_name();
-                    self.file_layer(Layer::Delta(Arc::new(delta)), &name, w.size, w.crc32c)
-                })
-                .collect::<Result<Vec<_>, TimelineError>>()?;
-            fail::fail_point!("compaction-before-manifest", |_| Err(TimelineError::Io {
-                path: self.dir.clone(),
-                source: std::io::Error::other("failpoint compaction-before-manifest"),
-            }));
-            self.check_not_shutting_down()?;
-            self.commit_manifest(|manifest| {
-                for input in &inputs {
-                    manifest.retire_layer(&input.summary().file_name());
-                }
-                for w in &written {
-                    manifest.add_layer(LayerFileEntry {
-                        name: w.summary.file_name(),
-                        size: w.size,
-                        crc32c: w.crc32c,
-                        level: LayerLevel::L1,
-                        group_size: group_size(written.len()),
-                    });
-                }
-            })?;
-            Ok::<_, TimelineError>(outputs)
-        })();
-        let outputs = committed.inspect_err(|_| {
-            self.remove_uncommitted(written.iter().map(|w| w.path.clone()));
-        })?;
-        fail::fail_point!("compaction-after-manifest", |_| Err(TimelineError::Io {
-            path: self.dir.clone(),
-            source: std::io::Error::other("failpoint compaction-after-manifest"),
-        }));
-        self.update_layer_map(|map| {
-            map.l0
-                .retain(|l| !input_layers.iter().any(|input| l.same_as(input)));
-            map.below_l0.extend(outputs);
-            map.sort_below_l0();
-            Ok::<_, TimelineError>(())
-        })?;
-        for input in &input_layers {
-            input.retire();
-        }
-        self.l0_count_changed();
+        let mut change = LayerChange::new(ChangeKind::Compaction);
+        change.remove = input_layers.clone();
+        change.add = written
+            .iter()
+            .map(|w| NewLayerFile::delta(w, LayerLevel::L1))
+            .collect();
+        self.commit(change)?;
         let outcome = CompactionOutcome {
             inputs: inputs.len(),
             outputs: written.len(),

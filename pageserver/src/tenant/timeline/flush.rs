@@ -48,51 +48,14 @@ impl Timeline {
             let end = frozen.end_lsn().expect("frozen layers have an end");
             let written = frozen.write_to_disk(&self.dir, self.tenant_id, self.timeline_id)?;
             let durable = Lsn(end.0 - 1);
-            let (delta, entry) = match written {
-                Some(written) => {
-                    let delta = DeltaLayer::open(
-                        &written.path,
-                        self.cache.clone(),
-                        self.conf.max_value_size,
-                    )?;
-                    let entry = LayerFileEntry {
-                        name: written.summary.file_name(),
-                        size: written.size,
-                        crc32c: written.crc32c,
-                        level: LayerLevel::L0,
-                        group_size: 1,
-                    };
-                    (Some(Arc::new(delta)), Some(entry))
-                }
-                None => (None, None),
-            };
-            fail::fail_point!("flush-before-metadata", |_| Err(TimelineError::Io {
-                path: self.dir.clone(),
-                source: std::io::Error::other("failpoint flush-before-metadata"),
-            }));
+            let mut change = LayerChange::new(ChangeKind::Flush);
+            change.flushed_frozen = true;
+            change.disk_consistent_lsn = Some(durable);
+            change
+                .add
+                .extend(written.map(|w| NewLayerFile::delta(&w, LayerLevel::L0)));
             // The commit point: from here the layer is the timeline's.
-            self.commit_manifest(|manifest| {
-                manifest.disk_consistent_lsn = durable;
-                if let Some(entry) = entry {
-                    manifest.add_layer(entry);
-                }
-            })?;
-            self.update_layer_map(|map| {
-                map.frozen.remove(0);
-                if let Some(delta) = &delta {
-                    map.l0.push(Layer::Delta(delta.clone()));
-                }
-                // Under the map's lock: a put that finds no layer left starts the next one at
-                // disk_consistent_lsn + 1, which must not reach back into this one.
-                self.disk_consistent_lsn.store(durable.0, Ordering::Release);
-                Ok::<_, TimelineError>(())
-            })?;
-            if let Some(compaction) = &self.compaction_wakeup {
-                let threshold = self.conf.compaction_threshold;
-                if threshold != 0 && self.layer_map().l0_depth() >= threshold {
-                    compaction.notify();
-                }
-            }
+            let delta = self.commit(change)?.pop();
             crate::metrics::LAYER_FLUSHES.inc();
             crate::metrics::LAYER_FLUSH_SECONDS.observe(started.elapsed().as_secs_f64());
             if let Some(delta) = &delta {
@@ -101,7 +64,7 @@ impl Timeline {
             tracing::debug!(
                 tenant = %self.tenant_id,
                 timeline = %self.timeline_id,
-                layer = delta.as_ref().map(|d| d.summary().file_name()).unwrap_or_default(),
+                layer = delta.as_ref().and_then(|d| d.file_name()).unwrap_or_default(),
                 values = frozen.len(),
                 bytes = frozen.bytes_written(),
                 elapsed_ms = started.elapsed().as_millis() as u64,

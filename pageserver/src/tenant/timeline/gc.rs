@@ -137,33 +137,13 @@ impl Timeline {
         if cutoff == old && removed.is_empty() {
             return Ok(outcome);
         }
-        let name = |l: &Layer| l.file_name().expect("GC looks at layer files only");
-        fail::fail_point!("gc-before-manifest", |_| Err(TimelineError::Io {
-            path: self.dir.clone(),
-            source: std::io::Error::other("failpoint gc-before-manifest"),
-        }));
-        self.check_not_shutting_down()?;
-        self.commit_manifest(|manifest| {
-            manifest.gc_cutoff_lsn = cutoff;
-            for layer in &removed {
-                manifest.retire_layer(&name(layer));
-            }
-        })?;
-        fail::fail_point!("gc-after-manifest", |_| Err(TimelineError::Io {
-            path: self.dir.clone(),
-            source: std::io::Error::other("failpoint gc-after-manifest"),
-        }));
-        self.update_layer_map(|map| {
-            map.gc_cutoff = map.gc_cutoff.max(cutoff);
-            map.below_l0
-                .retain(|l| !removed.iter().any(|r| l.same_as(r)));
-            Ok::<_, TimelineError>(())
-        })?;
+        let mut change = LayerChange::new(ChangeKind::Gc);
+        change.gc_cutoff = Some(cutoff);
+        change.remove = removed.clone();
+        // The cutoff is in the map before a lease can be taken below it.
+        self.commit(change)?;
         drop(leases);
-        for layer in &removed {
-            layer.retire();
-            outcome.bytes_removed += layer.file_size();
-        }
+        outcome.bytes_removed = removed.iter().map(|layer| layer.file_size()).sum();
         outcome.layers_removed = removed.len();
         crate::metrics::GC_LAYERS_REMOVED.inc_by(outcome.layers_removed as u64);
         crate::metrics::GC_BYTES_REMOVED.inc_by(outcome.bytes_removed);

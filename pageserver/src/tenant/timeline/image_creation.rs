@@ -64,7 +64,7 @@
 //! waits for either, and ingest and reads go on throughout.
 
 use super::*;
-use crate::tenant::storage_layer::image_layer::{ImageLayer, ImageLayerWriter};
+use crate::tenant::storage_layer::image_layer::ImageLayerWriter;
 
 /// Keys a scan page of image creation reads at a time.
 const SCAN_PAGE_KEYS: usize = 256;
@@ -257,50 +257,13 @@ impl Timeline {
         if result.is_ok() && written.is_empty() {
             return Ok(outcome);
         }
-        let committed = result.and_then(|()| {
-            let opened = written
-                .iter()
-                .map(|w| {
-                    let image =
-                        ImageLayer::open(&w.path, self.cache.clone(), self.conf.max_value_size)?;
-                    let name = w.summary.layer_name().to_string();
-                    self.file_layer(Layer::Image(Arc::new(image)), &name, w.size, w.crc32c)
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            fail::fail_point!("image-creation-before-manifest", |_| Err(
-                TimelineError::Io {
-                    path: self.dir.clone(),
-                    source: std::io::Error::other("failpoint image-creation-before-manifest"),
-                }
-            ));
-            self.check_not_shutting_down()?;
-            self.commit_manifest(|manifest| {
-                for w in &written {
-                    manifest.add_layer(LayerFileEntry {
-                        name: w.summary.layer_name().to_string(),
-                        size: w.size,
-                        crc32c: w.crc32c,
-                        level: LayerLevel::Image,
-                        group_size: group_size(written.len()),
-                    });
-                }
-            })?;
-            Ok(opened)
-        });
-        let opened = committed.inspect_err(|_| {
+        if let Err(e) = result {
             self.remove_uncommitted(written.iter().map(|w| w.path.clone()));
-        })?;
-        fail::fail_point!("image-creation-after-manifest", |_| Err(
-            TimelineError::Io {
-                path: self.dir.clone(),
-                source: std::io::Error::other("failpoint image-creation-after-manifest"),
-            }
-        ));
-        self.update_layer_map(|map| {
-            map.below_l0.extend(opened);
-            map.sort_below_l0();
-            Ok::<_, TimelineError>(())
-        })?;
+            return Err(e);
+        }
+        let mut change = LayerChange::new(ChangeKind::ImageCreation);
+        change.add = written.iter().map(NewLayerFile::image).collect();
+        self.commit(change)?;
         outcome.pieces_imaged = due.len();
         outcome.layers_written = written.len();
         outcome.images = written.iter().map(|w| w.summary.entries).sum();

@@ -319,17 +319,6 @@ impl Import<'_> {
     /// `last_record_lsn` show them.
     fn publish(&self, lsn: Lsn, written: &[WrittenLayer]) -> Result<(), TimelineError> {
         let timeline = self.timeline;
-        let deltas = written
-            .iter()
-            .map(|w| {
-                let delta = DeltaLayer::open(
-                    &w.path,
-                    timeline.cache.clone(),
-                    timeline.conf.max_value_size,
-                )?;
-                Ok(Arc::new(delta))
-            })
-            .collect::<Result<Vec<_>, TimelineError>>()?;
         // The write lock, then the flush lock: the order in which a batch's inline flush takes
         // them. No flush may run between the check below and the commit: it would store a
         // manifest with an older disk_consistent_lsn after this one.
@@ -361,25 +350,13 @@ impl Import<'_> {
             });
         }
         drop(map);
-        timeline.commit_manifest(|manifest| {
-            manifest.disk_consistent_lsn = lsn;
-            for w in written {
-                manifest.add_layer(LayerFileEntry {
-                    name: w.summary.file_name(),
-                    size: w.size,
-                    crc32c: w.crc32c,
-                    level: LayerLevel::L0,
-                    group_size: group_size(written.len()),
-                });
-            }
-        })?;
-        timeline.update_layer_map(|map| {
-            map.l0
-                .extend(deltas.iter().map(|delta| Layer::Delta(delta.clone())));
-            // Under the map's lock: a put that finds no layer starts the next one above.
-            timeline.disk_consistent_lsn.store(lsn.0, Ordering::Release);
-            Ok::<_, TimelineError>(())
-        })?;
+        let mut change = LayerChange::new(ChangeKind::Import);
+        change.disk_consistent_lsn = Some(lsn);
+        change.add = written
+            .iter()
+            .map(|w| NewLayerFile::delta(w, LayerLevel::L0))
+            .collect();
+        timeline.commit(change)?;
         timeline.advance_last_record_lsn(lsn);
         timeline.importing.store(false, Ordering::Release);
         drop(writer);

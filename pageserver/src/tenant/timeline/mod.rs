@@ -6,8 +6,9 @@
 //! `lsn_wait.rs` the wait for an LSN, `flush.rs` flushes, checkpoints and shutdown,
 //! `import.rs` imports (many versions at one LSN, all or none), `ancestry.rs` branches, `compaction.rs` L0 → L1
 //! compaction, `image_creation.rs` image layers, `gc.rs` garbage
-//! collection and the GC cutoff, `layer_set/manifest.rs` the manifest, `init.rs` creation and loading
-//! against the manifest.
+//! collection and the GC cutoff, `layer_set/manifest.rs` the manifest, `layer_set/change.rs` the
+//! one commit every change of the layer set ends in, `init.rs` creation and loading against the
+//! manifest.
 //!
 //! # Layer map
 //!
@@ -126,9 +127,7 @@ use crate::tenant::storage_layer::inmemory_layer::{
 };
 use crate::tenant::storage_layer::on_demand::{OnDemandLayer, OpenSettings};
 use crate::tenant::storage_layer::{max_stored_value_len, Layer, LayerReadError};
-use crate::tenant::timeline::layer_set::manifest::{
-    group_size, LayerFileEntry, LayerLevel, Manifest, MetadataError,
-};
+use crate::tenant::timeline::layer_set::manifest::{LayerLevel, Manifest, MetadataError};
 use crate::PAGE_SZ;
 use broken::Broken;
 use scan::{ScanCursor, ScanPage};
@@ -610,88 +609,6 @@ impl Timeline {
         self.manifest.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Changes the manifest and stores it: the commit point of a change to the layer set. The
-    /// manifest's lock is held throughout, so that commits (a flush's, a compaction's) never
-    /// work from the same old manifest. Retired files already removed are dropped from the
-    /// list first.
-    ///
-    /// A store that fails after its rename ([`MetadataError::Indeterminate`]) leaves the new
-    /// manifest or, after a crash, the old one: the timeline breaks with the layer set unknown
-    /// (see [`Broken`]), so that no file either one lists is removed and nothing commits on top
-    /// of either until a load reads which it is.
-    fn commit_manifest(&self, change: impl FnOnce(&mut Manifest)) -> Result<(), TimelineError> {
-        let mut current = self.manifest();
-        self.check_layer_set_known()?;
-        let mut next = current.clone();
-        change(&mut next);
-        next.retired.retain(|name| self.dir.join(name).exists());
-        // A change that would leave a hole in the history is a bug: refused before it is
-        // durable, so the layer set on disk stays one that loads.
-        manifest::history::check(&next).map_err(|e| TimelineError::LayerSet {
-            file: manifest::METADATA_FILE.to_owned(),
-            reason: format!("a change to the layer set was refused: {e}"),
-        })?;
-        match next.store(&self.dir) {
-            Ok(()) => {}
-            Err(e @ MetadataError::Indeterminate { .. }) => {
-                self.break_timeline(e.to_string(), true);
-                return Err(TimelineError::ChangeIndeterminate(e));
-            }
-            Err(e) => return Err(e.into()),
-        }
-        if let Some(remote) = self.remote.get() {
-            remote.manifest_committed(&next);
-        }
-        *current = next;
-        Ok(())
-    }
-
-    /// Removes the files of `paths` that the manifest does not list: new layer files of a
-    /// change that failed before (or in) its commit, which nothing else knows. Best effort: a
-    /// file left behind is unlisted, and the next load judges it. Nothing is removed while
-    /// the manifest on disk is unknown: it may list them.
-    fn remove_uncommitted(&self, paths: impl IntoIterator<Item = PathBuf>) {
-        if self.layer_set_unknown() {
-            return;
-        }
-        let manifest = self.manifest();
-        for path in paths {
-            let listed = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| manifest.layer(n).is_some());
-            if !listed {
-                let _ = std::fs::remove_file(&path);
-            }
-        }
-    }
-
-    /// A new L1 or image layer file, as the layer map holds it: on demand with remote storage
-    /// (resident now), as it is without.
-    fn file_layer(
-        &self,
-        layer: Layer,
-        name: &str,
-        size: u64,
-        crc32c: u32,
-    ) -> Result<Layer, TimelineError> {
-        let Some(settings) = &self.on_demand else {
-            return Ok(layer);
-        };
-        let on_demand =
-            OnDemandLayer::new(&self.dir, name, size, crc32c, settings.clone(), Some(layer))?;
-        Ok(Layer::OnDemand(Arc::new(on_demand)))
-    }
-
-    /// Refuses to commit a compaction, image creation or GC once shutdown began: the
-    /// directory may be about to be deleted (see [`Timeline::shutdown`]).
-    fn check_not_shutting_down(&self) -> Result<(), TimelineError> {
-        if self.shutting_down.load(Ordering::Acquire) {
-            return Err(TimelineError::ShuttingDown);
-        }
-        Ok(())
-    }
-
     /// The layer files of the timeline as its durable manifest lists them.
     pub fn manifest_snapshot(&self) -> Manifest {
         self.manifest().clone()
@@ -748,6 +665,7 @@ pub use gc::GcOutcome;
 pub use image_creation::ImageCreationOutcome;
 pub use import::{Import, IMPORT_RUN_MIN_BYTES, MAX_IMPORT_RUNS};
 pub use init::{open_listed_layer, RemoteLayers};
+use layer_set::change::{ChangeKind, LayerChange, NewLayerFile};
 use layer_set::manifest;
 use layer_set::map::LayerMap;
 pub use lsn_lease::LsnLease;

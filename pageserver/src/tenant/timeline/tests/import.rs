@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::tenant::timeline::layer_set::manifest::LayerFileEntry;
 
 /// A page that names its key and the import (or batch) that wrote it.
 fn page(k: u32, round: u8) -> Bytes {
