@@ -38,33 +38,10 @@ use super::*;
 use crate::tenant::storage_layer::delta_layer::DeltaLayerWriter;
 use crate::tenant::storage_layer::merge_iter::{MergeError, MergeIter};
 
-/// The most L0s one compaction merges: bounds its memory to this many stream buffers.
-pub const MAX_COMPACTION_INPUTS: usize = 32;
-
 /// A key's delta chain since a base in the compacted range that reaches this length is ended
 /// by a materialized image: the version at its newest delta is written as the page itself, so
 /// no read replays more than this many deltas of one run.
 pub const MATERIALIZE_AFTER_DELTAS: usize = 16;
-
-/// The oldest L0s to merge: whole LSN ranges (an import's group is never split), as many as
-/// fit in [`MAX_COMPACTION_INPUTS`] layers, and always the first two ranges (a group holds at
-/// most `MAX_IMPORT_RUNS + 1` layers, so two fit).
-fn compaction_inputs(l0: &[Layer]) -> Vec<Layer> {
-    let mut inputs: Vec<Layer> = Vec::new();
-    let mut ranges = 0;
-    let mut rest = l0;
-    while let Some(first) = rest.first() {
-        let range = first.lsn_range();
-        let group = rest.iter().take_while(|l| l.lsn_range() == range).count();
-        if ranges >= 2 && inputs.len() + group > MAX_COMPACTION_INPUTS {
-            break;
-        }
-        inputs.extend(rest[..group].iter().cloned());
-        ranges += 1;
-        rest = &rest[group..];
-    }
-    inputs
-}
 
 /// What one compaction did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -78,15 +55,8 @@ pub struct CompactionOutcome {
     /// Versions written as materialized images instead of their delta.
     pub materialized: u64,
     /// Nothing was compacted because the L1 layers above the images already stack to
-    /// [`l1_stack_limit`]: image creation must catch up first.
+    /// [`policy::l1_stack_limit`]: image creation must catch up first.
     pub waiting_for_images: bool,
-}
-
-/// How many L1 layers may stack over one key above its newest image before L0 compaction waits
-/// for image creation: twice `image_creation_threshold` (0, no limit, when image creation is
-/// off).
-pub fn l1_stack_limit(conf: &TimelineConf) -> usize {
-    2 * conf.image_creation_threshold
 }
 
 impl Timeline {
@@ -101,32 +71,24 @@ impl Timeline {
             return Err(TimelineError::ShuttingDown);
         }
         self.check_layer_set_known()?;
-        let input_layers: Vec<Layer> = {
-            let map = self.layer_map();
-            // A depth of one is never compacted: an output's LSN range must differ from every
-            // input's (an import's group alone would give its outputs its range).
-            if map.l0_depth() < min_inputs.max(2) {
-                return Ok(CompactionOutcome::default());
+        let input_layers = match policy::choose_compaction(
+            &self.layer_map(),
+            min_inputs,
+            &self.conf,
+        ) {
+            CompactionChoice::Nothing => return Ok(CompactionOutcome::default()),
+            CompactionChoice::WaitForImages { stack, limit } => {
+                tracing::info!(
+                    tenant = %self.tenant_id,
+                    timeline = %self.timeline_id,
+                    "compaction waits for image creation: {stack} L1 layers stack above the images (limit {limit})"
+                );
+                return Ok(CompactionOutcome {
+                    waiting_for_images: true,
+                    ..CompactionOutcome::default()
+                });
             }
-            // Image creation has fallen behind: another run of L1s would put one more layer
-            // under every read. Wait for images instead (L0s pile up meanwhile, and ingest
-            // backpressure holds them), so the layers a read visits keep their bound.
-            let limit = l1_stack_limit(&self.conf);
-            if limit != 0 {
-                let stack = super::image_creation::l1_stack_above_images(&map);
-                if stack >= limit {
-                    tracing::info!(
-                        tenant = %self.tenant_id,
-                        timeline = %self.timeline_id,
-                        "compaction waits for image creation: {stack} L1 layers stack above the images (limit {limit})"
-                    );
-                    return Ok(CompactionOutcome {
-                        waiting_for_images: true,
-                        ..CompactionOutcome::default()
-                    });
-                }
-            }
-            compaction_inputs(&map.l0)
+            CompactionChoice::Merge(inputs) => inputs,
         };
         // An L0 an attach left on demand is downloaded to be merged.
         let inputs = input_layers

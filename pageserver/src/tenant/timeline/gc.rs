@@ -48,48 +48,6 @@ pub struct GcOutcome {
     pub bytes_removed: u64,
 }
 
-/// Whether the key ranges of `covers` together hold all of `keys`.
-pub(crate) fn covered(keys: &Range<Key>, mut covers: Vec<Range<Key>>) -> bool {
-    covers.sort_unstable_by_key(|r| r.start);
-    let mut reached = keys.start;
-    for r in covers {
-        if reached >= keys.end {
-            break;
-        }
-        if r.start > reached {
-            return false;
-        }
-        reached = reached.max(r.end);
-    }
-    reached >= keys.end
-}
-
-/// Whether `layer` may be removed under `cutoff` and `retain`, given the image layers of the
-/// same map (see the module documentation).
-fn removable(layer: &Layer, images: &[(Range<Key>, Lsn)], cutoff: Lsn, retain: &[Lsn]) -> bool {
-    let lsns = layer.lsn_range();
-    let last = Lsn(lsns.end.0 - 1);
-    if last > cutoff {
-        return false;
-    }
-    let is_image = layer.is_image();
-    let keys = layer.key_range();
-    // Images newer than the layer's history and at or below `upto`, together covering it.
-    let covered_upto = |upto: Lsn| {
-        let covers = images
-            .iter()
-            .filter(|(_, lsn)| *lsn <= upto && if is_image { *lsn > last } else { *lsn >= last })
-            .map(|(r, _)| r.clone())
-            .collect();
-        covered(&keys, covers)
-    };
-    covered_upto(cutoff)
-        && retain
-            .iter()
-            .filter(|r| **r >= lsns.start && **r < cutoff)
-            .all(|r| covered_upto(*r))
-}
-
 impl Timeline {
     /// Raises the GC cutoff to `gc_horizon` below the last ingested LSN (see the module
     /// documentation) and removes the layers only reads below it, and at none of `retain`,
@@ -108,27 +66,13 @@ impl Timeline {
         let leases = self.leases();
         let map = self.layer_map();
         let old = map.gc_cutoff;
-        let wanted = Lsn(self
-            .last_record_lsn()
-            .0
-            .saturating_sub(self.conf.gc_horizon));
-        let cutoff = match map.l1_end() {
-            Some(end) => old.max(wanted.min(Lsn(end.0 - 1))),
-            None => old,
-        };
-        // Never past a read in progress that leased its LSN (`lsn_lease.rs`); leases are taken
-        // at or above the cutoff, under this pass's lock, so this never lowers it.
-        let cutoff = match leases.iter().min() {
-            Some(&leased) => cutoff.min(leased).max(old),
-            None => cutoff,
-        };
-        let images = map.image_ranges();
-        let removed: Vec<Layer> = map
-            .below_l0
-            .iter()
-            .filter(|l| removable(l, &images, cutoff, retain))
-            .cloned()
-            .collect();
+        let cutoff = policy::gc_cutoff(
+            &map,
+            self.last_record_lsn(),
+            self.conf.gc_horizon,
+            leases.iter().min().copied(),
+        );
+        let removed = policy::gc_removable(&map, cutoff, retain);
         drop(map);
         let mut outcome = GcOutcome {
             cutoff,

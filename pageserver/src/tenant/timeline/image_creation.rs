@@ -23,7 +23,7 @@
 //!   history above the image is worth as much as the image: reads replay more, and GC cannot
 //!   drop the older layers until an image covers them), or
 //! - L0 compaction waits on it: L1 layers above its image stack to `2 × image_creation_threshold`
-//!   over one of its keys by their key ranges alone (see `compaction.rs`), counting layers that
+//!   over one of its keys by their key ranges alone (`layer_set/policy.rs`), counting layers that
 //!   only span the piece without holding any of its keys, which the first trigger does not.
 //!
 //! The first two are measured from the layers' indexes alone (two descents per layer and
@@ -86,75 +86,6 @@ pub struct ImageCreationOutcome {
     pub bytes_written: u64,
 }
 
-/// A key range whose newest image is one layer, or which has none.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Piece {
-    pub keys: Range<Key>,
-    /// The index of its newest image among those given to [`pieces`].
-    pub image: Option<usize>,
-}
-
-/// Cuts `[Key::MIN, Key::MAX)` into pieces by the newest image over each key: `images` are
-/// the key range and LSN of each image layer.
-pub(crate) fn pieces(images: &[(Range<Key>, Lsn)]) -> Vec<Piece> {
-    let mut bounds: Vec<Key> = images
-        .iter()
-        .flat_map(|(keys, _)| [keys.start, keys.end])
-        .chain([Key::MIN, Key::MAX])
-        .collect();
-    bounds.sort_unstable();
-    bounds.dedup();
-    let mut out: Vec<Piece> = Vec::new();
-    for w in bounds.windows(2) {
-        let (start, end) = (w[0], w[1]);
-        let newest = images
-            .iter()
-            .enumerate()
-            .filter(|(_, (keys, _))| keys.start <= start && end <= keys.end)
-            .max_by_key(|(_, (_, lsn))| *lsn)
-            .map(|(i, _)| i);
-        match out.last_mut() {
-            Some(last) if last.image == newest => last.keys.end = end,
-            _ => out.push(Piece {
-                keys: start..end,
-                image: newest,
-            }),
-        }
-    }
-    out
-}
-
-/// The most of `ranges` that hold any one key.
-pub(crate) fn max_stack(ranges: &[Range<Key>]) -> usize {
-    let mut events: Vec<(Key, i32)> = ranges
-        .iter()
-        .filter(|r| r.start < r.end)
-        .flat_map(|r| [(r.start, 1), (r.end, -1)])
-        .collect();
-    // At one key, ends before starts: [a, b) and [b, c) never stack.
-    events.sort_unstable();
-    let (mut depth, mut most) = (0i32, 0i32);
-    for (_, step) in events {
-        depth += step;
-        most = most.max(depth);
-    }
-    most as usize
-}
-
-/// The most L1 layers above the newest image that stack over any one key, by key ranges alone
-/// (no I/O): what a read of the worst key visits below the L0s, besides one image.
-pub(crate) fn l1_stack_above_images(map: &LayerMap) -> usize {
-    let images = map.image_ranges();
-    pieces(&images)
-        .iter()
-        .map(|piece| range_stack(map, &piece.keys, piece.image.map(|i| images[i].1)))
-        .max()
-        .unwrap_or(0)
-}
-
-/// The most L1 layers above `above` (the piece's image LSN, if any) whose key ranges hold any
-/// one key of `keys`: by ranges alone, so a layer that only spans the piece counts too. What
-/// L0 compaction waits on, so image creation must clear it even where no trigger fires.
 /// The bytes of `layer`'s values in `keys`, from its index. An evicted layer is not downloaded
 /// for it: its whole file size stands in (an overestimate, which can only make images sooner).
 fn value_bytes_in(layer: &Layer, keys: Range<Key>) -> Result<u64, TimelineError> {
@@ -166,18 +97,6 @@ fn value_bytes_in(layer: &Layer, keys: Range<Key>) -> Result<u64, TimelineError>
         Some(Layer::Delta(delta)) => Ok(delta.value_bytes_in(keys)?),
         _ => Ok(layer.file_size()),
     }
-}
-
-fn range_stack(map: &LayerMap, keys: &Range<Key>, above: Option<Lsn>) -> usize {
-    let stacked: Vec<Range<Key>> = map
-        .below_l0
-        .iter()
-        .filter(|l| l.is_delta_file())
-        .filter(|l| above.is_none_or(|a| l.lsn_range().start > a))
-        .map(|l| l.key_range())
-        .map(|r| r.start.max(keys.start)..r.end.min(keys.end))
-        .collect();
-    max_stack(&stacked)
 }
 
 impl Timeline {
@@ -192,59 +111,14 @@ impl Timeline {
         self.check_layer_set_known()?;
         let mut outcome = ImageCreationOutcome::default();
         let started = Instant::now();
-        let map = self.layer_map();
-        let Some(l1_end) = map.l1_end() else {
+        let Some(plan) =
+            policy::choose_images(&self.layer_map(), &self.conf, force, value_bytes_in)?
+        else {
             return Ok(outcome);
         };
-        let lsn = Lsn(l1_end.0 - 1);
+        let (lsn, due) = (plan.lsn, plan.due);
         outcome.lsn = Some(lsn);
-        let images: Vec<&Layer> = map.below_l0.iter().filter(|l| l.is_image()).collect();
-        // In the same order as `images`, so a piece's index names its image in both.
-        let all = pieces(&map.image_ranges());
-        outcome.pieces = all.len();
-        let threshold = self.conf.image_creation_threshold;
-        let mut due = Vec::new();
-        for piece in &all {
-            let image = piece.image.map(|i| images[i]);
-            let above = image.map_or(Lsn(0), |i| i.lsn_range().start);
-            let mut stacked = Vec::new();
-            let mut delta_bytes = 0u64;
-            for layer in &map.below_l0 {
-                if !layer.is_delta_file() {
-                    continue;
-                }
-                let own = layer.key_range();
-                let keys = own.start.max(piece.keys.start)..own.end.min(piece.keys.end);
-                // No L1 straddles an image's LSN: one starting above it lies wholly above.
-                let is_above = image.is_none() || layer.lsn_range().start > above;
-                if !is_above || keys.start >= keys.end {
-                    continue;
-                }
-                let bytes = value_bytes_in(layer, keys.clone())?;
-                if bytes > 0 {
-                    stacked.push(keys);
-                    delta_bytes += bytes;
-                }
-            }
-            // L0 compaction waits on this piece (see `l1_stack_above_images`): new images end
-            // the wait even when its L1s only span it, holding none of its keys.
-            let limit = super::compaction::l1_stack_limit(&self.conf);
-            let holds_compaction =
-                limit != 0 && range_stack(&map, &piece.keys, image.map(|_| above)) >= limit;
-            if stacked.is_empty() && !holds_compaction {
-                continue;
-            }
-            let by_count = threshold != 0 && max_stack(&stacked) >= threshold;
-            let by_size = threshold != 0
-                && image.is_some_and(|i| {
-                    delta_bytes * 100
-                        >= i.file_size() * u64::from(self.conf.image_creation_delta_percent)
-                });
-            if force || by_count || by_size || holds_compaction {
-                due.push(piece.keys.clone());
-            }
-        }
-        drop(map);
+        outcome.pieces = plan.pieces;
         let mut written = Vec::new();
         let (result, cost) = crate::io::read_cost::measure(|| {
             for keys in &due {

@@ -660,7 +660,7 @@ pub mod scan;
 #[cfg(test)]
 mod test_model;
 pub use ancestry::{Ancestry, ANCESTOR_FILE};
-pub use compaction::{CompactionOutcome, MAX_COMPACTION_INPUTS};
+pub use compaction::CompactionOutcome;
 pub use gc::GcOutcome;
 pub use image_creation::ImageCreationOutcome;
 pub use import::{Import, IMPORT_RUN_MIN_BYTES, MAX_IMPORT_RUNS};
@@ -668,6 +668,8 @@ pub use init::{open_listed_layer, RemoteLayers};
 use layer_set::change::{ChangeKind, LayerChange, NewLayerFile};
 use layer_set::manifest;
 use layer_set::map::LayerMap;
+pub use layer_set::policy::MAX_COMPACTION_INPUTS;
+use layer_set::policy::{self, CompactionChoice};
 pub use lsn_lease::LsnLease;
 use lsn_wait::LsnWait;
 pub use residence::LocalCopy;

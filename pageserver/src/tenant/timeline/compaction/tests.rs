@@ -216,7 +216,7 @@ fn compaction_waits_for_images_once_l1s_stack_to_the_limit() {
         image_creation_threshold: 1,
         ..conf()
     };
-    assert_eq!(l1_stack_limit(&conf), 2);
+    assert_eq!(policy::l1_stack_limit(&conf), 2);
     let tl = Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(256), conf).unwrap();
     let mut model = Model::new();
     for _ in 0..2 {

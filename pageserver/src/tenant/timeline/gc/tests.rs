@@ -5,16 +5,6 @@ use super::*;
 use crate::tenant::test_support::*;
 use crate::tenant::timeline::test_model::*;
 
-#[test]
-fn covered_needs_every_key_of_the_range() {
-    let k = rel_key;
-    assert!(covered(&(k(1)..k(5)), vec![k(0)..k(3), k(3)..k(9)]));
-    assert!(covered(&(k(1)..k(5)), vec![k(2)..k(9), k(1)..k(2)]));
-    assert!(!covered(&(k(1)..k(5)), vec![k(0)..k(3), k(4)..k(9)]));
-    assert!(!covered(&(k(1)..k(5)), vec![k(1)..k(4)]));
-    assert!(!covered(&(k(1)..k(5)), vec![]));
-}
-
 fn conf_gc(gc_horizon: u64) -> TimelineConf {
     TimelineConf {
         gc_horizon,

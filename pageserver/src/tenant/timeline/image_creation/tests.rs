@@ -5,58 +5,6 @@ use super::*;
 use crate::tenant::test_support::*;
 use crate::tenant::timeline::test_model::*;
 
-fn piece(keys: Range<Key>, image: Option<usize>) -> Piece {
-    Piece { keys, image }
-}
-
-#[test]
-fn pieces_tile_the_key_space_by_the_newest_image_over_each_key() {
-    let k = rel_key;
-    assert_eq!(pieces(&[]), vec![piece(Key::MIN..Key::MAX, None)]);
-    let images = [
-        (Key::MIN..k(5), Lsn(10)),
-        (k(5)..Key::MAX, Lsn(10)),
-        (k(3)..k(7), Lsn(20)),
-    ];
-    assert_eq!(
-        pieces(&images),
-        vec![
-            piece(Key::MIN..k(3), Some(0)),
-            piece(k(3)..k(7), Some(2)),
-            piece(k(7)..Key::MAX, Some(1)),
-        ]
-    );
-    // Where no image reaches, a piece without one.
-    assert_eq!(
-        pieces(&[(k(2)..k(4), Lsn(5))]),
-        vec![
-            piece(Key::MIN..k(2), None),
-            piece(k(2)..k(4), Some(0)),
-            piece(k(4)..Key::MAX, None),
-        ]
-    );
-    // Images that tile a range side by side are pieces of their own.
-    assert_eq!(
-        pieces(&[(Key::MIN..k(4), Lsn(5)), (k(4)..Key::MAX, Lsn(5))]),
-        vec![
-            piece(Key::MIN..k(4), Some(0)),
-            piece(k(4)..Key::MAX, Some(1))
-        ]
-    );
-}
-
-#[test]
-fn max_stack_counts_the_ranges_over_one_key() {
-    let k = rel_key;
-    assert_eq!(max_stack(&[]), 0);
-    // Ranges that touch do not stack.
-    assert_eq!(max_stack(&[k(1)..k(3), k(3)..k(5)]), 1);
-    assert_eq!(
-        max_stack(&[k(1)..k(5), k(2)..k(3), k(2)..k(4), k(4)..k(9)]),
-        3
-    );
-}
-
 fn conf_images(threshold: usize) -> TimelineConf {
     TimelineConf {
         image_creation_threshold: threshold,
