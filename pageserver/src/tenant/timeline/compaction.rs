@@ -67,7 +67,7 @@ impl Timeline {
             .compaction_lock
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if self.stopped.load(Ordering::Acquire) {
+        if self.is_stopped() {
             return Err(TimelineError::ShuttingDown);
         }
         self.check_layer_set_known()?;
@@ -161,7 +161,7 @@ impl Timeline {
             let mut writer: Option<DeltaLayerWriter> = None;
             let mut last_key = None;
             for (n, version) in merge.enumerate() {
-                if n % 4096 == 0 && self.shutting_down.load(Ordering::Acquire) {
+                if n % 4096 == 0 && self.is_shutting_down() {
                     return Err(TimelineError::ShuttingDown);
                 }
                 let (key, lsn, value) = version.map_err(|e| match e {

@@ -14,7 +14,7 @@ impl Timeline {
         });
         // A broken timeline's open layer may hold part of a batch above last_record_lsn,
         // which must never become durable.
-        if due && !writer.stopping && !self.is_broken() {
+        if due && !self.is_shutting_down() && !self.is_broken() {
             let end = Lsn(self.last_record_lsn().0 + 1);
             self.update_layer_map(|map| self.freeze_open(&mut writer, map, end))?;
         }
@@ -32,7 +32,7 @@ impl Timeline {
     pub(super) fn flush_frozen_until(&self, target: Lsn) -> Result<(), TimelineError> {
         let _flusher = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.check_layer_set_known()?;
-        while self.disk_consistent_lsn() < target && !self.stopped.load(Ordering::Acquire) {
+        while self.disk_consistent_lsn() < target && !self.is_stopped() {
             // Only flushers remove frozen layers, and flush_lock admits one: the oldest stays
             // the oldest while it is written.
             let Some(frozen) = self.layer_map().frozen.first().cloned() else {
@@ -42,7 +42,7 @@ impl Timeline {
                 // Shutdown does not wait: its flush must finish whatever the store does. A
                 // store that takes nothing for upload_queue_wait_timeout fails the flush: its
                 // layer stays frozen, and the next flush tries again.
-                remote.wait_for_upload_room(&|| self.shutting_down.load(Ordering::Acquire))?;
+                remote.wait_for_upload_room(&|| self.is_shutting_down())?;
             }
             let started = Instant::now();
             let end = frozen.end_lsn().expect("frozen layers have an end");
@@ -85,14 +85,14 @@ impl Timeline {
         if self.layer_map().frozen.len() < self.conf.max_frozen_layers {
             return Ok(());
         }
-        remote.wait_for_upload_room(&|| self.shutting_down.load(Ordering::Acquire))
+        remote.wait_for_upload_room(&|| self.is_shutting_down())
     }
 
     /// Freezes the open layer and writes every frozen layer to disk. Returns when everything
     /// ingested before the call is durable (`disk_consistent_lsn` = `last_record_lsn` as of
     /// the call); puts may continue meanwhile.
     pub fn checkpoint(&self) -> Result<(), TimelineError> {
-        if self.stopped.load(Ordering::Acquire) {
+        if self.is_stopped() {
             return Err(TimelineError::ShuttingDown);
         }
         let target = {
@@ -115,15 +115,16 @@ impl Timeline {
     /// ingested before the call durable. Waits for a flush, compaction, image creation or GC
     /// in progress either way; those starting after it do nothing.
     pub fn shutdown(&self, flush: bool) -> Result<(), TimelineError> {
-        self.shutting_down.store(true, Ordering::Release);
+        self.lifecycle.advance_to(Lifecycle::ShuttingDown);
         self.l0_count_changed();
-        self.writer().stopping = true;
+        // A batch being stored finishes first; those after it find the state and are refused.
+        drop(self.writer());
         // No read waits for an LSN that will not come.
         self.cancel_lsn_waits();
         let result = if flush { self.checkpoint() } else { Ok(()) };
-        self.stopped.store(true, Ordering::Release);
+        self.lifecycle.advance_to(Lifecycle::Stopped);
         drop(self.flush_lock.lock().unwrap_or_else(|e| e.into_inner()));
-        // A compaction, image creation or GC in progress sees `shutting_down` and gives up
+        // A compaction, image creation or GC in progress sees the state and gives up
         // before its commit; once these are free none is left to store a manifest in a
         // directory that may be about to go.
         drop(

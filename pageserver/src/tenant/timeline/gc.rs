@@ -54,7 +54,7 @@ impl Timeline {
     /// would need.
     pub fn gc(&self, retain: &[Lsn]) -> Result<GcOutcome, TimelineError> {
         let _gc = self.image_lock.lock().unwrap_or_else(|e| e.into_inner());
-        if self.stopped.load(Ordering::Acquire) {
+        if self.is_stopped() {
             return Err(TimelineError::ShuttingDown);
         }
         self.check_layer_set_known()?;

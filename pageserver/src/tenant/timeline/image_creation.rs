@@ -105,7 +105,7 @@ impl Timeline {
     /// any L1 history above its image. One image creation or GC runs at a time per timeline.
     pub fn create_images(&self, force: bool) -> Result<ImageCreationOutcome, TimelineError> {
         let _images = self.image_lock.lock().unwrap_or_else(|e| e.into_inner());
-        if self.stopped.load(Ordering::Acquire) {
+        if self.is_stopped() {
             return Err(TimelineError::ShuttingDown);
         }
         self.check_layer_set_known()?;
@@ -180,7 +180,7 @@ impl Timeline {
         let mut writer = new_writer(keys.start)?;
         let mut cursor = ScanCursor::new(keys.start, keys.end, lsn);
         loop {
-            if self.shutting_down.load(Ordering::Acquire) {
+            if self.is_shutting_down() {
                 return Err(TimelineError::ShuttingDown);
             }
             let page = self.scan_page(&mut cursor, SCAN_PAGE_KEYS)?;

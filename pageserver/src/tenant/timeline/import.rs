@@ -92,7 +92,7 @@ impl Timeline {
             }
         };
         let writer = self.writer();
-        if writer.stopping {
+        if self.is_shutting_down() {
             return Err(TimelineError::ShuttingDown);
         }
         if let Some(reason) = self.broken_reason() {
@@ -112,7 +112,10 @@ impl Timeline {
             path: self.dir.clone(),
             source,
         })?;
-        self.importing.store(true, Ordering::Release);
+        // Under write_lock, where batches look at it.
+        self.lifecycle
+            .begin_import()
+            .map_err(|_| TimelineError::ShuttingDown)?;
         drop(writer);
         Ok(Import {
             timeline: self,
@@ -246,7 +249,7 @@ impl Import<'_> {
             return Err(TimelineError::ShuttingDown);
         }
         if let Some(remote) = timeline.remote.get() {
-            remote.wait_for_upload_room(&|| timeline.shutting_down.load(Ordering::Acquire))?;
+            remote.wait_for_upload_room(&|| timeline.is_shutting_down())?;
             if timeline.is_shutting_down() {
                 return Err(TimelineError::ShuttingDown);
             }
@@ -327,7 +330,7 @@ impl Import<'_> {
             .flush_lock
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if writer.stopping || timeline.stopped.load(Ordering::Acquire) {
+        if timeline.is_shutting_down() {
             return Err(TimelineError::ShuttingDown);
         }
         if timeline.disk_consistent_lsn() != self.base_lsn {
@@ -358,7 +361,7 @@ impl Import<'_> {
             .collect();
         timeline.commit(change)?;
         timeline.advance_last_record_lsn(lsn);
-        timeline.importing.store(false, Ordering::Release);
+        timeline.lifecycle.end_import();
         drop(writer);
         Ok(())
     }
@@ -383,6 +386,6 @@ impl Drop for Import<'_> {
     fn drop(&mut self) {
         // Not committed (or committed: then the flag is already down). The runs' temporary
         // files and the private layer, if still here, are dropped with it.
-        self.timeline.importing.store(false, Ordering::Release);
+        self.timeline.lifecycle.end_import();
     }
 }

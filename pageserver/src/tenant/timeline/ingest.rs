@@ -31,7 +31,7 @@ impl Timeline {
                 break writer;
             }
         };
-        if writer.stopping {
+        if self.is_shutting_down() {
             return Err(TimelineError::ShuttingDown);
         }
         if let Some(reason) = self.broken_reason() {
@@ -40,7 +40,7 @@ impl Timeline {
         let (Some(first), Some(last)) = (records.first(), records.last()) else {
             return Ok(());
         };
-        if self.importing.load(Ordering::Acquire) {
+        if self.lifecycle.get() == Lifecycle::Importing {
             return Err(TimelineError::ImportInProgress);
         }
         self.validate_batch(records)?;
@@ -188,7 +188,7 @@ impl Timeline {
             if now < conf.l0_stop_threshold {
                 break Ok(());
             }
-            if self.shutting_down.load(Ordering::Acquire) {
+            if self.is_shutting_down() {
                 break Err(TimelineError::ShuttingDown);
             }
             if started.elapsed() >= L0_STOP_MAX_WAIT {

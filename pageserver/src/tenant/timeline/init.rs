@@ -31,12 +31,12 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use utils::{Lsn, TenantId, TimelineId};
 
-use super::{LayerMap, LsnWait, Timeline, TimelineConf, TimelineError, WriterState};
+use super::{LayerMap, LifecycleCell, LsnWait, Timeline, TimelineConf, TimelineError, WriterState};
 use crate::io::crashsafe::TEMP_SUFFIX;
 use crate::page_cache::PageCache;
 use crate::tenant::storage_layer::delta_layer::DeltaLayer;
@@ -162,9 +162,7 @@ impl Timeline {
             branch_points: Mutex::new(Vec::new()),
             lsn_leases: Mutex::new(Vec::new()),
             import_lock: Mutex::new(()),
-            importing: AtomicBool::new(false),
-            shutting_down: AtomicBool::new(false),
-            stopped: AtomicBool::new(false),
+            lifecycle: LifecycleCell::new(),
             last_record_lsn: AtomicU64::new(durable.0),
             disk_consistent_lsn: AtomicU64::new(durable.0),
             lsn_wait,

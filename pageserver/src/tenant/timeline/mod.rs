@@ -99,18 +99,31 @@
 //!
 //! # Locks
 //!
-//! `write_lock` (puts, freezes) before `flush_lock` (writing frozen layers) before the lock on
-//! the layer map snapshot. That last one is held only to clone the snapshot or to publish a
-//! new one (memory work: a freeze, a new open layer, a flush's swap), never across file I/O.
+//! A thread holding one of these takes only those below it, never one above:
+//!
+//! | order | lock | held by | while |
+//! |---|---|---|---|
+//! | 1 | `import_lock` | an import | from `begin_import` to its commit or drop |
+//! | 2 | `compaction_lock` | an L0 compaction | all of it (one at a time) |
+//! | 3 | `image_lock` | an image creation, a GC pass, a branch point's reservation | all of it |
+//! | 4 | `write_lock` | a batch, a freeze, an import's start and commit, shutdown | storing into the open layer (memory and the ephemeral file) |
+//! | 5 | `flush_lock` | a flush, an import's commit | writing the frozen layers out |
+//! | 6 | `lsn_leases` | a GC pass, a lease taken | from reading the oldest lease until the new cutoff is in the map |
+//! | 7 | `manifest` | `commit_manifest` (`layer_set/change.rs`) | storing the manifest |
+//! | 8 | `broken` | marking or reading a fault (`broken.rs`) | memory only |
+//! | 9 | `layers` | everyone | cloning the map's `Arc`, or publishing a new map: memory only, never file I/O |
+//! | leaf | `l0_lock`, `branch_points` | backpressure's wait, GC's retained LSNs | memory only; nothing is taken under them |
+//!
 //! A batch is stored into the open layer with no map lock at all: each version becomes
 //! readable as soon as its bytes are stored, so reads never wait for a batch, not even for its
 //! ephemeral file writes. `wait_lsn` takes no lock: it is a future watching `last_record_lsn`
-//! (`timeline/lsn_wait.rs`).
+//! (`timeline/lsn_wait.rs`). Where the timeline is in its life is one atomic state
+//! (`lifecycle.rs`), read without a lock.
 
 use std::collections::HashSet;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
@@ -130,6 +143,8 @@ use crate::tenant::storage_layer::{max_stored_value_len, Layer, LayerReadError};
 use crate::tenant::timeline::layer_set::manifest::{LayerLevel, Manifest, MetadataError};
 use crate::PAGE_SZ;
 use broken::Broken;
+pub use lifecycle::Lifecycle;
+use lifecycle::LifecycleCell;
 use scan::{ScanCursor, ScanPage};
 
 /// How much longer a batch waits per L0 layer past `l0_slowdown_threshold`.
@@ -384,7 +399,6 @@ pub trait RemoteCopy: Send + Sync {
 /// What only the writer (the holder of `write_lock`) looks at.
 #[derive(Default)]
 struct WriterState {
-    stopping: bool,
     /// When the open layer got its first version (what `checkpoint_timeout` measures).
     open_since: Option<Instant>,
 }
@@ -433,12 +447,8 @@ pub struct Timeline {
     lsn_leases: Mutex<Vec<Lsn>>,
     /// Held by an import (`import.rs`): one at a time.
     import_lock: Mutex<()>,
-    /// Set while an import runs: batches are refused (set and read under `write_lock`).
-    importing: AtomicBool,
-    /// Set when shutdown begins: held batches and a compaction in progress give up.
-    shutting_down: AtomicBool,
-    /// Set by `shutdown`: flushes that start later do nothing (the directory may be going).
-    stopped: AtomicBool,
+    /// Active, importing, shutting down or stopped (`lifecycle.rs`).
+    lifecycle: LifecycleCell,
     last_record_lsn: AtomicU64,
     disk_consistent_lsn: AtomicU64,
     /// Reads waiting for `last_record_lsn` to reach theirs.
@@ -652,6 +662,7 @@ mod import;
 mod ingest;
 mod init;
 pub mod layer_set;
+mod lifecycle;
 mod lsn_lease;
 mod lsn_wait;
 mod read;

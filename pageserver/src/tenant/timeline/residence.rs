@@ -44,9 +44,4 @@ impl Timeline {
             })
             .collect()
     }
-
-    /// Whether shutdown has begun: background work for the timeline stops.
-    pub fn is_shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::Acquire)
-    }
 }

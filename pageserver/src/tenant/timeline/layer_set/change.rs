@@ -352,7 +352,7 @@ impl Timeline {
     /// Refuses to commit a compaction, image creation or GC once shutdown began: the
     /// directory may be about to be deleted (see [`Timeline::shutdown`]).
     fn check_not_shutting_down(&self) -> Result<(), TimelineError> {
-        if self.shutting_down.load(Ordering::Acquire) {
+        if self.is_shutting_down() {
             return Err(TimelineError::ShuttingDown);
         }
         Ok(())
