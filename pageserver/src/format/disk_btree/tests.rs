@@ -9,8 +9,10 @@ use std::io;
 
 use proptest::prelude::*;
 
+use super::iterator::Direction;
+use super::reader::Node;
 use super::*;
-use crate::format::block_io::FileBlockReader;
+use crate::format::block_io::{BlockLease, BlockReadError, BlockReader, FileBlockReader};
 use crate::page_cache::{FileId, PageCache, PageCacheConfig};
 
 /// A delta layer key: an 18-byte page key (a page number in its last four bytes) ++ LSN.
