@@ -42,7 +42,7 @@
 //!   [`InsertError::AllPinned`] instead of spinning; the caller serves the page uncached.
 //! * **Shared misses.** Readers that miss the same file block at the same time wait for one
 //!   read of it instead of each issuing their own (`page_cache_sync::inflight`); the waits are
-//!   counted.
+//!   counted. The read-through path is `read_through.rs`.
 //!
 //! # Invariants
 //!
@@ -63,6 +63,7 @@
 
 pub mod materialized;
 mod policy;
+mod read_through;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -78,9 +79,10 @@ use crate::PAGE_SZ;
 pub use materialized::MaterializedPageKey;
 use materialized::{Directory, MATERIALIZED_BIT};
 use page_cache_sync::index::{self, Index};
-use page_cache_sync::inflight::{Boarding, Flights, Ticket};
+use page_cache_sync::inflight::Flights;
 use page_cache_sync::slot::{Slot, SlotKey, Sweep, MAX_COUNTDOWN};
 use policy::{Ghosts, Probation};
+pub use read_through::{BlockRead, Fetched, InFlightRead, ReadClaim, ReadThroughError};
 use stats::KindCounters;
 pub use stats::{KindStats, PageCacheStats};
 
@@ -225,93 +227,12 @@ impl Drop for OwnedSlot<'_> {
     }
 }
 
-/// Why [`PageCache::read_file_page`] returned no lease.
-#[derive(Debug)]
-pub enum ReadThroughError<E> {
-    /// The fill function failed; nothing was cached.
-    Fill(E),
-    /// Every slot the clock hand met was pinned; the caller should read the page into a buffer of
-    /// its own.
-    NoFreeSlot(InsertError),
-}
-
 /// What [`PageCache::drop_unpinned`] evicted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DroppedPages {
     pub file_pages: u64,
     pub index_pages: u64,
     pub materialized_pages: u64,
-}
-
-/// How [`PageCache::read_file_page_traced`] found a page.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fetched {
-    /// It was cached.
-    Hit,
-    /// This reader's `fill` read it.
-    Filled,
-    /// Another reader was reading it; this one waited for that read and did no I/O.
-    Waited,
-}
-
-/// See [`PageCache::begin_file_read`].
-pub enum BlockRead<'c> {
-    Cached(PageLease<'c>),
-    /// Nobody is reading the block: the caller reads it and lands it with
-    /// [`ReadClaim::land`]. Other readers of the block wait until the claim is landed or
-    /// dropped.
-    Claimed(ReadClaim<'c>),
-    /// Another reader is reading the block.
-    InFlight(InFlightRead<'c>),
-}
-
-/// Ends a flight this thread leads when dropped: after its page was published, or when the
-/// read failed or panicked.
-struct Landing<'c> {
-    cache: &'c PageCache,
-    key: SlotKey,
-    hash: u64,
-    ticket: Ticket,
-}
-
-impl Drop for Landing<'_> {
-    fn drop(&mut self) {
-        self.cache.flights.land(self.key, self.hash, self.ticket);
-    }
-}
-
-/// The right and duty to read one block into the cache; see [`BlockRead::Claimed`].
-pub struct ReadClaim<'c> {
-    cache: &'c PageCache,
-    key: SlotKey,
-    counters: &'c KindCounters,
-    /// `None` when the in-flight table was full: nobody waits for this read.
-    _landing: Option<Landing<'c>>,
-}
-
-impl ReadClaim<'_> {
-    /// Caches `page` (the block's bytes, read by the caller) and wakes the readers waiting for
-    /// it. A full cache only means they read the block themselves.
-    pub fn land(self, page: &[u8; PAGE_SZ], arrival: Arrival) -> Result<(), InsertError> {
-        self.cache
-            .insert_copy(self.key, self.counters, arrival, page)
-    }
-}
-
-/// Another reader's read of a block; see [`BlockRead::InFlight`].
-pub struct InFlightRead<'c> {
-    cache: &'c PageCache,
-    key: SlotKey,
-    hash: u64,
-    ticket: Ticket,
-}
-
-impl<'c> InFlightRead<'c> {
-    /// Waits for the read to land; `None` if the block did not make it into the cache (the
-    /// caller reads it itself).
-    pub fn wait(self) -> Option<PageLease<'c>> {
-        self.cache.wait_for(self.key, self.hash, self.ticket)
-    }
 }
 
 #[repr(C, align(4096))]
@@ -569,113 +490,6 @@ impl PageCache {
         } else {
             &self.file_counters
         }
-    }
-
-    /// Block `blkno` of `file`, from the cache or else read by `fill` straight into a cache
-    /// frame. On [`ReadThroughError::NoFreeSlot`] `fill` was not called.
-    ///
-    /// The frame handed to `fill` still holds the bytes of the page it held before (another
-    /// file's, or another tenant's): `fill` must overwrite all of it or fail. Whatever is in
-    /// the frame when `fill` returns `Ok` is published as block `blkno`.
-    ///
-    /// Concurrent misses of one block share one `fill` (see `page_cache_sync::inflight`).
-    pub fn read_file_page<E>(
-        &self,
-        file: FileId,
-        blkno: u32,
-        arrival: Arrival,
-        fill: impl FnOnce(&mut [u8; PAGE_SZ]) -> Result<(), E>,
-    ) -> Result<PageLease<'_>, ReadThroughError<E>> {
-        self.read_file_page_traced(file, blkno, arrival, fill)
-            .map(|(lease, _)| lease)
-    }
-
-    /// [`Self::read_file_page`], also telling how the page was found.
-    pub fn read_file_page_traced<E>(
-        &self,
-        file: FileId,
-        blkno: u32,
-        arrival: Arrival,
-        fill: impl FnOnce(&mut [u8; PAGE_SZ]) -> Result<(), E>,
-    ) -> Result<(PageLease<'_>, Fetched), ReadThroughError<E>> {
-        if let Some(lease) = self.get_file_page(file, blkno) {
-            return Ok((lease, Fetched::Hit));
-        }
-        let key = file_key(file, blkno);
-        let hash = self.hash(key);
-        let _landing = match self.flights.board(key, hash) {
-            Boarding::Follow(ticket) => {
-                if let Some(lease) = self.wait_for(key, hash, ticket) {
-                    return Ok((lease, Fetched::Waited));
-                }
-                // The leader's read failed or its page is already gone: read it unshared.
-                None
-            }
-            Boarding::Lead(ticket) => {
-                let landing = Landing {
-                    cache: self,
-                    key,
-                    hash,
-                    ticket,
-                };
-                // It may have landed between the miss and boarding.
-                if let Some(lease) = self.lookup(key) {
-                    return Ok((lease, Fetched::Hit));
-                }
-                Some(landing)
-            }
-            Boarding::Unshared => None,
-        };
-        let counters = self.file_kind_counters(file);
-        let lease = self.insert_with(key, counters, arrival, true, fill)?;
-        let lease = lease.expect("insert_with hands out a lease when asked");
-        Ok((lease, Fetched::Filled))
-    }
-
-    /// Starts reading block `blkno` of `file` for a reader that fetches several blocks with one
-    /// I/O: the cached page, or the claim to read it, or another reader's read to wait for.
-    /// A claim must be landed (or dropped) before the caller waits for any flight.
-    pub fn begin_file_read(&self, file: FileId, blkno: u32) -> BlockRead<'_> {
-        if let Some(lease) = self.get_file_page(file, blkno) {
-            return BlockRead::Cached(lease);
-        }
-        let key = file_key(file, blkno);
-        let hash = self.hash(key);
-        let ticket = match self.flights.board(key, hash) {
-            Boarding::Follow(ticket) => {
-                return BlockRead::InFlight(InFlightRead {
-                    cache: self,
-                    key,
-                    hash,
-                    ticket,
-                })
-            }
-            Boarding::Lead(ticket) => Some(ticket),
-            Boarding::Unshared => None,
-        };
-        let landing = ticket.map(|ticket| Landing {
-            cache: self,
-            key,
-            hash,
-            ticket,
-        });
-        match self.lookup(key) {
-            Some(lease) => BlockRead::Cached(lease),
-            None => BlockRead::Claimed(ReadClaim {
-                cache: self,
-                key,
-                counters: self.file_kind_counters(file),
-                _landing: landing,
-            }),
-        }
-    }
-
-    /// Waits for flight `ticket` of `key` to land and takes its page, if it is cached.
-    fn wait_for(&self, key: SlotKey, hash: u64, ticket: Ticket) -> Option<PageLease<'_>> {
-        // Counted before waiting, so the wait can be seen while it lasts.
-        self.miss_waits.fetch_add(1, Ordering::Relaxed);
-        self.flights.wait(key, hash, ticket);
-        self.lookup(key)
     }
 
     /// The newest cached version of `key` at or below `lsn`, with its LSN. Records between that
