@@ -1,45 +1,55 @@
-//! The handlers, one per route, and the JSON they exchange: the tenants' in `tenant.rs`, a data
-//! directory's import and basebackup in `datadir.rs`, the body of a scan page in `scan_body.rs`,
-//! the layer files on the local disk that tenant and timeline info count in `residence.rs`, the
-//! rest here.
+//! The handlers, one file per resource, and the JSON they exchange; the router table that maps
+//! paths to them is `super::router`.
+//!
+//! - `tenant.rs`: tenants (list, create, one, delete, attach, detach);
+//! - `timeline.rs`: a tenant's timelines (list, create or branch, one, delete) and a timeline's
+//!   layer list;
+//! - `page.rs`: page versions in (`POST .../ingest`) and out (`GET .../page`);
+//! - `scan.rs`: paged key-range scans (`GET .../keys`), with their page body (`scan_body.rs`);
+//! - `maintenance.rs`: what an operator or a test forces that background work would do anyway
+//!   (checkpoint, compaction and image creation, GC), failpoints, and the page cache's stats
+//!   and drop;
+//! - `datadir.rs`: a PostgreSQL data directory's import and basebackup;
+//! - `residence.rs`: the layer files on the local disk that tenant and timeline info count.
+//!
+//! This file holds what they share: parsing ids, query strings and bodies, with the messages
+//! each mistake gets; and the server's own status and `/metrics`.
 
 use std::sync::Arc;
-use std::time::{Instant, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use axum::body::{Body, Bytes, HttpBody as _};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::BytesMut;
-use pageserver_api::ingest::{BatchDecoder, IngestDecodeError, PutRecord};
 use pageserver_api::Key;
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
 use serde_json::{json, Value as JsonValue};
 use utils::{Lsn, TenantId, TimelineId};
 
-use super::body_limits::GatheredBody;
-use super::error::{redact_paths, ApiError};
+use super::error::ApiError;
 use super::metrics_page::MetricsPage;
-use super::{blocking, read, read_on_pool, SharedState};
-use crate::io::read_cost;
-use crate::page_cache::KindStats;
-use crate::tenant::mgr::TenantState;
-use crate::tenant::storage_layer::max_stored_value_len;
-use crate::tenant::timeline::layer_set::manifest::LayerLevel;
-use crate::tenant::timeline::scan::cursor_cache::{ScanFrom, ScanRequest, ScanToken};
-use crate::tenant::timeline::{LayerDescription, LayerKind, Timeline};
-
-type ApiResult<T> = Result<T, ApiError>;
+use super::{blocking, SharedState};
+use crate::tenant::timeline::Timeline;
 
 mod datadir;
+mod maintenance;
+mod page;
 mod residence;
+mod scan;
 pub mod scan_body;
 mod tenant;
+mod timeline;
 pub use datadir::{basebackup, import};
-use scan_body::scan_page_body;
+pub use maintenance::{checkpoint, compact, failpoints, gc, page_cache_drop, page_cache_stats};
+pub use page::{get_page, ingest};
+pub use scan::scan_keys;
 pub use tenant::*;
+pub use timeline::{layer_list, timeline_create, timeline_delete, timeline_info, timeline_list};
+
+type ApiResult<T> = Result<T, ApiError>;
 
 pub(super) fn parse_tenant(text: &str) -> ApiResult<TenantId> {
     text.parse()
@@ -107,170 +117,6 @@ pub(super) async fn json_body<T: DeserializeOwned + Default>(body: Body) -> ApiR
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
-fn layer_json(layer: &LayerDescription) -> JsonValue {
-    json!({
-        "kind": match layer.kind {
-            LayerKind::Open => "open",
-            LayerKind::Frozen => "frozen",
-            LayerKind::Delta => "delta",
-            LayerKind::Image => "image",
-        },
-        "level": layer.level.map(|l| l.to_string()),
-        "lsn_start": layer.lsn_start.to_string(),
-        "lsn_end": layer.lsn_end.map(|l| l.to_string()),
-        "size_bytes": layer.size_bytes,
-        "values": layer.values,
-        "file_name": layer.file_name,
-        "resident": layer.resident,
-    })
-}
-
-fn timeline_json(timeline: &Timeline) -> JsonValue {
-    let layers = timeline.layers();
-    let count = |kind| layers.iter().filter(|l| l.kind == kind).count();
-    let bytes = |kinds: &[LayerKind]| -> u64 {
-        layers
-            .iter()
-            .filter(|l| kinds.contains(&l.kind))
-            .map(|l| l.size_bytes)
-            .sum()
-    };
-    let broken = timeline.broken_reason().map(|r| redact_paths(&r));
-    let mut info = json!({
-        "tenant_id": timeline.tenant_id().to_string(),
-        "timeline_id": timeline.timeline_id().to_string(),
-        "last_record_lsn": timeline.last_record_lsn().to_string(),
-        "disk_consistent_lsn": timeline.disk_consistent_lsn().to_string(),
-        "gc_cutoff_lsn": timeline.gc_cutoff_lsn().to_string(),
-        "ancestor_timeline_id": timeline.ancestor().map(|(a, _)| a.timeline_id().to_string()),
-        "ancestor_lsn": timeline.ancestor().map(|(_, lsn)| lsn.to_string()),
-        "remote_consistent_lsn": timeline.remote_consistent_lsn().map(|l| l.to_string()),
-        "state": if broken.is_some() { "Broken" } else { "Active" },
-        "broken_reason": broken,
-        "layers": {
-            "open": count(LayerKind::Open),
-            "frozen": count(LayerKind::Frozen),
-            "delta": count(LayerKind::Delta),
-            "l0": layers.iter().filter(|l| l.level == Some(LayerLevel::L0)).count(),
-            "l1": layers.iter().filter(|l| l.level == Some(LayerLevel::L1)).count(),
-            "image": count(LayerKind::Image),
-        },
-        "in_memory_bytes": bytes(&[LayerKind::Open, LayerKind::Frozen]),
-        "delta_layer_bytes": bytes(&[LayerKind::Delta]),
-        "image_layer_bytes": bytes(&[LayerKind::Image]),
-    });
-    residence::Residence::of([timeline]).add_to(&mut info);
-    info
-}
-
-pub async fn status(State(state): State<SharedState>) -> Json<JsonValue> {
-    let started = state
-        .started_at
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    Json(json!({
-        "id": state.conf.id,
-        "version": env!("CARGO_PKG_VERSION"),
-        "testing": crate::failpoints::ENABLED,
-        "started_at": started,
-    }))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FailpointConfig {
-    name: String,
-    actions: String,
-}
-
-pub async fn failpoints(body: Body) -> ApiResult<Json<JsonValue>> {
-    if !crate::failpoints::ENABLED {
-        return Err(ApiError::bad_request(
-            "failpoints need a build with the `testing` feature",
-        ));
-    }
-    let body = read_body(body, MAX_JSON_BODY).await?;
-    let configs: Vec<FailpointConfig> = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request(format!(
-            "invalid request body: {e} (expected [{{\"name\": ..., \"actions\": ...}}])"
-        ))
-    })?;
-    for config in &configs {
-        crate::failpoints::configure(&config.name, &config.actions)
-            .map_err(ApiError::bad_request)?;
-        tracing::info!("failpoint {} set to `{}`", config.name, config.actions);
-    }
-    Ok(Json(json!({})))
-}
-
-pub async fn timeline_list(
-    State(state): State<SharedState>,
-    Path(tenant_id): Path<String>,
-) -> ApiResult<Json<JsonValue>> {
-    let tenant = state.tenants.get_tenant(parse_tenant(&tenant_id)?)?;
-    if let TenantState::Broken { reason } = tenant.state() {
-        return Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("tenant {} is broken: {reason}", tenant.id()),
-        ));
-    }
-    let timelines = tenant.list_timelines();
-    Ok(Json(JsonValue::Array(
-        timelines.iter().map(|t| timeline_json(t)).collect(),
-    )))
-}
-
-#[derive(Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TimelineCreateRequest {
-    new_timeline_id: Option<String>,
-    /// A branch of this timeline...
-    ancestor_timeline_id: Option<String>,
-    /// ...at this LSN (default: its `last_record_lsn`).
-    ancestor_start_lsn: Option<String>,
-}
-
-pub async fn timeline_create(
-    State(state): State<SharedState>,
-    Path(tenant_id): Path<String>,
-    body: Body,
-) -> ApiResult<(StatusCode, Json<JsonValue>)> {
-    // The body first, whatever the answer: a connection whose request body was left unread
-    // cannot carry the client's next request.
-    let request: TimelineCreateRequest = json_body(body).await?;
-    let tenant = state.tenants.get_tenant(parse_tenant(&tenant_id)?)?;
-    let id = request
-        .new_timeline_id
-        .as_deref()
-        .map(parse_timeline)
-        .transpose()?;
-    let ancestor = request
-        .ancestor_timeline_id
-        .as_deref()
-        .map(parse_timeline)
-        .transpose()?;
-    let start_lsn = match request.ancestor_start_lsn.as_deref() {
-        None => None,
-        Some(_) if ancestor.is_none() => {
-            return Err(ApiError::bad_request(
-                "ancestor_start_lsn needs ancestor_timeline_id",
-            ))
-        }
-        Some(text) => Some(
-            text.parse::<Lsn>()
-                .map_err(|e| ApiError::bad_request(format!("ancestor_start_lsn {text:?}: {e}")))?,
-        ),
-    };
-    let timeline = blocking(move || {
-        Ok(match ancestor {
-            Some(ancestor) => tenant.create_branch(id, ancestor, start_lsn)?,
-            None => tenant.create_timeline(id)?,
-        })
-    })
-    .await?;
-    Ok((StatusCode::CREATED, Json(timeline_json(&timeline))))
-}
-
 /// The timeline a data path names.
 pub(super) fn timeline_of(
     state: &SharedState,
@@ -281,97 +127,6 @@ pub(super) fn timeline_of(
     Ok(state.tenants.get_timeline(tenant, timeline)?)
 }
 
-pub async fn timeline_info(
-    State(state): State<SharedState>,
-    Path(ids): Path<(String, String)>,
-) -> ApiResult<Json<JsonValue>> {
-    let timeline = timeline_of(&state, &ids)?;
-    Ok(Json(timeline_json(&timeline)))
-}
-
-pub async fn timeline_delete(
-    State(state): State<SharedState>,
-    Path((tenant_id, timeline_id)): Path<(String, String)>,
-) -> ApiResult<Json<JsonValue>> {
-    let tenant = state.tenants.get_tenant(parse_tenant(&tenant_id)?)?;
-    let id = parse_timeline(&timeline_id)?;
-    blocking(move || Ok(tenant.delete_timeline(id)?)).await?;
-    Ok(Json(json!({})))
-}
-
-pub async fn ingest(
-    State(state): State<SharedState>,
-    Path(ids): Path<(String, String)>,
-    headers: axum::http::HeaderMap,
-    body: Body,
-) -> Result<Json<JsonValue>, Response> {
-    let started = Instant::now();
-    let result = ingest_inner(&state, &ids, &headers, body).await;
-    let outcome = if result.is_ok() { "ok" } else { "error" };
-    crate::metrics::INGEST_SECONDS
-        .with_label_values(&[outcome])
-        .observe(started.elapsed().as_secs_f64());
-    result
-}
-
-async fn ingest_inner(
-    state: &SharedState,
-    ids: &(String, String),
-    headers: &axum::http::HeaderMap,
-    body: Body,
-) -> Result<Json<JsonValue>, Response> {
-    // Which timeline first (404 and 400 as for any route), then the body's size (413).
-    let timeline = timeline_of(state, ids).map_err(closing)?;
-    let limit = state.conf.max_request_body_size;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if let Some(len) = declared.filter(|len| *len > limit as u64) {
-        // Refused from its length, before a byte of it is read; the unread body means the
-        // connection cannot carry another request, and the client is told so.
-        return Err(closing(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body of {len} bytes is over the limit of {limit} bytes"),
-        )));
-    }
-    let max_payload = max_stored_value_len(state.conf.max_value_size);
-    let (decoded, body_len) = read_batch(body, limit, max_payload)
-        .await
-        .map_err(closing)?;
-    // The whole body was read: a refusal leaves the connection usable.
-    let records = decoded.map_err(|e| ApiError::bad_request(e.to_string()).into_response())?;
-    store_batch(timeline, records, body_len)
-        .await
-        .map_err(IntoResponse::into_response)
-}
-
-/// Reads an ingest body to its end and decodes it. Large chunks are kept as they arrived and
-/// decoded in place, a record within one sharing the chunk's memory; small ones are gathered
-/// into one buffer ([`GatheredBody`]), so the body holds about as much memory as its bytes,
-/// which the request body budget covers (`body_limits.rs`). Decoding waits for the end of the
-/// body: decoded records of small values take more memory than their bytes on the wire. A body
-/// that fails to arrive is an error of the outer result.
-async fn read_batch(
-    mut body: Body,
-    limit: usize,
-    max_payload: usize,
-) -> ApiResult<(Result<Vec<PutRecord>, IngestDecodeError>, u64)> {
-    let mut gathered = GatheredBody::default();
-    let mut received = 0;
-    while let Some(chunk) = next_chunk(&mut body, limit, &mut received).await? {
-        gathered.push(chunk);
-    }
-    let decode = || {
-        let mut decoder = BatchDecoder::new(max_payload);
-        for segment in gathered.into_segments() {
-            decoder.feed(segment)?;
-        }
-        decoder.finish()
-    };
-    Ok((decode(), received as u64))
-}
-
 /// `error` with `Connection: close`, for a refusal that leaves a request body unread.
 pub(super) fn closing(error: ApiError) -> Response {
     let mut response = error.into_response();
@@ -380,27 +135,6 @@ pub(super) fn closing(error: ApiError) -> Response {
         header::HeaderValue::from_static("close"),
     );
     response
-}
-
-async fn store_batch(
-    timeline: std::sync::Arc<Timeline>,
-    records: Vec<PutRecord>,
-    body_len: u64,
-) -> ApiResult<Json<JsonValue>> {
-    let count = records.len();
-    let timeline = blocking(move || {
-        timeline.put_batch(&records)?;
-        // Counted here: a batch is stored even if its client hangs up before the answer.
-        crate::metrics::INGEST_RECORDS.inc_by(count as u64);
-        crate::metrics::INGEST_BYTES.inc_by(body_len);
-        Ok(timeline)
-    })
-    .await?;
-    Ok(Json(json!({
-        "records": count,
-        "last_record_lsn": timeline.last_record_lsn().to_string(),
-        "disk_consistent_lsn": timeline.disk_consistent_lsn().to_string(),
-    })))
 }
 
 /// A key query parameter: 36 hex characters.
@@ -450,319 +184,16 @@ pub(super) fn query_params<'k>(
     Ok(params)
 }
 
-/// `key=<36 hex>&lsn=<X/X | decimal | latest>`, in any order; nothing else.
-fn page_query(uri: &Uri) -> ApiResult<(Key, Option<Lsn>)> {
-    let mut key = None;
-    let mut lsn = None;
-    for (name, value) in query_params(uri, &["key", "lsn"], "key and lsn")? {
-        match name {
-            "key" => key = Some(key_param(name, &value)?),
-            _ => lsn = Some(lsn_param(&value)?),
-        }
-    }
-    let key = key.ok_or_else(|| ApiError::bad_request("missing query parameter `key`"))?;
-    let lsn = lsn.ok_or_else(|| {
-        ApiError::bad_request(
-            "missing query parameter `lsn` (an LSN such as 0/16B5A50, or `latest`)",
-        )
-    })?;
-    Ok((key, lsn))
-}
-
-pub async fn get_page(
-    State(state): State<SharedState>,
-    Path(ids): Path<(String, String)>,
-    uri: Uri,
-) -> Response {
-    let started = Instant::now();
-    let (outcome, response) = match get_page_inner(&state, &ids, &uri).await {
-        Ok((_, Some(page), lsn, cost)) => {
-            let headers = [
-                (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
-                (header::HeaderName::from_static("x-lsn"), lsn.to_string()),
-                (X_READ_COST, cost.to_string()),
-            ];
-            ("ok", (headers, page).into_response())
-        }
-        // A key with no version still cost a read, which the caller may want to see.
-        Ok((key, None, lsn, cost)) => {
-            let error = ApiError::no_version(key, lsn);
-            let headers = [(X_READ_COST, cost.to_string())];
-            ("not_found", (headers, error).into_response())
-        }
-        Err(e) if e.status == StatusCode::NOT_FOUND => ("not_found", e.into_response()),
-        Err(e) => ("error", e.into_response()),
-    };
-    crate::metrics::GETPAGE_SECONDS
-        .with_label_values(&[outcome])
-        .observe(started.elapsed().as_secs_f64());
-    response
-}
-
-const X_READ_COST: header::HeaderName = header::HeaderName::from_static("x-read-cost");
-
-async fn get_page_inner(
-    state: &SharedState,
-    ids: &(String, String),
-    uri: &Uri,
-) -> ApiResult<(Key, Option<Bytes>, Lsn, read_cost::ReadCost)> {
-    let (key, lsn) = page_query(uri)?;
-    let timeline = timeline_of(state, ids)?;
-    let lsn = lsn.unwrap_or_else(|| timeline.last_record_lsn());
-    // Waits as a task, not on a thread: a client that hangs up ends its wait.
-    timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
-    let (page, cost) = read(&state.admissions, move || {
-        read_cost::measure(|| timeline.get_page(key, lsn))
-    })
-    .await?;
-    read_cost::record(&cost, 1);
-    Ok((key, page?, lsn, cost))
-}
-
-/// Scan pages hold this many entries unless the request says otherwise...
-const DEFAULT_SCAN_LIMIT: usize = 100;
-/// ...and never more than this (about 11 MiB of JSON for 8 KiB pages).
-const MAX_SCAN_LIMIT: usize = 1000;
-
-/// The query of a key-range scan page.
-struct ScanQuery {
-    start: Key,
-    end: Key,
-    /// `None` for `latest`.
-    lsn: Option<Lsn>,
-    limit: usize,
-    token: Option<ScanToken>,
-}
-
-/// `start=K&end=K&lsn=L[&limit=N][&page_token=T]`, in any order; nothing else.
-fn scan_query(uri: &Uri) -> ApiResult<ScanQuery> {
-    let (mut start, mut end, mut lsn, mut limit, mut token) = (None, None, None, None, None);
-    let known = ["start", "end", "lsn", "limit", "page_token"];
-    for (name, value) in query_params(uri, &known, "start, end, lsn, limit and page_token")? {
-        let value = value.as_str();
-        match name {
-            "start" => start = Some(key_param(name, value)?),
-            "end" => end = Some(key_param(name, value)?),
-            "lsn" => lsn = Some(lsn_param(value)?),
-            "limit" => {
-                let n = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| (1..=MAX_SCAN_LIMIT).contains(n))
-                    .ok_or_else(|| {
-                        ApiError::bad_request(format!(
-                            "query parameter limit: `{}` is not a number from 1 to {MAX_SCAN_LIMIT}",
-                            value.chars().take(40).collect::<String>()
-                        ))
-                    })?;
-                limit = Some(n);
-            }
-            _ => {
-                token = Some(
-                    ScanToken::decode(value).map_err(|e| ApiError::bad_request(e.to_string()))?,
-                )
-            }
-        }
-    }
-    let missing = |name: &str, what: &str| {
-        ApiError::bad_request(format!("missing query parameter `{name}` ({what})"))
-    };
-    let start = start.ok_or_else(|| missing("start", "the first key, 36 hex characters"))?;
-    let end = end.ok_or_else(|| missing("end", "the key after the last, 36 hex characters"))?;
-    let lsn = lsn.ok_or_else(|| missing("lsn", "an LSN such as 0/16B5A50, or `latest`"))?;
-    if start > end {
-        return Err(ApiError::bad_request(format!(
-            "start {start} is above end {end}"
-        )));
-    }
-    Ok(ScanQuery {
-        start,
-        end,
-        lsn,
-        limit: limit.unwrap_or(DEFAULT_SCAN_LIMIT),
-        token,
-    })
-}
-
-/// `GET .../keys`: a page of the keys in `[start, end)` with their pages as of the LSN; see
-/// docs/http-api.md and `timeline::scan::cursor_cache`.
-pub async fn scan_keys(
-    State(state): State<SharedState>,
-    Path((tenant_id, timeline_id)): Path<(String, String)>,
-    uri: Uri,
-) -> ApiResult<Response> {
-    let query = scan_query(&uri)?;
-    let tenant_id = parse_tenant(&tenant_id)?;
-    let timeline_id = parse_timeline(&timeline_id)?;
-    if let Some(token) = &query.token {
-        token
-            .check_request(tenant_id, timeline_id, query.lsn, query.start, query.end)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    }
-    let timeline = state.tenants.get_timeline(tenant_id, timeline_id)?;
-    let lsn = match (query.lsn, &query.token) {
-        (Some(lsn), _) => lsn,
-        (None, Some(token)) => token.lsn,
-        (None, None) => timeline.last_record_lsn(),
-    };
-    timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
-    let admissions = state.admissions.clone();
-    let (body, cost) = read_on_pool(&admissions, move || {
-        let request = ScanRequest {
-            lsn,
-            end: query.end,
-            from: match query.token {
-                Some(token) => ScanFrom::Token(token),
-                None => ScanFrom::Start(query.start),
-            },
-            limit: query.limit,
-        };
-        let (result, cost) = read_cost::measure(|| state.scan_cursors.page(&timeline, request));
-        // Up to about 11 MiB of JSON: written here, off the async workers.
-        let body = result.map(|r| scan_page_body(&r.entries, r.next_page_token.as_deref()));
-        (body, cost)
-    })
-    .await?;
-    let body = body?;
-    Ok((
-        [
-            (header::CONTENT_TYPE, "application/json".to_owned()),
-            (header::HeaderName::from_static("x-lsn"), lsn.to_string()),
-            (
-                header::HeaderName::from_static("x-read-cost"),
-                cost.to_string(),
-            ),
-        ],
-        body,
-    )
-        .into_response())
-}
-
-pub async fn checkpoint(
-    State(state): State<SharedState>,
-    Path(ids): Path<(String, String)>,
-) -> ApiResult<Json<JsonValue>> {
-    let timeline = timeline_of(&state, &ids)?;
-    let timeline = blocking(move || {
-        timeline.checkpoint()?;
-        Ok(timeline)
-    })
-    .await?;
-    Ok(Json(timeline_json(&timeline)))
-}
-
-/// `force_images=true|false`: whether image creation images every piece with history above
-/// its image, triggers or not.
-fn compact_query(uri: &Uri) -> ApiResult<bool> {
-    let mut force = false;
-    for (_, value) in query_params(uri, &["force_images"], "force_images")? {
-        force = match value.as_str() {
-            "true" => true,
-            "false" => false,
-            _ => {
-                return Err(ApiError::bad_request(
-                    "query parameter force_images: expected true or false",
-                ))
-            }
-        };
-    }
-    Ok(force)
-}
-
-pub async fn compact(
-    State(state): State<SharedState>,
-    Path(ids): Path<(String, String)>,
-    uri: Uri,
-) -> ApiResult<Json<JsonValue>> {
-    let force_images = compact_query(&uri)?;
-    let timeline = timeline_of(&state, &ids)?;
-    let (timeline, compaction, images) = blocking(move || {
-        let compaction = timeline.compact_l0(2)?;
-        let images = timeline.create_images(force_images)?;
-        Ok((timeline, compaction, images))
-    })
-    .await?;
-    let mut info = timeline_json(&timeline);
-    info["compaction"] = json!({
-        "inputs": compaction.inputs,
-        "outputs": compaction.outputs,
-        "bytes_read": compaction.bytes_read,
-        "bytes_written": compaction.bytes_written,
-        "materialized": compaction.materialized,
-        "waiting_for_images": compaction.waiting_for_images,
-    });
-    info["image_creation"] = json!({
-        "lsn": images.lsn.map(|l| l.to_string()),
-        "pieces": images.pieces,
-        "pieces_imaged": images.pieces_imaged,
-        "layers_written": images.layers_written,
-        "images": images.images,
-        "bytes_read": images.bytes_read,
-        "bytes_written": images.bytes_written,
-    });
-    Ok(Json(info))
-}
-
-pub async fn gc(
-    State(state): State<SharedState>,
-    Path(ids): Path<(String, String)>,
-) -> ApiResult<Json<JsonValue>> {
-    let timeline = timeline_of(&state, &ids)?;
-    let (timeline, outcome) = blocking(move || {
-        // The timeline's branch points are retained by `gc` itself.
-        let outcome = timeline.gc(&[])?;
-        Ok((timeline, outcome))
-    })
-    .await?;
-    let mut info = timeline_json(&timeline);
-    info["gc"] = json!({
-        "cutoff": outcome.cutoff.to_string(),
-        "layers_removed": outcome.layers_removed,
-        "bytes_removed": outcome.bytes_removed,
-    });
-    Ok(Json(info))
-}
-
-pub async fn layer_list(
-    State(state): State<SharedState>,
-    Path(ids): Path<(String, String)>,
-) -> ApiResult<Json<JsonValue>> {
-    let timeline = timeline_of(&state, &ids)?;
-    let layers: Vec<JsonValue> = timeline.layers().iter().map(layer_json).collect();
-    Ok(Json(json!({ "layers": layers })))
-}
-
-fn kind_json(k: &KindStats) -> JsonValue {
-    json!({
-        "accesses": k.accesses,
-        "hits": k.hits,
-        "misses": k.misses,
-        "inserts": k.inserts,
-        "evictions": k.evictions,
-        "bytes_resident": k.bytes_resident,
-    })
-}
-
-pub async fn page_cache_stats(State(state): State<SharedState>) -> Json<JsonValue> {
-    let stats = state.cache.stats();
+pub async fn status(State(state): State<SharedState>) -> Json<JsonValue> {
+    let started = state
+        .started_at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     Json(json!({
-        "capacity_bytes": stats.capacity_bytes,
-        "file_pages": kind_json(&stats.file_pages),
-        "index_pages": kind_json(&stats.index_pages),
-        "materialized_pages": kind_json(&stats.materialized_pages),
-        "inserts_refused": stats.inserts_refused,
-        "inserts_duplicate": stats.inserts_duplicate,
-        "miss_waits": stats.miss_waits,
-        "pinned_pages": stats.pinned_pages,
-    }))
-}
-
-pub async fn page_cache_drop(State(state): State<SharedState>) -> Json<JsonValue> {
-    let dropped = state.cache.drop_unpinned();
-    Json(json!({
-        "file_pages": dropped.file_pages,
-        "index_pages": dropped.index_pages,
-        "materialized_pages": dropped.materialized_pages,
+        "id": state.conf.id,
+        "version": env!("CARGO_PKG_VERSION"),
+        "testing": crate::failpoints::ENABLED,
+        "started_at": started,
     }))
 }
 

@@ -1,0 +1,135 @@
+//! Paged key-range scans: `GET .../keys` answers a page of the keys in `[start, end)` with their
+//! pages as of an LSN, and a token to continue from. The cursor cache keeps the scan's state
+//! between pages (`timeline::scan::cursor_cache`); the page's JSON is written by `scan_body.rs`.
+
+use axum::extract::{Path, State};
+use axum::http::{header, Uri};
+use axum::response::{IntoResponse, Response};
+use pageserver_api::Key;
+use utils::Lsn;
+
+use super::scan_body::scan_page_body;
+use super::{key_param, lsn_param, parse_tenant, parse_timeline, query_params, ApiResult};
+use crate::http::error::ApiError;
+use crate::http::{read_on_pool, SharedState};
+use crate::io::read_cost;
+use crate::tenant::timeline::scan::cursor_cache::{ScanFrom, ScanRequest, ScanToken};
+
+/// Scan pages hold this many entries unless the request says otherwise...
+const DEFAULT_SCAN_LIMIT: usize = 100;
+/// ...and never more than this (about 11 MiB of JSON for 8 KiB pages).
+const MAX_SCAN_LIMIT: usize = 1000;
+
+/// The query of a key-range scan page.
+struct ScanQuery {
+    start: Key,
+    end: Key,
+    /// `None` for `latest`.
+    lsn: Option<Lsn>,
+    limit: usize,
+    token: Option<ScanToken>,
+}
+
+/// `start=K&end=K&lsn=L[&limit=N][&page_token=T]`, in any order; nothing else.
+fn scan_query(uri: &Uri) -> ApiResult<ScanQuery> {
+    let (mut start, mut end, mut lsn, mut limit, mut token) = (None, None, None, None, None);
+    let known = ["start", "end", "lsn", "limit", "page_token"];
+    for (name, value) in query_params(uri, &known, "start, end, lsn, limit and page_token")? {
+        let value = value.as_str();
+        match name {
+            "start" => start = Some(key_param(name, value)?),
+            "end" => end = Some(key_param(name, value)?),
+            "lsn" => lsn = Some(lsn_param(value)?),
+            "limit" => {
+                let n = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_SCAN_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "query parameter limit: `{}` is not a number from 1 to {MAX_SCAN_LIMIT}",
+                            value.chars().take(40).collect::<String>()
+                        ))
+                    })?;
+                limit = Some(n);
+            }
+            _ => {
+                token = Some(
+                    ScanToken::decode(value).map_err(|e| ApiError::bad_request(e.to_string()))?,
+                )
+            }
+        }
+    }
+    let missing = |name: &str, what: &str| {
+        ApiError::bad_request(format!("missing query parameter `{name}` ({what})"))
+    };
+    let start = start.ok_or_else(|| missing("start", "the first key, 36 hex characters"))?;
+    let end = end.ok_or_else(|| missing("end", "the key after the last, 36 hex characters"))?;
+    let lsn = lsn.ok_or_else(|| missing("lsn", "an LSN such as 0/16B5A50, or `latest`"))?;
+    if start > end {
+        return Err(ApiError::bad_request(format!(
+            "start {start} is above end {end}"
+        )));
+    }
+    Ok(ScanQuery {
+        start,
+        end,
+        lsn,
+        limit: limit.unwrap_or(DEFAULT_SCAN_LIMIT),
+        token,
+    })
+}
+
+/// `GET .../keys`: a page of the keys in `[start, end)` with their pages as of the LSN; see
+/// docs/http-api.md and `timeline::scan::cursor_cache`.
+pub async fn scan_keys(
+    State(state): State<SharedState>,
+    Path((tenant_id, timeline_id)): Path<(String, String)>,
+    uri: Uri,
+) -> ApiResult<Response> {
+    let query = scan_query(&uri)?;
+    let tenant_id = parse_tenant(&tenant_id)?;
+    let timeline_id = parse_timeline(&timeline_id)?;
+    if let Some(token) = &query.token {
+        token
+            .check_request(tenant_id, timeline_id, query.lsn, query.start, query.end)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    }
+    let timeline = state.tenants.get_timeline(tenant_id, timeline_id)?;
+    let lsn = match (query.lsn, &query.token) {
+        (Some(lsn), _) => lsn,
+        (None, Some(token)) => token.lsn,
+        (None, None) => timeline.last_record_lsn(),
+    };
+    timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
+    let admissions = state.admissions.clone();
+    let (body, cost) = read_on_pool(&admissions, move || {
+        let request = ScanRequest {
+            lsn,
+            end: query.end,
+            from: match query.token {
+                Some(token) => ScanFrom::Token(token),
+                None => ScanFrom::Start(query.start),
+            },
+            limit: query.limit,
+        };
+        let (result, cost) = read_cost::measure(|| state.scan_cursors.page(&timeline, request));
+        // Up to about 11 MiB of JSON: written here, off the async workers.
+        let body = result.map(|r| scan_page_body(&r.entries, r.next_page_token.as_deref()));
+        (body, cost)
+    })
+    .await?;
+    let body = body?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/json".to_owned()),
+            (header::HeaderName::from_static("x-lsn"), lsn.to_string()),
+            (
+                header::HeaderName::from_static("x-read-cost"),
+                cost.to_string(),
+            ),
+        ],
+        body,
+    )
+        .into_response())
+}
