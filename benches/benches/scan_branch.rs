@@ -33,7 +33,7 @@
 //!
 //! What `GET .../keys` adds to a page: `scan_branch/body/direct` writes the JSON body of one
 //! full page of the scan (1000 entries of 8 KiB) as the handler does
-//! (`http::routes::scan_body`); `scan_branch/body/serde_json`, its baseline, builds the same
+//! (`http::routes::scan::body`); `scan_branch/body/serde_json`, its baseline, builds the same
 //! body as a `serde_json::Value` and serializes it, as the handler used to. Both bodies are
 //! checked equal first.
 //!
@@ -54,7 +54,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use pageserver::http::routes::scan_body::scan_page_body;
+use pageserver::http::routes::scan::body::scan_page_body;
 use pageserver::io::read_cost::{self, ReadCost};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
 use pageserver::tenant::timeline::layer_set::manifest::Manifest;

@@ -5,7 +5,7 @@
 //! - `timeline.rs`: a tenant's timelines (list, create or branch, one, delete) and a timeline's
 //!   layer list;
 //! - `page.rs`: page versions in (`POST .../ingest`) and out (`GET .../page`);
-//! - `scan.rs`: paged key-range scans (`GET .../keys`), with their page body (`scan_body.rs`);
+//! - `scan.rs`: paged key-range scans (`GET .../keys`), with their page body (`scan/body.rs`);
 //! - `maintenance.rs`: what an operator or a test forces that background work would do anyway
 //!   (checkpoint, compaction and image creation, GC), failpoints, and the page cache's stats
 //!   and drop;
@@ -38,8 +38,7 @@ mod datadir;
 mod maintenance;
 mod page;
 mod residence;
-mod scan;
-pub mod scan_body;
+pub mod scan;
 mod tenant;
 mod timeline;
 pub use datadir::{basebackup, import};

@@ -1,6 +1,6 @@
 //! Paged key-range scans: `GET .../keys` answers a page of the keys in `[start, end)` with their
 //! pages as of an LSN, and a token to continue from. The cursor cache keeps the scan's state
-//! between pages (`timeline::scan::cursor_cache`); the page's JSON is written by `scan_body.rs`.
+//! between pages (`timeline::scan::cursor_cache`); the page's JSON is written by [`body`].
 
 use axum::extract::{Path, State};
 use axum::http::{header, Uri};
@@ -8,12 +8,14 @@ use axum::response::{IntoResponse, Response};
 use pageserver_api::Key;
 use utils::Lsn;
 
-use super::scan_body::scan_page_body;
 use super::{key_param, lsn_param, parse_tenant, parse_timeline, query_params, ApiResult};
 use crate::http::error::ApiError;
 use crate::http::{read_on_pool, SharedState};
 use crate::io::read_cost;
 use crate::tenant::timeline::scan::cursor_cache::{ScanFrom, ScanRequest, ScanToken};
+use body::scan_page_body;
+
+pub mod body;
 
 /// Scan pages hold this many entries unless the request says otherwise...
 const DEFAULT_SCAN_LIMIT: usize = 100;
