@@ -18,8 +18,8 @@
 //!
 //! Every scan reads the whole key space, `PAGE_LIMIT` (1000) entries a page, as the regression
 //! test's `scan_all` does, through [`CursorCache::page`]: the path of `GET .../keys` below its
-//! JSON, each page continuing with the text of the previous page's `next_page_token`, decoded
-//! and checked as the handler does. Cases:
+//! JSON, each page continuing with the text of the previous page's `next_page_token`, encoded,
+//! decoded and checked as the handler does. Cases:
 //!
 //! * `parent@second`: the parent at the branch point, the **baseline**;
 //! * `branch@second`: the branch at its branch point: the same keys and pages, all from the
@@ -55,11 +55,12 @@ use base64::Engine;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pageserver::http::routes::scan::body::scan_page_body;
+use pageserver::http::routes::scan::token;
 use pageserver::io::read_cost::{self, ReadCost};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
 use pageserver::tenant::timeline::layer_set::manifest::Manifest;
 use pageserver::tenant::timeline::scan::cursor_cache::{
-    CursorCache, CursorCacheConfig, CursorCacheStats, ScanFrom, ScanRequest, ScanToken,
+    CursorCache, CursorCacheConfig, CursorCacheStats, ScanFrom, ScanRequest,
 };
 use pageserver::tenant::timeline::{Ancestry, Timeline, TimelineConf};
 use pageserver::PAGE_SZ;
@@ -317,17 +318,17 @@ impl<'a> Scan<'a> {
         let from = match &self.token {
             None => ScanFrom::Start(Key::MIN),
             Some(text) => {
-                let token = ScanToken::decode(text).expect("a token the server issued");
-                token
-                    .check_request(
-                        self.timeline.tenant_id(),
-                        self.timeline.timeline_id(),
-                        Some(self.lsn),
-                        Key::MIN,
-                        Key::MAX,
-                    )
-                    .expect("the token continues this scan");
-                ScanFrom::Token(token)
+                let position = token::decode(text).expect("a token the server issued");
+                token::check_request(
+                    &position,
+                    self.timeline.tenant_id(),
+                    self.timeline.timeline_id(),
+                    Some(self.lsn),
+                    Key::MIN,
+                    Key::MAX,
+                )
+                .expect("the token continues this scan");
+                ScanFrom::After(position)
             }
         };
         let result = self
@@ -342,7 +343,7 @@ impl<'a> Scan<'a> {
                 },
             )
             .expect("scan page");
-        self.token = result.next_page_token;
+        self.token = result.next.as_ref().map(token::encode);
         self.done = self.token.is_none();
         result.entries
     }

@@ -1,6 +1,7 @@
 //! Paged key-range scans: `GET .../keys` answers a page of the keys in `[start, end)` with their
 //! pages as of an LSN, and a token to continue from. The cursor cache keeps the scan's state
-//! between pages (`timeline::scan::cursor_cache`); the page's JSON is written by [`body`].
+//! between pages (`timeline::scan::cursor_cache`) and says where the next page starts; the
+//! token is that position's wire form ([`token`]), and the page's JSON is written by [`body`].
 
 use axum::extract::{Path, State};
 use axum::http::{header, Uri};
@@ -12,10 +13,11 @@ use super::{key_param, lsn_param, parse_tenant, parse_timeline, query_params, Ap
 use crate::http::error::ApiError;
 use crate::http::{read_on_pool, SharedState};
 use crate::io::read_cost;
-use crate::tenant::timeline::scan::cursor_cache::{ScanFrom, ScanRequest, ScanToken};
+use crate::tenant::timeline::scan::cursor_cache::{ScanFrom, ScanPosition, ScanRequest};
 use body::scan_page_body;
 
 pub mod body;
+pub mod token;
 
 /// Scan pages hold this many entries unless the request says otherwise...
 const DEFAULT_SCAN_LIMIT: usize = 100;
@@ -29,7 +31,8 @@ struct ScanQuery {
     /// `None` for `latest`.
     lsn: Option<Lsn>,
     limit: usize,
-    token: Option<ScanToken>,
+    /// The decoded `page_token`: where the previous page ended.
+    token: Option<ScanPosition>,
 }
 
 /// `start=K&end=K&lsn=L[&limit=N][&page_token=T]`, in any order; nothing else.
@@ -56,9 +59,8 @@ fn scan_query(uri: &Uri) -> ApiResult<ScanQuery> {
                 limit = Some(n);
             }
             _ => {
-                token = Some(
-                    ScanToken::decode(value).map_err(|e| ApiError::bad_request(e.to_string()))?,
-                )
+                token =
+                    Some(token::decode(value).map_err(|e| ApiError::bad_request(e.to_string()))?)
             }
         }
     }
@@ -92,15 +94,21 @@ pub async fn scan_keys(
     let query = scan_query(&uri)?;
     let tenant_id = parse_tenant(&tenant_id)?;
     let timeline_id = parse_timeline(&timeline_id)?;
-    if let Some(token) = &query.token {
-        token
-            .check_request(tenant_id, timeline_id, query.lsn, query.start, query.end)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if let Some(position) = &query.token {
+        token::check_request(
+            position,
+            tenant_id,
+            timeline_id,
+            query.lsn,
+            query.start,
+            query.end,
+        )
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
     let timeline = state.tenants.get_timeline(tenant_id, timeline_id)?;
     let lsn = match (query.lsn, &query.token) {
         (Some(lsn), _) => lsn,
-        (None, Some(token)) => token.lsn,
+        (None, Some(position)) => position.lsn,
         (None, None) => timeline.last_record_lsn(),
     };
     timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
@@ -110,14 +118,17 @@ pub async fn scan_keys(
             lsn,
             end: query.end,
             from: match query.token {
-                Some(token) => ScanFrom::Token(token),
+                Some(position) => ScanFrom::After(position),
                 None => ScanFrom::Start(query.start),
             },
             limit: query.limit,
         };
         let (result, cost) = read_cost::measure(|| state.scan_cursors.page(&timeline, request));
         // Up to about 11 MiB of JSON: written here, off the async workers.
-        let body = result.map(|r| scan_page_body(&r.entries, r.next_page_token.as_deref()));
+        let body = result.map(|r| {
+            let next_page_token = r.next.as_ref().map(token::encode);
+            scan_page_body(&r.entries, next_page_token.as_deref())
+        });
         (body, cost)
     })
     .await?;
