@@ -9,6 +9,7 @@ import json
 import shutil
 
 from fixtures.ingest import Workload, key
+from fixtures.metrics import Metrics
 from fixtures.plugin import PageserverFactory
 from fixtures.remote_storage import RemoteStore
 from fixtures.timeline import TimelineHandle
@@ -171,7 +172,14 @@ def test_eviction_keeps_the_disk_budget_and_reads_download(pageserver_factory: P
     assert all(layer["level"] in ("L1", "image") for layer in gone)
     for layer in gone:
         assert not (ps.timeline_dir(timeline.tenant_id, timeline.timeline_id) / layer["file_name"]).exists()
-    wait_until(lambda: "pageserver_layer_evictions_total 0" not in ps.http.metrics_text(), timeout=60, what="evictions counted")
+    # Each layer file no longer on the disk was evicted at least once, and counted: a counter
+    # that is missing fails at once rather than passing as "not 0".
+    wait_until(
+        lambda: Metrics(ps.http.metrics_text()).value("pageserver_layer_evictions_total") >= len(gone),
+        timeout=60,
+        what="evictions counted",
+        fatal=(AssertionError,),
+    )
     # Reads download what they need, and answer as before.
     ps.http.page_cache_drop()
     downloads = sum(read_cost(timeline, k, "latest")["downloads"] for k in timeline.model.keys())
