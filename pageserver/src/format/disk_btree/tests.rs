@@ -380,12 +380,7 @@ fn limits() -> impl Strategy<Value = Option<(usize, usize)>> {
 // ---------------------------------------------------------------------------------------------
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 48,
-        // Failures print their minimal input; no regression files beside the sources.
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(ProptestConfig::with_cases(48))]
 
     #[test]
     fn reads_match_a_btreemap_26(
@@ -504,11 +499,6 @@ fn three_levels_at_full_fanout() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
-
     #[test]
     fn key_less_is_byte_order(
         (a, b) in (1usize..40).prop_flat_map(|len| {
@@ -1132,11 +1122,7 @@ fn apply_damage(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 64,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(ProptestConfig::with_cases(64))]
 
     /// Random bit flips (up to three bits, which CRC-32C always detects in an 8 KiB block): an
     /// operation errs exactly when it reads a flipped block, and is right otherwise.
