@@ -5,7 +5,8 @@
 //! - `timeline.rs`: a tenant's timelines (list, create or branch, one, delete) and a timeline's
 //!   layer list;
 //! - `page.rs`: page versions in (`POST .../ingest`) and out (`GET .../page`);
-//! - `scan.rs`: paged key-range scans (`GET .../keys`), with their page body (`scan/body.rs`);
+//! - `scan.rs`: paged key-range scans (`GET .../keys`), with their page body (`scan/body.rs`)
+//!   and the wire format of their page token (`scan/token.rs`);
 //! - `maintenance.rs`: what an operator or a test forces that background work would do anyway
 //!   (checkpoint, compaction and image creation, GC), failpoints, and the page cache's stats
 //!   and drop;
