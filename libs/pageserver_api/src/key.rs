@@ -16,6 +16,8 @@ use std::fmt;
 use std::mem::size_of;
 use std::str::FromStr;
 
+use utils::quote::bounded;
+
 /// Bytes in a serialized key.
 pub const KEY_SIZE: usize = 18;
 
@@ -229,7 +231,7 @@ impl FromStr for Key {
             for _ in 0..2 {
                 // The length check above means `next()` always has a character.
                 let (position, ch) = chars.next().ok_or_else(wrong_length)?;
-                let nibble = hex_digit(ch).ok_or_else(|| KeyError::NotHex {
+                let nibble = utils::hex::digit(ch).ok_or_else(|| KeyError::NotHex {
                     input: bounded(s),
                     ch,
                     position,
@@ -240,34 +242,6 @@ impl FromStr for Key {
         }
         Ok(Key::from_bytes(bytes))
     }
-}
-
-/// The value of one hex digit, either case.
-fn hex_digit(ch: char) -> Option<u8> {
-    let b = u8::try_from(ch).ok()?;
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
-}
-
-/// How many bytes of rejected text an error keeps, at most, so an error
-/// never grows with hostile input.
-const MAX_QUOTED_BYTES: usize = 64;
-
-/// At most [`MAX_QUOTED_BYTES`] of `input`, cut on a character boundary,
-/// with `…` appended when something was cut off.
-fn bounded(input: &str) -> String {
-    if input.len() <= MAX_QUOTED_BYTES {
-        return input.to_owned();
-    }
-    let mut end = MAX_QUOTED_BYTES;
-    while !input.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &input[..end])
 }
 
 #[cfg(test)]

@@ -62,17 +62,6 @@ impl IdParseError {
     }
 }
 
-/// The value of one hex digit, either case.
-fn hex_digit(ch: char) -> Option<u8> {
-    let b = u8::try_from(ch).ok()?;
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
-}
-
 /// Parses the text form shared by every id type.
 fn parse_id(s: &str, what: &'static str) -> Result<[u8; ID_LEN], IdParseError> {
     decode_hex(s).map_err(|kind| IdParseError {
@@ -94,7 +83,7 @@ fn decode_hex(s: &str) -> Result<[u8; ID_LEN], IdParseErrorKind> {
         for _ in 0..2 {
             // The length check above means `next()` always has a character.
             let (position, ch) = chars.next().ok_or(IdParseErrorKind::WrongLength { len })?;
-            let nibble = hex_digit(ch).ok_or(IdParseErrorKind::NotHex { ch, position })?;
+            let nibble = crate::hex::digit(ch).ok_or(IdParseErrorKind::NotHex { ch, position })?;
             value = (value << 4) | nibble;
         }
         *byte = value;

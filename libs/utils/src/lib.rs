@@ -7,11 +7,11 @@
 //! agrees on those forms.
 
 pub mod generation;
+pub mod hex;
 pub mod id;
 pub mod lsn;
+pub mod quote;
 pub mod wakeup;
-
-mod quote;
 
 pub use generation::Generation;
 pub use id::{TenantId, TimelineId};

@@ -5,11 +5,11 @@
 //! long; only a prefix is kept so an error never grows with its input.
 
 /// How many bytes of rejected input an error keeps, at most.
-pub(crate) const MAX_QUOTED_BYTES: usize = 64;
+pub const MAX_QUOTED_BYTES: usize = 64;
 
 /// Returns at most [`MAX_QUOTED_BYTES`] of `input`, cut on a character
 /// boundary, with `…` appended when something was cut off.
-pub(crate) fn bounded(input: &str) -> String {
+pub fn bounded(input: &str) -> String {
     if input.len() <= MAX_QUOTED_BYTES {
         return input.to_owned();
     }
