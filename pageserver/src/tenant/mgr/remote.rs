@@ -29,10 +29,9 @@ pub(super) fn read_generation(dir: &Path) -> Result<Generation, TenantError> {
 
 /// Writes `dir/generation` (a directory being built, fsynced with it).
 pub(super) fn write_generation(dir: &Path, generation: Generation) -> Result<(), TenantError> {
-    let path = dir.join(GENERATION_FILE);
-    std::fs::write(&path, format!("{generation}\n")).map_err(io_error(&path))?;
-    let file = std::fs::File::open(&path).map_err(io_error(&path))?;
-    file.sync_all().map_err(io_error(&path))
+    let text = format!("{generation}\n");
+    crate::io::crashsafe::write_in_new_dir(dir, GENERATION_FILE, text.as_bytes())
+        .map_err(|e| io_error(&e.path)(e.source))
 }
 
 /// Loads timeline `timeline_id` from `dir`. With remote storage, its upload client starts

@@ -252,12 +252,9 @@ impl OnDemandLayer {
             .map_err(failed)?;
         {
             let _replacing = super::layer_file::replace_lock();
-            std::fs::rename(&temp, &self.path)
+            crate::io::crashsafe::rename_durably(&temp, &self.path)
                 .map_err(|e| failed(format!("renaming the download into place: {e}")))?;
         }
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        crate::io::crashsafe::fsync_dir(dir)
-            .map_err(|e| failed(format!("fsync of the directory: {e}")))?;
         let s = &self.settings;
         let layer = if self.is_image() {
             let image = ImageLayer::open(&self.path, s.cache.clone(), s.max_value_size)?;

@@ -62,15 +62,13 @@ impl Ancestry {
 
     /// Writes the link into `dir` (a directory being built, fsynced with it).
     pub fn write(&self, dir: &Path) -> Result<(), TimelineError> {
-        let path = dir.join(ANCESTOR_FILE);
-        let io = |source| TimelineError::Io {
-            path: path.clone(),
-            source,
-        };
-        std::fs::write(&path, format!("{} {}\n", self.timeline_id, self.lsn)).map_err(io)?;
-        std::fs::File::open(&path)
-            .and_then(|f| f.sync_all())
-            .map_err(io)
+        let text = format!("{} {}\n", self.timeline_id, self.lsn);
+        crate::io::crashsafe::write_in_new_dir(dir, ANCESTOR_FILE, text.as_bytes()).map_err(|e| {
+            TimelineError::Io {
+                path: e.path,
+                source: e.source,
+            }
+        })
     }
 }
 
