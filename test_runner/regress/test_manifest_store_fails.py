@@ -1,8 +1,9 @@
 """A manifest store that fails after its rename, the server still running: the new manifest has
 its name but its directory was not fsynced, so whether the change survives a crash is unknown.
 Compaction, image creation and GC then keep every file either manifest lists, the timeline
-refuses changes until it is loaded again, reads stay right meanwhile, and the restart loads the
-timeline whole (with the change: the rename did happen) and answers every read as before.
+refuses changes, batches and branches until it is loaded again, reads stay right meanwhile, and
+the restart loads the timeline whole (with the change: the rename did happen) and answers every
+read as before.
 
 Before, compaction and image creation removed the files of their change as "uncommitted" while
 the manifest on disk listed them, and the next start refused the timeline."""
@@ -95,6 +96,10 @@ def test_a_manifest_store_failing_after_its_rename_keeps_every_file(pageserver_f
     assert refused.value.status_code == 503 and "reload the timeline" in refused.value.msg, refused.value
     with pytest.raises(PageserverApiError) as refused:
         timeline.ingest(work.batch(max_records=8))
+    assert refused.value.status_code == 503 and "reload the timeline" in refused.value.msg, refused.value
+    # Nor a branch: the manifest a load finds may have a GC cutoff above its point.
+    with pytest.raises(PageserverApiError) as refused:
+        timeline.branch()
     assert refused.value.status_code == 503 and "reload the timeline" in refused.value.msg, refused.value
     timeline.verify()
 

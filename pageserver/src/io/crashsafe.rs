@@ -69,15 +69,16 @@ pub fn rename_durably(from: &Path, to: &Path) -> Result<(), PathError> {
     fsync_dir(dir).map_err(PathError::at(dir))
 }
 
-/// Writes `bytes` as `dir/name` and makes its contents durable, for a small file of a directory
-/// that is being built under a temporary name: the directory's own rename into place
-/// (`rename_durably`) makes the entry durable, and until then no one reads the file.
+/// Writes `bytes` as `dir/name`, a small file of a directory that is being built under a
+/// temporary name (no one reads it until the directory is renamed into place), and makes the
+/// file and its entry in `dir` durable. `dir`'s own entry is the caller's to make durable.
 pub fn write_in_new_dir(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), PathError> {
     let path = dir.join(name);
     std::fs::write(&path, bytes).map_err(PathError::at(&path))?;
     std::fs::File::open(&path)
         .and_then(|file| file.sync_all())
-        .map_err(PathError::at(&path))
+        .map_err(PathError::at(&path))?;
+    fsync_dir(dir).map_err(PathError::at(dir))
 }
 
 /// A file written under a temporary name in one directory, durable under its final name once

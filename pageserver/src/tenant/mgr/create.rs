@@ -9,7 +9,7 @@ use utils::{Lsn, TimelineId};
 use super::{create_dir_atomically, lock, remote, Tenant, TenantError, TIMELINES_DIR};
 use crate::tenant::remote_timeline_client::RemoteTimelineClient;
 use crate::tenant::timeline::layer_set::manifest::Manifest;
-use crate::tenant::timeline::{Ancestry, Timeline};
+use crate::tenant::timeline::{Ancestry, Timeline, TimelineError};
 
 impl Tenant {
     /// Creates an empty timeline with `id`, or a fresh id.
@@ -114,10 +114,11 @@ impl Tenant {
         }
         // Registered first, atomically with GC's cutoff: from here GC keeps what the branch
         // point needs, whatever happens until the branch is linked.
-        ancestor.reserve_branch_point(lsn).map_err(|cutoff| {
-            invalid(format!(
+        ancestor.reserve_branch_point(lsn).map_err(|e| match e {
+            TimelineError::BelowGcCutoff { cutoff, .. } => invalid(format!(
                 "its history below the GC cutoff {cutoff} is no longer kept"
-            ))
+            )),
+            e => e.into(),
         })?;
         let created = (|| {
             if ancestor.disk_consistent_lsn() < lsn {

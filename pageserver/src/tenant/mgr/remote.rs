@@ -27,7 +27,7 @@ pub(super) fn read_generation(dir: &Path) -> Result<Generation, TenantError> {
     }
 }
 
-/// Writes `dir/generation` (a directory being built, fsynced with it).
+/// Writes `dir/generation`, a directory being built (`crashsafe::write_in_new_dir`).
 pub(super) fn write_generation(dir: &Path, generation: Generation) -> Result<(), TenantError> {
     let text = format!("{generation}\n");
     crate::io::crashsafe::write_in_new_dir(dir, GENERATION_FILE, text.as_bytes())

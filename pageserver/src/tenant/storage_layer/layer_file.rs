@@ -600,8 +600,8 @@ impl LayerFileWriter {
             self.crc_after_summary,
             after_len,
         );
-        // A layer file is not a commit point (the manifest that lists it is): whether it was
-        // renamed before the error does not matter, the caller removes it either way.
+        // A layer file is not a commit point (the manifest that lists it is): renamed or not
+        // before the error, it is listed nowhere, and the next load removes what is left.
         let path = self.file.commit(final_name).map_err(PathError::from)?;
         Ok(WrittenLayer {
             path,

@@ -251,10 +251,15 @@ impl OnDemandLayer {
             .download(&self.file_name, &temp, self.size, self.crc32c)
             .map_err(failed)?;
         {
+            // Only the rename under the lock (see `replace_lock`): the directory's fsync below
+            // would hold every removal of a retired file, of any timeline, behind this one.
             let _replacing = super::layer_file::replace_lock();
-            crate::io::crashsafe::rename_durably(&temp, &self.path)
+            std::fs::rename(&temp, &self.path)
                 .map_err(|e| failed(format!("renaming the download into place: {e}")))?;
         }
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        crate::io::crashsafe::fsync_dir(dir)
+            .map_err(|e| failed(format!("fsync of the directory: {e}")))?;
         let s = &self.settings;
         let layer = if self.is_image() {
             let image = ImageLayer::open(&self.path, s.cache.clone(), s.max_value_size)?;

@@ -60,7 +60,7 @@ impl Ancestry {
         }))
     }
 
-    /// Writes the link into `dir` (a directory being built, fsynced with it).
+    /// Writes the link into `dir`, a directory being built (`crashsafe::write_in_new_dir`).
     pub fn write(&self, dir: &Path) -> Result<(), TimelineError> {
         let text = format!("{} {}\n", self.timeline_id, self.lsn);
         crate::io::crashsafe::write_in_new_dir(dir, ANCESTOR_FILE, text.as_bytes()).map_err(|e| {
@@ -97,14 +97,17 @@ impl Timeline {
             .clone()
     }
 
-    /// Registers a branch point at `lsn` for a new branch, refused below the GC cutoff (which
-    /// it returns). Under the lock GC holds for its whole pass: GC either ran before, and the
-    /// check sees its cutoff, or runs after, and retains the point.
-    pub fn reserve_branch_point(&self, lsn: Lsn) -> Result<(), Lsn> {
+    /// Registers a branch point at `lsn` for a new branch, refused below the GC cutoff
+    /// ([`TimelineError::BelowGcCutoff`]) and while the layer set on disk is unknown (a GC's
+    /// manifest with a higher cutoff may be the one a load finds). Under the lock GC holds for
+    /// its whole pass: GC either ran before, and the check sees its cutoff, or runs after, and
+    /// retains the point.
+    pub fn reserve_branch_point(&self, lsn: Lsn) -> Result<(), TimelineError> {
         let _gc = self.image_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.check_layer_set_known()?;
         let cutoff = self.gc_cutoff_lsn();
         if lsn < cutoff {
-            return Err(cutoff);
+            return Err(TimelineError::BelowGcCutoff { lsn, cutoff });
         }
         self.add_branch_point(lsn);
         Ok(())

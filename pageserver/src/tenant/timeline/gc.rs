@@ -84,9 +84,8 @@ impl Timeline {
         let mut change = LayerChange::new(ChangeKind::Gc);
         change.gc_cutoff = Some(cutoff);
         change.remove = removed.clone();
-        // The cutoff is in the map before a lease can be taken below it.
-        self.commit(change)?;
-        drop(leases);
+        // The leases are held until the cutoff is in the map: no lease is taken below it.
+        self.commit_then(change, move || drop(leases))?;
         outcome.bytes_removed = removed.iter().map(|layer| layer.file_size()).sum();
         outcome.layers_removed = removed.len();
         crate::metrics::GC_LAYERS_REMOVED.inc_by(outcome.layers_removed as u64);

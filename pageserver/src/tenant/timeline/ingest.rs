@@ -21,6 +21,11 @@ impl Timeline {
         // Held outside write_lock, so that a held batch keeps no checkpoint, flush or shutdown
         // waiting; then checked again under it, so that batches that waited together do not
         // all go through on the same room.
+        // A broken timeline refuses at once: no compaction will make room for it, so waiting
+        // for room would only hold the thread (checked again under write_lock below).
+        if let Some(reason) = self.broken_reason() {
+            return Err(TimelineError::Broken { reason });
+        }
         let mut writer = loop {
             if !records.is_empty() {
                 self.wait_for_l0_room()?;

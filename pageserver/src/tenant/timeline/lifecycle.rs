@@ -1,7 +1,7 @@
 //! Where a timeline is in its life: one state, read without a lock.
 //!
 //! ```text
-//!             begin_import                    shutdown begins              its flush done
+//!             begin_import                    shutdown begins           its flush ended
 //!   Active ────────────────> Importing ───────────────────> ShuttingDown ───────────────> Stopped
 //!     │    <────────────────                                     ^
 //!     │    the import ends                                       │
@@ -10,7 +10,8 @@
 //!
 //! - **Active**: batches, imports, flushes, compaction, image creation and GC run.
 //! - **Importing**: one import writes (`import.rs`); batches are refused (`ImportInProgress`).
-//!   Set and left under `write_lock`, so a batch that checked it holds off the import.
+//!   Set under `write_lock`, where batches look at it; left when the import commits (under
+//!   `write_lock`) or is dropped.
 //! - **ShuttingDown**: `shutdown` began: batches and new imports are refused, held batches and
 //!   upload waits give up, compaction, image creation and GC do not commit; the shutdown's own
 //!   checkpoint still flushes.

@@ -111,8 +111,9 @@
 //! | 6 | `lsn_leases` | a GC pass, a lease taken | from reading the oldest lease until the new cutoff is in the map |
 //! | 7 | `manifest` | `commit_manifest` (`layer_set/change.rs`) | storing the manifest |
 //! | 8 | `broken` | marking or reading a fault (`broken.rs`) | memory only |
-//! | 9 | `layers` | everyone | cloning the map's `Arc`, or publishing a new map: memory only, never file I/O |
-//! | leaf | `l0_lock`, `branch_points` | backpressure's wait, GC's retained LSNs | memory only; nothing is taken under them |
+//! | 9 | `l0_lock` | backpressure's wait | reading the map's L0 depth (`layers` is the one lock taken under it) |
+//! | 10 | `layers` | everyone | cloning the map's `Arc`, or publishing a new map: memory, and the ephemeral file of a new open layer; never a layer file's I/O |
+//! | leaf | `branch_points` | GC's retained LSNs, branch creation | memory only; nothing is taken under it |
 //!
 //! A batch is stored into the open layer with no map lock at all: each version becomes
 //! readable as soon as its bytes are stored, so reads never wait for a batch, not even for its

@@ -144,6 +144,17 @@ impl Timeline {
         &self,
         change: LayerChange,
     ) -> Result<Vec<Layer>, TimelineError> {
+        self.commit_then(change, || {})
+    }
+
+    /// [`Timeline::commit`], calling `after_swap` once the new map is published and before
+    /// the removed layers are retired: GC releases the leases there (retiring an on-demand
+    /// layer waits for a download of it in progress, which no lease should wait behind).
+    pub(in crate::tenant::timeline) fn commit_then(
+        &self,
+        change: LayerChange,
+        after_swap: impl FnOnce(),
+    ) -> Result<Vec<Layer>, TimelineError> {
         let kind = change.kind;
         let (before, after) = kind.failpoints();
         let stored = (|| {
@@ -224,6 +235,7 @@ impl Timeline {
             }
             Ok::<_, TimelineError>(())
         })?;
+        after_swap();
         for layer in &change.remove {
             layer.retire();
         }
