@@ -9,6 +9,7 @@ import pytest
 import requests
 
 from fixtures.ingest import Workload, key
+from fixtures.layers import l0_rounds, layer_files
 from fixtures.plugin import PageserverFactory
 from fixtures.timeline import TimelineHandle
 from fixtures.threads import Failures
@@ -18,18 +19,6 @@ CONNECTION_LOST = (requests.exceptions.ConnectionError, requests.exceptions.Chun
 KEYS = [key(i) for i in range(24)]
 # Compaction only when asked for (PUT .../compact), never in the background.
 ON_REQUEST = {"compaction_target_size": "64KiB", "compaction_threshold": 0}
-
-
-def l0_rounds(timeline: TimelineHandle, work: Workload, rounds: int) -> None:
-    """`rounds` flushes, each one L0 layer of updates to every key."""
-    for _ in range(rounds):
-        for _ in range(3):
-            timeline.ingest(work.batch(max_records=8))
-        timeline.checkpoint()
-
-
-def layer_files(timeline: TimelineHandle) -> list[str]:
-    return [n for n in timeline.dir_files() if "__" in n and not n.endswith(".___temp")]
 
 
 def test_compaction_over_http(pageserver_factory: PageserverFactory):

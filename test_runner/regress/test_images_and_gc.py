@@ -9,6 +9,7 @@ import requests
 
 from fixtures.http import PageserverApiError
 from fixtures.ingest import Workload, key
+from fixtures.layers import l0_rounds, layer_files, two_runs
 from fixtures.plugin import PageserverFactory
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
@@ -23,26 +24,6 @@ ON_REQUEST = {
     "image_creation_threshold": 2,
     "gc_horizon": 0,
 }
-
-
-def l0_rounds(timeline: TimelineHandle, work: Workload, rounds: int) -> None:
-    """`rounds` flushes, each one L0 layer of updates to every key."""
-    for _ in range(rounds):
-        for _ in range(3):
-            timeline.ingest(work.batch(max_records=8))
-        timeline.checkpoint()
-
-
-def layer_files(timeline: TimelineHandle) -> list[str]:
-    return [n for n in timeline.dir_files() if "__" in n and not n.endswith(".___temp")]
-
-
-def two_runs(timeline: TimelineHandle, work: Workload) -> dict:
-    """Two compactions of L0s into L1s; returns the answer of the second."""
-    l0_rounds(timeline, work, 3)
-    timeline.http.compact(timeline.tenant_id, timeline.timeline_id)
-    l0_rounds(timeline, work, 2)
-    return timeline.http.compact(timeline.tenant_id, timeline.timeline_id)
 
 
 def read_layers(timeline: TimelineHandle, k: bytes) -> int:

@@ -14,6 +14,7 @@ import pytest
 
 from fixtures.http import PageserverApiError
 from fixtures.ingest import Workload, key
+from fixtures.layers import l0_rounds
 from fixtures.plugin import PageserverFactory
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn
@@ -27,14 +28,6 @@ ON_REQUEST = {
     "gc_horizon": 0,
 }
 FAILPOINT = "metadata-after-rename"
-
-
-def l0_rounds(timeline: TimelineHandle, work: Workload, rounds: int) -> None:
-    """`rounds` flushes, each one L0 layer of updates to every key."""
-    for _ in range(rounds):
-        for _ in range(3):
-            timeline.ingest(work.batch(max_records=8))
-        timeline.checkpoint()
 
 
 def layer_counts(timeline: TimelineHandle) -> dict:
