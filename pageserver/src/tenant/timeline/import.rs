@@ -284,12 +284,7 @@ impl Import<'_> {
             commit_ms = started.elapsed().as_millis() as u64,
             "committed an import at {lsn}"
         );
-        if let Some(compaction) = &timeline.compaction_wakeup {
-            let threshold = timeline.conf.compaction_threshold;
-            if threshold != 0 && timeline.layer_map().l0_depth() >= threshold {
-                compaction.notify();
-            }
-        }
+        // The commit woke the compaction loop if the new L0s call for it.
         Ok(())
     }
 
@@ -322,6 +317,15 @@ impl Import<'_> {
     /// `last_record_lsn` show them.
     fn publish(&self, lsn: Lsn, written: &[WrittenLayer]) -> Result<(), TimelineError> {
         let timeline = self.timeline;
+        // Opened before the locks below: batches and flushes wait for none of its file reads.
+        let add = written
+            .iter()
+            .map(|w| {
+                let mut file = NewLayerFile::delta(w, LayerLevel::L0);
+                file.opened = Some(timeline.open_new_layer(&file)?);
+                Ok(file)
+            })
+            .collect::<Result<Vec<_>, TimelineError>>()?;
         // The write lock, then the flush lock: the order in which a batch's inline flush takes
         // them. No flush may run between the check below and the commit: it would store a
         // manifest with an older disk_consistent_lsn after this one.
@@ -355,10 +359,7 @@ impl Import<'_> {
         drop(map);
         let mut change = LayerChange::new(ChangeKind::Import);
         change.disk_consistent_lsn = Some(lsn);
-        change.add = written
-            .iter()
-            .map(|w| NewLayerFile::delta(w, LayerLevel::L0))
-            .collect();
+        change.add = add;
         timeline.commit(change)?;
         timeline.advance_last_record_lsn(lsn);
         timeline.lifecycle.end_import();

@@ -82,6 +82,9 @@ pub(in crate::tenant::timeline) struct NewLayerFile {
     pub size: u64,
     pub crc32c: u32,
     pub level: LayerLevel,
+    /// The file opened already, as the layer map will hold it ([`Timeline::open_new_layer`]):
+    /// a caller that commits under locks opens its files before taking them.
+    pub opened: Option<Layer>,
 }
 
 impl NewLayerFile {
@@ -93,6 +96,7 @@ impl NewLayerFile {
             size: written.size,
             crc32c: written.crc32c,
             level,
+            opened: None,
         }
     }
 
@@ -104,6 +108,7 @@ impl NewLayerFile {
             size: written.size,
             crc32c: written.crc32c,
             level: LayerLevel::Image,
+            opened: None,
         }
     }
 }
@@ -167,7 +172,10 @@ impl Timeline {
             let opened = change
                 .add
                 .iter()
-                .map(|file| self.open_new_layer(file))
+                .map(|file| match &file.opened {
+                    Some(layer) => Ok(layer.clone()),
+                    None => self.open_new_layer(file),
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             self.commit_manifest(|manifest| {
                 if let Some(lsn) = change.disk_consistent_lsn {
@@ -255,7 +263,10 @@ impl Timeline {
 
     /// A new layer file as the layer map holds it: an L0 as it is (L0s stay on the local
     /// disk), an L1 or image layer through the local-disk cache when there is remote storage.
-    fn open_new_layer(&self, file: &NewLayerFile) -> Result<Layer, TimelineError> {
+    pub(in crate::tenant::timeline) fn open_new_layer(
+        &self,
+        file: &NewLayerFile,
+    ) -> Result<Layer, TimelineError> {
         let max_value_size = self.conf.max_value_size;
         let layer = match file.level {
             LayerLevel::L0 | LayerLevel::L1 => Layer::Delta(Arc::new(DeltaLayer::open(
