@@ -260,10 +260,7 @@ impl Import<'_> {
             // What the open layer holds (below the base) goes first: the import's layers are
             // the newest L0s, and no in-memory layer may be left older than them.
             timeline.checkpoint()?;
-            fail::fail_point!("import-before-manifest", |_| Err(TimelineError::Io {
-                path: timeline.dir.clone(),
-                source: std::io::Error::other("failpoint import-before-manifest"),
-            }));
+            timeline.failpoint("import-before-manifest")?;
             self.publish(lsn, &written)
         });
         if let Err(e) = result {

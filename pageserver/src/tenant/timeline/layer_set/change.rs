@@ -288,7 +288,7 @@ impl Timeline {
 
     /// Failpoint `name`: an error naming it, in `testing` builds when it is armed.
     #[cfg_attr(not(feature = "testing"), allow(unused_variables))]
-    fn failpoint(&self, name: &str) -> Result<(), TimelineError> {
+    pub(in crate::tenant::timeline) fn failpoint(&self, name: &str) -> Result<(), TimelineError> {
         fail::fail_point!(name, |_| Err(TimelineError::Io {
             path: self.dir.clone(),
             source: std::io::Error::other(format!("failpoint {name}")),
