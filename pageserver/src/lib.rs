@@ -31,6 +31,7 @@ pub mod http;
 pub mod io;
 pub mod metrics;
 pub mod page_cache;
+pub mod serving;
 pub mod tenant;
 
 /// The size of a block of every file we write and of every page in the page cache.

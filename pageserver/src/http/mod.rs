@@ -16,7 +16,7 @@
 //! and the route is the matched route's template (`/v1/tenant/{tenant_id}`), or `unmatched`,
 //! never the path. So however a client probes, the series stay a fixed, small set.
 
-pub mod auth;
+pub use crate::serving::auth;
 pub mod body_limits;
 pub mod error;
 pub mod metrics_page;

@@ -1,0 +1,3 @@
+//! What both doors, the HTTP API and the page service, stand on.
+
+pub mod auth;
