@@ -181,3 +181,50 @@ impl<const KEY_LEN: usize, R: BlockReader + ?Sized> DiskBtreeIter<'_, KEY_LEN, R
         self.path.clear();
     }
 }
+
+/// The reader's walks in key order, here beside the iterator they use.
+impl<'a, const KEY_LEN: usize, R: BlockReader + ?Sized> DiskBtreeReader<'a, KEY_LEN, R> {
+    /// Entries with keys `>= start`, in increasing key order.
+    pub fn iter_from(&self, start: &[u8; KEY_LEN]) -> DiskBtreeIter<'a, KEY_LEN, R> {
+        DiskBtreeIter::new(*self, *start, Direction::Forward)
+    }
+
+    /// Entries with keys `<= start`, in decreasing key order: for a delta layer, the versions of
+    /// a page from the newest at or below an LSN back to the oldest, then the pages before it.
+    pub fn iter_backward_from(&self, start: &[u8; KEY_LEN]) -> DiskBtreeIter<'a, KEY_LEN, R> {
+        DiskBtreeIter::new(*self, *start, Direction::Backward)
+    }
+
+    /// Calls `visitor` with every entry whose key is `>= start`, in increasing key order, until
+    /// it returns `false`. Returns `Ok(true)` if every such entry was visited, `Ok(false)` if the
+    /// visitor stopped early. Entries visited before an error have been visited.
+    pub fn visit_from(
+        &self,
+        start: &[u8; KEY_LEN],
+        visitor: impl FnMut(&[u8; KEY_LEN], u64) -> bool,
+    ) -> Result<bool, BtreeReadError> {
+        visit(self.iter_from(start), visitor)
+    }
+
+    /// [`Self::visit_from`] in decreasing key order, from the greatest key `<= start`.
+    pub fn visit_backward_from(
+        &self,
+        start: &[u8; KEY_LEN],
+        visitor: impl FnMut(&[u8; KEY_LEN], u64) -> bool,
+    ) -> Result<bool, BtreeReadError> {
+        visit(self.iter_backward_from(start), visitor)
+    }
+}
+
+fn visit<const KEY_LEN: usize, R: BlockReader + ?Sized>(
+    iter: DiskBtreeIter<'_, KEY_LEN, R>,
+    mut visitor: impl FnMut(&[u8; KEY_LEN], u64) -> bool,
+) -> Result<bool, BtreeReadError> {
+    for entry in iter {
+        let (key, value) = entry?;
+        if !visitor(&key, value) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
