@@ -22,21 +22,18 @@
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use criterion::Bencher;
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use pageserver::config::PageServerConf;
-use pageserver::http::body_limits::BodyBudget;
 use pageserver::http::metrics_page::MetricsPage;
-use pageserver::http::server::ConnectionLimit;
 use pageserver::http::AppState;
 use pageserver::page_cache::{PageCache, PageCacheConfig};
 use pageserver::tenant::mgr::TenantManager;
 use pageserver::tenant::remote_timeline_client::RemoteContext;
-use pageserver::tenant::timeline::scan::cursor_cache::CursorCache;
 use pageserver::tenant::timeline::{PutRecord, TimelineConf};
 use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value};
@@ -99,19 +96,7 @@ fn state_with(dir: &std::path::Path, timelines: usize) -> Arc<AppState> {
         timeline.checkpoint().expect("checkpoint");
         timeline.put_batch(&[put(0x30, 3)]).expect("ingest");
     }
-    Arc::new(AppState {
-        body_budget: Arc::new(BodyBudget::new(conf.max_buffered_request_bytes)),
-        connections: Arc::new(ConnectionLimit::new(conf.max_connections())),
-        admissions: Arc::new(pageserver::tenant::admission::Admissions::new(
-            conf.admission_limits(),
-        )),
-        scan_cursors: CursorCache::new(conf.cursor_cache_conf()),
-        conf,
-        tenants: Arc::new(tenants),
-        cache,
-        auth: None,
-        started_at: SystemTime::now(),
-    })
+    Arc::new(AppState::new(conf, Arc::new(tenants), cache, None))
 }
 
 /// The CPU time this thread has used.

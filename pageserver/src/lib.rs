@@ -18,9 +18,11 @@
 //!   itself (a local directory or S3) is the `remote_storage` crate (`libs/remote_storage`);
 //! - [`datadir`]: PostgreSQL data directories in (import of a tar snapshot) and out
 //!   (basebackup at an LSN), driving timelines;
+//! - [`serving`]: what both doors stand on, knowing neither HTTP nor gRPC: the read path, where
+//!   a request's storage work runs, the error kinds, auth's rule and the connection cap;
 //! - [`http`]: the API, and the `/metrics` page that reads state at scrape time;
-//! - [`grpc`]: the page service for compute (batched, pipelined GetPage), beside the API and
-//!   sharing its auth and its error messages.
+//! - [`grpc`]: the page service for compute (batched, pipelined GetPage), beside the API; the
+//!   two doors import nothing of each other.
 
 pub mod config;
 pub mod datadir;

@@ -17,7 +17,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use anyhow::Context;
 use clap::Parser;
@@ -25,15 +25,12 @@ use pageserver::config::{
     initial_config_file, open_files_limit, AuthType, LogFormat, PageServerConf, CONFIG_FILE,
 };
 use pageserver::grpc::{PageServiceState, Served};
-use pageserver::http::auth::JwtAuth;
-use pageserver::http::body_limits::BodyBudget;
-use pageserver::http::server::{serve, ConnectionLimit, ConnectionTimeouts};
+use pageserver::http::server::{serve, ConnectionTimeouts};
 use pageserver::http::{router, AppState};
 use pageserver::page_cache::PageCache;
-use pageserver::tenant::admission::Admissions;
+use pageserver::serving::auth::JwtAuth;
 use pageserver::tenant::mgr::TenantManager;
 use pageserver::tenant::remote_timeline_client::RemoteContext;
-use pageserver::tenant::timeline::scan::cursor_cache::CursorCache;
 use remote_storage::RemoteStorage;
 
 const LOCK_FILE: &str = "pageserver.pid";
@@ -233,9 +230,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let listen = conf.listen_http_addr;
-    let cursor_cache_conf = conf.cursor_cache_conf();
     let auth_enabled = auth.is_some();
-    let connections = Arc::new(ConnectionLimit::new(conf.max_connections()));
     if let (Some(set), Some(limit)) = (conf.max_connections, open_files_limit()) {
         // The default never asks for more than the limit leaves; a setting may.
         let wanted = set as u64 + conf.max_file_descriptors as u64 + 64;
@@ -251,27 +246,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         header_read: conf.http_header_read_timeout,
         response_write: conf.http_response_write_timeout,
     };
-    let admissions = Arc::new(Admissions::new(conf.admission_limits()));
-    let state = Arc::new(AppState {
-        body_budget: Arc::new(BodyBudget::new(conf.max_buffered_request_bytes)),
-        connections: connections.clone(),
-        admissions: admissions.clone(),
-        conf,
-        tenants: tenants.clone(),
-        cache,
-        scan_cursors: CursorCache::new(cursor_cache_conf),
-        auth,
-        started_at: SystemTime::now(),
-    });
+    let state = Arc::new(AppState::new(conf, tenants.clone(), cache, auth));
+    let connections = state.connections.clone();
+    // The page service shares the read path, the auth and the connection cap of the API.
     let page_service = Arc::new(PageServiceState {
-        tenants: tenants.clone(),
+        reads: state.reads.clone(),
         auth: state.auth.clone(),
-        wait_lsn_timeout: state.conf.wait_lsn_timeout,
         answer_limits: pageserver::grpc::budget::AnswerLimits {
             per_stream: state.conf.grpc_answer_bytes_per_stream,
             per_connection: state.conf.grpc_answer_bytes_per_connection,
         },
-        admissions,
     });
     let listen_grpc = state.conf.listen_grpc_addr;
     let grpc_handshake_timeout = state.conf.grpc_handshake_timeout;

@@ -39,8 +39,15 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::Notify;
 use tonic::codegen::{http, BoxFuture, Service};
 use tonic::server::NamedService;
+use tonic::transport::server::TcpConnectInfo;
 
-use super::incoming::ConnectionInfo;
+/// What tonic puts in the extensions of every request on a connection.
+#[derive(Debug, Clone)]
+pub struct ConnectionInfo {
+    pub tcp: TcpConnectInfo,
+    /// The bytes of answers the connection's streams hold, together.
+    pub answers: Arc<ByteBudget>,
+}
 
 /// The limits of the budgets: settings `grpc_answer_bytes_per_stream` and
 /// `grpc_answer_bytes_per_connection`.

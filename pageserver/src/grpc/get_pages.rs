@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use bytes::Bytes;
 use futures::stream::{FuturesUnordered, Stream, StreamExt};
 use page_api::proto;
 use page_api::{key_from_wire, lsn_from_wire};
@@ -30,11 +29,10 @@ use tonic::{Code, Status, Streaming};
 use utils::Lsn;
 
 use super::budget::{AnswerBudget, Held};
-use super::service::{cost_to_wire, record_call, TimelineIds};
+use super::calls::{cost_to_wire, record_call, TimelineIds};
 use super::{status_of, PageServiceState};
-use crate::http::error::ApiError;
-use crate::http::read;
-use crate::io::read_cost::{self, ReadCost};
+use crate::io::read_cost::ReadCost;
+use crate::serving::error::ServeError;
 use crate::tenant::timeline::Timeline;
 
 /// Batches of one `GetPages` stream read at once; the stream's further requests wait.
@@ -208,7 +206,7 @@ async fn read_batch(
     let started = Instant::now();
     let id = batch.id;
     crate::metrics::GRPC_BATCH_PAGES.observe(batch.pages.len() as f64);
-    let result = match state.timeline(ids) {
+    let result = match state.reads.timeline(ids.0, ids.1) {
         Ok(timeline) => read_batch_inner(&state, timeline, batch).await,
         Err(e) => Err(e),
     };
@@ -245,46 +243,36 @@ async fn read_batch_inner(
     state: &PageServiceState,
     timeline: Arc<Timeline>,
     batch: proto::GetPagesRequest,
-) -> Result<(Vec<proto::PageResult>, ReadCost), ApiError> {
-    let wait_lsn_timeout = state.wait_lsn_timeout;
+) -> Result<(Vec<proto::PageResult>, ReadCost), ServeError> {
     page_api::check_batch_size(batch.pages.len())
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let latest = timeline.last_record_lsn();
+        .map_err(|e| ServeError::bad_request(e.to_string()))?;
     let requests = batch
         .pages
         .iter()
         .enumerate()
         .map(|(i, page)| {
             let key = key_from_wire(&page.key)
-                .map_err(|e| ApiError::bad_request(format!("pages[{i}].{e}")))?;
-            Ok((key, lsn_from_wire(page.lsn).unwrap_or(latest)))
+                .map_err(|e| ServeError::bad_request(format!("pages[{i}].{e}")))?;
+            Ok((key, lsn_from_wire(page.lsn)))
         })
-        .collect::<Result<Vec<(Key, Lsn)>, ApiError>>()?;
-    let highest = requests.iter().map(|(_, lsn)| *lsn).max().unwrap_or(latest);
-    timeline.wait_lsn(highest, wait_lsn_timeout).await?;
-    let requests = Arc::new(requests);
-    let batch = requests.clone();
-    let (pages, cost) = read(&state.admissions, move || {
-        read_cost::measure(|| timeline.get_pages(&batch))
-    })
-    .await?;
-    read_cost::record(&cost, requests.len());
-    let pages: Vec<Option<Bytes>> = pages?;
-    let results = pages
+        .collect::<Result<Vec<(Key, Option<Lsn>)>, ServeError>>()?;
+    let answer = state.reads.pages(timeline, requests).await?;
+    let results = answer
+        .pages
         .into_iter()
-        .zip(requests.iter())
-        .map(|(page, (_, lsn))| proto::PageResult {
+        .map(|(page, lsn)| proto::PageResult {
             found: page.is_some(),
             page: page.unwrap_or_default(),
             lsn: lsn.0,
         })
         .collect();
-    Ok((results, cost))
+    Ok((results, answer.cost))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     #[test]
     fn the_estimate_covers_a_batch_of_relation_pages() {

@@ -6,7 +6,7 @@
 //! connections are long-lived and may sit idle, and must never lock the HTTP API out. A
 //! connection that does not finish its HTTP/2 handshake in time gives its place back
 //! ([`HandshakeDeadline`]). Each connection carries the budget its streams' answers share
-//! ([`ConnectionInfo`], see [`super::budget`]).
+//! ([`super::budget::ConnectionInfo`]).
 
 use std::io;
 use std::pin::Pin;
@@ -17,25 +17,17 @@ use std::time::Duration;
 use futures::stream::Stream;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 
-use super::budget::{AnswerLimits, ByteBudget};
+use super::budget::{AnswerLimits, ByteBudget, ConnectionInfo};
 use super::handshake::HandshakeDeadline;
-use crate::http::server::{accept_error, Admitted, ConnectionLimit};
+use crate::serving::connections::{accept_error, Admitted, ConnectionLimit};
 
 /// An accepted connection holding its place under the cap.
 pub struct CappedConnection {
     stream: HandshakeDeadline<TcpStream>,
     _admitted: Admitted,
     answers: Arc<ByteBudget>,
-}
-
-/// What tonic puts in the extensions of every request on a connection.
-#[derive(Debug, Clone)]
-pub struct ConnectionInfo {
-    pub tcp: TcpConnectInfo,
-    /// The bytes of answers the connection's streams hold, together.
-    pub answers: Arc<ByteBudget>,
 }
 
 /// The connections `listener` accepts, each once a place under `limit` is free, each with

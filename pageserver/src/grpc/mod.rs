@@ -2,19 +2,19 @@
 //! docs/grpc-api.md), on its own address beside the HTTP API.
 //!
 //! A call names its tenant and timeline in metadata, and with auth on carries the same JWT as
-//! HTTP, checked by the same rule ([`JwtAuth::check_tenant`]); a `GetPages` stream does both
-//! once, when it opens. Errors are the HTTP API's: the same [`ApiError`] with its message, its
-//! status mapped to a gRPC code by [`status_of`], so a client sees the same words on either
-//! door.
+//! HTTP, checked by the same rule ([`crate::serving::auth`], access to the tenant's data); a
+//! `GetPages` stream does both once, when it opens. Errors are the HTTP API's: the same
+//! [`ServeError`] with its message, its kind mapped to a gRPC code by [`status_of`], so a
+//! client sees the same words on either door.
 //!
-//! Reads run as HTTP's do ([`crate::http::read`]): the wait for an LSN as a task (a caller
-//! that goes away ends it), then the read in place when the page cache can answer it whole,
-//! on the blocking pool when it needs the disk. A `GetPages` stream ([`get_pages`]) reads its
-//! batches concurrently, up to [`get_pages::MAX_BATCHES_IN_FLIGHT`] of them, and answers each
-//! as soon as it is read, so answers overtake each other. Each batch looks its timeline up
-//! again, as every HTTP request does, so a stream never reads a timeline that was detached or
-//! deleted since it opened. A stream checks its token when it opens; a token that expires
-//! later does not end it.
+//! Reads go through the read path both doors share ([`crate::serving::read`]): the wait for
+//! an LSN as a task (a caller that goes away ends it), then the read in place when the page
+//! cache can answer it whole, on the blocking pool when it needs the disk. A `GetPages` stream
+//! ([`get_pages`]) reads its batches concurrently, up to
+//! [`get_pages::MAX_BATCHES_IN_FLIGHT`] of them, and answers each as soon as it is read, so
+//! answers overtake each other. Each batch looks its timeline up again, as every HTTP request
+//! does, so a stream never reads a timeline that was detached or deleted since it opened. A
+//! stream checks its token when it opens; a token that expires later does not end it.
 //!
 //! What a client can make the server hold is bounded: a connection's streams
 //! ([`MAX_STREAMS_PER_CONNECTION`]), a request message ([`MAX_REQUEST_BYTES`]), what a client
@@ -33,6 +33,7 @@
 //! reflection ([`conventions`]), which need no token.
 
 pub mod budget;
+pub mod calls;
 pub mod conventions;
 pub mod get_pages;
 pub mod handshake;
@@ -42,26 +43,22 @@ pub mod service;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use page_api::proto::page_service_server::PageServiceServer;
 use tokio::sync::watch;
 
 use self::budget::AnswerLimits;
-use crate::http::auth::JwtAuth;
-use crate::http::error::{redact_paths, ApiError};
-use crate::http::server::ConnectionLimit;
-use crate::tenant::mgr::TenantManager;
+use crate::serving::auth::JwtAuth;
+use crate::serving::connections::ConnectionLimit;
+use crate::serving::error::{ErrorKind, ServeError};
+use crate::serving::read::PageReads;
 
 /// What every call can reach.
 pub struct PageServiceState {
-    pub tenants: Arc<TenantManager>,
+    /// The read path (shared with the HTTP API).
+    pub reads: Arc<PageReads>,
     pub auth: Option<JwtAuth>,
-    /// How long a read waits for its LSN to be ingested.
-    pub wait_lsn_timeout: Duration,
     /// The bytes of answers a stream, and a connection, may hold.
     pub answer_limits: AnswerLimits,
-    /// The bounds on on-demand downloads (shared with the HTTP API).
-    pub admissions: Arc<crate::tenant::admission::Admissions>,
 }
 
 /// How long calls may still run after shutdown began (the HTTP server's grace, too).
@@ -139,33 +136,25 @@ async fn stopping(mut shutdown: watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stopping| *stopping).await;
 }
 
-/// The gRPC status of an API error: the HTTP status's nearest code, the same message (without
-/// the server's paths, as HTTP sends it).
-pub fn status_of(e: ApiError) -> tonic::Status {
+/// The gRPC status of an error: its kind's code, the same message as HTTP sends (without the
+/// server's paths for a failure on our side).
+pub fn status_of(e: ServeError) -> tonic::Status {
     use tonic::Code;
-    let code = match e.status {
-        StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => Code::InvalidArgument,
-        StatusCode::UNAUTHORIZED => Code::Unauthenticated,
-        StatusCode::FORBIDDEN => Code::PermissionDenied,
-        StatusCode::NOT_FOUND => Code::NotFound,
-        StatusCode::CONFLICT => Code::FailedPrecondition,
+    let code = match e.kind {
+        ErrorKind::BadRequest => Code::InvalidArgument,
+        ErrorKind::Unauthenticated => Code::Unauthenticated,
+        ErrorKind::Forbidden => Code::PermissionDenied,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::Conflict => Code::FailedPrecondition,
         // History below the GC cutoff: gone for good, unlike a state that may change.
-        StatusCode::GONE => Code::OutOfRange,
-        StatusCode::TOO_MANY_REQUESTS => Code::ResourceExhausted,
-        StatusCode::SERVICE_UNAVAILABLE | StatusCode::BAD_GATEWAY => Code::Unavailable,
-        StatusCode::GATEWAY_TIMEOUT | StatusCode::REQUEST_TIMEOUT => Code::DeadlineExceeded,
-        s if s.is_client_error() => Code::InvalidArgument,
-        _ => Code::Internal,
+        ErrorKind::Gone => Code::OutOfRange,
+        ErrorKind::TryAgain | ErrorKind::Upstream => Code::Unavailable,
+        ErrorKind::Internal => Code::Internal,
     };
     if code == Code::Internal {
         tracing::error!("page service call failed: {}", e.msg);
     }
-    let msg = if e.status.is_server_error() {
-        redact_paths(&e.msg)
-    } else {
-        e.msg
-    };
-    tonic::Status::new(code, msg)
+    tonic::Status::new(code, e.client_message())
 }
 
 #[cfg(test)]
@@ -174,23 +163,24 @@ mod tests {
     use tonic::Code;
 
     #[test]
-    fn http_statuses_map_to_their_codes_with_the_same_message() {
+    fn kinds_map_to_their_codes_with_the_same_message() {
         let cases = [
-            (StatusCode::BAD_REQUEST, Code::InvalidArgument),
-            (StatusCode::UNAUTHORIZED, Code::Unauthenticated),
-            (StatusCode::FORBIDDEN, Code::PermissionDenied),
-            (StatusCode::NOT_FOUND, Code::NotFound),
-            (StatusCode::CONFLICT, Code::FailedPrecondition),
-            (StatusCode::GONE, Code::OutOfRange),
-            (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
-            (StatusCode::GATEWAY_TIMEOUT, Code::DeadlineExceeded),
-            (StatusCode::INTERNAL_SERVER_ERROR, Code::Internal),
-            (StatusCode::IM_A_TEAPOT, Code::InvalidArgument),
+            (ErrorKind::BadRequest, Code::InvalidArgument),
+            (ErrorKind::Unauthenticated, Code::Unauthenticated),
+            (ErrorKind::Forbidden, Code::PermissionDenied),
+            (ErrorKind::NotFound, Code::NotFound),
+            (ErrorKind::Conflict, Code::FailedPrecondition),
+            (ErrorKind::Gone, Code::OutOfRange),
+            (ErrorKind::TryAgain, Code::Unavailable),
+            (ErrorKind::Upstream, Code::Unavailable),
+            (ErrorKind::Internal, Code::Internal),
         ];
-        for (http, grpc) in cases {
-            let status = status_of(ApiError::new(http, "what went wrong"));
-            assert_eq!(status.code(), grpc, "{http}");
+        for (kind, grpc) in cases {
+            let status = status_of(ServeError::new(kind, "what went wrong"));
+            assert_eq!(status.code(), grpc, "{kind:?}");
             assert_eq!(status.message(), "what went wrong");
         }
+        let status = status_of(ServeError::internal("/srv/ps/tenants/t/x: gone"));
+        assert_eq!(status.message(), "tenants/t/x: gone");
     }
 }

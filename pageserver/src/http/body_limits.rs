@@ -48,6 +48,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::error::ApiError;
 use super::SharedState;
 
+/// The most a JSON request body may hold; they are all a few ids.
+pub const MAX_JSON_BODY: usize = 64 * 1024;
+
 /// The budget's unit, in bytes.
 const UNIT: usize = 1024;
 
@@ -166,13 +169,7 @@ pub async fn limit_body(
     let streamed = request.uri().path().ends_with("/import");
     let reserved = declared
         .filter(|len| *len <= state.conf.max_request_body_size && !streamed)
-        .map(|len| {
-            if ingest {
-                len
-            } else {
-                len.min(super::routes::MAX_JSON_BODY)
-            }
-        })
+        .map(|len| if ingest { len } else { len.min(MAX_JSON_BODY) })
         .unwrap_or(0);
     if reserved > 0 {
         match budget.try_take(reserved) {

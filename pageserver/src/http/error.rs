@@ -1,10 +1,15 @@
 //! API errors: every failure is a JSON body `{"msg": "..."}` with the status that fits it; a
 //! 503 (retrying later may work) also says when, with `Retry-After`.
+//!
+//! What the storage layers and the read path report is a [`ServeError`], whose kind is mapped
+//! to its status here, once ([`status_of`]); what only HTTP can get wrong (a body over its
+//! limit, a method a route does not take) is an [`ApiError`] with its status from the start.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
+use crate::serving::error::{redact_paths, ErrorKind, ServeError};
 use crate::tenant::admission::{Busy, DownloadError};
 use crate::tenant::mgr::TenantError;
 use crate::tenant::timeline::TimelineError;
@@ -34,11 +39,6 @@ impl ApiError {
 
     pub fn not_found(msg: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::NOT_FOUND, msg)
-    }
-
-    /// A page with no version at or below the LSN read at: the same words on every door.
-    pub fn no_version(key: pageserver_api::Key, lsn: utils::Lsn) -> ApiError {
-        ApiError::not_found(format!("page {key} has no version at or below {lsn}"))
     }
 
     pub fn internal(msg: impl Into<String>) -> ApiError {
@@ -86,195 +86,42 @@ impl IntoResponse for ApiError {
 /// request has already waited its bound on the server, so a second is enough.
 pub const RETRY_AFTER_SECONDS: &str = "1";
 
-/// `msg` with every file system path cut down to names the client knows: from the work
-/// directory's `tenants/` on (`tenants/<tenant>/timelines/<timeline>/<file>`), or the file name
-/// alone for a path elsewhere. Storage errors name files by their whole path, which is what
-/// the server's log needs but not what a client should see of the machine.
-///
-/// A path is a word that starts with `/` or has a `tenants/` component; quotes and brackets
-/// around it and punctuation after it stay. LSNs (`0/16B5A50`) are not paths.
-pub fn redact_paths(msg: &str) -> String {
-    let mut out = String::with_capacity(msg.len());
-    let mut rest = msg;
-    while !rest.is_empty() {
-        let word_end = rest.find(char::is_whitespace).unwrap_or(rest.len());
-        let (word, tail) = rest.split_at(word_end);
-        let space_end = tail
-            .find(|c: char| !c.is_whitespace())
-            .unwrap_or(tail.len());
-        let (space, tail) = tail.split_at(space_end);
-        let core_start = word
-            .find(|c: char| !"\"'`([<".contains(c))
-            .unwrap_or(word.len());
-        let core_len = word[core_start..]
-            .trim_end_matches(|c: char| "\"'`)]>,;:.".contains(c))
-            .len();
-        let core = &word[core_start..core_start + core_len];
-        let is_path = (core.starts_with('/') && core.len() > 1)
-            || core.starts_with("tenants/")
-            || core.contains("/tenants/");
-        if is_path {
-            out.push_str(&word[..core_start]);
-            out.push_str(&client_path(core));
-            out.push_str(&word[core_start + core_len..]);
-        } else {
-            out.push_str(word);
-        }
-        out.push_str(space);
-        rest = tail;
-    }
-    out
-}
-
-fn client_path(path: &str) -> String {
-    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    match parts
-        .iter()
-        .rposition(|p| *p == crate::tenant::mgr::TENANTS_DIR)
-    {
-        Some(at) => parts[at..].join("/"),
-        None => parts.last().copied().unwrap_or_default().to_owned(),
+/// The HTTP status of an error kind.
+pub fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+        ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Conflict => StatusCode::CONFLICT,
+        ErrorKind::Gone => StatusCode::GONE,
+        ErrorKind::TryAgain => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Upstream => StatusCode::BAD_GATEWAY,
+        ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
-/// The status that fits a timeline error.
-fn timeline_status(e: &TimelineError) -> StatusCode {
-    use TimelineError::*;
-    match e {
-        // The request contradicts the timeline's history.
-        // ... or another writer's: an import holds the timeline until it finishes.
-        LsnDurable { .. } | LsnNotAdvancing { .. } | ImportInProgress => StatusCode::CONFLICT,
-        // The batch itself is malformed.
-        BatchLsnBackwards { .. }
-        | BatchDuplicate { .. }
-        | ValueTooLarge { .. }
-        | ValueNotEncodable { .. }
-        | PageTooLarge { .. }
-        | Reserved { .. }
-        | BatchSpanTooWide { .. } => StatusCode::BAD_REQUEST,
-        // That history is gone for good.
-        BelowGcCutoff { .. } => StatusCode::GONE,
-        // Retrying later may succeed.
-        LsnNotYetIngested { .. }
-        | WaitLsnTimeout { .. }
-        | TooManyLsnWaiters { .. }
-        | IngestStopped { .. }
-        // The store takes no uploads for now; the batch was not stored.
-        | UploadQueueFull { .. }
-        | Broken { .. }
-        | ShuttingDown
-        // The remote store did not give the layer; it may later.
-        | LayerDownload { .. } => StatusCode::SERVICE_UNAVAILABLE,
-        Put(_)
-        | Get(_)
-        | Freeze(_)
-        | Flush(_)
-        | Layer(_)
-        | ImageLayer(_)
-        | Metadata(_)
-        | ChangeIndeterminate(_)
-        | LayerSet { .. }
-        | Redo { .. }
-        | Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+impl From<ServeError> for ApiError {
+    fn from(e: ServeError) -> ApiError {
+        ApiError::new(status_of(e.kind), e.msg)
     }
 }
 
-impl From<Busy> for ApiError {
-    fn from(e: Busy) -> ApiError {
-        ApiError::try_again(e.to_string())
-    }
-}
-
-impl From<DownloadError> for ApiError {
-    fn from(e: DownloadError) -> ApiError {
-        match e {
-            DownloadError::Busy(busy) => busy.into(),
-            // The store failed or did not answer in time (its deadlines are remote storage's).
-            failed @ DownloadError::Failed { .. } => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, failed.to_string())
+// The storage layers' errors reach a handler's `?` through their kind.
+macro_rules! through_kind {
+    ($($error:ty),*) => {$(
+        impl From<$error> for ApiError {
+            fn from(e: $error) -> ApiError {
+                ServeError::from(e).into()
             }
         }
-    }
+    )*};
 }
-
-impl From<TimelineError> for ApiError {
-    fn from(e: TimelineError) -> ApiError {
-        ApiError::new(timeline_status(&e), e.to_string())
-    }
-}
-
-impl From<TenantError> for ApiError {
-    fn from(e: TenantError) -> ApiError {
-        let status = match &e {
-            TenantError::TenantNotFound(_)
-            | TenantError::TimelineNotFound { .. }
-            | TenantError::NotInRemoteStorage(_) => StatusCode::NOT_FOUND,
-            TenantError::TenantExists(_)
-            | TenantError::TenantBeingDeleted(_)
-            | TenantError::TimelineExists { .. }
-            | TenantError::TimelineBeingDeleted { .. }
-            | TenantError::TimelineHasBranches { .. }
-            | TenantError::InvalidBranch { .. }
-            | TenantError::GenerationNotNewer { .. } => StatusCode::CONFLICT,
-            TenantError::TenantBroken { .. } | TenantError::ShuttingDown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            TenantError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-            // The store did not answer, or answered with something we cannot use.
-            TenantError::Remote(_) | TenantError::AttachedBroken { .. } => StatusCode::BAD_GATEWAY,
-            TenantError::Timeline(inner) => timeline_status(inner),
-        };
-        ApiError::new(status, e.to_string())
-    }
-}
+through_kind!(TimelineError, TenantError, Busy, DownloadError);
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn paths_are_cut_to_the_tenants_names() {
-        let tl =
-            "tenants/0123456789abcdef0123456789abcdef/timelines/fedcba9876543210fedcba9876543210";
-        let cases = [
-            (
-                format!("/srv/ps/{tl}.___temp: No such file or directory (os error 2)"),
-                format!("{tl}.___temp: No such file or directory (os error 2)"),
-            ),
-            (
-                format!("timeline metadata /srv/ps/{tl}/metadata: Permission denied"),
-                format!("timeline metadata {tl}/metadata: Permission denied"),
-            ),
-            (
-                format!("layer \"/srv/ps/{tl}/x\" is corrupt"),
-                format!("layer \"{tl}/x\" is corrupt"),
-            ),
-            (
-                format!("relative .pageserver/{tl}/metadata."),
-                format!("relative {tl}/metadata."),
-            ),
-            (
-                "key file (/etc/keys/auth.pem) unreadable".to_owned(),
-                "key file (auth.pem) unreadable".to_owned(),
-            ),
-            // The workdir itself may be named `tenants`: the last such component counts.
-            (
-                format!("/home/tenants/x/{tl}/metadata"),
-                format!("{tl}/metadata"),
-            ),
-        ];
-        for (from, to) in cases {
-            assert_eq!(redact_paths(&from), to);
-        }
-        // Not paths: LSNs, endpoints' text without a leading slash, a lone slash.
-        for text in [
-            "timed out after 60s waiting for LSN 0/21; the last ingested LSN is 0/20",
-            "a / b",
-            "  spaced\tout  ",
-        ] {
-            assert_eq!(redact_paths(text), text);
-        }
-    }
 
     #[test]
     fn only_server_errors_are_redacted() {

@@ -1,11 +1,10 @@
 //! The HTTP API (docs/http-api.md, docs/openapi.yaml).
 //!
 //! Handlers parse every id, key, LSN and body themselves, so that each mistake gets a
-//! `{"msg": ...}` that says what is wrong (see [`error`]). Storage work (ingest,
-//! checkpoints, reads that need the disk) runs on the blocking pool via [`blocking`]: a spawned
-//! task runs to completion even if the client hangs up, so no flush or batch is ever abandoned
-//! halfway. A read that the page cache can answer whole runs in place instead ([`read`]), on
-//! the async worker, without the hand-off to a pool thread and back.
+//! `{"msg": ...}` that says what is wrong (see [`error`]), and then call the floor below both
+//! doors ([`crate::serving`]): reads go through its read path ([`crate::serving::read`]),
+//! storage work (ingest, checkpoints, imports) runs where [`crate::serving::work`] puts it, to
+//! completion even if the client hangs up, so no flush or batch is ever abandoned halfway.
 //!
 //! Middleware, outermost first: request accounting (a counter per method, route and status, a
 //! latency histogram per route and method, a log line per failed request), then auth
@@ -16,7 +15,7 @@
 //! and the route is the matched route's template (`/v1/tenant/{tenant_id}`), or `unmatched`,
 //! never the path. So however a client probes, the series stay a fixed, small set.
 
-pub use crate::serving::auth;
+pub mod auth;
 pub mod body_limits;
 pub mod error;
 pub mod metrics_page;
@@ -34,14 +33,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::Router;
 
-use axum::http::StatusCode;
-
 use crate::config::PageServerConf;
 use crate::page_cache::PageCache;
+use crate::serving::auth::JwtAuth;
+use crate::serving::connections::ConnectionLimit;
+use crate::serving::read::PageReads;
 use crate::tenant::admission::Admissions;
 use crate::tenant::mgr::TenantManager;
 use crate::tenant::timeline::scan::cursor_cache::CursorCache;
-use auth::JwtAuth;
 use error::ApiError;
 
 /// What every handler can reach.
@@ -49,17 +48,49 @@ pub struct AppState {
     pub conf: PageServerConf,
     pub tenants: Arc<TenantManager>,
     pub cache: Arc<PageCache>,
-    /// Cursors of paged key scans between their pages.
-    pub scan_cursors: CursorCache,
+    /// The read path (shared with the page service).
+    pub reads: Arc<PageReads>,
     pub auth: Option<JwtAuth>,
     pub started_at: SystemTime,
     /// The bytes of request bodies being read, all requests together.
     pub body_budget: Arc<body_limits::BodyBudget>,
     /// The connection cap, shared with the accept loop ([`server::serve`]).
-    pub connections: Arc<server::ConnectionLimit>,
+    pub connections: Arc<ConnectionLimit>,
     /// The bounds on imports, basebackups and on-demand downloads (shared with the page
     /// service).
     pub admissions: Arc<Admissions>,
+}
+
+impl AppState {
+    /// The state of a server run with `conf`: its connection cap, request body budget,
+    /// admission bounds and read path made from `conf`'s settings.
+    pub fn new(
+        conf: PageServerConf,
+        tenants: Arc<TenantManager>,
+        cache: Arc<PageCache>,
+        auth: Option<JwtAuth>,
+    ) -> AppState {
+        let admissions = Arc::new(Admissions::new(conf.admission_limits()));
+        let reads = Arc::new(PageReads::new(
+            tenants.clone(),
+            admissions.clone(),
+            conf.wait_lsn_timeout,
+            CursorCache::new(conf.cursor_cache_conf()),
+        ));
+        AppState {
+            body_budget: Arc::new(body_limits::BodyBudget::new(
+                conf.max_buffered_request_bytes,
+            )),
+            connections: Arc::new(ConnectionLimit::new(conf.max_connections())),
+            admissions,
+            reads,
+            conf,
+            tenants,
+            cache,
+            auth,
+            started_at: SystemTime::now(),
+        }
+    }
 }
 
 pub type SharedState = Arc<AppState>;
@@ -205,8 +236,9 @@ async fn check_auth(State(state): State<SharedState>, request: Request, next: Ne
                 .headers()
                 .get(axum::http::header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok());
-            if let Err(e) = auth.check(header, request.method(), request.uri().path()) {
-                let mut response = e.into_response();
+            let access = auth::access(request.method(), request.uri().path());
+            if let Err(e) = auth.check(header, access) {
+                let mut response = ApiError::from(e).into_response();
                 if has_body(&request) {
                     // The body stays unread, so the connection cannot carry another request.
                     response.headers_mut().insert(
@@ -275,77 +307,17 @@ async fn account(request: Request, next: Next) -> Response {
     response
 }
 
-/// How many times a read runs again after downloads it needed before it gives up: each run
-/// makes at least one more layer resident, unless eviction takes them away as fast.
-const MAX_READ_DOWNLOAD_ROUNDS: u32 = 16;
-
-/// Runs a read here, on the async worker, when it needs no disk I/O (a hot page: see
-/// [`crate::io::cached_only`]), and otherwise on the blocking pool, where it may wait for the
-/// disk but not for the object store: a layer it needs that is not on the local disk is
-/// downloaded under `admissions`' bounds on a thread of its own while this task waits (holding
-/// no thread), and the read runs again. No thread hand-off for what the page cache holds, no
-/// blocked worker for what it does not, no pool thread held by a slow store. `read` may run
-/// several times, so it must not count anything itself; its result is kept only from the run
-/// that finished.
-pub async fn read<T, F>(admissions: &Admissions, read: F) -> Result<T, ApiError>
+/// [`crate::serving::work::blocking`] for a handler's work, which fails with an [`ApiError`].
+pub async fn blocking<T, F>(work: F) -> Result<T, ApiError>
 where
-    F: Fn() -> T + Send + Sync + 'static,
+    F: FnOnce() -> Result<T, ApiError> + Send + 'static,
     T: Send + 'static,
 {
-    // A panic in place fails this call as one on the blocking pool would, and no more.
-    let attempt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        crate::io::cached_only::try_cached(&read)
-    }));
-    match attempt {
-        Ok(Some(done)) => {
-            crate::metrics::READS_IN_PLACE.inc();
-            return Ok(done);
-        }
-        Ok(None) => {}
-        Err(_) => return Err(ApiError::internal("the read panicked")),
-    }
-    read_on_pool(admissions, read).await
+    crate::serving::work::blocking(work).await
 }
 
-/// [`read`] without the attempt in place: for reads too long to run on an async worker even
-/// when the page cache holds everything (a page of a scan).
-pub async fn read_on_pool<T, F>(admissions: &Admissions, read: F) -> Result<T, ApiError>
-where
-    F: Fn() -> T + Send + Sync + 'static,
-    T: Send + 'static,
-{
-    let read = Arc::new(read);
-    let mut downloads = 0;
-    for _ in 0..MAX_READ_DOWNLOAD_ROUNDS {
-        let this_run = read.clone();
-        let outcome = blocking(move || {
-            crate::io::read_cost::carry_downloads(downloads);
-            let outcome = crate::io::cached_only::without_downloads(|| this_run());
-            crate::io::read_cost::carry_downloads(0);
-            Ok(outcome)
-        })
-        .await?;
-        match outcome {
-            Ok(done) => return Ok(done),
-            Err(pending) => {
-                admissions.download(pending).await?;
-                downloads += 1;
-            }
-        }
-    }
-    Err(ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        format!(
-            "the layers this read needs were evicted again as fast as they were downloaded \
-             ({MAX_READ_DOWNLOAD_ROUNDS} rounds); try again shortly"
-        ),
-    ))
-}
-
-/// Runs `work` on a thread of its own (named `name`), holding `permit` until it ends, to
-/// completion even if the request is dropped: for work that may wait on a client or the
-/// object store for long, which must not hold a thread of the shared blocking pool (see
-/// `tenant::admission`).
+/// [`crate::serving::work::on_own_thread`] for a handler's work, which fails with an
+/// [`ApiError`].
 pub async fn on_own_thread<T, F>(
     name: &str,
     permit: crate::tenant::admission::Permit,
@@ -355,27 +327,5 @@ where
     F: FnOnce() -> Result<T, ApiError> + Send + 'static,
     T: Send + 'static,
 {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name(name.to_owned())
-        .spawn(move || {
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work))
-                .unwrap_or_else(|_| Err(ApiError::internal("the work panicked")));
-            drop(permit);
-            let _ = tx.send(result);
-        })
-        .map_err(|e| ApiError::internal(format!("no thread for {name}: {e}")))?;
-    rx.await
-        .map_err(|_| ApiError::internal(format!("{name} ended without an answer")))?
-}
-
-/// Runs storage work on the blocking pool, to completion even if the request is dropped.
-pub async fn blocking<T, F>(work: F) -> Result<T, ApiError>
-where
-    F: FnOnce() -> Result<T, ApiError> + Send + 'static,
-    T: Send + 'static,
-{
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ApiError::internal(format!("request task failed: {e}")))?
+    crate::serving::work::on_own_thread(name, permit, work).await
 }

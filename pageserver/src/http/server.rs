@@ -3,7 +3,8 @@
 //! We serve connections ourselves (hyper's HTTP/1.1 connection, not `axum::serve`) for limits
 //! `axum::serve` cannot set:
 //!
-//! - **A connection cap** (`max_connections`). The loop takes a permit before it accepts, so a
+//! - **A connection cap** (`max_connections`, shared with the page service:
+//!   [`crate::serving::connections`]). The loop takes a permit before it accepts, so a
 //!   connection over the cap waits in the kernel's listen queue, holding no descriptor of ours,
 //!   until one closes. The default cap leaves `max_file_descriptors` for our files.
 //! - **A header read timeout** (`http_header_read_timeout`). hyper starts its clock whenever a
@@ -37,7 +38,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -50,96 +51,12 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::write_stall::WriteStall;
+use crate::serving::connections::{accept_error, ConnectionLimit};
 
 /// The largest request head (request line and headers) and hyper's read buffer.
 pub const MAX_HEAD_BYTES: usize = 128 * 1024;
-
-/// The connection cap: permits taken by the accept loop, one per open connection (and one
-/// for the connection it is waiting to accept).
-pub struct ConnectionLimit {
-    permits: Arc<Semaphore>,
-    /// The places the page service may hold: all but [`Self::http_floor`], so that page
-    /// service connections (which may sit idle for hours) can never lock the HTTP API out.
-    page_service_permits: Arc<Semaphore>,
-    max: usize,
-    open: AtomicUsize,
-}
-
-impl ConnectionLimit {
-    pub fn new(max: usize) -> ConnectionLimit {
-        let floor = Self::http_floor(max);
-        ConnectionLimit {
-            permits: Arc::new(Semaphore::new(max)),
-            page_service_permits: Arc::new(Semaphore::new(max - floor)),
-            max,
-            open: AtomicUsize::new(0),
-        }
-    }
-
-    /// Places only HTTP connections may take: a quarter of the cap, at most 16, at least
-    /// one (none when the cap is a single connection).
-    pub fn http_floor(max: usize) -> usize {
-        (max / 4).clamp(1, 16).min(max.saturating_sub(1))
-    }
-
-    pub fn max(&self) -> usize {
-        self.max
-    }
-
-    /// Connections open now.
-    pub fn open(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
-    }
-
-    /// A place under the cap for a page service connection: waits while the cap, or the
-    /// page service's share of it (all but [`Self::http_floor`]), is reached. The cap bounds
-    /// the connections of both doors together.
-    pub async fn admit_page_service(self: &Arc<Self>) -> Admitted {
-        let share = self
-            .page_service_permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        let permit = self
-            .permits
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        let mut admitted = Admitted::new(self.clone(), permit);
-        admitted.share = Some(share);
-        admitted
-    }
-}
-
-/// One accepted connection's place under the cap, given back when it is dropped.
-pub struct Admitted {
-    limit: Arc<ConnectionLimit>,
-    _permit: OwnedSemaphorePermit,
-    /// A page service connection's place in its share.
-    share: Option<OwnedSemaphorePermit>,
-}
-
-impl Admitted {
-    fn new(limit: Arc<ConnectionLimit>, permit: OwnedSemaphorePermit) -> Admitted {
-        limit.open.fetch_add(1, Ordering::Relaxed);
-        Admitted {
-            limit,
-            _permit: permit,
-            share: None,
-        }
-    }
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        self.limit.open.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// The timeouts of every connection; see the module docs.
 #[derive(Clone, Copy, Debug)]
@@ -164,11 +81,9 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let mut shutdown = pin!(shutdown);
     loop {
-        let permit = tokio::select! {
+        let place = tokio::select! {
             () = &mut shutdown => break,
-            permit = connections.permits.clone().acquire_owned() => {
-                permit.expect("the semaphore is never closed")
-            }
+            place = connections.reserve_http() => place,
         };
         let (stream, peer) = tokio::select! {
             () = &mut shutdown => break,
@@ -180,7 +95,7 @@ pub async fn serve(
                 }
             },
         };
-        let admitted = Admitted::new(connections.clone(), permit);
+        let admitted = place.accepted();
         // Set once the router takes a request: from then on bytes of our responses pass through
         // the socket, and ErrorBodies no longer looks for hyper's errors in them.
         let served = Arc::new(AtomicBool::new(false));
@@ -221,21 +136,6 @@ pub async fn serve(
 
 /// How long a shutdown waits for requests in flight before it drops their connections.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(30);
-
-/// As hyper 0.14 and `axum::serve` do: errors of one connection are its own; anything else
-/// (EMFILE: out of descriptors) is worth an error line and a pause before accepting again.
-pub(crate) async fn accept_error(e: io::Error) {
-    if matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-    ) {
-        return;
-    }
-    tracing::error!("accepting a connection failed: {e}; pausing for a second");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-}
 
 /// A socket that gives hyper's own error responses a JSON body; see the module docs.
 ///

@@ -1,27 +1,32 @@
-//! Optional JWT auth for the HTTP API.
+//! Optional JWT auth, one rule for both doors.
 //!
-//! With `http_auth_type = "NeonJWT"`, every request but `GET /v1/status` carries
-//! `Authorization: Bearer <token>`, an EdDSA-signed JWT verified with the configured public
-//! key. Its claims grant one of two scopes:
+//! With `http_auth_type = "NeonJWT"`, every HTTP request but `GET /v1/status` and every page
+//! service call carries `Authorization: Bearer <token>`, an EdDSA-signed JWT verified with the
+//! configured public key. Its claims grant one of two scopes:
 //!
 //! | scope           | may use                                                          |
 //! |-----------------|------------------------------------------------------------------|
 //! | `pageserverapi` | everything                                                       |
-//! | `tenant`        | `/v1/tenant/{its tenant_id}` and everything under it, except deleting the tenant |
+//! | `tenant`        | its own tenant's data ([`Access::Tenant`]): over HTTP `/v1/tenant/{its tenant_id}` and everything under it except deleting, attaching or detaching the tenant; every page service call for that tenant |
 //!
-//! A missing, malformed or badly signed token is 401; a valid token used outside its scope is
-//! 403. Tokens need no expiry; one that has an `exp` claim is checked against it, and an `exp`
+//! Which [`Access`] a request needs is its door's to say (`http::auth` from the path, the page
+//! service from its tenant metadata); whether a token grants it is decided here. A missing,
+//! malformed or badly signed token is [`ErrorKind::Unauthenticated`] (401); a valid token used
+//! outside its scope is [`ErrorKind::Forbidden`] (403). Tokens need no expiry; one that has an `exp` claim is checked against it, and an `exp`
 //! that is not a whole number of seconds since the Unix epoch (a string, a negative number, a
 //! fraction, null) makes the token invalid rather than never expiring.
 
 use std::path::Path;
 
-use axum::http::{Method, StatusCode};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use utils::TenantId;
 
-use crate::http::error::ApiError;
+use super::error::{ErrorKind, ServeError};
+
+fn unauthenticated(msg: impl Into<String>) -> ServeError {
+    ServeError::new(ErrorKind::Unauthenticated, msg)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 pub enum Scope {
@@ -50,19 +55,16 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::
 }
 
 impl Claims {
-    fn check_exp(&self) -> Result<(), ApiError> {
+    fn check_exp(&self) -> Result<(), ServeError> {
         match &self.exp {
             None => Ok(()),
             Some(exp) if exp.as_u64().is_some() => Ok(()),
             Some(exp) => {
                 let shown: String = exp.to_string().chars().take(40).collect();
-                Err(ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    format!(
-                        "invalid token: its exp claim {shown} is not a whole number of seconds \
+                Err(unauthenticated(format!(
+                    "invalid token: its exp claim {shown} is not a whole number of seconds \
                          since the Unix epoch"
-                    ),
-                ))
+                )))
             }
         }
     }
@@ -93,94 +95,64 @@ impl JwtAuth {
         Ok(JwtAuth { key, validation })
     }
 
-    fn decode(&self, token: &str) -> Result<Claims, ApiError> {
+    fn decode(&self, token: &str) -> Result<Claims, ServeError> {
         let claims = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
             .map(|data| data.claims)
-            .map_err(|e| ApiError::new(StatusCode::UNAUTHORIZED, format!("invalid token: {e}")))?;
+            .map_err(|e| unauthenticated(format!("invalid token: {e}")))?;
         claims.check_exp()?;
         Ok(claims)
     }
 
-    /// Whether a request with this `Authorization` header may use `method path`.
-    pub fn check(
-        &self,
-        authorization: Option<&str>,
-        method: &Method,
-        path: &str,
-    ) -> Result<(), ApiError> {
-        let header = authorization.ok_or_else(|| {
-            ApiError::new(StatusCode::UNAUTHORIZED, "missing authorization header")
-        })?;
+    /// The claims of the token in an `Authorization` value (`Bearer <token>`), once it is
+    /// verified.
+    pub fn verify(&self, authorization: Option<&str>) -> Result<Claims, ServeError> {
+        let header =
+            authorization.ok_or_else(|| unauthenticated("missing authorization header"))?;
         let token = header.strip_prefix("Bearer ").ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "malformed authorization header: expected `Bearer <token>`",
-            )
+            unauthenticated("malformed authorization header: expected `Bearer <token>`")
         })?;
-        let claims = self.decode(token.trim())?;
-        check_permission(&claims, method, path)
+        self.decode(token.trim())
     }
 
-    /// Whether a call with this `authorization` value may read tenant `tenant`'s data: what
-    /// the page service (gRPC) checks, with the same tokens, scopes and messages as HTTP.
-    pub fn check_tenant(
-        &self,
-        authorization: Option<&str>,
-        tenant: TenantId,
-    ) -> Result<(), ApiError> {
-        // A tenant's data path as HTTP names it: the one rule decides for both.
-        self.check(
-            authorization,
-            &Method::GET,
-            &format!("/v1/tenant/{tenant}/timeline"),
-        )
+    /// Whether a request with this `Authorization` value may have `access`.
+    pub fn check(&self, authorization: Option<&str>, access: Access) -> Result<(), ServeError> {
+        self.verify(authorization)?.allow(access)
     }
 }
 
-/// Paths exempt from auth: what a load balancer's health check needs.
-pub fn is_public(path: &str) -> bool {
-    path == "/v1/status"
+/// What a request needs a token to grant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access<'a> {
+    /// Managing the server: tenants as a whole, the page cache, metrics, failpoints.
+    Manage,
+    /// One tenant's data, named as the request names it (an id that does not parse is no
+    /// tenant a token can claim).
+    Tenant(&'a str),
 }
 
-/// The tenant a request is about, if it is one of that tenant's data paths.
-fn tenant_of<'p>(method: &Method, path: &'p str) -> Option<&'p str> {
-    let mut segments = path.trim_start_matches('/').split('/');
-    match (segments.next(), segments.next(), segments.next()) {
-        (Some("v1"), Some("tenant"), Some(tenant)) if !tenant.is_empty() => {
-            let next = segments.next();
-            // Deleting, attaching or detaching a tenant manages the server; everything else
-            // under it is its data.
-            let manages = matches!(next, Some("attach" | "detach"))
-                || (next.is_none() && method == Method::DELETE);
-            (!manages).then_some(tenant)
-        }
-        _ => None,
-    }
-}
-
-fn check_permission(claims: &Claims, method: &Method, path: &str) -> Result<(), ApiError> {
-    let forbidden = |msg: &str| Err(ApiError::new(StatusCode::FORBIDDEN, msg));
-    match claims.scope {
-        Scope::PageServerApi => Ok(()),
-        Scope::Tenant => {
-            let Some(tenant) = tenant_of(method, path) else {
-                return forbidden(
-                    "attempt to access the management API with a tenant token: permission denied",
-                );
-            };
-            let claimed = claims
-                .tenant_id
-                .as_deref()
-                .and_then(|id| id.parse::<TenantId>().ok());
-            match (claimed, tenant.parse::<TenantId>()) {
-                (Some(claimed), Ok(requested)) if claimed == requested => Ok(()),
-                _ => forbidden("tenant id mismatch: permission denied"),
+impl Claims {
+    /// Whether these (verified) claims grant `access`.
+    pub fn allow(&self, access: Access) -> Result<(), ServeError> {
+        let forbidden = |msg: &str| Err(ServeError::new(ErrorKind::Forbidden, msg));
+        match (self.scope, access) {
+            (Scope::PageServerApi, _) => Ok(()),
+            (Scope::Tenant, Access::Manage) => forbidden(
+                "attempt to access the management API with a tenant token: permission denied",
+            ),
+            (Scope::Tenant, Access::Tenant(tenant)) => {
+                let claimed = self
+                    .tenant_id
+                    .as_deref()
+                    .and_then(|id| id.parse::<TenantId>().ok());
+                match (claimed, tenant.parse::<TenantId>()) {
+                    (Some(claimed), Ok(requested)) if claimed == requested => Ok(()),
+                    _ => forbidden("tenant id mismatch: permission denied"),
+                }
             }
+            (Scope::Other, _) => forbidden("the token's scope grants nothing on this server"),
         }
-        Scope::Other => forbidden("the token's scope grants nothing on this server"),
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,7 +191,7 @@ MCowBQYDK2VwAyEA755Bq0hPfuu8TeE0P289w7kdd2xzas1BHCtVjP9DsXM=
         let auth = JwtAuth::from_key_path(&key_path).unwrap();
         let check = |claims: serde_json::Value| {
             let header = format!("Bearer {}", token(claims));
-            auth.check(Some(&header), &Method::GET, "/v1/tenant")
+            auth.check(Some(&header), Access::Manage)
         };
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -235,7 +207,7 @@ MCowBQYDK2VwAyEA755Bq0hPfuu8TeE0P289w7kdd2xzas1BHCtVjP9DsXM=
         assert!(check(admin(None)).is_ok());
         assert!(check(admin(Some((now + 3600).into()))).is_ok());
         let expired = check(admin(Some((now - 3600).into()))).unwrap_err();
-        assert_eq!(expired.status, StatusCode::UNAUTHORIZED);
+        assert_eq!(expired.kind, ErrorKind::Unauthenticated);
         for bad in [
             serde_json::json!("9999999999"),
             serde_json::json!(-1),
@@ -243,35 +215,45 @@ MCowBQYDK2VwAyEA755Bq0hPfuu8TeE0P289w7kdd2xzas1BHCtVjP9DsXM=
             serde_json::json!(1.5e10),
         ] {
             let e = check(admin(Some(bad.clone()))).unwrap_err();
-            assert_eq!(e.status, StatusCode::UNAUTHORIZED, "{bad}");
+            assert_eq!(e.kind, ErrorKind::Unauthenticated, "{bad}");
             assert!(e.msg.contains("exp claim"), "{bad}: {}", e.msg);
         }
     }
 
     #[test]
-    fn the_permission_matrix() {
-        let get = Method::GET;
+    fn what_each_scope_grants() {
         let admin = claims(Scope::PageServerApi, None);
         let tenant = claims(Scope::Tenant, Some(T1));
-        let page = format!("/v1/tenant/{T1}/timeline/{T2}/page");
-        let other_page = format!("/v1/tenant/{T2}/timeline/{T2}/page");
-        for path in ["/v1/tenant", "/v1/page_cache", "/metrics", page.as_str()] {
-            assert!(check_permission(&admin, &get, path).is_ok(), "{path}");
+        for access in [Access::Manage, Access::Tenant(T1), Access::Tenant(T2)] {
+            assert!(admin.allow(access).is_ok(), "{access:?}");
         }
-        assert!(check_permission(&tenant, &get, &page).is_ok());
-        assert!(check_permission(&tenant, &get, &format!("/v1/tenant/{T1}")).is_ok());
-        let status =
-            |c: &Claims, m: &Method, p: &str| check_permission(c, m, p).unwrap_err().status;
-        assert_eq!(status(&tenant, &get, &other_page), StatusCode::FORBIDDEN);
-        assert_eq!(status(&tenant, &get, "/v1/tenant"), StatusCode::FORBIDDEN);
-        assert_eq!(status(&tenant, &get, "/metrics"), StatusCode::FORBIDDEN);
+        assert!(tenant.allow(Access::Tenant(T1)).is_ok());
+        let kind = |c: &Claims, access| c.allow(access).unwrap_err().kind;
+        assert_eq!(kind(&tenant, Access::Tenant(T2)), ErrorKind::Forbidden);
         assert_eq!(
-            status(&tenant, &Method::DELETE, &format!("/v1/tenant/{T1}")),
-            StatusCode::FORBIDDEN
+            kind(&tenant, Access::Tenant("not-an-id")),
+            ErrorKind::Forbidden
         );
+        assert_eq!(kind(&tenant, Access::Manage), ErrorKind::Forbidden);
         let no_tenant = claims(Scope::Tenant, None);
-        assert_eq!(status(&no_tenant, &get, &page), StatusCode::FORBIDDEN);
+        assert_eq!(kind(&no_tenant, Access::Tenant(T1)), ErrorKind::Forbidden);
         let stranger = claims(Scope::Other, Some(T1));
-        assert_eq!(status(&stranger, &get, &page), StatusCode::FORBIDDEN);
+        assert_eq!(kind(&stranger, Access::Tenant(T1)), ErrorKind::Forbidden);
+    }
+
+    #[test]
+    fn a_header_that_is_not_a_bearer_token_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let key_path = dir.path().join("public.pem");
+        std::fs::write(&key_path, PUBLIC_PEM).unwrap();
+        let auth = JwtAuth::from_key_path(&key_path).unwrap();
+        let admin = token(serde_json::json!({ "scope": "pageserverapi" }));
+        assert!(auth
+            .check(Some(&format!("Bearer {admin}")), Access::Manage)
+            .is_ok());
+        for header in [None, Some(admin.as_str()), Some("Bearer x.y.z")] {
+            let e = auth.check(header, Access::Manage).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Unauthenticated, "{header:?}");
+        }
     }
 }

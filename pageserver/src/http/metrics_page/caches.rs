@@ -233,7 +233,7 @@ impl Collector for CursorCacheCollector {
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let stats = self.state.scan_cursors.stats();
+        let stats = self.state.reads.scan_cursors().stats();
         let mut evictions = self.evictions.fill(2);
         evictions.add(&["expired"], stats.evictions_expired as f64);
         evictions.add(&["size"], stats.evictions_size as f64);

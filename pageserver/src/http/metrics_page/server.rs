@@ -9,7 +9,7 @@ use prometheus::proto::MetricFamily;
 
 use super::family::Family;
 use crate::http::body_limits::BodyBudget;
-use crate::http::server::ConnectionLimit;
+use crate::serving::connections::ConnectionLimit;
 
 /// `pageserver_build_info{version, features}` 1. Its one series never changes, so it is made
 /// once and cloned at each scrape.

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pageserver_api::Value;
@@ -14,13 +14,10 @@ use utils::Lsn;
 
 use super::MetricsPage;
 use crate::config::PageServerConf;
-use crate::http::body_limits::BodyBudget;
-use crate::http::server::ConnectionLimit;
 use crate::http::{AppState, SharedState};
 use crate::tenant::mgr::TenantManager;
 use crate::tenant::remote_timeline_client::RemoteContext;
 use crate::tenant::test_support::{rel_key, small_cache};
-use crate::tenant::timeline::scan::cursor_cache::CursorCache;
 use crate::tenant::timeline::{PutRecord, Timeline, TimelineConf};
 use crate::PAGE_SZ;
 
@@ -39,19 +36,7 @@ fn state(dir: &Path) -> SharedState {
     )
     .unwrap();
     let conf = PageServerConf::default();
-    Arc::new(AppState {
-        body_budget: Arc::new(BodyBudget::new(conf.max_buffered_request_bytes)),
-        connections: Arc::new(ConnectionLimit::new(conf.max_connections())),
-        admissions: Arc::new(crate::tenant::admission::Admissions::new(
-            conf.admission_limits(),
-        )),
-        scan_cursors: CursorCache::new(conf.cursor_cache_conf()),
-        conf,
-        tenants: Arc::new(tenants),
-        cache,
-        auth: None,
-        started_at: SystemTime::now(),
-    })
+    Arc::new(AppState::new(conf, Arc::new(tenants), cache, None))
 }
 
 /// Two images at `lsn`, flushed into an L0 delta layer.

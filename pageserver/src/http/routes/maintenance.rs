@@ -11,7 +11,8 @@ use serde::Deserialize;
 use serde_json::{json, Value as JsonValue};
 
 use super::timeline::timeline_json;
-use super::{query_params, read_body, timeline_of, ApiResult, MAX_JSON_BODY};
+use super::{query_params, read_body, timeline_of, ApiResult};
+use crate::http::body_limits::MAX_JSON_BODY;
 use crate::http::error::ApiError;
 use crate::http::{blocking, SharedState};
 use crate::page_cache::KindStats;

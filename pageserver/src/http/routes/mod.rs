@@ -30,6 +30,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{json, Value as JsonValue};
 use utils::{Lsn, TenantId, TimelineId};
 
+use super::body_limits::MAX_JSON_BODY;
 use super::error::ApiError;
 use super::metrics_page::MetricsPage;
 use super::{blocking, SharedState};
@@ -60,9 +61,6 @@ fn parse_timeline(text: &str) -> ApiResult<TimelineId> {
     text.parse()
         .map_err(|e: utils::id::IdParseError| ApiError::bad_request(e.to_string()))
 }
-
-/// The most a JSON request body may hold; they are all a few ids.
-pub(super) const MAX_JSON_BODY: usize = 64 * 1024;
 
 /// The whole body, refused with 413 past `limit` bytes; 408 or 503 when a limit of
 /// [`super::body_limits`] cut it off. Read into one buffer sized from the body's length, so a
@@ -124,7 +122,7 @@ pub(super) fn timeline_of(
 ) -> ApiResult<std::sync::Arc<Timeline>> {
     let tenant = parse_tenant(tenant_id)?;
     let timeline = parse_timeline(timeline_id)?;
-    Ok(state.tenants.get_timeline(tenant, timeline)?)
+    Ok(state.reads.timeline(tenant, timeline)?)
 }
 
 /// `error` with `Connection: close`, for a refusal that leaves a request body unread.

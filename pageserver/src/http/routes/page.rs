@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -17,8 +17,9 @@ use utils::Lsn;
 use super::{closing, key_param, lsn_param, next_chunk, query_params, timeline_of, ApiResult};
 use crate::http::body_limits::GatheredBody;
 use crate::http::error::ApiError;
-use crate::http::{blocking, read, SharedState};
-use crate::io::read_cost;
+use crate::http::{blocking, SharedState};
+use crate::serving::error::ServeError;
+use crate::serving::read::PageAnswer;
 use crate::tenant::storage_layer::max_stored_value_len;
 use crate::tenant::timeline::Timeline;
 
@@ -142,7 +143,14 @@ pub async fn get_page(
 ) -> Response {
     let started = Instant::now();
     let (outcome, response) = match get_page_inner(&state, &ids, &uri).await {
-        Ok((_, Some(page), lsn, cost)) => {
+        Ok((
+            _,
+            PageAnswer {
+                page: Some(page),
+                lsn,
+                cost,
+            },
+        )) => {
             let headers = [
                 (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
                 (header::HeaderName::from_static("x-lsn"), lsn.to_string()),
@@ -151,8 +159,15 @@ pub async fn get_page(
             ("ok", (headers, page).into_response())
         }
         // A key with no version still cost a read, which the caller may want to see.
-        Ok((key, None, lsn, cost)) => {
-            let error = ApiError::no_version(key, lsn);
+        Ok((
+            key,
+            PageAnswer {
+                page: None,
+                lsn,
+                cost,
+            },
+        )) => {
+            let error = ApiError::from(ServeError::no_version(key, lsn));
             let headers = [(X_READ_COST, cost.to_string())];
             ("not_found", (headers, error).into_response())
         }
@@ -171,16 +186,8 @@ async fn get_page_inner(
     state: &SharedState,
     ids: &(String, String),
     uri: &Uri,
-) -> ApiResult<(Key, Option<Bytes>, Lsn, read_cost::ReadCost)> {
+) -> ApiResult<(Key, PageAnswer)> {
     let (key, lsn) = page_query(uri)?;
     let timeline = timeline_of(state, ids)?;
-    let lsn = lsn.unwrap_or_else(|| timeline.last_record_lsn());
-    // Waits as a task, not on a thread: a client that hangs up ends its wait.
-    timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
-    let (page, cost) = read(&state.admissions, move || {
-        read_cost::measure(|| timeline.get_page(key, lsn))
-    })
-    .await?;
-    read_cost::record(&cost, 1);
-    Ok((key, page?, lsn, cost))
+    Ok((key, state.reads.page(timeline, key, lsn).await?))
 }

@@ -11,8 +11,7 @@ use utils::Lsn;
 
 use super::{key_param, lsn_param, parse_tenant, parse_timeline, query_params, ApiResult};
 use crate::http::error::ApiError;
-use crate::http::{read_on_pool, SharedState};
-use crate::io::read_cost;
+use crate::http::SharedState;
 use crate::tenant::timeline::scan::cursor_cache::{ScanFrom, ScanPosition, ScanRequest};
 use body::scan_page_body;
 
@@ -105,34 +104,28 @@ pub async fn scan_keys(
         )
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
-    let timeline = state.tenants.get_timeline(tenant_id, timeline_id)?;
+    let timeline = state.reads.timeline(tenant_id, timeline_id)?;
     let lsn = match (query.lsn, &query.token) {
         (Some(lsn), _) => lsn,
         (None, Some(position)) => position.lsn,
         (None, None) => timeline.last_record_lsn(),
     };
-    timeline.wait_lsn(lsn, state.conf.wait_lsn_timeout).await?;
-    let admissions = state.admissions.clone();
-    let (body, cost) = read_on_pool(&admissions, move || {
-        let request = ScanRequest {
-            lsn,
-            end: query.end,
-            from: match query.token {
-                Some(position) => ScanFrom::After(position),
-                None => ScanFrom::Start(query.start),
-            },
-            limit: query.limit,
-        };
-        let (result, cost) = read_cost::measure(|| state.scan_cursors.page(&timeline, request));
-        // Up to about 11 MiB of JSON: written here, off the async workers.
-        let body = result.map(|r| {
-            let next_page_token = r.next.as_ref().map(token::encode);
-            scan_page_body(&r.entries, next_page_token.as_deref())
-        });
-        (body, cost)
-    })
-    .await?;
-    let body = body?;
+    let request = ScanRequest {
+        lsn,
+        end: query.end,
+        from: match query.token {
+            Some(position) => ScanFrom::After(position),
+            None => ScanFrom::Start(query.start),
+        },
+        limit: query.limit,
+    };
+    let (body, cost) = state
+        .reads
+        .scan_page(timeline, request, |page| {
+            let next_page_token = page.next.as_ref().map(token::encode);
+            scan_page_body(&page.entries, next_page_token.as_deref())
+        })
+        .await?;
     Ok((
         [
             (header::CONTENT_TYPE, "application/json".to_owned()),

@@ -10,8 +10,9 @@ use utils::Generation;
 
 use super::residence::Residence;
 use super::{json_body, parse_tenant, ApiResult};
-use crate::http::error::{redact_paths, ApiError};
+use crate::http::error::ApiError;
 use crate::http::{blocking, SharedState};
+use crate::serving::error::redact_paths;
 use crate::tenant::mgr::{Tenant, TenantState};
 
 pub(super) fn tenant_json(tenant: &Tenant) -> JsonValue {

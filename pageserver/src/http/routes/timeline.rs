@@ -12,8 +12,9 @@ use utils::Lsn;
 
 use super::residence::Residence;
 use super::{json_body, parse_tenant, parse_timeline, timeline_of, ApiResult};
-use crate::http::error::{redact_paths, ApiError};
+use crate::http::error::ApiError;
 use crate::http::{blocking, SharedState};
+use crate::serving::error::redact_paths;
 use crate::tenant::mgr::TenantState;
 use crate::tenant::timeline::layer_set::manifest::LayerLevel;
 use crate::tenant::timeline::{LayerDescription, LayerKind, Timeline};
