@@ -372,6 +372,17 @@ impl Value {
         Ok(layout.build(&Bytes::copy_from_slice(buf)))
     }
 
+    /// Checks that `buf` holds exactly one value in the byte format, as
+    /// [`Value::deserialize`] does, without building it; and says whether
+    /// it will init ([`Value::will_init`]). What a copy of a value's bytes
+    /// as they are needs to know.
+    pub fn check_serialized(buf: &[u8]) -> Result<bool, ValueDecodeError> {
+        Ok(match parse(buf)? {
+            Layout::Image { .. } => true,
+            Layout::Delta { will_init, .. } => will_init,
+        })
+    }
+
     /// Like [`Value::deserialize`], but the payloads of the result are
     /// slices of `buf` (no bytes are copied). They keep `buf`'s memory
     /// alive for as long as they live.

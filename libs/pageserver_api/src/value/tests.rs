@@ -319,6 +319,7 @@ proptest! {
     fn round_trip(value in any_value()) {
         let bytes = ser(&value);
         prop_assert_eq!(bytes.len(), value.serialized_len());
+        prop_assert_eq!(Value::check_serialized(&bytes), Ok(value.will_init()));
         prop_assert_eq!(&Value::deserialize(&bytes), &Ok(value.clone()));
         prop_assert_eq!(Value::deserialize_bytes(Bytes::from(bytes)), Ok(value));
     }
@@ -327,7 +328,13 @@ proptest! {
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
         // Whatever is accepted is canonical: it encodes back to the input.
         if let Ok(value) = Value::deserialize(&bytes) {
-            prop_assert_eq!(ser(&value), bytes);
+            prop_assert_eq!(ser(&value), bytes.clone());
+        }
+        // The check without building accepts exactly what decoding accepts.
+        let checked = Value::check_serialized(&bytes);
+        match Value::deserialize(&bytes) {
+            Ok(value) => prop_assert_eq!(checked, Ok(value.will_init())),
+            Err(e) => prop_assert_eq!(checked, Err(e)),
         }
     }
 

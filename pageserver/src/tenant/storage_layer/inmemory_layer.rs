@@ -681,11 +681,25 @@ impl InMemoryLayer {
     }
 
     /// Every indexed value in (key, lsn) order, read back through the ephemeral file's block
-    /// reader: the input of a delta layer writer. Blocks the page cache does not hold are read
-    /// without being inserted: a flush must not push out what readers use. The index's read
-    /// lock is held only to list the keys and then to walk each key's chain, never while
-    /// values are read; on an open layer, the scan covers the versions put before it started.
+    /// reader. Blocks the page cache does not hold are read without being inserted: a scan of
+    /// the whole layer must not push out what readers use.
     pub fn iter_sorted(&self) -> impl Iterator<Item = Result<(Key, Lsn, Value), GetError>> + '_ {
+        let reader = self.file.bypassing_cache();
+        self.sorted_entries().map(move |(key, lsn, offset)| {
+            let cursor = BlockCursor::new(&reader).with_max_blob_len(self.max_stored_len());
+            let blob = cursor.read_blob(offset)?;
+            // The value's payloads become slices of the blob's buffer: no second copy.
+            let value = Value::deserialize_bytes(blob.into())
+                .map_err(|source| GetError::Corrupt { key, lsn, source })?;
+            Ok((key, lsn, value))
+        })
+    }
+
+    /// Every indexed version in (key, lsn) order, with the offset of its blob in the ephemeral
+    /// file. The index's read lock is held only to list the keys and then to walk each key's
+    /// chain, never while values are read; on an open layer, the walk covers the versions put
+    /// before it started.
+    fn sorted_entries(&self) -> impl Iterator<Item = (Key, Lsn, u64)> + '_ {
         let mut keys: Vec<(Key, u32)> = self
             .read_index()
             .heads
@@ -697,22 +711,21 @@ impl InMemoryLayer {
             // Entries never change once inserted, so the chain from the head listed above is
             // the key's versions as of then. It runs newest to oldest; emit oldest first.
             let chain = self.read_index().chain(head);
-            chain.into_iter().rev().map(move |entry| {
-                let lsn = self.entry_lsn(entry);
-                let reader = self.file.bypassing_cache();
-                let cursor = BlockCursor::new(&reader).with_max_blob_len(self.max_stored_len());
-                let blob = cursor.read_blob(entry.offset())?;
-                // The value's payloads become slices of the blob's buffer: no second copy.
-                let value = Value::deserialize_bytes(blob.into())
-                    .map_err(|source| GetError::Corrupt { key, lsn, source })?;
-                Ok((key, lsn, value))
-            })
+            chain
+                .into_iter()
+                .rev()
+                .map(move |entry| (key, self.entry_lsn(entry), entry.offset()))
         })
     }
 
     /// Writes the frozen layer as one L0 delta layer file covering all its keys and
-    /// `[range_start, end_lsn)`, reading the values back in (key, lsn) order through the
-    /// ephemeral file's block reader. Returns `None` for an empty layer.
+    /// `[range_start, end_lsn)`. Returns `None` for an empty layer.
+    ///
+    /// The values are read back in (key, lsn) order through the ephemeral file's block reader,
+    /// without filling the page cache, into one reused buffer, and copied into the delta layer
+    /// as they are: the ephemeral file holds each value in the byte format the delta layer
+    /// stores, so each is only checked ([`Value::check_serialized`]), never decoded and encoded
+    /// again.
     pub fn write_to_disk(
         &self,
         timeline_dir: &Path,
@@ -732,9 +745,19 @@ impl InMemoryLayer {
             self.range_start,
             end_lsn,
         )?;
-        for entry in self.iter_sorted() {
-            let (key, lsn, value) = entry?;
-            writer.put_value(key, lsn, &value)?;
+        let reader = self.file.bypassing_cache();
+        let cursor = BlockCursor::new(&reader).with_max_blob_len(self.max_stored_len());
+        let mut blob = Vec::new();
+        for (key, lsn, offset) in self.sorted_entries() {
+            cursor
+                .read_blob_into_buf(offset, &mut blob)
+                .map_err(GetError::from)?;
+            let will_init = Value::check_serialized(&blob).map_err(|source| GetError::Corrupt {
+                key,
+                lsn,
+                source,
+            })?;
+            writer.put_serialized(key, lsn, &blob, will_init)?;
         }
         Ok(Some(writer.finish()?))
     }

@@ -117,6 +117,23 @@ impl DeltaLayerWriter {
 
     /// Appends version `lsn` of `key`. Calls must come in strictly increasing (key, lsn) order.
     pub fn put_value(&mut self, key: Key, lsn: Lsn, value: &Value) -> Result<(), DeltaLayerError> {
+        let serialized = self.serialize(key, value, &lsn.to_string())?;
+        let result = self.put_serialized(key, lsn, &serialized, value.will_init());
+        self.scratch = serialized;
+        result
+    }
+
+    /// [`Self::put_value`] of a value already in its byte format (checked by the caller with
+    /// [`Value::check_serialized`], which also says whether it will init): the bytes are copied
+    /// as they are, with no decoding and encoding on the way. A flush copies the ephemeral
+    /// file's blobs so, since they are byte for byte what this file stores.
+    pub fn put_serialized(
+        &mut self,
+        key: Key,
+        lsn: Lsn,
+        serialized: &[u8],
+        will_init: bool,
+    ) -> Result<(), DeltaLayerError> {
         if lsn < self.lsn_start || lsn >= self.lsn_end {
             return Err(self.usage(format!(
                 "LSN {lsn} of key {key} is outside the layer's range {}..{}",
@@ -126,19 +143,18 @@ impl DeltaLayerWriter {
         let Index::Building(tree) = &mut self.index else {
             return Err(self.usage(format!("key {key} at {lsn}: the writer is undated")));
         };
-        let entry = (self.file.offset() << 1) | will_init_bit(value);
+        let entry = (self.file.offset() << 1) | will_init_bit(will_init);
         // The index checks the order; nothing is written before it accepts the key.
         if let Err(e) = tree.append(&index_key(key, lsn), entry) {
             return Err(self.usage(format!("key {key} at {lsn}: {e}")));
         }
-        self.append_blob(key, value, &lsn.to_string())
+        self.append_blob(key, serialized, &lsn.to_string())
     }
 
     /// Appends the version of `key` of an undated writer. Keys must strictly increase.
     pub fn put_undated(&mut self, key: Key, value: &Value) -> Result<(), DeltaLayerError> {
         let last = self.last_key;
-        let entry = (self.file.offset() << 1) | will_init_bit(value);
-        let Index::Undated(entries) = &mut self.index else {
+        let Index::Undated(_) = &self.index else {
             return Err(self.usage(format!("key {key}: the writer is dated")));
         };
         if last.is_some_and(|last| key <= last) {
@@ -147,22 +163,40 @@ impl DeltaLayerWriter {
                 last.expect("checked")
             )));
         }
-        entries.push((key, entry));
-        self.append_blob(key, value, "the undated LSN")
+        let serialized = self.serialize(key, value, "the undated LSN")?;
+        let entry = (self.file.offset() << 1) | will_init_bit(value.will_init());
+        if let Index::Undated(entries) = &mut self.index {
+            entries.push((key, entry));
+        }
+        let result = self.append_blob(key, &serialized, "the undated LSN");
+        self.scratch = serialized;
+        result
     }
 
-    /// Writes `value` as the next blob: its serialized bytes and their CRC-32C.
-    fn append_blob(&mut self, key: Key, value: &Value, at: &str) -> Result<(), DeltaLayerError> {
-        self.scratch.clear();
-        value
-            .serialize_into(&mut self.scratch)
-            .map_err(|e| self.usage(format!("value of key {key} at {at}: {e}")))?;
-        let crc = crc32c::crc32c(&self.scratch);
-        self.scratch.extend_from_slice(&crc.to_be_bytes());
-        let header = BlobHeader::new(self.scratch.len())
+    /// `value` in its byte format, in the writer's scratch buffer (taken out of the writer
+    /// until the caller gives it back, so that the writer can append it).
+    fn serialize(&mut self, key: Key, value: &Value, at: &str) -> Result<Vec<u8>, DeltaLayerError> {
+        let mut out = std::mem::take(&mut self.scratch);
+        out.clear();
+        if let Err(e) = value.serialize_into(&mut out) {
+            return Err(self.usage(format!("value of key {key} at {at}: {e}")));
+        }
+        Ok(out)
+    }
+
+    /// Writes a value's bytes as the next blob, followed by their CRC-32C.
+    fn append_blob(
+        &mut self,
+        key: Key,
+        serialized: &[u8],
+        at: &str,
+    ) -> Result<(), DeltaLayerError> {
+        let crc = crc32c::crc32c(serialized);
+        let header = BlobHeader::new(serialized.len() + VALUE_CRC_LEN)
             .map_err(|e| self.usage(format!("value of key {key} at {at}: {e}")))?;
         self.file.append(header.as_bytes())?;
-        self.file.append(&self.scratch)?;
+        self.file.append(serialized)?;
+        self.file.append(&crc.to_be_bytes())?;
         self.first_key.get_or_insert(key);
         self.last_key = Some(key);
         Ok(())
@@ -245,8 +279,8 @@ impl DeltaLayerWriter {
     }
 }
 
-fn will_init_bit(value: &Value) -> u64 {
-    if value.will_init() {
+fn will_init_bit(will_init: bool) -> u64 {
+    if will_init {
         WILL_INIT_BIT
     } else {
         0
