@@ -56,7 +56,13 @@ pub enum LayerReadError {
     WrongLayer { key: Key, lsn: Lsn },
     #[error("layer file {name} is not on the local disk, and downloading it failed: {reason}")]
     Download { name: String, reason: String },
+    #[error("layer file {file} is an image layer: its versions are read by key, not streamed")]
+    NotStreamed { file: String },
 }
+
+/// Every version a layer holds, in (key, LSN) order, values and all: see [`Layer::versions`].
+pub type VersionStream<'a> =
+    Box<dyn Iterator<Item = Result<(Key, Lsn, Value), LayerReadError>> + Send + 'a>;
 
 impl Layer {
     /// The LSNs its versions lie in. An in-memory layer's ends after its newest version so
@@ -147,6 +153,39 @@ impl Layer {
             (Layer::Image(l), ValueAt::Image { stored }) => l.read_version(key, stored)?,
             _ => return Err(LayerReadError::WrongLayer { key, lsn }),
         })
+    }
+
+    /// The layer with its file on the local disk: itself, or an on-demand layer's resident
+    /// copy, downloaded first if it was evicted.
+    pub fn resident(&self) -> Result<Layer, LayerReadError> {
+        match self {
+            Layer::OnDemand(l) => l.resident(),
+            _ => Ok(self.clone()),
+        }
+    }
+
+    /// Every version it holds, in (key, LSN) order, values and all, in bounded memory (a
+    /// delta layer's window, see `delta_layer::stream`): what compaction merges. An on-demand
+    /// layer streams its resident copy. An image layer's versions are read by key instead.
+    pub fn versions(&self) -> Result<VersionStream<'_>, LayerReadError> {
+        fn delta(layer: &Arc<DeltaLayer>) -> VersionStream<'static> {
+            Box::new(layer.stream().map(|r| r.map_err(LayerReadError::from)))
+        }
+        match self {
+            Layer::InMemory(l) => Ok(Box::new(
+                l.iter_sorted().map(|r| r.map_err(LayerReadError::from)),
+            )),
+            Layer::Delta(l) => Ok(delta(l)),
+            Layer::OnDemand(l) => match l.resident()? {
+                Layer::Delta(resident) => Ok(delta(&resident)),
+                _ => Err(LayerReadError::NotStreamed {
+                    file: l.file_name().to_owned(),
+                }),
+            },
+            Layer::Image(l) => Err(LayerReadError::NotStreamed {
+                file: l.summary().layer_name().to_string(),
+            }),
+        }
     }
 
     /// Whether the layer answers for every key of its range at its LSN, holding an entry or

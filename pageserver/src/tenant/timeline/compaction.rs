@@ -90,27 +90,20 @@ impl Timeline {
             }
             CompactionChoice::Merge(inputs) => inputs,
         };
+        if let Some(other) = input_layers.iter().find(|l| !l.is_delta_file()) {
+            return Err(TimelineError::LayerSet {
+                file: other.file_name().unwrap_or_default(),
+                reason: "an L0 layer that is not a delta layer file".to_owned(),
+            });
+        }
         // An L0 an attach left on demand is downloaded to be merged.
         let inputs = input_layers
             .iter()
-            .map(|layer| match layer {
-                Layer::Delta(delta) => Ok(delta.clone()),
-                Layer::OnDemand(on_demand) => match on_demand.resident()? {
-                    Layer::Delta(delta) => Ok(delta),
-                    _ => Err(TimelineError::LayerSet {
-                        file: on_demand.file_name().to_owned(),
-                        reason: "an L0 layer that is not a delta layer".to_owned(),
-                    }),
-                },
-                other => Err(TimelineError::LayerSet {
-                    file: other.file_name().unwrap_or_default(),
-                    reason: "an L0 layer that is not a delta layer file".to_owned(),
-                }),
-            })
-            .collect::<Result<Vec<Arc<DeltaLayer>>, TimelineError>>()?;
+            .map(Layer::resident)
+            .collect::<Result<Vec<Layer>, _>>()?;
         let started = Instant::now();
-        let lsn_start = inputs[0].summary().lsn_start;
-        let lsn_end = inputs.last().expect("two or more").summary().lsn_end;
+        let lsn_start = inputs[0].lsn_range().start;
+        let lsn_end = inputs.last().expect("two or more").lsn_range().end;
         let (written, materialized) = self.write_l1(&inputs, lsn_start, lsn_end)?;
         let mut change = LayerChange::new(ChangeKind::Compaction);
         change.remove = input_layers.clone();
@@ -150,14 +143,18 @@ impl Timeline {
     /// are removed. Returns the files and how many versions were materialized.
     fn write_l1(
         &self,
-        inputs: &[Arc<DeltaLayer>],
+        inputs: &[Layer],
         lsn_start: Lsn,
         lsn_end: Lsn,
     ) -> Result<(Vec<WrittenLayer>, u64), TimelineError> {
         let mut done: Vec<WrittenLayer> = Vec::new();
         let mut chain = Chain::default();
         let result = (|| {
-            let merge = MergeIter::new(inputs.iter().map(|l| l.stream()).collect());
+            let streams = inputs
+                .iter()
+                .map(Layer::versions)
+                .collect::<Result<Vec<_>, _>>()?;
+            let merge = MergeIter::new(streams);
             let mut writer: Option<DeltaLayerWriter> = None;
             let mut last_key = None;
             for (n, version) in merge.enumerate() {
@@ -165,7 +162,7 @@ impl Timeline {
                     return Err(TimelineError::ShuttingDown);
                 }
                 let (key, lsn, value) = version.map_err(|e| match e {
-                    MergeError::Input(e) => TimelineError::Layer(e),
+                    MergeError::Input(e) => TimelineError::from(e),
                     e @ MergeError::OutOfOrder { .. } => TimelineError::LayerSet {
                         file: "the L0 layers being compacted".to_owned(),
                         reason: e.to_string(),

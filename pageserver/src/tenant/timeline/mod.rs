@@ -134,7 +134,7 @@ use pageserver_api::{reconstruct_page, Key, RedoError, Value, ValueEncodeError};
 use utils::{Lsn, TenantId, TimelineId, Wakeup};
 
 use crate::page_cache::{MaterializedPageKey, PageCache};
-use crate::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerError, WrittenLayer};
+use crate::tenant::storage_layer::delta_layer::{DeltaLayerError, WrittenLayer};
 use crate::tenant::storage_layer::image_layer::ImageLayerError;
 use crate::tenant::storage_layer::inmemory_layer::{
     FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError, MAX_LSN_SPAN,
@@ -332,6 +332,10 @@ impl From<LayerReadError> for TimelineError {
             e @ LayerReadError::WrongLayer { .. } => TimelineError::LayerSet {
                 file: "a layer a scan read".to_owned(),
                 reason: e.to_string(),
+            },
+            LayerReadError::NotStreamed { file } => TimelineError::LayerSet {
+                file,
+                reason: "an image layer where versions were to be streamed".to_owned(),
             },
         }
     }

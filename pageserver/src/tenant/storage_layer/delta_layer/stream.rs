@@ -20,8 +20,8 @@ pub const STREAM_INDEX_CHUNK: usize = 1024;
 pub const STREAM_WINDOW: usize = 1 << 20;
 
 /// See the module documentation.
-pub struct DeltaStream<'a> {
-    layer: &'a DeltaLayer,
+pub struct DeltaStream {
+    layer: Arc<DeltaLayer>,
     /// Buffered (key, lsn, stored entry), in order.
     entries: VecDeque<(Key, Lsn, u64)>,
     /// Where the next index chunk starts; `None` once the index is exhausted.
@@ -35,9 +35,9 @@ pub struct DeltaStream<'a> {
 
 impl DeltaLayer {
     /// Streams every version in the file in (key, LSN) order; see [`DeltaStream`].
-    pub fn stream(&self) -> DeltaStream<'_> {
+    pub fn stream(self: &Arc<Self>) -> DeltaStream {
         DeltaStream {
-            layer: self,
+            layer: self.clone(),
             entries: VecDeque::new(),
             resume: Some([0u8; INDEX_KEY_LEN]),
             window: Vec::new(),
@@ -48,7 +48,7 @@ impl DeltaLayer {
     }
 }
 
-impl DeltaStream<'_> {
+impl DeltaStream {
     /// The bytes a stream holds at most, besides one value larger than the window.
     pub const fn memory_bound() -> usize {
         STREAM_WINDOW + STREAM_INDEX_CHUNK * std::mem::size_of::<(Key, Lsn, u64)>()
@@ -58,7 +58,7 @@ impl DeltaStream<'_> {
         let Some(start) = self.resume.take() else {
             return Ok(());
         };
-        let layer = self.layer;
+        let layer = &self.layer;
         let entries = &mut self.entries;
         let mut last = None;
         let complete = layer.with_index(Access::Scan, |tree, _| {
@@ -103,7 +103,8 @@ impl DeltaStream<'_> {
         if self.entries.is_empty() {
             self.refill_entries()?;
         }
-        let layer = self.layer;
+        // A clone: reading the next bytes needs `self` mutably while the layer checks them.
+        let layer = self.layer.clone();
         let Some((key, lsn, entry)) = self.entries.pop_front() else {
             if self.yielded != layer.summary.entries {
                 return Err(layer.corrupt(format!(
@@ -135,7 +136,7 @@ impl DeltaStream<'_> {
     }
 }
 
-impl Iterator for DeltaStream<'_> {
+impl Iterator for DeltaStream {
     type Item = Result<(Key, Lsn, Value), DeltaLayerError>;
 
     fn next(&mut self) -> Option<Self::Item> {
@@ -202,7 +203,7 @@ mod tests {
                 }
             }
             let path = write(dir.path(), &model);
-            let layer = DeltaLayer::open(&path, small_cache(16), DEFAULT_MAX_VALUE_SIZE.max(STREAM_WINDOW * 2)).unwrap();
+            let layer = Arc::new(DeltaLayer::open(&path, small_cache(16), DEFAULT_MAX_VALUE_SIZE.max(STREAM_WINDOW * 2)).unwrap());
             let streamed: Vec<_> = layer.stream().collect::<Result<_, _>>().unwrap();
             let want: Vec<_> = model.into_iter().map(|((k, l), v)| (k, l, v)).collect();
             prop_assert_eq!(streamed.len(), want.len());
@@ -226,7 +227,8 @@ mod tests {
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[PAGE_SZ + 40_000] ^= 0x55;
         std::fs::write(&path, &bytes).unwrap();
-        let layer = DeltaLayer::open(&path, small_cache(16), DEFAULT_MAX_VALUE_SIZE).unwrap();
+        let layer =
+            Arc::new(DeltaLayer::open(&path, small_cache(16), DEFAULT_MAX_VALUE_SIZE).unwrap());
         let out: Vec<_> = layer.stream().collect();
         let Some(Err(e)) = out.last() else {
             panic!("the stream ended without an error");

@@ -9,6 +9,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::io::crashsafe::TEMP_SUFFIX;
 use crate::tenant::storage_layer::inmemory_layer::InMemoryLayer;
+use crate::tenant::storage_layer::Layer;
 use crate::tenant::test_support::*;
 
 const TENANT: TenantId = TenantId::from_bytes([7; 16]);
@@ -79,7 +80,14 @@ proptest! {
         let disk = DeltaLayer::open(&path, cache.clone(), DEFAULT_MAX_VALUE_SIZE).unwrap();
         let all = disk.iter().unwrap();
         let expected: Vec<_> = model.iter().map(|((k, l), v)| (*k, *l, v.clone())).collect();
-        prop_assert_eq!(all, expected);
+        prop_assert_eq!(all, expected.clone());
+        // What compaction merges, through the `Layer` interface, from either kind.
+        let mem = Layer::InMemory(Arc::new(mem));
+        let disk = Layer::Delta(Arc::new(disk));
+        for layer in [&mem, &disk] {
+            let streamed: Vec<_> = layer.versions().unwrap().collect::<Result<_, _>>().unwrap();
+            prop_assert!(streamed == expected);
+        }
         for (k, at) in probes {
             let from_disk = disk.get(rel_key(k), Lsn(at)).unwrap();
             let from_mem = mem.get(rel_key(k), Lsn(at)).unwrap();
