@@ -24,6 +24,7 @@ pub mod delta_layer;
 pub mod ephemeral_file;
 pub mod image_layer;
 pub mod inmemory_layer;
+pub mod key_history;
 mod layer_file;
 pub mod layer_name;
 pub mod merge_iter;

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
+use crate::tenant::storage_layer::key_history::KeyHistory;
 use crate::tenant::storage_layer::VersionRef;
 use scan::{LayerSetId, ScanLayer};
 
@@ -105,16 +106,27 @@ impl Timeline {
                 if chunk.resume.is_some() {
                     break;
                 }
-                let wanted: Vec<VersionRef> = chunk
+                let listed: Vec<VersionRef> = chunk
                     .versions
                     .into_iter()
                     .filter(|v| pending.contains(&v.key))
                     .collect();
-                layer.prefetch_values(&wanted)?;
-                // A key listed from a base needs nothing from older layers.
-                for v in wanted.iter().filter(|v| v.will_init) {
-                    pending.remove(&v.key);
+                // Each key's versions in this layer, as its point read will take them: a key
+                // whose history this layer completes needs nothing from older layers.
+                let mut wanted = Vec::with_capacity(listed.len());
+                for versions in listed.chunk_by(|a, b| a.key == b.key) {
+                    let mut history = KeyHistory::default();
+                    let taken = history.take(&layer, versions[0].key, versions);
+                    wanted.extend_from_slice(&versions[..taken]);
+                    if history.is_complete() {
+                        pending.remove(&versions[0].key);
+                    }
                 }
+                // An image layer answers for the keys it does not hold, too.
+                if layer.is_image() {
+                    pending.retain(|key| !layer.is_authoritative_for(*key));
+                }
+                layer.prefetch_values(&wanted)?;
             }
         }
         Ok(())
@@ -138,34 +150,26 @@ impl Timeline {
 
         let mut records: Vec<(Lsn, Value)> = Vec::new();
         let keys = key..key.next();
-        let mut complete = false;
+        let mut history = KeyHistory::from_floor(floor);
         for layer in map.newest_first() {
             if !layer.may_hold(&keys, lsn) {
                 // Nothing at or below lsn, or not this key: skipped without I/O.
                 continue;
             }
-            // A layer whose newest version is at or below the cached page's has nothing to
-            // add, and neither has any older layer.
-            let newest = Lsn(layer.lsn_range().end.0 - 1);
-            if floor.is_some_and(|f| newest <= f) {
+            if history.ends_before(&layer) {
                 break;
             }
             crate::io::read_cost::layer_visited();
-            let found = layer.get(key, lsn)?;
-            complete = found.complete;
-            for (version, value) in found.records {
-                if floor.is_some_and(|f| version <= f) {
-                    complete = true;
-                    break;
-                }
-                records.push((version, value));
-            }
-            if complete {
+            let found = layer.get(key, lsn)?.records;
+            let taken = history.take(&layer, key, &found);
+            records.extend(found.into_iter().take(taken));
+            if history.is_complete() {
                 break;
             }
         }
         // A branch whose own layers hold no base: the rest of the history is its ancestor's,
         // as of the branch point at the latest (a memorized page already includes it).
+        let complete = history.is_complete();
         if let (false, None, Some((ancestor, branch_lsn))) = (complete, &cached, self.ancestor()) {
             let at = lsn.min(branch_lsn);
             if let Some(base) = ancestor.get_page_for_branch(key, at)? {

@@ -12,7 +12,8 @@
 //! versions from the streams newest layer first, in the layer order GetPage walks, and stops
 //! collecting at the first version that needs no older history, or at an image layer, which
 //! answers for every key of its range (the older streams' versions of the key are skipped past,
-//! unread); and redoes the page with `reconstruct_page`, the function GetPage uses. So an entry
+//! unread): the rule of [`KeyHistory`], which GetPage's walk follows too; and redoes the page
+//! with `reconstruct_page`, the function GetPage uses. So an entry
 //! is byte for byte what `GET .../page` answers, and a key whose versions hold no base (the page
 //! does not exist) is left out, as a point read would say 404.
 //!
@@ -105,6 +106,7 @@ use bytes::Bytes;
 use pageserver_api::{reconstruct_page, Key, Value};
 use utils::{Lsn, TimelineId};
 
+use crate::tenant::storage_layer::key_history::KeyHistory;
 use crate::tenant::storage_layer::{Layer, VersionRef};
 use crate::tenant::timeline::{Timeline, TimelineError};
 use stream::{ChunkSizes, VersionStream};
@@ -311,13 +313,13 @@ impl ScanCursor {
         let lsn = self.lsn;
         let mut records: Vec<(Lsn, Value)> = Vec::new();
         if let Some(positioned) = &mut self.positioned {
-            let mut complete = false;
+            let mut history = KeyHistory::default();
             // Streams are in layer order, newest first, as GetPage walks the layers; `peek`
             // left every stream with a head, or exhausted.
             for stream in &mut positioned.streams {
                 let layer = &layers[stream.layer].layer;
                 let versions: &[VersionRef] = stream.take(key);
-                if complete {
+                if history.is_complete() {
                     // Older than the base already found: skipped past, never read.
                     continue;
                 }
@@ -325,14 +327,10 @@ impl ScanCursor {
                     // As the GetPage walk counts a layer it asks for the key's versions.
                     crate::io::read_cost::layer_visited();
                 }
-                for version in versions {
+                let taken = history.take(layer, key, versions);
+                for version in &versions[..taken] {
                     records.push((version.lsn, layer.read_version(version)?));
-                    if version.will_init {
-                        complete = true;
-                        break;
-                    }
                 }
-                complete |= layer.is_authoritative_for(key);
             }
         }
         // `key` < `end` <= Key::MAX, so it has a successor.
