@@ -98,8 +98,7 @@ fn timeline_kind(e: &TimelineError) -> ErrorKind {
         // The batch itself is malformed.
         BatchLsnBackwards { .. }
         | BatchDuplicate { .. }
-        | ValueTooLarge { .. }
-        | ValueNotEncodable { .. }
+        | BatchValue { .. }
         | PageTooLarge { .. }
         | Reserved { .. }
         | BatchSpanTooWide { .. } => ErrorKind::BadRequest,

@@ -107,7 +107,7 @@ use crate::format::blob_io::{BlobReadError, BlockCursor};
 use crate::page_cache::PageCache;
 use crate::tenant::storage_layer::delta_layer::{DeltaLayerError, DeltaLayerWriter, WrittenLayer};
 use crate::tenant::storage_layer::ephemeral_file::{EphemeralFile, EphemeralWriteError};
-use crate::tenant::storage_layer::max_stored_value_len;
+use crate::tenant::storage_layer::{check_storable, max_stored_value_len, StoreValueError};
 pub use crate::tenant::storage_layer::{LayerRecords, VersionChunk};
 
 /// A layer holds LSNs in `[start_lsn, start_lsn + MAX_LSN_SPAN)`: entries store the LSN as a
@@ -245,14 +245,11 @@ pub enum PutError {
     Duplicate { key: Key, lsn: Lsn },
     #[error("the layer is frozen at {end}; it takes no more puts")]
     Frozen { end: Lsn },
-    #[error("value of key {key} at {lsn} cannot be encoded: {reason}")]
-    Encode { key: Key, lsn: Lsn, reason: String },
-    #[error("value of key {key} at {lsn} takes {len} bytes stored, over the limit of {max}")]
-    TooLarge {
+    #[error("value of key {key} at {lsn} {source}")]
+    Value {
         key: Key,
         lsn: Lsn,
-        len: usize,
-        max: usize,
+        source: StoreValueError,
     },
     #[error("the layer is full: it holds {max} values")]
     Full { max: usize },
@@ -521,6 +518,11 @@ impl InMemoryLayer {
                 start: self.start_lsn,
             });
         };
+        check_storable(value, self.max_value_size).map_err(|source| PutError::Value {
+            key,
+            lsn,
+            source,
+        })?;
         // An image's stored form is its kind byte and the page (`Value::serialize_into`): it
         // goes to the file in those two pieces, without being copied into `scratch` first.
         let kind = [KIND_IMAGE];
@@ -534,24 +536,15 @@ impl InMemoryLayer {
                 scratch.clear();
                 value
                     .serialize_into(&mut scratch)
-                    .map_err(|e| PutError::Encode {
+                    .map_err(|e| PutError::Value {
                         key,
                         lsn,
-                        reason: e.to_string(),
+                        source: StoreValueError::NotEncodable(e),
                     })?;
                 delta_part = [&scratch[..]];
                 &delta_part
             }
         };
-        let stored_len: usize = parts.iter().map(|part| part.len()).sum();
-        if stored_len > self.max_stored_len() {
-            return Err(PutError::TooLarge {
-                key,
-                lsn,
-                len: stored_len,
-                max: self.max_stored_len(),
-            });
-        }
         // The blob goes at the end of the file: build its entry before writing, so a position
         // it cannot hold changes nothing.
         let offset = self.file.len();

@@ -350,3 +350,26 @@ const STORED_VALUE_SLACK: usize = 64;
 pub fn max_stored_value_len(max_value_size: usize) -> usize {
     max_value_size.saturating_add(STORED_VALUE_SLACK)
 }
+
+/// Why a layer cannot store a value (the message follows "value of key K at L").
+#[derive(Debug, thiserror::Error)]
+pub enum StoreValueError {
+    #[error("cannot be encoded: {0}")]
+    NotEncodable(pageserver_api::value::ValueEncodeError),
+    #[error("takes {len} bytes stored, over the limit of {max}")]
+    TooLarge { len: usize, max: usize },
+}
+
+/// Whether a layer can store `value` under `max_value_size`: it can be encoded, and its stored
+/// form is within [`max_stored_value_len`]. Returns that length. The one check a batch's
+/// validation, an import and a layer's put each make.
+pub fn check_storable(value: &Value, max_value_size: usize) -> Result<usize, StoreValueError> {
+    value
+        .check_encodable()
+        .map_err(StoreValueError::NotEncodable)?;
+    let (len, max) = (value.serialized_len(), max_stored_value_len(max_value_size));
+    if len > max {
+        return Err(StoreValueError::TooLarge { len, max });
+    }
+    Ok(len)
+}

@@ -190,8 +190,7 @@ impl Import<'_> {
     /// [`Self::put`]. A key put before is refused.
     pub fn put_in_order(&mut self, key: Key, value: &Value) -> Result<(), TimelineError> {
         self.check_put(key)?;
-        let max = max_stored_value_len(self.timeline.conf.max_value_size);
-        if value.serialized_len() > max {
+        if check_storable(value, self.timeline.conf.max_value_size).is_err() {
             // The private layer refuses it with the reason.
             return self.put(key, value);
         }

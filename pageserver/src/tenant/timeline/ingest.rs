@@ -255,7 +255,6 @@ impl Timeline {
                 last_record,
             });
         }
-        let max = max_stored_value_len(self.conf.max_value_size);
         let mut keys_at_lsn: HashSet<Key> = HashSet::new();
         let mut previous = first;
         for (index, PutRecord { key, lsn, value }) in records.iter().enumerate() {
@@ -288,14 +287,14 @@ impl Timeline {
                 return Err(TimelineError::BatchDuplicate { index, key, lsn });
             }
             previous = lsn;
-            value
-                .check_encodable()
-                .map_err(|source| TimelineError::ValueNotEncodable {
+            check_storable(value, self.conf.max_value_size).map_err(|source| {
+                TimelineError::BatchValue {
                     index,
                     key,
                     lsn,
                     source,
-                })?;
+                }
+            })?;
             // What redo would refuse later must be refused now, while nothing is stored.
             let page_len = match value {
                 Value::Image(page) => Some(("an image", page.len())),
@@ -313,16 +312,6 @@ impl Timeline {
                     lsn,
                     len,
                     max: self.conf.max_value_size,
-                });
-            }
-            let len = value.serialized_len();
-            if len > max {
-                return Err(TimelineError::ValueTooLarge {
-                    index,
-                    key,
-                    lsn,
-                    len,
-                    max,
                 });
             }
         }

@@ -130,7 +130,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 pub use pageserver_api::ingest::PutRecord;
-use pageserver_api::{reconstruct_page, Key, RedoError, Value, ValueEncodeError};
+use pageserver_api::{reconstruct_page, Key, RedoError, Value};
 use utils::{Lsn, TenantId, TimelineId, Wakeup};
 
 use crate::page_cache::{MaterializedPageKey, PageCache};
@@ -140,7 +140,7 @@ use crate::tenant::storage_layer::inmemory_layer::{
     FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError, MAX_LSN_SPAN,
 };
 use crate::tenant::storage_layer::on_demand::{OnDemandLayer, OpenSettings};
-use crate::tenant::storage_layer::{max_stored_value_len, Layer, LayerReadError};
+use crate::tenant::storage_layer::{check_storable, Layer, LayerReadError, StoreValueError};
 use crate::tenant::timeline::layer_set::manifest::{LayerLevel, Manifest, MetadataError};
 use crate::PAGE_SZ;
 use broken::Broken;
@@ -223,22 +223,12 @@ pub enum TimelineError {
     },
     #[error("record {index} of the batch: key {key} appears twice at LSN {lsn}")]
     BatchDuplicate { index: usize, key: Key, lsn: Lsn },
-    #[error("record {index} of the batch: value of key {key} at {lsn} takes {len} bytes stored, over the limit of {max}")]
-    ValueTooLarge {
+    #[error("record {index} of the batch: value of key {key} at {lsn} {source}")]
+    BatchValue {
         index: usize,
         key: Key,
         lsn: Lsn,
-        len: usize,
-        max: usize,
-    },
-    #[error(
-        "record {index} of the batch: value of key {key} at {lsn} cannot be encoded: {source}"
-    )]
-    ValueNotEncodable {
-        index: usize,
-        key: Key,
-        lsn: Lsn,
-        source: ValueEncodeError,
+        source: StoreValueError,
     },
     #[error("record {index} of the batch: {what} of key {key} at {lsn} would make a page of {len} bytes, over the limit of {max}")]
     PageTooLarge {

@@ -85,7 +85,16 @@ fn refused_puts_change_nothing() {
     let big = l
         .put(rel_key(1), Lsn(30), &image(3, DEFAULT_MAX_VALUE_SIZE + 100))
         .unwrap_err();
-    assert!(matches!(big, PutError::TooLarge { .. }), "{big}");
+    assert!(
+        matches!(
+            big,
+            PutError::Value {
+                source: StoreValueError::TooLarge { .. },
+                ..
+            }
+        ),
+        "{big}"
+    );
     assert_eq!((l.len(), l.bytes_written(), l.last_lsn()), before);
 
     // The same LSN for another key is fine: LSNs never go backwards, they may repeat.
