@@ -120,7 +120,6 @@ fn timeline_kind(e: &TimelineError) -> ErrorKind {
         | Freeze(_)
         | Flush(_)
         | Layer(_)
-        | ImageLayer(_)
         | Metadata(_)
         | ChangeIndeterminate(_)
         | LayerSet { .. }

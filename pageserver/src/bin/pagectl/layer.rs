@@ -48,10 +48,11 @@ impl LayerFile {
 
     fn corrupt(&self, reason: String) -> Error {
         let path = self.path().to_owned();
-        match self {
-            LayerFile::Delta(_) => DeltaLayerError::Corrupt { path, reason }.into(),
-            LayerFile::Image(_) => ImageLayerError::Corrupt { path, reason }.into(),
-        }
+        let kind = match self {
+            LayerFile::Delta(_) => LayerKind::Delta,
+            LayerFile::Image(_) => LayerKind::Image,
+        };
+        LayerFileError::Corrupt { kind, path, reason }.into()
     }
 
     /// Checks that the summary gives the file's name: without a manifest, the name is all

@@ -38,8 +38,7 @@ use std::sync::Arc;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use pageserver::page_cache::{PageCache, PageCacheConfig, PageCacheConfigError};
-use pageserver::tenant::storage_layer::delta_layer::DeltaLayerError;
-use pageserver::tenant::storage_layer::image_layer::ImageLayerError;
+use pageserver::tenant::storage_layer::{LayerFileError, LayerKind};
 use pageserver::tenant::timeline::layer_set::manifest::{
     Manifest, MetadataError, StoredMetadata, METADATA_FILE,
 };
@@ -205,9 +204,7 @@ impl Filter {
 #[derive(Debug, thiserror::Error)]
 enum Error {
     #[error(transparent)]
-    Layer(#[from] DeltaLayerError),
-    #[error(transparent)]
-    ImageLayer(#[from] ImageLayerError),
+    Layer(#[from] LayerFileError),
     #[error(transparent)]
     Metadata(#[from] MetadataError),
     #[error(transparent)]

@@ -105,8 +105,9 @@ use utils::Lsn;
 
 use crate::format::blob_io::{BlobReadError, BlockCursor};
 use crate::page_cache::PageCache;
-use crate::tenant::storage_layer::delta_layer::{DeltaLayerError, DeltaLayerWriter, WrittenLayer};
+use crate::tenant::storage_layer::delta_layer::{DeltaLayerWriter, WrittenLayer};
 use crate::tenant::storage_layer::ephemeral_file::{EphemeralFile, EphemeralWriteError};
+use crate::tenant::storage_layer::LayerFileError;
 use crate::tenant::storage_layer::{check_storable, max_stored_value_len, StoreValueError};
 pub use crate::tenant::storage_layer::{LayerRecords, VersionChunk};
 
@@ -280,7 +281,7 @@ pub enum WriteToDiskError {
     #[error(transparent)]
     Read(#[from] GetError),
     #[error(transparent)]
-    Write(#[from] DeltaLayerError),
+    Write(#[from] LayerFileError),
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -30,18 +30,51 @@ pub(crate) const WRITE_CHUNK: usize = 1 << 20;
 /// produced, and the fsync at the end waits for the last few MiB rather than the whole file.
 pub(crate) const WRITEBACK_STEP: u64 = 8 << 20;
 
-/// A layer file's problem before its kind of layer names it; every layer error converts from
-/// it variant for variant.
-#[derive(Debug)]
-pub(crate) enum LayerFileError {
-    Io { path: PathBuf, source: io::Error },
-    Corrupt { path: PathBuf, reason: String },
-    Usage { path: PathBuf, message: String },
+/// The kind of a layer file, as its errors name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    Delta,
+    Image,
 }
 
-impl From<PathError> for LayerFileError {
-    fn from(e: PathError) -> Self {
+impl std::fmt::Display for LayerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LayerKind::Delta => "delta layer",
+            LayerKind::Image => "image layer",
+        })
+    }
+}
+
+/// What went wrong with a layer file of either kind, naming the file: the one error of delta
+/// and image layer files, their reads and their writes.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerFileError {
+    #[error("{kind} {}: {source}", path.display())]
+    Io {
+        kind: LayerKind,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("{kind} {} is corrupt: {reason}", path.display())]
+    Corrupt {
+        kind: LayerKind,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("{kind} {}: {message}", path.display())]
+    Usage {
+        kind: LayerKind,
+        path: PathBuf,
+        message: String,
+    },
+}
+
+impl LayerFileError {
+    /// A failed file operation of a layer file of `kind`.
+    pub fn from_path(kind: LayerKind, e: PathError) -> LayerFileError {
         LayerFileError::Io {
+            kind,
             path: e.path,
             source: e.source,
         }
@@ -179,6 +212,7 @@ pub(crate) enum Access {
 
 /// An open layer file, of any kind.
 pub(crate) struct LayerFile {
+    kind: LayerKind,
     path: PathBuf,
     /// Opened again on use when its descriptor was taken (see `virtual_file`).
     file: VirtualFile,
@@ -237,10 +271,12 @@ impl Drop for LayerFile {
 impl LayerFile {
     /// Opens a layer file and reads its summary block (block 0).
     pub fn open(
+        kind: LayerKind,
         path: &Path,
         cache: Arc<PageCache>,
     ) -> Result<(LayerFile, Box<[u8; PAGE_SZ]>), LayerFileError> {
         let io_err = |source| LayerFileError::Io {
+            kind,
             path: path.to_owned(),
             source,
         };
@@ -250,6 +286,7 @@ impl LayerFile {
         let (size, identity) = (meta.len(), (meta.ino(), meta.modified().ok()));
         if size < PAGE_SZ as u64 {
             return Err(LayerFileError::Corrupt {
+                kind,
                 path: path.to_owned(),
                 reason: format!("file of {size} bytes has no summary block"),
             });
@@ -257,6 +294,7 @@ impl LayerFile {
         let mut block = Box::new([0u8; PAGE_SZ]);
         file.read_exact_at(&mut block[..], 0).map_err(io_err)?;
         let layer = LayerFile {
+            kind,
             path: path.to_owned(),
             file,
             file_id: FileId::next(),
@@ -299,6 +337,7 @@ impl LayerFile {
 
     pub fn corrupt(&self, reason: impl std::fmt::Display) -> LayerFileError {
         LayerFileError::Corrupt {
+            kind: self.kind,
             path: self.path.clone(),
             reason: reason.to_string(),
         }
@@ -306,6 +345,7 @@ impl LayerFile {
 
     pub fn io_error(&self, source: io::Error) -> LayerFileError {
         LayerFileError::Io {
+            kind: self.kind,
             path: self.path.clone(),
             source,
         }
@@ -442,6 +482,7 @@ pub struct WrittenLayer<S> {
 /// name when [`LayerFileWriter::commit`] returns, removed if dropped before. Memory is one
 /// write chunk, whatever the file's size.
 pub(crate) struct LayerFileWriter {
+    kind: LayerKind,
     file: StagedFile,
     /// Bytes not yet written, starting at `pending_offset`.
     pending: Vec<u8>,
@@ -466,12 +507,15 @@ impl LayerFileWriter {
 
     /// Creates `<dir>/<temp_name>`; `failpoints` prefixes the commit's failpoints.
     pub fn create(
+        kind: LayerKind,
         dir: &Path,
         temp_name: &str,
         failpoints: &'static str,
     ) -> Result<LayerFileWriter, LayerFileError> {
         Ok(LayerFileWriter {
-            file: StagedFile::create(dir, temp_name, failpoints)?,
+            kind,
+            file: StagedFile::create(dir, temp_name, failpoints)
+                .map_err(|e| LayerFileError::from_path(kind, e))?,
             pending: Vec::with_capacity(WRITE_CHUNK),
             pending_offset: PAGE_SZ as u64,
             crc_after_summary: 0,
@@ -491,6 +535,7 @@ impl LayerFileWriter {
 
     fn io_error(&self, source: io::Error) -> LayerFileError {
         LayerFileError::Io {
+            kind: self.kind,
             path: self.temp_path().to_owned(),
             source,
         }
@@ -592,6 +637,7 @@ impl LayerFileWriter {
             .map_err(|e| self.io_error(e))?;
         let after_len =
             usize::try_from(size - PAGE_SZ as u64).map_err(|_| LayerFileError::Usage {
+                kind: self.kind,
                 path: self.temp_path().to_owned(),
                 message: format!("a file of {size} bytes"),
             })?;
@@ -602,7 +648,11 @@ impl LayerFileWriter {
         );
         // A layer file is not a commit point (the manifest that lists it is): renamed or not
         // before the error, it is listed nowhere, and the next load removes what is left.
-        let path = self.file.commit(final_name).map_err(PathError::from)?;
+        let kind = self.kind;
+        let path = self
+            .file
+            .commit(final_name)
+            .map_err(|e| LayerFileError::from_path(kind, PathError::from(e)))?;
         Ok(WrittenLayer {
             path,
             summary,

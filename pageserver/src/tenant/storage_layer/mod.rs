@@ -15,8 +15,8 @@ use std::sync::Arc;
 use pageserver_api::{Key, Value};
 use utils::Lsn;
 
-use delta_layer::{DeltaLayer, DeltaLayerError};
-use image_layer::{ImageLayer, ImageLayerError};
+use delta_layer::DeltaLayer;
+use image_layer::ImageLayer;
 use inmemory_layer::{GetError, InMemoryLayer};
 use on_demand::OnDemandLayer;
 
@@ -30,6 +30,7 @@ pub mod layer_name;
 pub mod merge_iter;
 pub mod on_demand;
 
+pub use layer_file::{LayerFileError, LayerKind};
 pub use layer_name::LayerName;
 
 /// One layer, of any kind, as a read sees it. Cloning it clones an `Arc`.
@@ -50,9 +51,7 @@ pub enum LayerReadError {
     #[error(transparent)]
     InMemory(#[from] GetError),
     #[error(transparent)]
-    Delta(#[from] DeltaLayerError),
-    #[error(transparent)]
-    Image(#[from] ImageLayerError),
+    File(#[from] LayerFileError),
     #[error("the value of key {key} at {lsn} was looked for in a layer of another kind")]
     WrongLayer { key: Key, lsn: Lsn },
     #[error("layer file {name} is not on the local disk, and downloading it failed: {reason}")]

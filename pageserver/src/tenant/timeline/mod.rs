@@ -134,12 +134,12 @@ use pageserver_api::{reconstruct_page, Key, RedoError, Value};
 use utils::{Lsn, TenantId, TimelineId, Wakeup};
 
 use crate::page_cache::{MaterializedPageKey, PageCache};
-use crate::tenant::storage_layer::delta_layer::{DeltaLayerError, WrittenLayer};
-use crate::tenant::storage_layer::image_layer::ImageLayerError;
+use crate::tenant::storage_layer::delta_layer::WrittenLayer;
 use crate::tenant::storage_layer::inmemory_layer::{
     FreezeError, GetError, InMemoryLayer, PutError, WriteToDiskError, MAX_LSN_SPAN,
 };
 use crate::tenant::storage_layer::on_demand::{OnDemandLayer, OpenSettings};
+use crate::tenant::storage_layer::LayerFileError;
 use crate::tenant::storage_layer::{check_storable, Layer, LayerReadError, StoreValueError};
 use crate::tenant::timeline::layer_set::manifest::{LayerLevel, Manifest, MetadataError};
 use crate::PAGE_SZ;
@@ -286,9 +286,7 @@ pub enum TimelineError {
     #[error(transparent)]
     Flush(#[from] WriteToDiskError),
     #[error(transparent)]
-    Layer(#[from] DeltaLayerError),
-    #[error(transparent)]
-    ImageLayer(#[from] ImageLayerError),
+    Layer(#[from] LayerFileError),
     #[error(transparent)]
     Metadata(#[from] MetadataError),
     #[error("{0}; every layer file is kept, and the timeline takes no more writes until it is loaded again (reload the timeline)")]
@@ -314,8 +312,7 @@ impl From<LayerReadError> for TimelineError {
     fn from(e: LayerReadError) -> Self {
         match e {
             LayerReadError::InMemory(e) => TimelineError::Get(e),
-            LayerReadError::Delta(e) => TimelineError::Layer(e),
-            LayerReadError::Image(e) => TimelineError::ImageLayer(e),
+            LayerReadError::File(e) => TimelineError::Layer(e),
             LayerReadError::Download { name, reason } => {
                 TimelineError::LayerDownload { name, reason }
             }

@@ -71,7 +71,7 @@ impl DeltaLayer {
         &self,
         start: Key,
         mut visitor: impl FnMut(IndexEntry) -> bool,
-    ) -> Result<bool, DeltaLayerError> {
+    ) -> Result<bool, LayerFileError> {
         self.with_index(Access::Scan, |tree, _| {
             tree.visit_from(&index_key(start, Lsn(0)), |found, value| {
                 visitor(IndexEntry::from_stored(found, value))
@@ -84,9 +84,10 @@ impl DeltaLayer {
     /// within the values, the checksum matches, the bytes decode, and `will_init` agrees with
     /// the entry. A stored value does not repeat its key, so `entry` should be one that
     /// [`Self::visit_index`] gave: a made-up entry reads whatever value is at its offset.
-    pub fn read_entry(&self, entry: &IndexEntry) -> Result<Value, DeltaLayerError> {
+    pub fn read_entry(&self, entry: &IndexEntry) -> Result<Value, LayerFileError> {
         if entry.offset > u64::MAX >> 1 {
-            return Err(DeltaLayerError::Usage {
+            return Err(LayerFileError::Usage {
+                kind: LayerKind::Delta,
                 path: self.path().to_owned(),
                 message: format!("no index entry can hold offset {}", entry.offset),
             });
@@ -103,7 +104,7 @@ impl DeltaLayer {
     }
 
     /// Reads the whole file and checks everything the format promises, returning the first
-    /// problem as [`DeltaLayerError::Corrupt`]. Beyond what every read checks (the summary, each
+    /// problem as [`LayerFileError::Corrupt`]. Beyond what every read checks (the summary, each
     /// index node on a full scan, each value's offset, checksum, encoding and `will_init`):
     ///
     /// - the reserved summary fields and the rest of block 0 are zero;
@@ -114,7 +115,7 @@ impl DeltaLayer {
     /// - the file ends with the index root.
     ///
     /// Values are read one at a time, so memory does not grow with the file.
-    pub fn verify(&self) -> Result<VerifyReport, DeltaLayerError> {
+    pub fn verify(&self) -> Result<VerifyReport, LayerFileError> {
         self.file.check_unread_bytes(&summary::LAYOUT)?;
         let s = self.summary;
         let mut report = VerifyReport {

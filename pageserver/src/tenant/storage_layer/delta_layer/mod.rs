@@ -48,7 +48,7 @@
 //!
 //! [`DeltaLayer::open`] validates the summary; every later read goes through the page cache for
 //! both index and value blocks and reads only the blocks it needs. Nothing read from the file is
-//! trusted: a bad magic, version, checksum, range or offset is a [`DeltaLayerError::Corrupt`]
+//! trusted: a bad magic, version, checksum, range or offset is a [`LayerFileError::Corrupt`]
 //! naming the file, never a panic or a wrong page.
 //!
 //! [`DeltaLayer::versions_at_lsn`] lists, from the index alone, the versions at or below an LSN
@@ -63,9 +63,8 @@
 //! with the same checks as [`DeltaLayer::get`], and [`DeltaLayer::verify`] reads every index node
 //! and every value and checks everything the format promises, reporting the first problem.
 
-use std::io;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -80,12 +79,11 @@ use crate::format::block_io::{
 use crate::format::disk_btree::{
     node_is_valid, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
-use crate::io::crashsafe::PathError;
 use crate::io::read_cost::BlockKind;
 use crate::page_cache::PageCache;
 use crate::tenant::storage_layer::layer_file::{
-    u32_at, u64_at, Access, IndexBlocks, LayerFile, LayerFileError, LayerFileWriter, SummaryHead,
-    SummaryLayout,
+    u32_at, u64_at, Access, IndexBlocks, LayerFile, LayerFileError, LayerFileWriter, LayerKind,
+    SummaryHead, SummaryLayout,
 };
 use crate::tenant::storage_layer::layer_name::{DeltaLayerName, LayerName};
 use crate::tenant::storage_layer::{
@@ -121,32 +119,6 @@ fn split_index_key(index_key: &[u8; INDEX_KEY_LEN]) -> (Key, Lsn) {
     (Key::from_bytes(key), Lsn(u64::from_be_bytes(lsn)))
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum DeltaLayerError {
-    #[error("delta layer {}: {source}", path.display())]
-    Io { path: PathBuf, source: io::Error },
-    #[error("delta layer {} is corrupt: {reason}", path.display())]
-    Corrupt { path: PathBuf, reason: String },
-    #[error("delta layer {}: {message}", path.display())]
-    Usage { path: PathBuf, message: String },
-}
-
-impl From<LayerFileError> for DeltaLayerError {
-    fn from(e: LayerFileError) -> Self {
-        match e {
-            LayerFileError::Io { path, source } => DeltaLayerError::Io { path, source },
-            LayerFileError::Corrupt { path, reason } => DeltaLayerError::Corrupt { path, reason },
-            LayerFileError::Usage { path, message } => DeltaLayerError::Usage { path, message },
-        }
-    }
-}
-
-impl From<PathError> for DeltaLayerError {
-    fn from(e: PathError) -> Self {
-        LayerFileError::from(e).into()
-    }
-}
-
 /// An open delta layer file.
 pub struct DeltaLayer {
     file: LayerFile,
@@ -162,8 +134,8 @@ impl DeltaLayer {
         path: &Path,
         cache: Arc<PageCache>,
         max_value_size: usize,
-    ) -> Result<DeltaLayer, DeltaLayerError> {
-        let (file, block) = LayerFile::open(path, cache)?;
+    ) -> Result<DeltaLayer, LayerFileError> {
+        let (file, block) = LayerFile::open(LayerKind::Delta, path, cache)?;
         let summary = Summary::decode(&block, file.size()).map_err(|e| file.corrupt(e))?;
         Ok(DeltaLayer {
             file,
@@ -178,8 +150,8 @@ impl DeltaLayer {
 
     /// CRC-32C of the whole file, read straight from the file (not through the page cache: a
     /// bulk read must not push out the hot set).
-    pub fn file_crc32c(&self) -> Result<u32, DeltaLayerError> {
-        Ok(self.file.crc32c()?)
+    pub fn file_crc32c(&self) -> Result<u32, LayerFileError> {
+        self.file.crc32c()
     }
 
     /// Checks that this is the file its name says, of the timeline it is found in: the name
@@ -189,11 +161,10 @@ impl DeltaLayer {
         &self,
         tenant_id: TenantId,
         timeline_id: TimelineId,
-    ) -> Result<(), DeltaLayerError> {
+    ) -> Result<(), LayerFileError> {
         let s = &self.summary;
-        Ok(self
-            .file
-            .check_identity(&s.layer_name(), &s.head(), tenant_id, timeline_id)?)
+        self.file
+            .check_identity(&s.layer_name(), &s.head(), tenant_id, timeline_id)
     }
 
     pub fn path(&self) -> &Path {
@@ -211,11 +182,11 @@ impl DeltaLayer {
         self.file.retire()
     }
 
-    fn corrupt(&self, reason: impl std::fmt::Display) -> DeltaLayerError {
-        self.file.corrupt(reason).into()
+    fn corrupt(&self, reason: impl std::fmt::Display) -> LayerFileError {
+        self.file.corrupt(reason)
     }
 
-    fn check_offset(&self, key: Key, lsn: Lsn, offset: u64) -> Result<(), DeltaLayerError> {
+    fn check_offset(&self, key: Key, lsn: Lsn, offset: u64) -> Result<(), LayerFileError> {
         if offset < PAGE_SZ as u64 || offset >= self.summary.values_end {
             return Err(self.corrupt(format!(
                 "index entry for key {key} at {lsn} points at byte {offset}, outside the values"
@@ -231,7 +202,7 @@ impl DeltaLayer {
         lsn: Lsn,
         entry: u64,
         buf: &mut Vec<u8>,
-    ) -> Result<Value, DeltaLayerError> {
+    ) -> Result<Value, LayerFileError> {
         let offset = entry >> 1;
         self.check_offset(key, lsn, offset)?;
         cursor
@@ -249,7 +220,7 @@ impl DeltaLayer {
         lsn: Lsn,
         entry: u64,
         end: u64,
-    ) -> Result<Value, DeltaLayerError> {
+    ) -> Result<Value, LayerFileError> {
         let offset = entry >> 1;
         self.check_offset(key, lsn, offset)?;
         // The longest a stored value can be: its blob header, the blob, nothing else.
@@ -290,7 +261,7 @@ impl DeltaLayer {
     /// adjacent blocks, each run the cache lacks read with one call. A batch of neighbouring
     /// pages, whose values lie side by side, costs a few reads instead of one per page. Entries
     /// this layer did not list are skipped; their reads will say what is wrong.
-    pub fn prefetch_values(&self, versions: &[VersionRef]) -> Result<(), DeltaLayerError> {
+    pub fn prefetch_values(&self, versions: &[VersionRef]) -> Result<(), LayerFileError> {
         let longest = 4 + self.max_blob_len as u64;
         let blocks: Vec<Range<u32>> = versions
             .iter()
@@ -347,7 +318,7 @@ impl DeltaLayer {
         tree: &DiskBtreeReader<'_, INDEX_KEY_LEN, IndexBlocks<'_>>,
         key: Key,
         lsn: Lsn,
-    ) -> Result<u64, DeltaLayerError> {
+    ) -> Result<u64, LayerFileError> {
         let above = match lsn.0.checked_add(1) {
             Some(next) => index_key(key, Lsn(next)),
             None => index_key(key.next(), Lsn(0)),
@@ -365,7 +336,7 @@ impl DeltaLayer {
         lsn: Lsn,
         entry: u64,
         buf: &[u8],
-    ) -> Result<Value, DeltaLayerError> {
+    ) -> Result<Value, LayerFileError> {
         let body = self.checked_body(key, lsn, buf)?;
         self.check_will_init(key, lsn, entry, Value::deserialize(body))
     }
@@ -378,7 +349,7 @@ impl DeltaLayer {
         lsn: Lsn,
         entry: u64,
         buf: Bytes,
-    ) -> Result<Value, DeltaLayerError> {
+    ) -> Result<Value, LayerFileError> {
         let body_len = self.checked_body(key, lsn, &buf)?.len();
         self.check_will_init(
             key,
@@ -394,7 +365,7 @@ impl DeltaLayer {
         key: Key,
         lsn: Lsn,
         buf: &'b [u8],
-    ) -> Result<&'b [u8], DeltaLayerError> {
+    ) -> Result<&'b [u8], LayerFileError> {
         let Some(body_len) = buf.len().checked_sub(VALUE_CRC_LEN) else {
             return Err(self.corrupt(format!(
                 "value of key {key} at {lsn} is {} bytes, too short for its checksum",
@@ -416,7 +387,7 @@ impl DeltaLayer {
         lsn: Lsn,
         entry: u64,
         decoded: Result<Value, ValueDecodeError>,
-    ) -> Result<Value, DeltaLayerError> {
+    ) -> Result<Value, LayerFileError> {
         let value =
             decoded.map_err(|e| self.corrupt(format!("value of key {key} at {lsn}: {e}")))?;
         if value.will_init() != (entry & WILL_INIT_BIT != 0) {
@@ -435,8 +406,8 @@ impl DeltaLayer {
         read: impl FnOnce(
             &DiskBtreeReader<'_, INDEX_KEY_LEN, IndexBlocks<'_>>,
             &BlockCursor<'_, FileBlockReader<'_>>,
-        ) -> Result<T, DeltaLayerError>,
-    ) -> Result<T, DeltaLayerError> {
+        ) -> Result<T, LayerFileError>,
+    ) -> Result<T, LayerFileError> {
         let blocks = self.file.blocks(access);
         let index = self.file.index(
             access,
@@ -450,7 +421,7 @@ impl DeltaLayer {
 
     /// The versions of `key` at or below `lsn`, newest first, down to the first that needs no
     /// older history.
-    pub fn get(&self, key: Key, lsn: Lsn) -> Result<LayerRecords, DeltaLayerError> {
+    pub fn get(&self, key: Key, lsn: Lsn) -> Result<LayerRecords, LayerFileError> {
         let mut result = LayerRecords::default();
         if key < self.summary.key_start
             || key >= self.summary.key_end
@@ -492,14 +463,14 @@ impl DeltaLayer {
     /// The bytes of the values of keys in `keys`, from the index alone (two descents): values
     /// lie in key order, so they are the span between the first entries at or above each end.
     /// What image creation weighs a key range's history by.
-    pub fn value_bytes_in(&self, keys: Range<Key>) -> Result<u64, DeltaLayerError> {
+    pub fn value_bytes_in(&self, keys: Range<Key>) -> Result<u64, LayerFileError> {
         let start = keys.start.max(self.summary.key_start);
         let end = keys.end.min(self.summary.key_end);
         if start >= end {
             return Ok(0);
         }
         self.with_index(Access::Point, |tree, _| {
-            let offset_at = |key: Key| -> Result<u64, DeltaLayerError> {
+            let offset_at = |key: Key| -> Result<u64, LayerFileError> {
                 match tree.iter_from(&index_key(key, Lsn(0))).next() {
                     Some(entry) => Ok(entry.map_err(|e: BtreeReadError| self.corrupt(e))?.1 >> 1),
                     None => Ok(self.summary.values_end),
@@ -513,7 +484,7 @@ impl DeltaLayer {
     }
 
     /// Every (key, lsn, value) in the file in order: for verification and dumps.
-    pub fn iter(&self) -> Result<Vec<(Key, Lsn, Value)>, DeltaLayerError> {
+    pub fn iter(&self) -> Result<Vec<(Key, Lsn, Value)>, LayerFileError> {
         let out = self.with_index(Access::Scan, |tree, cursor| {
             let mut out = Vec::new();
             let mut buf = Vec::new();

@@ -54,7 +54,7 @@ impl DeltaStream {
         STREAM_WINDOW + STREAM_INDEX_CHUNK * std::mem::size_of::<(Key, Lsn, u64)>()
     }
 
-    fn refill_entries(&mut self) -> Result<(), DeltaLayerError> {
+    fn refill_entries(&mut self) -> Result<(), LayerFileError> {
         let Some(start) = self.resume.take() else {
             return Ok(());
         };
@@ -79,7 +79,7 @@ impl DeltaStream {
     }
 
     /// `len` bytes of the file from `offset`, which lie within the values.
-    fn bytes(&mut self, offset: u64, len: usize) -> Result<&[u8], DeltaLayerError> {
+    fn bytes(&mut self, offset: u64, len: usize) -> Result<&[u8], LayerFileError> {
         let values_end = self.layer.summary.values_end;
         let window_end = self.window_start + self.window.len() as u64;
         if offset < self.window_start || offset + len as u64 > window_end {
@@ -99,7 +99,7 @@ impl DeltaStream {
         Ok(&self.window[start..start + len])
     }
 
-    fn next_version(&mut self) -> Result<Option<(Key, Lsn, Value)>, DeltaLayerError> {
+    fn next_version(&mut self) -> Result<Option<(Key, Lsn, Value)>, LayerFileError> {
         if self.entries.is_empty() {
             self.refill_entries()?;
         }
@@ -137,7 +137,7 @@ impl DeltaStream {
 }
 
 impl Iterator for DeltaStream {
-    type Item = Result<(Key, Lsn, Value), DeltaLayerError>;
+    type Item = Result<(Key, Lsn, Value), LayerFileError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.done {
@@ -155,6 +155,7 @@ impl Iterator for DeltaStream {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+    use std::path::PathBuf;
 
     use bytes::Bytes;
     use pageserver_api::DEFAULT_MAX_VALUE_SIZE;

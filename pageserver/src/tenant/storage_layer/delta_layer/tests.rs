@@ -1,5 +1,6 @@
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
+use std::path::PathBuf;
 
 use bytes::Bytes;
 use pageserver_api::value::Patch;
@@ -113,7 +114,7 @@ proptest! {
         bytes[at] ^= 1 << bit;
         std::fs::write(&path, &bytes).unwrap();
 
-        let check = || -> Result<(), DeltaLayerError> {
+        let check = || -> Result<(), LayerFileError> {
             let disk = DeltaLayer::open(&path, cache.clone(), DEFAULT_MAX_VALUE_SIZE)?;
             let all = disk.iter()?;
             let expected: Vec<_> = model.iter().map(|((k, l), v)| (*k, *l, v.clone())).collect();
@@ -126,7 +127,7 @@ proptest! {
         };
         if let Err(e) = check() {
             let msg = e.to_string();
-            prop_assert!(matches!(e, DeltaLayerError::Corrupt { .. }), "{msg}");
+            prop_assert!(matches!(e, LayerFileError::Corrupt { .. }), "{msg}");
             prop_assert!(msg.contains(path.file_name().unwrap().to_str().unwrap()), "{msg}");
         }
     }
@@ -153,7 +154,7 @@ fn truncated_file_is_a_clear_error() {
             .and_then(|l| l.iter().map(drop));
         let err = result.expect_err("a truncated layer must not read back");
         assert!(
-            matches!(err, DeltaLayerError::Corrupt { .. }),
+            matches!(err, LayerFileError::Corrupt { .. }),
             "cut at {cut}: {err}"
         );
     }

@@ -61,7 +61,7 @@ impl DeltaLayer {
         end: Key,
         lsn: Lsn,
         max_keys: usize,
-    ) -> Result<VersionChunk, DeltaLayerError> {
+    ) -> Result<VersionChunk, LayerFileError> {
         let max_keys = max_keys.max(1);
         let from = from.max(self.summary.key_start);
         let end = end.min(self.summary.key_end);
@@ -141,7 +141,7 @@ impl DeltaLayer {
         lsn: Lsn,
         entry: u64,
         end: u64,
-    ) -> Result<Value, DeltaLayerError> {
+    ) -> Result<Value, LayerFileError> {
         self.read_value_range(key, lsn, entry, end)
     }
 }

@@ -41,15 +41,16 @@ impl DeltaLayerWriter {
         timeline_id: TimelineId,
         lsn_start: Lsn,
         lsn_end: Lsn,
-    ) -> Result<DeltaLayerWriter, DeltaLayerError> {
+    ) -> Result<DeltaLayerWriter, LayerFileError> {
         let temp_name = LayerFileWriter::temp_name("delta");
         if lsn_start >= lsn_end {
-            return Err(DeltaLayerError::Usage {
+            return Err(LayerFileError::Usage {
+                kind: LayerKind::Delta,
                 path: dir.join(temp_name),
                 message: format!("empty LSN range {lsn_start}..{lsn_end}"),
             });
         }
-        let file = LayerFileWriter::create(dir, &temp_name, "layer")?;
+        let file = LayerFileWriter::create(LayerKind::Delta, dir, &temp_name, "layer")?;
         Ok(DeltaLayerWriter {
             file,
             tenant_id,
@@ -69,8 +70,13 @@ impl DeltaLayerWriter {
         dir: &Path,
         tenant_id: TenantId,
         timeline_id: TimelineId,
-    ) -> Result<DeltaLayerWriter, DeltaLayerError> {
-        let file = LayerFileWriter::create(dir, &LayerFileWriter::temp_name("delta"), "layer")?;
+    ) -> Result<DeltaLayerWriter, LayerFileError> {
+        let file = LayerFileWriter::create(
+            LayerKind::Delta,
+            dir,
+            &LayerFileWriter::temp_name("delta"),
+            "layer",
+        )?;
         Ok(DeltaLayerWriter {
             file,
             tenant_id,
@@ -85,8 +91,9 @@ impl DeltaLayerWriter {
         })
     }
 
-    fn usage(&self, message: String) -> DeltaLayerError {
-        DeltaLayerError::Usage {
+    fn usage(&self, message: String) -> LayerFileError {
+        LayerFileError::Usage {
+            kind: LayerKind::Delta,
             path: self.file.temp_path().to_owned(),
             message,
         }
@@ -116,7 +123,7 @@ impl DeltaLayerWriter {
     }
 
     /// Appends version `lsn` of `key`. Calls must come in strictly increasing (key, lsn) order.
-    pub fn put_value(&mut self, key: Key, lsn: Lsn, value: &Value) -> Result<(), DeltaLayerError> {
+    pub fn put_value(&mut self, key: Key, lsn: Lsn, value: &Value) -> Result<(), LayerFileError> {
         let serialized = self.serialize(key, value, &lsn.to_string())?;
         let result = self.put_serialized(key, lsn, &serialized, value.will_init());
         self.scratch = serialized;
@@ -133,7 +140,7 @@ impl DeltaLayerWriter {
         lsn: Lsn,
         serialized: &[u8],
         will_init: bool,
-    ) -> Result<(), DeltaLayerError> {
+    ) -> Result<(), LayerFileError> {
         if lsn < self.lsn_start || lsn >= self.lsn_end {
             return Err(self.usage(format!(
                 "LSN {lsn} of key {key} is outside the layer's range {}..{}",
@@ -152,7 +159,7 @@ impl DeltaLayerWriter {
     }
 
     /// Appends the version of `key` of an undated writer. Keys must strictly increase.
-    pub fn put_undated(&mut self, key: Key, value: &Value) -> Result<(), DeltaLayerError> {
+    pub fn put_undated(&mut self, key: Key, value: &Value) -> Result<(), LayerFileError> {
         let last = self.last_key;
         let Index::Undated(_) = &self.index else {
             return Err(self.usage(format!("key {key}: the writer is dated")));
@@ -175,7 +182,7 @@ impl DeltaLayerWriter {
 
     /// `value` in its byte format, in the writer's scratch buffer (taken out of the writer
     /// until the caller gives it back, so that the writer can append it).
-    fn serialize(&mut self, key: Key, value: &Value, at: &str) -> Result<Vec<u8>, DeltaLayerError> {
+    fn serialize(&mut self, key: Key, value: &Value, at: &str) -> Result<Vec<u8>, LayerFileError> {
         let mut out = std::mem::take(&mut self.scratch);
         out.clear();
         if let Err(e) = value.serialize_into(&mut out) {
@@ -185,12 +192,7 @@ impl DeltaLayerWriter {
     }
 
     /// Writes a value's bytes as the next blob, followed by their CRC-32C.
-    fn append_blob(
-        &mut self,
-        key: Key,
-        serialized: &[u8],
-        at: &str,
-    ) -> Result<(), DeltaLayerError> {
+    fn append_blob(&mut self, key: Key, serialized: &[u8], at: &str) -> Result<(), LayerFileError> {
         let crc = crc32c::crc32c(serialized);
         let header = BlobHeader::new(serialized.len() + VALUE_CRC_LEN)
             .map_err(|e| self.usage(format!("value of key {key} at {at}: {e}")))?;
@@ -205,11 +207,7 @@ impl DeltaLayerWriter {
     /// Dates an undated writer's versions at `lsn` (the layer's range is `[range_start, lsn +
     /// 1)`: an import's files cover the LSNs from its base on, see `timeline::import`) and
     /// finishes it as [`Self::finish`] does.
-    pub fn finish_at(
-        mut self,
-        range_start: Lsn,
-        lsn: Lsn,
-    ) -> Result<WrittenLayer, DeltaLayerError> {
+    pub fn finish_at(mut self, range_start: Lsn, lsn: Lsn) -> Result<WrittenLayer, LayerFileError> {
         let Index::Undated(entries) = std::mem::replace(
             &mut self.index,
             Index::Building(DiskBtreeBuilder::new(VecBlockSink::new())),
@@ -239,7 +237,7 @@ impl DeltaLayerWriter {
 
     /// Writes the index and summary, makes the file durable under its final name, and returns
     /// what the manifest needs to list it.
-    pub fn finish(mut self) -> Result<WrittenLayer, DeltaLayerError> {
+    pub fn finish(mut self) -> Result<WrittenLayer, LayerFileError> {
         let (Some(first), Some(last)) = (self.first_key, self.last_key) else {
             return Err(self.usage("a delta layer needs at least one value".to_owned()));
         };
@@ -275,7 +273,7 @@ impl DeltaLayerWriter {
         };
         let summary_block = summary.encode();
         let name = summary.file_name();
-        Ok(self.file.commit(&summary_block, summary, &name)?)
+        self.file.commit(&summary_block, summary, &name)
     }
 }
 

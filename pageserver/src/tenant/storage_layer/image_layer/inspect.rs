@@ -51,7 +51,7 @@ impl ImageLayer {
         &self,
         start: Key,
         mut visitor: impl FnMut(IndexEntry) -> bool,
-    ) -> Result<bool, ImageLayerError> {
+    ) -> Result<bool, LayerFileError> {
         let index = self.index(Access::Scan);
         let tree = DiskBtreeReader::new(self.summary.index_root_blk, &index);
         tree.visit_from(&start.to_bytes(), |found, stored| {
@@ -64,9 +64,10 @@ impl ImageLayer {
     /// within the values, is placed as the format requires, is no longer than allowed, and every
     /// block it spans matches its checksum. An image does not repeat its key, so `entry` should
     /// be one that [`Self::visit_index`] gave: a made-up entry reads whatever bytes it points at.
-    pub fn read_entry(&self, entry: &IndexEntry) -> Result<Bytes, ImageLayerError> {
+    pub fn read_entry(&self, entry: &IndexEntry) -> Result<Bytes, LayerFileError> {
         if entry.offset > MAX_IMAGE_OFFSET || entry.len > MAX_IMAGE_LEN {
-            return Err(ImageLayerError::Usage {
+            return Err(LayerFileError::Usage {
+                kind: LayerKind::Image,
                 path: self.path().to_owned(),
                 message: format!(
                     "no index entry can hold offset {} and length {}",
@@ -82,7 +83,7 @@ impl ImageLayer {
     }
 
     /// Reads the whole file and checks everything the format promises, returning the first
-    /// problem as [`ImageLayerError::Corrupt`]. Beyond what every read checks (the summary, each
+    /// problem as [`LayerFileError::Corrupt`]. Beyond what every read checks (the summary, each
     /// index node, each image's bounds and placement):
     ///
     /// - the summary block's reserved bytes are zero, and the file has not changed size;
@@ -93,7 +94,7 @@ impl ImageLayer {
     ///   rule puts it after the one before, and every byte between and after them is zero.
     ///
     /// The values are read straight from the file, a chunk at a time, around the page cache.
-    pub fn verify(&self) -> Result<VerifyReport, ImageLayerError> {
+    pub fn verify(&self) -> Result<VerifyReport, LayerFileError> {
         self.file.check_unread_bytes(&summary::LAYOUT)?;
         let s = self.summary;
         let mut report = VerifyReport {
@@ -159,7 +160,7 @@ impl ImageLayer {
     }
 
     /// The CRC-32C of every value block, from the checksum table, each table block checked.
-    fn read_checksum_table(&self) -> Result<Vec<u32>, ImageLayerError> {
+    fn read_checksum_table(&self) -> Result<Vec<u32>, LayerFileError> {
         let s = &self.summary;
         let value_blocks = s.value_blocks() as usize;
         let table = self.table(Access::Scan);
@@ -195,7 +196,7 @@ struct ValueStream<'a> {
 impl ValueStream<'_> {
     /// The bytes from `pos` to the end of the chunk, reading the next chunk if `pos` is past
     /// the current one.
-    fn next_bytes(&mut self) -> Result<&[u8], ImageLayerError> {
+    fn next_bytes(&mut self) -> Result<&[u8], LayerFileError> {
         let page = PAGE_SZ as u64;
         if self.pos >= self.chunk_start + self.chunk.len() as u64 {
             let first = self.pos / page;
@@ -222,7 +223,7 @@ impl ValueStream<'_> {
     }
 
     /// Reads up to byte `end`, which must all be zero; returns how many bytes that was.
-    fn skip_zeros(&mut self, end: u64) -> Result<u64, ImageLayerError> {
+    fn skip_zeros(&mut self, end: u64) -> Result<u64, LayerFileError> {
         let skipped = end - self.pos;
         while self.pos < end {
             let n = (end - self.pos) as usize;
@@ -241,7 +242,7 @@ impl ValueStream<'_> {
     }
 
     /// Reads an image of `len` bytes, which the block checksums vouch for.
-    fn skip_image(&mut self, len: usize) -> Result<(), ImageLayerError> {
+    fn skip_image(&mut self, len: usize) -> Result<(), LayerFileError> {
         let end = self.pos + len as u64;
         while self.pos < end {
             let n = ((end - self.pos) as usize).min(self.next_bytes()?.len());

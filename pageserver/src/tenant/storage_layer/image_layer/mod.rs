@@ -72,7 +72,7 @@
 //! - an index block is checked as a B-tree node before caching, as in delta layers.
 //!
 //! With the index and the table cached, reading an image of at most 8 KiB is one 8 KiB read.
-//! Any failed check is an [`ImageLayerError::Corrupt`] naming the file (and the block), never a
+//! Any failed check is an [`LayerFileError::Corrupt`] naming the file (and the block), never a
 //! panic or a wrong page.
 //!
 //! # Inspection
@@ -81,9 +81,8 @@
 //! [`ImageLayer::read_entry`] reads one entry's image with the checks of [`ImageLayer::get`],
 //! and [`ImageLayer::verify`] reads the whole file and checks everything the format promises.
 
-use std::io;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -96,12 +95,11 @@ use crate::format::block_io::{
 use crate::format::disk_btree::{
     node_is_valid, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
-use crate::io::crashsafe::PathError;
 use crate::io::read_cost::BlockKind;
 use crate::page_cache::PageCache;
 use crate::tenant::storage_layer::layer_file::{
-    u32_at, u64_at, Access, IndexBlocks, LayerFile, LayerFileError, LayerFileWriter, SummaryHead,
-    SummaryLayout,
+    u32_at, u64_at, Access, IndexBlocks, LayerFile, LayerFileError, LayerFileWriter, LayerKind,
+    SummaryHead, SummaryLayout,
 };
 use crate::tenant::storage_layer::layer_name::{ImageLayerName, LayerName};
 use crate::tenant::storage_layer::{
@@ -161,32 +159,6 @@ fn table_block_is_valid(block: &[u8; PAGE_SZ]) -> bool {
     crc32c::crc32c(&block[..TABLE_CRC_OFF]) == u32_at(block, TABLE_CRC_OFF)
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ImageLayerError {
-    #[error("image layer {}: {source}", path.display())]
-    Io { path: PathBuf, source: io::Error },
-    #[error("image layer {} is corrupt: {reason}", path.display())]
-    Corrupt { path: PathBuf, reason: String },
-    #[error("image layer {}: {message}", path.display())]
-    Usage { path: PathBuf, message: String },
-}
-
-impl From<LayerFileError> for ImageLayerError {
-    fn from(e: LayerFileError) -> Self {
-        match e {
-            LayerFileError::Io { path, source } => ImageLayerError::Io { path, source },
-            LayerFileError::Corrupt { path, reason } => ImageLayerError::Corrupt { path, reason },
-            LayerFileError::Usage { path, message } => ImageLayerError::Usage { path, message },
-        }
-    }
-}
-
-impl From<PathError> for ImageLayerError {
-    fn from(e: PathError) -> Self {
-        LayerFileError::from(e).into()
-    }
-}
-
 /// An open image layer file.
 pub struct ImageLayer {
     file: LayerFile,
@@ -202,8 +174,8 @@ impl ImageLayer {
         path: &Path,
         cache: Arc<PageCache>,
         max_value_size: usize,
-    ) -> Result<ImageLayer, ImageLayerError> {
-        let (file, block) = LayerFile::open(path, cache)?;
+    ) -> Result<ImageLayer, LayerFileError> {
+        let (file, block) = LayerFile::open(LayerKind::Image, path, cache)?;
         let summary = Summary::decode(&block, file.size()).map_err(|e| file.corrupt(e))?;
         Ok(ImageLayer {
             file,
@@ -233,8 +205,8 @@ impl ImageLayer {
 
     /// CRC-32C of the whole file, read straight from the file (not through the page cache: a
     /// bulk read must not push out the hot set).
-    pub fn file_crc32c(&self) -> Result<u32, ImageLayerError> {
-        Ok(self.file.crc32c()?)
+    pub fn file_crc32c(&self) -> Result<u32, LayerFileError> {
+        self.file.crc32c()
     }
 
     /// Checks that this is the file its name says, of the timeline it is found in: the name
@@ -243,26 +215,25 @@ impl ImageLayer {
         &self,
         tenant_id: TenantId,
         timeline_id: TimelineId,
-    ) -> Result<(), ImageLayerError> {
+    ) -> Result<(), LayerFileError> {
         let s = &self.summary;
-        Ok(self
-            .file
-            .check_identity(&s.layer_name(), &s.head(), tenant_id, timeline_id)?)
+        self.file
+            .check_identity(&s.layer_name(), &s.head(), tenant_id, timeline_id)
     }
 
-    fn corrupt(&self, reason: impl std::fmt::Display) -> ImageLayerError {
-        self.file.corrupt(reason).into()
+    fn corrupt(&self, reason: impl std::fmt::Display) -> LayerFileError {
+        self.file.corrupt(reason)
     }
 
     /// A block that could not be read: an I/O error, or corruption (a block past the end).
-    fn block_error(&self, e: BlockReadError) -> ImageLayerError {
+    fn block_error(&self, e: BlockReadError) -> LayerFileError {
         match e {
-            BlockReadError::Io { source, .. } => self.file.io_error(source).into(),
+            BlockReadError::Io { source, .. } => self.file.io_error(source),
             other => self.corrupt(other),
         }
     }
 
-    fn btree_error(&self, e: BtreeReadError) -> ImageLayerError {
+    fn btree_error(&self, e: BtreeReadError) -> LayerFileError {
         match e {
             BtreeReadError::Block(e) => self.block_error(e),
             other => self.corrupt(other),
@@ -288,7 +259,7 @@ impl ImageLayer {
         &self,
         table: &'r FileBlockReader<'_>,
         table_blk: u32,
-    ) -> Result<BlockLease<'r>, ImageLayerError> {
+    ) -> Result<BlockLease<'r>, LayerFileError> {
         let blkno = self.summary.checksums_start_blk + table_blk;
         let block = table.read_blk(blkno).map_err(|e| self.block_error(e))?;
         // A cached block passed the check before it was cached.
@@ -308,7 +279,7 @@ impl ImageLayer {
         expected: u32,
         access: Access,
         read: impl FnOnce(&[u8; PAGE_SZ]) -> T,
-    ) -> Result<T, ImageLayerError> {
+    ) -> Result<T, LayerFileError> {
         let check = move |block: &[u8; PAGE_SZ]| crc32c::crc32c(block) == expected;
         let reader = self.file.blocks(access).verified_by(&check);
         let block = reader.read_blk(blkno).map_err(|e| self.block_error(e))?;
@@ -327,7 +298,7 @@ impl ImageLayer {
 
     /// The image an index entry of `key` points at, after checking that the entry is one the
     /// format allows.
-    fn read_image(&self, key: Key, stored: u64, access: Access) -> Result<Bytes, ImageLayerError> {
+    fn read_image(&self, key: Key, stored: u64, access: Access) -> Result<Bytes, LayerFileError> {
         let (offset, len) = split_index_value(stored);
         let s = &self.summary;
         if offset < PAGE_SZ as u64 || offset + len as u64 > s.values_end {
@@ -387,7 +358,7 @@ impl ImageLayer {
     /// adjacent blocks, each run the cache lacks read with one call, and each block cached
     /// only if it matches its checksum in the table (as a point read caches it). Entries that
     /// are not where the format allows are skipped; their reads will say what is wrong.
-    pub fn prefetch_values(&self, versions: &[VersionRef]) -> Result<(), ImageLayerError> {
+    pub fn prefetch_values(&self, versions: &[VersionRef]) -> Result<(), LayerFileError> {
         let page = PAGE_SZ as u64;
         let blocks: Vec<Range<u32>> = versions
             .iter()
@@ -442,7 +413,7 @@ impl ImageLayer {
     /// What the layer contributes to reading `key` at `lsn`: nothing below the layer's LSN or
     /// outside its key range (older layers must be asked); else the key's image, or, for a key
     /// without one, no records at all, and in both cases no older layer need be asked.
-    pub fn get(&self, key: Key, lsn: Lsn) -> Result<LayerRecords, ImageLayerError> {
+    pub fn get(&self, key: Key, lsn: Lsn) -> Result<LayerRecords, LayerFileError> {
         let s = &self.summary;
         if lsn < s.lsn || key < s.key_start || key >= s.key_end {
             return Ok(LayerRecords::default());
@@ -473,7 +444,7 @@ impl ImageLayer {
         end: Key,
         lsn: Lsn,
         max_keys: usize,
-    ) -> Result<VersionChunk, ImageLayerError> {
+    ) -> Result<VersionChunk, LayerFileError> {
         let max_keys = max_keys.max(1);
         let s = &self.summary;
         let from = from.max(s.key_start);
@@ -506,13 +477,13 @@ impl ImageLayer {
 
     /// The image of an entry [`Self::versions_at_lsn`] listed, checked as [`Self::get`] checks
     /// it.
-    pub fn read_version(&self, key: Key, stored: u64) -> Result<Value, ImageLayerError> {
+    pub fn read_version(&self, key: Key, stored: u64) -> Result<Value, LayerFileError> {
         Ok(Value::Image(self.read_image(key, stored, Access::Point)?))
     }
 
     /// Every (key, image) in the file in key order: for verification and dumps. Reads around
     /// the page cache.
-    pub fn iter(&self) -> Result<Vec<(Key, Bytes)>, ImageLayerError> {
+    pub fn iter(&self) -> Result<Vec<(Key, Bytes)>, LayerFileError> {
         let index = self.index(Access::Scan);
         let tree = DiskBtreeReader::new(self.summary.index_root_blk, &index);
         let mut out = Vec::new();

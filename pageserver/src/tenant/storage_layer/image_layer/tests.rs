@@ -39,7 +39,7 @@ fn write(dir: &Path, model: &Model, key_range: Range<Key>) -> WrittenLayer {
     written
 }
 
-fn open(path: &Path, cache: &Arc<PageCache>) -> Result<ImageLayer, ImageLayerError> {
+fn open(path: &Path, cache: &Arc<PageCache>) -> Result<ImageLayer, LayerFileError> {
     ImageLayer::open(path, cache.clone(), DEFAULT_MAX_VALUE_SIZE)
 }
 
@@ -49,7 +49,7 @@ fn check_answers(
     layer: &ImageLayer,
     model: &Model,
     probes: impl IntoIterator<Item = Key>,
-) -> Result<(), ImageLayerError> {
+) -> Result<(), LayerFileError> {
     let s = *layer.summary();
     let all: Model = layer.iter()?.into_iter().collect();
     assert_eq!(&all, model, "iter");
@@ -292,7 +292,7 @@ fn a_corrupt_value_block_is_never_cached_so_every_read_sees_the_damage() {
     for attempt in 0..3 {
         let err = layer.get(rel_key(2), LSN).unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, ImageLayerError::Corrupt { .. }), "{msg}");
+        assert!(matches!(err, LayerFileError::Corrupt { .. }), "{msg}");
         assert!(
             msg.contains("value block 3: checksum mismatch"),
             "attempt {attempt}: {msg}"
@@ -375,7 +375,7 @@ fn every_flipped_byte_is_an_error_or_harmless() {
             Err(e) => {
                 let msg = e.to_string();
                 assert!(
-                    matches!(e, ImageLayerError::Corrupt { .. }),
+                    matches!(e, LayerFileError::Corrupt { .. }),
                     "byte {at}: {msg}"
                 );
                 assert!(msg.contains(written.path.to_str().unwrap()), "{msg}");
@@ -403,7 +403,7 @@ fn every_truncation_and_extension_is_an_error() {
             .and_then(|l| l.iter().map(drop))
             .expect_err("a file of another length must not read back");
         assert!(
-            matches!(err, ImageLayerError::Corrupt { .. }),
+            matches!(err, LayerFileError::Corrupt { .. }),
             "cut at {cut}: {err}"
         );
     }
@@ -488,7 +488,7 @@ fn refused_writes_change_nothing_and_leave_no_file() {
     let new = |key_range, lsn| ImageLayerWriter::new(dir.path(), TENANT, TIMELINE, key_range, lsn);
     for (key_range, lsn) in [(rel_key(3)..rel_key(3), LSN), (range(9), Lsn::MAX)] {
         let err = new(key_range, lsn).err().unwrap();
-        assert!(matches!(err, ImageLayerError::Usage { .. }), "{err}");
+        assert!(matches!(err, LayerFileError::Usage { .. }), "{err}");
     }
     assert!(dir_entries(dir.path()).is_empty());
 
@@ -518,7 +518,7 @@ fn refused_writes_change_nothing_and_leave_no_file() {
         ];
         for (k, bytes, why) in refusals {
             let err = writer.put_image(k, bytes).unwrap_err();
-            assert!(matches!(err, ImageLayerError::Usage { .. }), "{err}");
+            assert!(matches!(err, LayerFileError::Usage { .. }), "{err}");
             assert!(err.to_string().contains(why), "{err}");
         }
         writer.put_image(*key, image).unwrap();
@@ -607,7 +607,7 @@ proptest! {
             .and_then(|layer| check_answers(&layer, &model, (0..61).map(rel_key)));
         if let Err(e) = result {
             let msg = e.to_string();
-            prop_assert!(matches!(e, ImageLayerError::Corrupt { .. }), "{}", msg);
+            prop_assert!(matches!(e, LayerFileError::Corrupt { .. }), "{}", msg);
             prop_assert!(msg.contains(written.path.to_str().unwrap()), "{}", msg);
         }
     }

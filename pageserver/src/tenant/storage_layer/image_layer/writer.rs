@@ -38,9 +38,10 @@ impl ImageLayerWriter {
         timeline_id: TimelineId,
         key_range: Range<Key>,
         lsn: Lsn,
-    ) -> Result<ImageLayerWriter, ImageLayerError> {
+    ) -> Result<ImageLayerWriter, LayerFileError> {
         let temp_name = LayerFileWriter::temp_name("image");
-        let refuse = |message| ImageLayerError::Usage {
+        let refuse = |message| LayerFileError::Usage {
+            kind: LayerKind::Image,
             path: dir.join(&temp_name),
             message,
         };
@@ -53,7 +54,7 @@ impl ImageLayerWriter {
         if lsn == Lsn::MAX {
             return Err(refuse(format!("the LSN {lsn} is reserved")));
         }
-        let file = LayerFileWriter::create(dir, &temp_name, "image-layer")?;
+        let file = LayerFileWriter::create(LayerKind::Image, dir, &temp_name, "image-layer")?;
         Ok(ImageLayerWriter {
             file,
             tenant_id,
@@ -67,8 +68,9 @@ impl ImageLayerWriter {
         })
     }
 
-    fn usage(&self, message: String) -> ImageLayerError {
-        ImageLayerError::Usage {
+    fn usage(&self, message: String) -> LayerFileError {
+        LayerFileError::Usage {
+            kind: LayerKind::Image,
             path: self.file.temp_path().to_owned(),
             message,
         }
@@ -77,7 +79,7 @@ impl ImageLayerWriter {
     /// Appends the image of `key`. Keys must come in strictly increasing order, within the
     /// layer's key range. A refused image changes nothing: the writer goes on as if it had not
     /// been offered.
-    pub fn put_image(&mut self, key: Key, image: &[u8]) -> Result<(), ImageLayerError> {
+    pub fn put_image(&mut self, key: Key, image: &[u8]) -> Result<(), LayerFileError> {
         if !self.key_range.contains(&key) {
             return Err(self.usage(format!(
                 "key {key} is outside the layer's key range {}..{}",
@@ -114,7 +116,7 @@ impl ImageLayerWriter {
     }
 
     /// Appends bytes of the values region, keeping each value block's CRC-32C.
-    fn append_values(&mut self, bytes: &[u8]) -> Result<(), ImageLayerError> {
+    fn append_values(&mut self, bytes: &[u8]) -> Result<(), LayerFileError> {
         let mut in_block = (self.file.offset() % PAGE_SZ as u64) as usize;
         self.file.append(bytes)?;
         let mut rest = bytes;
@@ -131,7 +133,7 @@ impl ImageLayerWriter {
         Ok(())
     }
 
-    fn block_number(&self, what: &str) -> Result<u32, ImageLayerError> {
+    fn block_number(&self, what: &str) -> Result<u32, LayerFileError> {
         let blkno = self.file.offset() / PAGE_SZ as u64;
         u32::try_from(blkno).map_err(|_| self.usage(format!("{what} at block {blkno}: too far")))
     }
@@ -150,7 +152,7 @@ impl ImageLayerWriter {
     /// [`finish`](Self::finish), with the layer's key range ending at `end` instead: a writer
     /// that learns where a layer ends only when the first key past it arrives. `end` must be
     /// above every key put and within the range the writer was made with.
-    pub fn finish_before(mut self, end: Key) -> Result<WrittenLayer, ImageLayerError> {
+    pub fn finish_before(mut self, end: Key) -> Result<WrittenLayer, LayerFileError> {
         let below_last = self.last_key.is_some_and(|last| end <= last);
         if below_last || end <= self.key_range.start || end > self.key_range.end {
             return Err(self.usage(format!(
@@ -164,7 +166,7 @@ impl ImageLayerWriter {
 
     /// Writes the checksum table, the index and the summary, makes the file durable under its
     /// final name, and returns what the manifest needs to list it.
-    pub fn finish(mut self) -> Result<WrittenLayer, ImageLayerError> {
+    pub fn finish(mut self) -> Result<WrittenLayer, LayerFileError> {
         let values_end = self.file.offset();
         let in_block = (values_end % PAGE_SZ as u64) as usize;
         if in_block != 0 {
@@ -203,6 +205,6 @@ impl ImageLayerWriter {
         };
         let summary_block = summary.encode();
         let name = summary.file_name();
-        Ok(self.file.commit(&summary_block, summary, &name)?)
+        self.file.commit(&summary_block, summary, &name)
     }
 }
