@@ -129,14 +129,24 @@ impl Timeline {
         }
     }
 
-    /// The page of `key` as of `lsn` for a branch of this timeline: at a branch point the GC
-    /// cutoff does not apply (GC retains what reads there need).
-    pub(super) fn get_page_for_branch(
-        &self,
-        key: Key,
-        lsn: Lsn,
-    ) -> Result<Option<Bytes>, TimelineError> {
-        let at_branch_point = self.branch_points().contains(&lsn);
-        self.get_page_inner(key, lsn, !at_branch_point)
+    /// Where a read at `lsn` of this timeline continues when its own layers hold no base: the
+    /// ancestor, read as of min(`lsn`, branch LSN), and whether the ancestor's GC cutoff applies
+    /// there (not at a branch point, which GC retains). The one step from a branch to its
+    /// ancestor that GetPage and scans both take; `None` for a timeline that is no branch.
+    pub(super) fn ancestor_read(&self, lsn: Lsn) -> Option<AncestorRead<'_>> {
+        let (ancestor, branch_lsn) = self.ancestor()?;
+        let lsn = lsn.min(branch_lsn);
+        Some(AncestorRead {
+            timeline: ancestor,
+            lsn,
+            check_cutoff: !ancestor.branch_points().contains(&lsn),
+        })
     }
+}
+
+/// See [`Timeline::ancestor_read`].
+pub(super) struct AncestorRead<'a> {
+    pub timeline: &'a Arc<Timeline>,
+    pub lsn: Lsn,
+    pub check_cutoff: bool,
 }

@@ -16,7 +16,7 @@ impl Timeline {
     }
 
     /// [`Timeline::get_page`]; `check_cutoff` false only for a branch's read at its branch
-    /// point (`ancestry.rs`), which GC retains.
+    /// point ([`Timeline::ancestor_read`]), which GC retains.
     pub(super) fn get_page_inner(
         &self,
         key: Key,
@@ -170,13 +170,16 @@ impl Timeline {
         // A branch whose own layers hold no base: the rest of the history is its ancestor's,
         // as of the branch point at the latest (a memorized page already includes it).
         let complete = history.is_complete();
-        if let (false, None, Some((ancestor, branch_lsn))) = (complete, &cached, self.ancestor()) {
-            let at = lsn.min(branch_lsn);
-            if let Some(base) = ancestor.get_page_for_branch(key, at)? {
+        if let (false, None, Some(ancestor)) = (complete, &cached, self.ancestor_read(lsn)) {
+            let base =
+                ancestor
+                    .timeline
+                    .get_page_inner(key, ancestor.lsn, ancestor.check_cutoff)?;
+            if let Some(base) = base {
                 if records.is_empty() {
                     return Ok(Some(base));
                 }
-                records.push((at, Value::Image(base)));
+                records.push((ancestor.lsn, Value::Image(base)));
             }
         }
         if let Some((cached_lsn, lease)) = &cached {
@@ -237,12 +240,12 @@ impl Timeline {
             id.timelines.push((timeline.cache_scope, map.version));
             layers.extend(map.newest_first().map(|layer| ScanLayer { layer, lsn: at }));
             drop(map);
-            let Some((ancestor, branch_lsn)) = timeline.ancestor() else {
+            let Some(ancestor) = timeline.ancestor_read(at) else {
                 break;
             };
-            at = at.min(branch_lsn);
-            check_cutoff = !ancestor.branch_points().contains(&at);
-            timeline = ancestor;
+            timeline = ancestor.timeline;
+            at = ancestor.lsn;
+            check_cutoff = ancestor.check_cutoff;
         }
         Ok((id, layers))
     }
