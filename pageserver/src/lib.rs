@@ -10,12 +10,13 @@
 //! - [`format`]: blocks, blobs and the B-tree, which know bytes and nothing of layers;
 //! - [`tenant::storage_layer`]: the ephemeral file, the in-memory layer and the layer files;
 //! - [`tenant::timeline`]: a timeline's layers, ingest, GetPage@LSN, scans, flushes, the
-//!   manifest; [`tenant::tasks`]: the background loops that drive timelines;
-//!   [`tenant::mgr`]: tenants and timelines on disk;
+//!   manifest;
 //! - [`tenant::remote_timeline_client`]: the remote copy of each timeline, which follows every
 //!   committed manifest into the object store (the upload queue and the remote index), finds
 //!   what the store holds on attach, and downloads layer files on demand; the object store
 //!   itself (a local directory or S3) is the `remote_storage` crate (`libs/remote_storage`);
+//! - [`tenant::tasks`]: the background loops that drive timelines; [`tenant::mgr`]: tenants
+//!   and timelines on disk;
 //! - [`datadir`]: PostgreSQL data directories in (import of a tar snapshot) and out
 //!   (basebackup at an LSN), driving timelines;
 //! - [`serving`]: what both doors stand on, knowing neither HTTP nor gRPC: the read path, where

@@ -8,8 +8,9 @@
 //!
 //! Middleware, outermost first: request accounting (a counter per method, route and status, a
 //! latency histogram per route and method, a log line per failed request), then auth
-//! ([`auth`]) when enabled, then the request body limits ([`body_limits`]). Connections, their
-//! cap and the header read timeout are [`server`]'s.
+//! ([`auth`]) when enabled, then the request body limits ([`body_limits`]). Connections and the
+//! header read timeout are [`server`]'s, under the connection cap both doors share
+//! ([`crate::serving::connections`]).
 //!
 //! Metric labels never take a client's text: a method outside the standard nine is `other`,
 //! and the route is the matched route's template (`/v1/tenant/{tenant_id}`), or `unmatched`,

@@ -7,14 +7,18 @@
 //! | scope           | may use                                                          |
 //! |-----------------|------------------------------------------------------------------|
 //! | `pageserverapi` | everything                                                       |
-//! | `tenant`        | its own tenant's data ([`Access::Tenant`]): over HTTP `/v1/tenant/{its tenant_id}` and everything under it except deleting, attaching or detaching the tenant; every page service call for that tenant |
+//! | `tenant`        | its own tenant's data ([`Access::Tenant`])                       |
+//!
+//! A tenant's data is, over HTTP, `/v1/tenant/{its tenant_id}` and everything under it except
+//! deleting, attaching or detaching the tenant; on the page service, every call for it.
 //!
 //! Which [`Access`] a request needs is its door's to say (`http::auth` from the path, the page
 //! service from its tenant metadata); whether a token grants it is decided here. A missing,
 //! malformed or badly signed token is [`ErrorKind::Unauthenticated`] (401); a valid token used
-//! outside its scope is [`ErrorKind::Forbidden`] (403). Tokens need no expiry; one that has an `exp` claim is checked against it, and an `exp`
-//! that is not a whole number of seconds since the Unix epoch (a string, a negative number, a
-//! fraction, null) makes the token invalid rather than never expiring.
+//! outside its scope is [`ErrorKind::Forbidden`] (403). Tokens need no expiry; one that has an
+//! `exp` claim is checked against it, and an `exp` that is not a whole number of seconds since
+//! the Unix epoch (a string, a negative number, a fraction, null) makes the token invalid
+//! rather than never expiring.
 
 use std::path::Path;
 
@@ -153,6 +157,7 @@ impl Claims {
         }
     }
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

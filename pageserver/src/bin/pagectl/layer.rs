@@ -49,8 +49,8 @@ impl LayerFile {
     fn corrupt(&self, reason: String) -> Error {
         let path = self.path().to_owned();
         let kind = match self {
-            LayerFile::Delta(_) => LayerKind::Delta,
-            LayerFile::Image(_) => LayerKind::Image,
+            LayerFile::Delta(_) => LayerFileKind::Delta,
+            LayerFile::Image(_) => LayerFileKind::Image,
         };
         LayerFileError::Corrupt { kind, path, reason }.into()
     }

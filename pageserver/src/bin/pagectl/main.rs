@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use pageserver::page_cache::{PageCache, PageCacheConfig, PageCacheConfigError};
-use pageserver::tenant::storage_layer::{LayerFileError, LayerKind};
+use pageserver::tenant::storage_layer::{LayerFileError, LayerFileKind};
 use pageserver::tenant::timeline::layer_set::manifest::{
     Manifest, MetadataError, StoredMetadata, METADATA_FILE,
 };

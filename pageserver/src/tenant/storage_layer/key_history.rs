@@ -76,7 +76,9 @@ impl KeyHistory {
 
     /// How many of `versions` (the key's versions in `layer`, newest first) the read takes;
     /// marks the history complete where they reach a base, the floor, or a layer that answers
-    /// for the key.
+    /// for the key. `layer` must be one the read visits: one that may hold a version of the key
+    /// at or below the read's LSN ([`Layer::may_hold`]), as every walk checks first; an image
+    /// layer above that LSN answers for nothing.
     pub fn take<V: Version>(&mut self, layer: &Layer, key: Key, versions: &[V]) -> usize {
         if self.complete {
             return 0;

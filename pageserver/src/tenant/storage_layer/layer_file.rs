@@ -32,16 +32,16 @@ pub(crate) const WRITEBACK_STEP: u64 = 8 << 20;
 
 /// The kind of a layer file, as its errors name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LayerKind {
+pub enum LayerFileKind {
     Delta,
     Image,
 }
 
-impl std::fmt::Display for LayerKind {
+impl std::fmt::Display for LayerFileKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            LayerKind::Delta => "delta layer",
-            LayerKind::Image => "image layer",
+            LayerFileKind::Delta => "delta layer",
+            LayerFileKind::Image => "image layer",
         })
     }
 }
@@ -52,19 +52,19 @@ impl std::fmt::Display for LayerKind {
 pub enum LayerFileError {
     #[error("{kind} {}: {source}", path.display())]
     Io {
-        kind: LayerKind,
+        kind: LayerFileKind,
         path: PathBuf,
         source: io::Error,
     },
     #[error("{kind} {} is corrupt: {reason}", path.display())]
     Corrupt {
-        kind: LayerKind,
+        kind: LayerFileKind,
         path: PathBuf,
         reason: String,
     },
     #[error("{kind} {}: {message}", path.display())]
     Usage {
-        kind: LayerKind,
+        kind: LayerFileKind,
         path: PathBuf,
         message: String,
     },
@@ -72,7 +72,7 @@ pub enum LayerFileError {
 
 impl LayerFileError {
     /// A failed file operation of a layer file of `kind`.
-    pub fn from_path(kind: LayerKind, e: PathError) -> LayerFileError {
+    pub fn from_path(kind: LayerFileKind, e: PathError) -> LayerFileError {
         LayerFileError::Io {
             kind,
             path: e.path,
@@ -212,7 +212,7 @@ pub(crate) enum Access {
 
 /// An open layer file, of any kind.
 pub(crate) struct LayerFile {
-    kind: LayerKind,
+    kind: LayerFileKind,
     path: PathBuf,
     /// Opened again on use when its descriptor was taken (see `virtual_file`).
     file: VirtualFile,
@@ -271,7 +271,7 @@ impl Drop for LayerFile {
 impl LayerFile {
     /// Opens a layer file and reads its summary block (block 0).
     pub fn open(
-        kind: LayerKind,
+        kind: LayerFileKind,
         path: &Path,
         cache: Arc<PageCache>,
     ) -> Result<(LayerFile, Box<[u8; PAGE_SZ]>), LayerFileError> {
@@ -482,7 +482,7 @@ pub struct WrittenLayer<S> {
 /// name when [`LayerFileWriter::commit`] returns, removed if dropped before. Memory is one
 /// write chunk, whatever the file's size.
 pub(crate) struct LayerFileWriter {
-    kind: LayerKind,
+    kind: LayerFileKind,
     file: StagedFile,
     /// Bytes not yet written, starting at `pending_offset`.
     pending: Vec<u8>,
@@ -507,7 +507,7 @@ impl LayerFileWriter {
 
     /// Creates `<dir>/<temp_name>`; `failpoints` prefixes the commit's failpoints.
     pub fn create(
-        kind: LayerKind,
+        kind: LayerFileKind,
         dir: &Path,
         temp_name: &str,
         failpoints: &'static str,

@@ -30,7 +30,7 @@ pub mod layer_name;
 pub mod merge_iter;
 pub mod on_demand;
 
-pub use layer_file::{LayerFileError, LayerKind};
+pub use layer_file::{LayerFileError, LayerFileKind};
 pub use layer_name::LayerName;
 
 /// One layer, of any kind, as a read sees it. Cloning it clones an `Arc`.

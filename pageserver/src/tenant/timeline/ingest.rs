@@ -287,14 +287,18 @@ impl Timeline {
                 return Err(TimelineError::BatchDuplicate { index, key, lsn });
             }
             previous = lsn;
-            check_storable(value, self.conf.max_value_size).map_err(|source| {
-                TimelineError::BatchValue {
-                    index,
-                    key,
-                    lsn,
-                    source,
-                }
-            })?;
+            let refused = |source| TimelineError::BatchValue {
+                index,
+                key,
+                lsn,
+                source,
+            };
+            // In this order, each refusal naming the first thing wrong: a value that cannot be
+            // encoded, then a page redo would refuse, then a stored form over the limit.
+            let storable = check_storable(value, self.conf.max_value_size);
+            if let Err(source @ StoreValueError::NotEncodable(_)) = storable {
+                return Err(refused(source));
+            }
             // What redo would refuse later must be refused now, while nothing is stored.
             let page_len = match value {
                 Value::Image(page) => Some(("an image", page.len())),
@@ -314,6 +318,7 @@ impl Timeline {
                     max: self.conf.max_value_size,
                 });
             }
+            storable.map_err(refused)?;
         }
         // A new layer starting at the batch's first LSN must hold all of it.
         if previous.0 - first.0 >= MAX_LSN_SPAN {

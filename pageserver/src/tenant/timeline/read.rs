@@ -74,8 +74,9 @@ impl Timeline {
 
     /// Brings the values a batch will read into the page cache in as few reads as their blocks
     /// allow. For each LSN of the batch (compute asks for a batch at one LSN), the layers are
-    /// asked newest first for the versions of the batch's keys that are still without a base
-    /// ([`Layer::versions_at_lsn`] over their key span, from the index alone), and read ahead
+    /// asked newest first for the versions of the batch's keys whose point reads still need
+    /// that layer ([`KeyHistory`]: no base found yet, no image layer answering for them), listed
+    /// by [`Layer::versions_at_lsn`] over their key span from the index alone, and read ahead
     /// ([`Layer::prefetch_values`]). From the first layer where the keys are not neighbours
     /// (its span holds more than twice as many keys as are pending), or that is not on the
     /// local disk, the rest is left to the point reads: an older layer's values may not be

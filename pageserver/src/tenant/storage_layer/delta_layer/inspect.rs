@@ -87,7 +87,7 @@ impl DeltaLayer {
     pub fn read_entry(&self, entry: &IndexEntry) -> Result<Value, LayerFileError> {
         if entry.offset > u64::MAX >> 1 {
             return Err(LayerFileError::Usage {
-                kind: LayerKind::Delta,
+                kind: LayerFileKind::Delta,
                 path: self.path().to_owned(),
                 message: format!("no index entry can hold offset {}", entry.offset),
             });

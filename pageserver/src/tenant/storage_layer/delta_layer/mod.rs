@@ -82,7 +82,7 @@ use crate::format::disk_btree::{
 use crate::io::read_cost::BlockKind;
 use crate::page_cache::PageCache;
 use crate::tenant::storage_layer::layer_file::{
-    u32_at, u64_at, Access, IndexBlocks, LayerFile, LayerFileError, LayerFileWriter, LayerKind,
+    u32_at, u64_at, Access, IndexBlocks, LayerFile, LayerFileError, LayerFileKind, LayerFileWriter,
     SummaryHead, SummaryLayout,
 };
 use crate::tenant::storage_layer::layer_name::{DeltaLayerName, LayerName};
@@ -135,7 +135,7 @@ impl DeltaLayer {
         cache: Arc<PageCache>,
         max_value_size: usize,
     ) -> Result<DeltaLayer, LayerFileError> {
-        let (file, block) = LayerFile::open(LayerKind::Delta, path, cache)?;
+        let (file, block) = LayerFile::open(LayerFileKind::Delta, path, cache)?;
         let summary = Summary::decode(&block, file.size()).map_err(|e| file.corrupt(e))?;
         Ok(DeltaLayer {
             file,

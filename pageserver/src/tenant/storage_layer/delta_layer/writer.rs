@@ -45,12 +45,12 @@ impl DeltaLayerWriter {
         let temp_name = LayerFileWriter::temp_name("delta");
         if lsn_start >= lsn_end {
             return Err(LayerFileError::Usage {
-                kind: LayerKind::Delta,
+                kind: LayerFileKind::Delta,
                 path: dir.join(temp_name),
                 message: format!("empty LSN range {lsn_start}..{lsn_end}"),
             });
         }
-        let file = LayerFileWriter::create(LayerKind::Delta, dir, &temp_name, "layer")?;
+        let file = LayerFileWriter::create(LayerFileKind::Delta, dir, &temp_name, "layer")?;
         Ok(DeltaLayerWriter {
             file,
             tenant_id,
@@ -72,7 +72,7 @@ impl DeltaLayerWriter {
         timeline_id: TimelineId,
     ) -> Result<DeltaLayerWriter, LayerFileError> {
         let file = LayerFileWriter::create(
-            LayerKind::Delta,
+            LayerFileKind::Delta,
             dir,
             &LayerFileWriter::temp_name("delta"),
             "layer",
@@ -93,7 +93,7 @@ impl DeltaLayerWriter {
 
     fn usage(&self, message: String) -> LayerFileError {
         LayerFileError::Usage {
-            kind: LayerKind::Delta,
+            kind: LayerFileKind::Delta,
             path: self.file.temp_path().to_owned(),
             message,
         }

@@ -67,7 +67,7 @@ impl ImageLayer {
     pub fn read_entry(&self, entry: &IndexEntry) -> Result<Bytes, LayerFileError> {
         if entry.offset > MAX_IMAGE_OFFSET || entry.len > MAX_IMAGE_LEN {
             return Err(LayerFileError::Usage {
-                kind: LayerKind::Image,
+                kind: LayerFileKind::Image,
                 path: self.path().to_owned(),
                 message: format!(
                     "no index entry can hold offset {} and length {}",

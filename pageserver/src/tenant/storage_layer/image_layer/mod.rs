@@ -98,7 +98,7 @@ use crate::format::disk_btree::{
 use crate::io::read_cost::BlockKind;
 use crate::page_cache::PageCache;
 use crate::tenant::storage_layer::layer_file::{
-    u32_at, u64_at, Access, IndexBlocks, LayerFile, LayerFileError, LayerFileWriter, LayerKind,
+    u32_at, u64_at, Access, IndexBlocks, LayerFile, LayerFileError, LayerFileKind, LayerFileWriter,
     SummaryHead, SummaryLayout,
 };
 use crate::tenant::storage_layer::layer_name::{ImageLayerName, LayerName};
@@ -175,7 +175,7 @@ impl ImageLayer {
         cache: Arc<PageCache>,
         max_value_size: usize,
     ) -> Result<ImageLayer, LayerFileError> {
-        let (file, block) = LayerFile::open(LayerKind::Image, path, cache)?;
+        let (file, block) = LayerFile::open(LayerFileKind::Image, path, cache)?;
         let summary = Summary::decode(&block, file.size()).map_err(|e| file.corrupt(e))?;
         Ok(ImageLayer {
             file,

@@ -41,7 +41,7 @@ impl ImageLayerWriter {
     ) -> Result<ImageLayerWriter, LayerFileError> {
         let temp_name = LayerFileWriter::temp_name("image");
         let refuse = |message| LayerFileError::Usage {
-            kind: LayerKind::Image,
+            kind: LayerFileKind::Image,
             path: dir.join(&temp_name),
             message,
         };
@@ -54,7 +54,7 @@ impl ImageLayerWriter {
         if lsn == Lsn::MAX {
             return Err(refuse(format!("the LSN {lsn} is reserved")));
         }
-        let file = LayerFileWriter::create(LayerKind::Image, dir, &temp_name, "image-layer")?;
+        let file = LayerFileWriter::create(LayerFileKind::Image, dir, &temp_name, "image-layer")?;
         Ok(ImageLayerWriter {
             file,
             tenant_id,
@@ -70,7 +70,7 @@ impl ImageLayerWriter {
 
     fn usage(&self, message: String) -> LayerFileError {
         LayerFileError::Usage {
-            kind: LayerKind::Image,
+            kind: LayerFileKind::Image,
             path: self.file.temp_path().to_owned(),
             message,
         }

@@ -216,6 +216,11 @@ fn a_refused_batch_changes_nothing() {
         .unwrap();
     let before = snapshot(&tl, 3);
     let too_big = Value::Image(Bytes::from(vec![0u8; DEFAULT_MAX_VALUE_SIZE + 100]));
+    // Each patch within the page, the whole over the stored-size limit.
+    let too_much_stored = Value::Delta {
+        will_init: false,
+        patches: vec![Patch::new(0, vec![1u8; DEFAULT_MAX_VALUE_SIZE / 2 + 64]); 2],
+    };
     let too_many_patches = Value::Delta {
         will_init: false,
         patches: vec![Patch::new(0, Vec::new()); usize::from(u16::MAX) + 1],
@@ -245,7 +250,11 @@ fn a_refused_batch_changes_nothing() {
         ),
         (
             vec![rec(2, 20, &image(3)), rec(1, 21, &too_big)],
-            "over the limit",
+            "would make a page of 1048676 bytes",
+        ),
+        (
+            vec![rec(2, 20, &image(3)), rec(1, 21, &too_much_stored)],
+            "bytes stored, over the limit",
         ),
         (
             vec![rec(2, 20, &image(3)), rec(1, 21, &too_many_patches)],
