@@ -108,20 +108,22 @@ def test_readers_of_a_stalled_download_get_an_error_within_the_deadline(
         return slow.request("GET", path, params={"key": k.hex(), "lsn": "latest"})
 
     # A key whose read downloads a layer, and that layer, while the store answers.
-    wait_until(evicted, timeout=60, what="an eviction")
-    ps.http.page_cache_drop()
-    needs = None
-    for k in timeline.model.keys():
-        before = evicted()
-        r = read(k)
-        assert r.status_code in (200, 404), r.text
-        if "downloads=0" not in r.headers["X-Read-Cost"]:
-            now = layers()
-            needs = (k, {name for name in before if now.get(name)})
-            break
-    assert needs is not None, "no read needed an evicted layer"
-    k, downloaded = needs
-    assert downloaded, "the read downloaded, but no layer became resident"
+    def key_needing_a_download() -> tuple[bytes, set[str]] | None:
+        wait_until(evicted, timeout=60, what="an eviction")
+        ps.http.page_cache_drop()
+        for k in timeline.model.keys():
+            before = evicted()
+            r = read(k)
+            assert r.status_code in (200, 404), r.text
+            if "downloads=0" not in r.headers["X-Read-Cost"]:
+                now = layers()
+                downloaded = {name for name in before if now.get(name)}
+                # The 64 KiB disk budget may have evicted what the read downloaded before the
+                # listing saw it resident: then look again, from a fresh eviction.
+                return (k, downloaded) if downloaded else None
+        raise AssertionError("no read needed an evicted layer")
+
+    k, downloaded = wait_until(key_needing_a_download, timeout=120, what="a read that downloads an evicted layer")
     # The disk budget evicts what it downloaded again.
     wait_until(lambda: downloaded <= evicted(), timeout=60, what="the layers evicted again")
     ps.http.page_cache_drop()
