@@ -192,8 +192,8 @@ impl PageReads {
         Ok((result?, cost))
     }
 
-    /// Steps 2 and 3: waits for `lsn`, then runs `read` where `run` says, measured. The
-    /// read's own error is the inner result, so that its cost is counted either way.
+    /// Steps 2 and 3: waits for `lsn`, then runs `read_from` where `run` says, measured. The
+    /// read's own error is the inner result, so that a caller can count its cost either way.
     async fn measured<T, F>(
         &self,
         timeline: &Arc<Timeline>,
