@@ -26,9 +26,7 @@ pub struct DeltaStream {
     entries: VecDeque<(Key, Lsn, u64)>,
     /// Where the next index chunk starts; `None` once the index is exhausted.
     resume: Option<[u8; INDEX_KEY_LEN]>,
-    window: Vec<u8>,
-    /// File offset of `window[0]`.
-    window_start: u64,
+    window: ValueWindow,
     yielded: u64,
     done: bool,
 }
@@ -40,8 +38,7 @@ impl DeltaLayer {
             layer: self.clone(),
             entries: VecDeque::new(),
             resume: Some([0u8; INDEX_KEY_LEN]),
-            window: Vec::new(),
-            window_start: 0,
+            window: ValueWindow::default(),
             yielded: 0,
             done: false,
         }
@@ -78,33 +75,11 @@ impl DeltaStream {
         Ok(())
     }
 
-    /// `len` bytes of the file from `offset`, which lie within the values.
-    fn bytes(&mut self, offset: u64, len: usize) -> Result<&[u8], LayerFileError> {
-        let values_end = self.layer.summary.values_end;
-        let window_end = self.window_start + self.window.len() as u64;
-        if offset < self.window_start || offset + len as u64 > window_end {
-            let available = values_end.saturating_sub(offset);
-            let want = len.max(STREAM_WINDOW) as u64;
-            let read = usize::try_from(want.min(available)).expect("at most the larger of two");
-            if read < len {
-                return Err(self.layer.corrupt(format!(
-                    "a value at byte {offset} runs past the end of the values ({values_end})"
-                )));
-            }
-            self.window.resize(read, 0);
-            self.layer.file.read_exact_at(&mut self.window, offset)?;
-            self.window_start = offset;
-        }
-        let start = (offset - self.window_start) as usize;
-        Ok(&self.window[start..start + len])
-    }
-
     fn next_version(&mut self) -> Result<Option<(Key, Lsn, Value)>, LayerFileError> {
         if self.entries.is_empty() {
             self.refill_entries()?;
         }
-        // A clone: reading the next bytes needs `self` mutably while the layer checks them.
-        let layer = self.layer.clone();
+        let layer = &*self.layer;
         let Some((key, lsn, entry)) = self.entries.pop_front() else {
             if self.yielded != layer.summary.entries {
                 return Err(layer.corrupt(format!(
@@ -117,7 +92,7 @@ impl DeltaStream {
         let offset = entry >> 1;
         layer.check_offset(key, lsn, offset)?;
         let header_bytes = (layer.summary.values_end - offset).min(4) as usize;
-        let header = self.bytes(offset, header_bytes)?;
+        let header = self.window.bytes(layer, offset, header_bytes)?;
         let Some((header_len, blob_len)) = BlobHeader::parse(header) else {
             return Err(layer.corrupt(format!(
                 "value of key {key} at {lsn}: no room for its length header"
@@ -129,10 +104,49 @@ impl DeltaStream {
                 layer.max_blob_len
             )));
         }
-        let blob = self.bytes(offset + header_len as u64, blob_len)?;
+        let blob = self
+            .window
+            .bytes(layer, offset + header_len as u64, blob_len)?;
         let value = layer.decode_value(key, lsn, entry, blob)?;
         self.yielded += 1;
         Ok(Some((key, lsn, value)))
+    }
+}
+
+/// The bytes of values a stream read last: one large read per refill, slid forward through the
+/// values region.
+#[derive(Default)]
+struct ValueWindow {
+    bytes: Vec<u8>,
+    /// File offset of `bytes[0]`.
+    start: u64,
+}
+
+impl ValueWindow {
+    /// `len` bytes of `layer` from `offset`, which lie within its values.
+    fn bytes(
+        &mut self,
+        layer: &DeltaLayer,
+        offset: u64,
+        len: usize,
+    ) -> Result<&[u8], LayerFileError> {
+        let values_end = layer.summary.values_end;
+        let window_end = self.start + self.bytes.len() as u64;
+        if offset < self.start || offset + len as u64 > window_end {
+            let available = values_end.saturating_sub(offset);
+            let want = len.max(STREAM_WINDOW) as u64;
+            let read = usize::try_from(want.min(available)).expect("at most the larger of two");
+            if read < len {
+                return Err(layer.corrupt(format!(
+                    "a value at byte {offset} runs past the end of the values ({values_end})"
+                )));
+            }
+            self.bytes.resize(read, 0);
+            layer.file.read_exact_at(&mut self.bytes, offset)?;
+            self.start = offset;
+        }
+        let start = (offset - self.start) as usize;
+        Ok(&self.bytes[start..start + len])
     }
 }
 
