@@ -16,6 +16,8 @@
 //! | `compaction-after-manifest` | a compaction's manifest is durable, the layer map unchanged |
 //! | `import-before-manifest` | an import's layer files are durable under their names, its manifest not stored |
 //! | `flush-loop`            | the background flush loop, before it serves each timeline  |
+//! | `remote-upload-read`    | a read of a layer file being uploaded fails (`return`) or flips its first byte (`return(corrupt)`) |
+//! | `remote-download-torn-write` | a write of a layer download writes half and reports it all written |
 //!
 //! Actions are the `fail` crate's (`return`, `sleep(100)`, `pause`, `panic`, `off`,
 //! `2*return`, ...) plus `exit`, which ends the process at once with status 1, as a crash would

@@ -13,32 +13,11 @@ from fixtures.metrics import Metrics
 from fixtures.plugin import PageserverFactory
 from fixtures.remote_storage import RemoteStore
 from fixtures.timeline import TimelineHandle
+from fixtures.uploads import history, wait_evicted, wait_uploaded
 from fixtures.utils import Lsn, wait_until
 
 KEYS = [key(i) for i in range(48)]
 ON_REQUEST = {"compaction_threshold": 0, "compaction_target_size": "64KiB"}
-
-
-def history(timeline: TimelineHandle, work: Workload, flushes: int = 6) -> None:
-    """L1 and image layers under a few L0s: compaction and forced images halfway."""
-    for i in range(flushes):
-        for _ in range(3):
-            timeline.ingest(work.batch(max_records=12))
-        timeline.checkpoint()
-        if i == flushes // 2:
-            timeline.http.compact(timeline.tenant_id, timeline.timeline_id, force_images=True)
-
-
-def wait_uploaded(store: RemoteStore, timeline: TimelineHandle) -> Lsn:
-    def uploaded() -> Lsn:
-        info = timeline.info()
-        assert info["remote_consistent_lsn"] == info["disk_consistent_lsn"], info
-        index = store.check_consistent(timeline.tenant_id, timeline.timeline_id)
-        files = {layer["file_name"] for layer in timeline.http.layers(timeline.tenant_id, timeline.timeline_id) if layer["file_name"]}
-        assert set(index["layers"]) == files
-        return Lsn.parse(info["remote_consistent_lsn"])
-
-    return wait_until(uploaded, timeout=60, interval=0.05, what="uploads settled")
 
 
 def read_cost(timeline: TimelineHandle, k: bytes, lsn: int | str) -> dict[str, int]:
@@ -163,12 +142,7 @@ def test_eviction_keeps_the_disk_budget_and_reads_download(pageserver_factory: P
     history(timeline, Workload(13, KEYS))
     wait_uploaded(remote_store, timeline)
 
-    def evicted() -> list[dict]:
-        layers = [layer for layer in timeline.http.layers(timeline.tenant_id, timeline.timeline_id) if not layer["resident"]]
-        assert layers, "nothing evicted yet"
-        return layers
-
-    gone = wait_until(evicted, timeout=60, what="eviction")
+    gone = wait_evicted(timeline)
     assert all(layer["level"] in ("L1", "image") for layer in gone)
     for layer in gone:
         assert not (ps.timeline_dir(timeline.tenant_id, timeline.timeline_id) / layer["file_name"]).exists()

@@ -14,14 +14,15 @@
 //!
 //! | operation | what it does | an absent object |
 //! |---|---|---|
-//! | [`put`](RemoteStorage::put), [`put_file`](RemoteStorage::put_file) | writes a whole object (a file in parts of 8 MiB to S3 or 1 MiB to a directory, never whole in memory) | created |
+//! | [`put`](RemoteStorage::put), [`upload`](RemoteStorage::upload), [`put_file`](RemoteStorage::put_file) | writes a whole object (a file in parts of 8 MiB to S3 or 1 MiB to a directory, never whole in memory; with the file's expected length and CRC-32C, never other bytes) | created |
 //! | [`create_if_absent`](RemoteStorage::create_if_absent) | writes only if no object has the key | created; otherwise `Ok(false)` and nothing changes |
 //! | [`get`](RemoteStorage::get), [`get_range`](RemoteStorage::get_range) | reads an object or a byte range of it | [`RemoteError::NotFound`] |
-//! | [`download_to_file`](RemoteStorage::download_to_file) | streams an object into a local file, fsynced | [`RemoteError::NotFound`] |
+//! | [`download`](RemoteStorage::download), [`download_to_file`](RemoteStorage::download_to_file) | streams an object into a local file, fsynced | [`RemoteError::NotFound`] |
 //! | [`list`](RemoteStorage::list) | every object under a key prefix, with sizes | none listed |
 //! | [`delete`](RemoteStorage::delete) | removes an object | `Ok` (deletion is idempotent) |
 //!
-//! The operations on whole objects are here; `transfer.rs` streams files up and down,
+//! The operations on whole objects are here; `transfer.rs` streams files up and down through
+//! the caller's [`LocalFile`] (`local_file.rs`, the seam where a test injects local faults),
 //! `retry.rs` decides what is retried and for how long, `s3.rs` builds the S3 client.
 //!
 //! Keys are [`RemotePath`]s: relative, `/`-separated, printable ASCII, never climbing out of
@@ -58,12 +59,14 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 
 mod config;
 mod faults;
+mod local_file;
 mod retry;
 mod s3;
 mod transfer;
 
 pub use config::{RemoteStorageConfig, S3Config};
 use faults::FaultInjection;
+pub use local_file::{LocalFile, StdFile};
 pub use retry::RetryPolicy;
 use retry::{classify, AttemptError};
 
@@ -544,5 +547,11 @@ mod spawnable {
         tokio::spawn(async move { s1.put_file(&k1, &p1).await });
         let (s1, k1, p1) = (s.clone(), k.clone(), p.clone());
         tokio::spawn(async move { s1.download_to_file(&k1, &p1).await });
+        let (s1, k1, p1) = (s.clone(), k.clone(), p.clone());
+        tokio::spawn(async move {
+            let file: Arc<dyn LocalFile> = Arc::new(StdFile::open(&p1).unwrap());
+            s1.upload(&k1, file.clone(), None).await?;
+            s1.download(&k1, file).await
+        });
     }
 }

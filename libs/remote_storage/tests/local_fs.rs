@@ -224,3 +224,122 @@ fn settings_parse_with_clear_errors() {
         assert!(err.contains(says), "{bad}: {err}");
     }
 }
+
+/// A real file whose reads fail, or return other bytes, from a given offset on.
+#[derive(Debug)]
+struct FaultyReads {
+    inner: remote_storage::StdFile,
+    from: u64,
+    /// Flip a byte instead of failing.
+    lie: bool,
+}
+
+impl remote_storage::LocalFile for FaultyReads {
+    fn path(&self) -> &std::path::Path {
+        self.inner.path()
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        self.inner.size()
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if offset + buf.len() as u64 <= self.from {
+            return self.inner.read_exact_at(buf, offset);
+        }
+        if !self.lie {
+            return Err(std::io::Error::other("injected read failure"));
+        }
+        self.inner.read_exact_at(buf, offset)?;
+        buf[buf.len() - 1] ^= 0x55;
+        Ok(())
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.inner.write_all_at(buf, offset)
+    }
+    fn sync_all(&self) -> std::io::Result<()> {
+        self.inner.sync_all()
+    }
+}
+
+#[tokio::test]
+async fn an_upload_whose_reads_fail_or_differ_never_replaces_the_object() {
+    use remote_storage::{LocalFile, StdFile, Transferred};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let remote = storage(dir.path());
+    // In one request, and in parts (past the local part size, not a multiple of it).
+    for len in [1000, 2 * remote_storage::LOCAL_PART_SIZE + 777] {
+        let data: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
+        let local = dir.path().join(format!("layer-{len}"));
+        std::fs::write(&local, &data).unwrap();
+        let expected = Transferred {
+            len: len as u64,
+            crc32c: crc32c::crc32c(&data),
+        };
+        let k = key(&format!("layer-{len}"));
+        remote.put(&k, Bytes::from_static(b"old")).await.unwrap();
+        let faulty = |lie| -> Arc<dyn LocalFile> {
+            Arc::new(FaultyReads {
+                inner: StdFile::open(&local).unwrap(),
+                from: len as u64 - 1,
+                lie,
+            })
+        };
+        let failed = remote.upload(&k, faulty(false), Some(expected)).await;
+        assert!(
+            matches!(&failed, Err(RemoteError::LocalIo { source, .. }) if source.to_string().contains("injected")),
+            "{failed:?}"
+        );
+        assert_eq!(&remote.get(&k).await.unwrap()[..], b"old");
+        let lied = remote.upload(&k, faulty(true), Some(expected)).await;
+        assert!(
+            matches!(&lied, Err(RemoteError::LocalIo { source, .. }) if source.to_string().contains("the file should be")),
+            "{lied:?}"
+        );
+        assert_eq!(&remote.get(&k).await.unwrap()[..], b"old");
+        // Reads that are right: the object is the file.
+        let sent = remote
+            .upload(&k, Arc::new(StdFile::open(&local).unwrap()), Some(expected))
+            .await;
+        assert_eq!(sent.unwrap(), expected);
+        assert!(remote.get(&k).await.unwrap() == data);
+        // A file that shrinks under the upload, with nothing expected of it: an error, not a
+        // short object.
+        remote.put(&k, Bytes::from_static(b"old")).await.unwrap();
+        let file = StdFile::open(&local).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&local)
+            .unwrap()
+            .set_len(len as u64 / 2)
+            .unwrap();
+        let upload = UploadOfLen(file, len as u64);
+        let short = remote.upload(&k, Arc::new(upload), None).await;
+        assert!(
+            matches!(&short, Err(RemoteError::LocalIo { source, .. }) if source.to_string().contains("changed during the upload")),
+            "{short:?}"
+        );
+        assert_eq!(&remote.get(&k).await.unwrap()[..], b"old");
+    }
+}
+
+/// A file whose length is the one it had when the upload started: one that shrinks after.
+#[derive(Debug)]
+struct UploadOfLen(remote_storage::StdFile, u64);
+
+impl remote_storage::LocalFile for UploadOfLen {
+    fn path(&self) -> &std::path::Path {
+        self.0.path()
+    }
+    fn size(&self) -> std::io::Result<u64> {
+        Ok(self.1)
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.0.read_exact_at(buf, offset)
+    }
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.0.write_all_at(buf, offset)
+    }
+    fn sync_all(&self) -> std::io::Result<()> {
+        self.0.sync_all()
+    }
+}

@@ -64,7 +64,15 @@ pub fn fsync_dir(dir: &Path) -> io::Result<()> {
 /// Renames `from` to `to` and makes the rename durable (fsyncs `to`'s directory). What `from`
 /// holds must already be durable.
 pub fn rename_durably(from: &Path, to: &Path) -> Result<(), PathError> {
-    std::fs::rename(from, to).map_err(PathError::at(to))?;
+    rename_durably_holding(from, to, ())
+}
+
+/// [`rename_durably`] with `guard` held over the rename alone: the directory's fsync, which
+/// may take long, runs after it is dropped.
+pub fn rename_durably_holding<G>(from: &Path, to: &Path, guard: G) -> Result<(), PathError> {
+    let renamed = std::fs::rename(from, to).map_err(PathError::at(to));
+    drop(guard);
+    renamed?;
     let dir = to.parent().unwrap_or(Path::new("."));
     fsync_dir(dir).map_err(PathError::at(dir))
 }

@@ -1,16 +1,19 @@
 //! On-demand layer downloads for the timeline's reads ([`LayerDownloader`]): the layer's
-//! object, by the generation the plan knows it under, streamed into the reader's file and
-//! checked against the manifest's size and CRC-32C.
+//! object, by the generation the plan knows it under, streamed into the reader's file
+//! ([`TransferFile`]) and checked against the manifest's size and CRC-32C twice: as it arrived,
+//! and as the disk holds it, read back (a torn write is found there, not by a later read).
 //!
 //! The deadline comes from remote storage itself (`remote_storage_operation_timeout` of each
 //! part): a stalled store fails the download, and so the read, within it. A failure is shared
 //! for [`FAILED_DOWNLOAD_SHARED_FOR`] with the readers queued behind it on the same layer.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::index::layer_path;
 use super::{count, lock, RemoteTimelineClient};
+use crate::io::transfer_file::TransferFile;
 use crate::tenant::storage_layer::on_demand::LayerDownloader;
 
 /// A layer download that failed is not tried again for this long: the readers queued behind it
@@ -63,20 +66,36 @@ impl RemoteTimelineClient {
             .present_generation(name)
             .ok_or_else(|| "the remote index does not list it".to_owned())?;
         let key = layer_path(&self.remote_dir, name, generation).map_err(|e| e.to_string())?;
+        let file = Arc::new(
+            TransferFile::create(dest).map_err(|e| format!("creating {}: {e}", dest.display()))?,
+        );
         let storage = self.context.storage.clone();
-        let (task_key, task_dest) = (key.clone(), dest.to_owned());
+        let (task_key, task_file) = (key.clone(), file.clone());
         let result = self
             .context
-            .block_on(async move { storage.download_to_file(&task_key, &task_dest).await });
+            .block_on(async move { storage.download(&task_key, task_file).await });
         count("download", &result);
         let got = result.map_err(|e| e.to_string())?;
         crate::metrics::REMOTE_DOWNLOADED_BYTES.inc_by(got.len);
-        if (got.len, got.crc32c) != (size, crc32c) {
+        let refuse = |what: &str, len: u64, crc: u32| {
             let _ = std::fs::remove_file(dest);
-            return Err(format!(
-                "{key} is {} bytes with CRC-32C {:#010x}; the manifest lists {size} bytes with {crc32c:#010x}",
-                got.len, got.crc32c
-            ));
+            Err(format!(
+                "{what} is {len} bytes with CRC-32C {crc:#010x}; the manifest lists {size} bytes with {crc32c:#010x}"
+            ))
+        };
+        if (got.len, got.crc32c) != (size, crc32c) {
+            return refuse(&key.to_string(), got.len, got.crc32c);
+        }
+        // What arrived was right; what the disk holds is what reads will see.
+        let (len, crc) = file
+            .read_back()
+            .map_err(|e| format!("reading back {}: {e}", dest.display()))?;
+        if (len, crc) != (size, crc32c) {
+            return refuse(
+                &format!("the download of {key} as written to disk"),
+                len,
+                crc,
+            );
         }
         Ok(())
     }

@@ -58,9 +58,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use remote_storage::{RemoteError, RemotePath, RemoteStorage};
+use remote_storage::{RemoteError, RemotePath, RemoteStorage, Transferred};
 use utils::{Generation, Lsn, TenantId, TimelineId};
 
+use crate::io::transfer_file::TransferFile;
 use crate::tenant::timeline::layer_set::manifest::{history, Manifest};
 use crate::tenant::timeline::Ancestry;
 use crate::tenant::timeline::RemoteCopy;
@@ -560,7 +561,9 @@ impl RemoteTimelineClient {
     }
 
     /// Uploads layer `name` from the local disk; `Ok(false)` if its file is gone because a
-    /// newer manifest no longer lists it (the plan then drops it).
+    /// newer manifest no longer lists it (the plan then drops it). Bytes read that are not the
+    /// file the manifest lists (a local copy damaged since it was written, a torn read) fail
+    /// the upload before the store has them: they never become the store's.
     async fn upload_layer(
         &self,
         name: &str,
@@ -568,28 +571,31 @@ impl RemoteTimelineClient {
     ) -> Result<bool, RemoteClientError> {
         let key = layer_path(&self.remote_dir, name, layer.generation)?;
         let path = self.local_dir.join(name);
-        let result = self.context.storage.put_file(&key, &path).await;
-        if let Err(RemoteError::LocalIo { source, .. }) = &result {
-            if source.kind() == std::io::ErrorKind::NotFound && !self.is_still_wanted(name) {
+        let opened = TransferFile::open(&path);
+        if let Err(e) = &opened {
+            if e.kind() == std::io::ErrorKind::NotFound && !self.is_still_wanted(name) {
                 return Ok(false);
             }
         }
-        count("upload_layer", &result);
-        let sent = result?;
-        // What was sent must be the file the manifest lists: a local copy damaged since it
-        // was written is never made the store's.
-        if (sent.len, sent.crc32c) != (layer.size, layer.crc32c) {
-            return Err(RemoteClientError::Storage(RemoteError::Failed {
+        let expected = Transferred {
+            len: layer.size,
+            crc32c: layer.crc32c,
+        };
+        let result = match opened {
+            Ok(file) => {
+                (self.context.storage)
+                    .upload(&key, Arc::new(file), Some(expected))
+                    .await
+            }
+            Err(source) => Err(RemoteError::LocalIo {
                 op: "upload",
                 key: key.to_string(),
-                attempts: 1,
-                elapsed: Duration::ZERO,
-                reason: format!(
-                    "the local file is {} bytes with CRC-32C {:#010x}; the manifest lists {} bytes with {:#010x}",
-                    sent.len, sent.crc32c, layer.size, layer.crc32c
-                ),
-            }));
-        }
+                path,
+                source,
+            }),
+        };
+        count("upload_layer", &result);
+        let sent = result?;
         crate::metrics::REMOTE_UPLOADED_BYTES.inc_by(sent.len);
         fail::fail_point!("remote-after-layer-upload");
         Ok(true)

@@ -361,17 +361,7 @@ impl LayerFile {
     /// CRC-32C of the whole file, read straight from the file (not through the page cache: a
     /// bulk read must not push out the hot set).
     pub fn crc32c(&self) -> Result<u32, LayerFileError> {
-        let mut crc = 0;
-        let mut buf = vec![0u8; WRITE_CHUNK];
-        let mut offset = 0;
-        while offset < self.size {
-            let n = usize::try_from((self.size - offset).min(WRITE_CHUNK as u64))
-                .expect("at most WRITE_CHUNK");
-            self.read_exact_at(&mut buf[..n], offset)?;
-            crc = crc32c::crc32c_append(crc, &buf[..n]);
-            offset += n as u64;
-        }
-        Ok(crc)
+        crate::io::transfer_file::crc32c_of(&self.file, self.size).map_err(|e| self.io_error(e))
     }
 
     /// Checks that this is the file its name says, of the timeline it is found in: the name

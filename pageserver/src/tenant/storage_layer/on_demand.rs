@@ -250,16 +250,11 @@ impl OnDemandLayer {
             .downloader
             .download(&self.file_name, &temp, self.size, self.crc32c)
             .map_err(failed)?;
-        {
-            // Only the rename under the lock (see `replace_lock`): the directory's fsync below
-            // would hold every removal of a retired file, of any timeline, behind this one.
-            let _replacing = super::layer_file::replace_lock();
-            std::fs::rename(&temp, &self.path)
-                .map_err(|e| failed(format!("renaming the download into place: {e}")))?;
-        }
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        crate::io::crashsafe::fsync_dir(dir)
-            .map_err(|e| failed(format!("fsync of the directory: {e}")))?;
+        // Only the rename under the lock (see `replace_lock`): the directory's fsync would
+        // hold every removal of a retired file, of any timeline, behind this one.
+        let replacing = super::layer_file::replace_lock();
+        crate::io::crashsafe::rename_durably_holding(&temp, &self.path, replacing)
+            .map_err(|e| failed(format!("renaming the download into place: {e}")))?;
         let s = &self.settings;
         let layer = if self.is_image() {
             let image = ImageLayer::open(&self.path, s.cache.clone(), s.max_value_size)?;

@@ -1,0 +1,99 @@
+//! The files remote storage uploads from and downloads into: a [`VirtualFile`] behind remote
+//! storage's [`LocalFile`] seam, so transfers count against `max_file_descriptors` like every
+//! other file of ours, and fail through the same failpoints as the rest of our I/O.
+//!
+//! A download is written through [`TransferFile::create`] (durable: its descriptor stays open
+//! until it is dropped, so its `sync_all` reports every write-back error), and trusted only
+//! after [`crc32c_of`] has read it back from the disk: the checksum remote storage computes
+//! covers the bytes that arrived, not the bytes that landed.
+//!
+//! Failpoints (`testing` builds): `remote-upload-read` fails a read of a file being uploaded
+//! (`return`), or returns its bytes with the first one flipped (`return(corrupt)`);
+//! `remote-download-torn-write` writes half of a download's chunk and reports it
+//! all written (`return`), a torn write that only a read back finds.
+
+use std::io;
+use std::path::Path;
+
+use remote_storage::LocalFile;
+
+use crate::io::virtual_file::{FileIo, VirtualFile};
+
+/// Chunks a file is read back in.
+const READ_CHUNK: usize = 1 << 20;
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct TransferFile(VirtualFile);
+
+impl TransferFile {
+    /// Opens `path` for an upload.
+    pub fn open(path: &Path) -> io::Result<TransferFile> {
+        VirtualFile::open(path).map(TransferFile)
+    }
+
+    /// Creates `path` for a download, replacing a file left there by an earlier attempt.
+    pub fn create(path: &Path) -> io::Result<TransferFile> {
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        VirtualFile::create_durable(path).map(TransferFile)
+    }
+
+    /// The length and CRC-32C of the file as the disk holds it now.
+    pub fn read_back(&self) -> io::Result<(u64, u32)> {
+        let len = self.0.metadata()?.len();
+        Ok((len, crc32c_of(&self.0, len)?))
+    }
+}
+
+impl LocalFile for TransferFile {
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        fail::fail_point!("remote-upload-read", |action| {
+            if action.as_deref() != Some("corrupt") {
+                return Err(io::Error::other("failpoint remote-upload-read"));
+            }
+            self.0.read_exact_at(buf, offset)?;
+            if let Some(byte) = buf.first_mut() {
+                *byte ^= 0xff;
+            }
+            Ok(())
+        });
+        self.0.read_exact_at(buf, offset)
+    }
+
+    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        fail::fail_point!("remote-download-torn-write", |_| self
+            .0
+            .write_all_at(&buf[..buf.len() / 2], offset));
+        self.0.write_all_at(buf, offset)
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        self.0.sync_all()
+    }
+}
+
+/// The CRC-32C of the first `len` bytes of `file`, read straight from the file in chunks (not
+/// through the page cache: a bulk read must not push out the hot set).
+pub fn crc32c_of(file: &dyn FileIo, len: u64) -> io::Result<u32> {
+    let mut crc = 0;
+    let mut buf = vec![0u8; READ_CHUNK.min(len as usize)];
+    let mut offset = 0;
+    while offset < len {
+        let n = (len - offset).min(READ_CHUNK as u64) as usize;
+        file.read_exact_at(&mut buf[..n], offset)?;
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        offset += n as u64;
+    }
+    Ok(crc)
+}
