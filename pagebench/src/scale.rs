@@ -42,6 +42,7 @@ use std::process::{Child, Stdio};
 use std::sync::atomic::AtomicBool;
 
 use super::*;
+use utils::units::parse_size;
 
 /// Page size of every record.
 const PAGE: usize = 8192;
@@ -92,26 +93,6 @@ pub struct ScaleArgs {
     pagectl: Option<PathBuf>,
     #[arg(long, default_value_t = 0x5ca1e)]
     seed: u64,
-}
-
-/// `10GiB`, `512MiB`, `64KiB` or a number of bytes.
-fn parse_size(text: &str) -> Result<u64, String> {
-    let units = [
-        ("GiB", 1u64 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-        ("", 1),
-    ];
-    for (suffix, unit) in units {
-        if let Some(number) = text.strip_suffix(suffix) {
-            return number
-                .trim()
-                .parse::<u64>()
-                .map(|n| n * unit)
-                .map_err(|e| format!("`{text}`: {e} (expected e.g. 10GiB)"));
-        }
-    }
-    unreachable!("the empty suffix matches")
 }
 
 /// A server of one phase: killed, and its work directory removed, when dropped.

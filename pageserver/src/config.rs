@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use remote_storage::{Deadlines, RemoteStorageConfig};
 use serde::{Deserialize, Deserializer};
+use utils::units::{duration, size, size_usize};
+pub use utils::units::{format_size, parse_size};
 
 use crate::page_cache::materialized::MAX_VERSIONS_PER_KEY;
 use crate::page_cache::PageCacheConfig;
@@ -46,7 +48,7 @@ pub enum LogFormat {
 
 /// See the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(default)]
 pub struct PageServerConf {
     pub id: u64,
     pub listen_http_addr: SocketAddr,
@@ -55,25 +57,8 @@ pub struct PageServerConf {
     pub page_cache_size: u64,
     pub page_cache_index_percent: u8,
     pub materialized_versions_per_key: usize,
-    #[serde(deserialize_with = "size")]
-    pub checkpoint_distance: u64,
-    #[serde(deserialize_with = "duration")]
-    pub checkpoint_timeout: Duration,
-    pub max_frozen_layers: usize,
-    #[serde(deserialize_with = "size")]
-    pub compaction_target_size: u64,
-    pub compaction_threshold: usize,
-    pub l0_slowdown_threshold: usize,
-    pub l0_stop_threshold: usize,
-    pub image_creation_threshold: usize,
-    pub image_creation_delta_percent: u32,
-    #[serde(deserialize_with = "size")]
-    pub gc_horizon: u64,
     #[serde(deserialize_with = "duration")]
     pub wait_lsn_timeout: Duration,
-    pub max_lsn_waiters: usize,
-    #[serde(deserialize_with = "size_usize")]
-    pub max_value_size: usize,
     pub max_file_descriptors: usize,
     #[serde(deserialize_with = "size_usize")]
     pub max_request_body_size: usize,
@@ -123,11 +108,17 @@ pub struct PageServerConf {
     #[serde(deserialize_with = "size")]
     pub max_local_layer_bytes: u64,
     pub test_remote_failures: u32,
+    /// The settings each timeline gets, read from the top level of the file like the rest.
+    #[serde(flatten)]
+    pub timeline: TimelineConf,
+    /// Keys that are no setting: refused by [`PageServerConf::load`]. (Collected rather than
+    /// refused by serde's `deny_unknown_fields`, which cannot see through a flattened field.)
+    #[serde(flatten, deserialize_with = "unknown_keys")]
+    unknown: Vec<String>,
 }
 
 impl Default for PageServerConf {
     fn default() -> Self {
-        let timeline = TimelineConf::default();
         PageServerConf {
             id: 1,
             listen_http_addr: SocketAddr::from(([127, 0, 0, 1], 9898)),
@@ -135,19 +126,7 @@ impl Default for PageServerConf {
             page_cache_size: 64 << 20,
             page_cache_index_percent: (crate::page_cache::DEFAULT_INDEX_SHARE * 100.0) as u8,
             materialized_versions_per_key: PageCacheConfig::default().materialized_versions_per_key,
-            checkpoint_distance: timeline.checkpoint_distance,
-            checkpoint_timeout: timeline.checkpoint_timeout,
-            max_frozen_layers: timeline.max_frozen_layers,
-            compaction_target_size: timeline.compaction_target_size,
-            compaction_threshold: timeline.compaction_threshold,
-            l0_slowdown_threshold: timeline.l0_slowdown_threshold,
-            l0_stop_threshold: timeline.l0_stop_threshold,
-            image_creation_threshold: timeline.image_creation_threshold,
-            image_creation_delta_percent: timeline.image_creation_delta_percent,
-            gc_horizon: timeline.gc_horizon,
             wait_lsn_timeout: Duration::from_secs(60),
-            max_lsn_waiters: timeline.max_lsn_waiters,
-            max_value_size: timeline.max_value_size,
             max_file_descriptors: crate::io::virtual_file::DEFAULT_MAX_FILE_DESCRIPTORS,
             max_request_body_size: 64 << 20,
             http_header_read_timeout: Duration::from_secs(10),
@@ -178,6 +157,8 @@ impl Default for PageServerConf {
             upload_queue_wait_timeout: Duration::from_secs(30),
             max_local_layer_bytes: 0,
             test_remote_failures: 0,
+            timeline: TimelineConf::default(),
+            unknown: Vec::new(),
         }
     }
 }
@@ -222,6 +203,14 @@ impl PageServerConf {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if !self.unknown.is_empty() {
+            let named: Vec<String> = self.unknown.iter().map(|k| format!("`{k}`")).collect();
+            return invalid(format!(
+                "unknown field {}: no setting has that name (every setting is in {CONFIG_FILE} \
+                 with its default)",
+                named.join(", unknown field ")
+            ));
+        }
         if self.http_auth_type == AuthType::NeonJWT
             && self.auth_validation_public_key_path.is_none()
         {
@@ -236,14 +225,14 @@ impl PageServerConf {
                 self.listen_http_addr
             ));
         }
-        if self.max_value_size < crate::PAGE_SZ {
+        if self.timeline.max_value_size < crate::PAGE_SZ {
             return invalid(format!(
                 "max_value_size {} is smaller than a page ({} bytes)",
-                self.max_value_size,
+                self.timeline.max_value_size,
                 crate::PAGE_SZ
             ));
         }
-        if self.checkpoint_timeout.is_zero() {
+        if self.timeline.checkpoint_timeout.is_zero() {
             return invalid("checkpoint_timeout must be above zero".into());
         }
         if self.page_cache_index_percent > 100 {
@@ -276,48 +265,48 @@ impl PageServerConf {
         )?;
         in_range_shown(
             "checkpoint_distance",
-            self.checkpoint_distance,
+            self.timeline.checkpoint_distance,
             MIN_CHECKPOINT_DISTANCE..=MAX_CHECKPOINT_DISTANCE,
             sizes,
         )?;
         in_range(
             "max_frozen_layers",
-            self.max_frozen_layers,
+            self.timeline.max_frozen_layers,
             1..=MAX_FROZEN_LAYERS,
         )?;
         in_range_shown(
             "compaction_target_size",
-            self.compaction_target_size,
+            self.timeline.compaction_target_size,
             MIN_CHECKPOINT_DISTANCE..=MAX_CHECKPOINT_DISTANCE,
             sizes,
         )?;
-        if self.compaction_threshold != 0 {
+        if self.timeline.compaction_threshold != 0 {
             in_range(
                 "compaction_threshold",
-                self.compaction_threshold,
+                self.timeline.compaction_threshold,
                 2..=crate::tenant::timeline::MAX_COMPACTION_INPUTS,
             )?;
         }
         in_range(
             "l0_slowdown_threshold",
-            self.l0_slowdown_threshold,
-            self.compaction_threshold..=MAX_L0_THRESHOLD,
+            self.timeline.l0_slowdown_threshold,
+            self.timeline.compaction_threshold..=MAX_L0_THRESHOLD,
         )?;
         in_range(
             "l0_stop_threshold",
-            self.l0_stop_threshold,
-            self.l0_slowdown_threshold..=MAX_L0_THRESHOLD,
+            self.timeline.l0_stop_threshold,
+            self.timeline.l0_slowdown_threshold..=MAX_L0_THRESHOLD,
         )?;
-        if self.image_creation_threshold != 0 {
+        if self.timeline.image_creation_threshold != 0 {
             in_range(
                 "image_creation_threshold",
-                self.image_creation_threshold,
+                self.timeline.image_creation_threshold,
                 1..=MAX_L0_THRESHOLD,
             )?;
         }
         in_range(
             "image_creation_delta_percent",
-            self.image_creation_delta_percent,
+            self.timeline.image_creation_delta_percent,
             1..=MAX_IMAGE_CREATION_DELTA_PERCENT,
         )?;
         in_range_shown(
@@ -504,20 +493,7 @@ impl PageServerConf {
     }
 
     pub fn timeline_conf(&self) -> TimelineConf {
-        TimelineConf {
-            max_value_size: self.max_value_size,
-            checkpoint_distance: self.checkpoint_distance,
-            checkpoint_timeout: self.checkpoint_timeout,
-            max_frozen_layers: self.max_frozen_layers,
-            max_lsn_waiters: self.max_lsn_waiters,
-            compaction_target_size: self.compaction_target_size,
-            compaction_threshold: self.compaction_threshold,
-            l0_slowdown_threshold: self.l0_slowdown_threshold,
-            l0_stop_threshold: self.l0_stop_threshold,
-            image_creation_threshold: self.image_creation_threshold,
-            image_creation_delta_percent: self.image_creation_delta_percent,
-            gc_horizon: self.gc_horizon,
-        }
+        self.timeline.clone()
     }
 }
 
@@ -614,16 +590,6 @@ fn in_range_shown<T: PartialOrd>(
     )))
 }
 
-/// A size as it could be written in the settings: with the largest binary unit that divides it.
-pub fn format_size(bytes: u64) -> String {
-    for (unit, shift) in [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if bytes != 0 && bytes.is_multiple_of(1 << shift) {
-            return format!("{}{unit}", bytes >> shift);
-        }
-    }
-    format!("{bytes}B")
-}
-
 /// What a fresh work directory's `pageserver.toml` says: [`DEFAULT_CONFIG_TOML`] with each
 /// setting given by an `overrides` entry (`key=value`, as for [`PageServerConf::load`]) set to
 /// that value, so that the file records the settings of the first start. Call it with
@@ -671,59 +637,11 @@ fn parse_override(text: &str) -> Result<(String, toml::Value), ConfigError> {
     Ok((key.to_owned(), value))
 }
 
-/// A size in bytes: an integer, or a string with a unit (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a size (try 8192, \"64MiB\" or \"1GiB\")"))?;
-    let scale: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "TiB" => 1 << 40,
-        "kB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "TB" => 1_000_000_000_000,
-        other => return Err(format!("unknown size unit `{other}` in `{text}`")),
-    };
-    number
-        .checked_mul(scale)
-        .ok_or_else(|| format!("`{text}` is too large"))
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum SizeRepr {
-    Bytes(u64),
-    Text(String),
-}
-
-fn size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    match SizeRepr::deserialize(d)? {
-        SizeRepr::Bytes(n) => Ok(n),
-        SizeRepr::Text(s) => parse_size(&s).map_err(serde::de::Error::custom),
-    }
-}
-
-fn size_usize<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
-    let bytes = size(d)?;
-    usize::try_from(bytes).map_err(|_| serde::de::Error::custom(format!("{bytes} is too large")))
-}
-
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(d)?;
-    humantime::parse_duration(&text).map_err(|e| {
-        serde::de::Error::custom(format!(
-            "`{text}` is not a duration ({e}; try \"10m\" or \"500ms\")"
-        ))
-    })
+/// The keys of a map, whatever their values: what is left of the file once every setting took
+/// its own.
+fn unknown_keys<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let rest = std::collections::BTreeMap::<String, serde::de::IgnoredAny>::deserialize(d)?;
+    Ok(rest.into_keys().collect())
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ pub mod hex;
 pub mod id;
 pub mod lsn;
 pub mod quote;
+pub mod units;
 pub mod wakeup;
 
 pub use generation::Generation;

@@ -38,9 +38,9 @@ fn overrides_win_and_take_bare_words_as_strings() {
     )
     .unwrap();
     assert_eq!(conf.id, 5);
-    assert_eq!(conf.checkpoint_timeout, Duration::from_secs(1));
+    assert_eq!(conf.timeline.checkpoint_timeout, Duration::from_secs(1));
     assert_eq!(conf.listen_http_addr.port(), 0);
-    assert_eq!(conf.checkpoint_distance, 1 << 20);
+    assert_eq!(conf.timeline.checkpoint_distance, 1 << 20);
     assert_eq!(conf.page_cache_size, 8 << 20);
     assert_eq!(conf.wait_lsn_timeout, Duration::from_millis(250));
     assert_eq!(conf.log_format, LogFormat::Json);
@@ -58,6 +58,20 @@ fn mistakes_are_named() {
             .to_string()
     };
     assert!(err(&["chekpoint_distance=1"]).contains("unknown field `chekpoint_distance`"));
+    // Every unknown key is named, beside a timeline's setting and a server's that are right.
+    let both = err(&[
+        "gc_horizon=1MiB",
+        "bogus=1",
+        "id=3",
+        "compaction_treshold=2",
+    ]);
+    assert!(
+        both.contains("unknown field `bogus`, unknown field `compaction_treshold`"),
+        "{both}"
+    );
+    // A timeline's setting of the wrong type says what is wrong with it.
+    assert!(err(&["gc_horizon=\"lots\""]).contains("`lots` is not a size"));
+    assert!(err(&["max_frozen_layers=\"two\""]).contains("invalid type"));
     assert!(err(&["checkpoint_distance"]).contains("expected key=value"));
     assert!(err(&["checkpoint_distance=12parsecs"]).contains("unknown size unit"));
     assert!(err(&["checkpoint_timeout=soon"]).contains("not a duration"));
@@ -233,7 +247,7 @@ fn values_that_break_the_server_are_refused_with_their_range() {
         "materialized_versions_per_key=8",
     ])
     .unwrap();
-    assert_eq!(conf.checkpoint_distance, 1 << 40);
+    assert_eq!(conf.timeline.checkpoint_distance, 1 << 40);
     assert_eq!(conf.page_cache_conf().materialized_versions_per_key, 8);
 }
 
@@ -272,23 +286,6 @@ fn the_first_file_records_the_first_starts_overrides() {
         recorded.auth_validation_public_key_path,
         Some(PathBuf::from("key.pem"))
     );
-}
-
-#[test]
-fn sizes() {
-    assert_eq!(format_size(8 << 10), "8KiB");
-    assert_eq!(format_size(3 << 40), "3TiB");
-    assert_eq!(format_size(8223), "8223B");
-    assert_eq!(parse_size("2TiB"), Ok(2 << 40));
-    assert_eq!(parse_size("1TB"), Ok(1_000_000_000_000));
-    assert_eq!(parse_size("8192"), Ok(8192));
-    assert_eq!(parse_size("64MiB"), Ok(64 << 20));
-    assert_eq!(parse_size("1 GiB"), Ok(1 << 30));
-    assert_eq!(parse_size("2kB"), Ok(2000));
-    assert!(parse_size("MiB").is_err());
-    assert!(parse_size("99999999999999GiB")
-        .unwrap_err()
-        .contains("too large"));
 }
 
 #[test]

@@ -59,7 +59,7 @@ async fn ingest_inner(
             format!("request body of {len} bytes is over the limit of {limit} bytes"),
         )));
     }
-    let max_payload = max_stored_value_len(state.conf.max_value_size);
+    let max_payload = max_stored_value_len(state.conf.timeline.max_value_size);
     let (decoded, body_len) = read_batch(body, limit, max_payload)
         .await
         .map_err(closing)?;
