@@ -21,6 +21,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
+use crate::serving::socket::delegate_async_write;
+
 /// The client connection preface: `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`.
 const PREFACE_LEN: usize = 24;
 /// A frame header: 24-bit payload length, type, flags, stream id.
@@ -122,35 +124,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for HandshakeDeadline<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for HandshakeDeadline<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
+delegate_async_write!([S: AsyncWrite + Unpin] HandshakeDeadline<S>, io);
 
 #[cfg(test)]
 mod tests {

@@ -17,8 +17,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
+
+use crate::serving::socket::delegate_async_read;
 
 /// See the module docs.
 pub struct WriteStall<S> {
@@ -69,15 +71,7 @@ impl<S> WriteStall<S> {
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for WriteStall<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
-}
+delegate_async_read!([S: AsyncRead + Unpin] WriteStall<S>, inner);
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for WriteStall<S> {
     fn poll_write(

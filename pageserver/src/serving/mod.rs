@@ -7,7 +7,8 @@
 //! - [`error`]: what went wrong, as a transport-neutral [`error::ErrorKind`] that each door
 //!   maps once to its statuses;
 //! - [`auth`]: the JWT verifier and the rule of what each scope grants;
-//! - [`connections`]: the connection cap both doors' connections count against.
+//! - [`connections`]: the connection cap both doors' connections count against;
+//! - [`socket`]: the forwarding that the doors' socket wrappers share.
 //!
 //! Nothing here knows HTTP or gRPC; neither door imports the other.
 
@@ -15,4 +16,5 @@ pub mod auth;
 pub mod connections;
 pub mod error;
 pub mod read;
+pub mod socket;
 pub mod work;
