@@ -26,3 +26,4 @@ pub mod remote_object_names;
 pub mod scan_token;
 pub mod tar_import;
 pub mod value;
+pub mod wal_decoder;

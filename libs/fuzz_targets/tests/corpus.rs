@@ -41,6 +41,7 @@ replay_tests!(
     scan_token,
     tar_import,
     value,
+    wal_decoder,
 );
 
 fn fuzz_dir() -> PathBuf {

@@ -17,12 +17,13 @@
 //!                                                      a timeline's snapshot into a directory
 //! pagectl getpage --tenant T --timeline TL --key K... [--lsn L...] [--grpc-endpoint URL]
 //!                                                      pages through the page service (gRPC)
+//! pagectl wal <segment file>...                        WAL records, checked, one line each
 //! ```
 //!
 //! The `layer` commands take delta and image layer files alike (`layer.rs`); `draw` is in
 //! `draw.rs`. The commands that talk to a running server share `server.rs` (endpoints, ids,
 //! tokens, LSNs): `import` and `basebackup` are in `datadir.rs`, with their progress line in
-//! `progress.rs`, and `getpage` in `getpage.rs`. Output goes to stdout, one line per item, so
+//! `progress.rs`, and `getpage` in `getpage.rs`; `wal` in `wal.rs`. Output goes to stdout, one line per item, so
 //! it can be grepped and diffed; docs/pagectl.md shows each command's output. A problem (a
 //! missing file, a file that is not a layer, a corrupt one, a server's refusal) is one line on
 //! stderr naming the file or the cause, and exit code 1; a usage error (clap's message, or a
@@ -53,6 +54,7 @@ mod getpage;
 mod layer;
 mod progress;
 mod server;
+mod wal;
 
 /// Pages in the private page cache (1 MiB): pagectl reads most blocks once, and a read that
 /// finds every page pinned gets a private copy instead.
@@ -114,6 +116,13 @@ enum Command {
     /// One line per page (found, with its length, CRC-32C and the LSN it was read at, or not
     /// found), then the batch's read cost.
     Getpage(getpage::GetPageArgs),
+    /// Print the records of WAL segment files, checked as the page server checks them.
+    ///
+    /// One line per record, in the fields pg_waldump prints (resource manager, lengths without
+    /// and with full-page images, xid, LSN, the record before it), with commit and abort
+    /// times; then where the WAL ends, and why: the end of the files, or the first record or
+    /// page that does not check.
+    Wal(wal::WalArgs),
 }
 
 #[derive(Subcommand)]
@@ -257,6 +266,7 @@ fn run(cli: Cli, out: &mut impl Write) -> Result<(), Error> {
         Command::Import(args) => datadir::import(args, out).map_err(Error::Datadir),
         Command::Basebackup(args) => datadir::basebackup(args, out).map_err(Error::Datadir),
         Command::Getpage(args) => getpage::getpage(args, out).map_err(Error::Server),
+        Command::Wal(args) => wal::wal(args, out),
     }
 }
 

@@ -1,6 +1,8 @@
 //! Synthetic WAL segments, written the way PostgreSQL lays records over pages, and the end of
 //! WAL found in them.
 
+use postgres_wal::record::RM_HEAP_ID;
+use postgres_wal::synthetic::WalBuilder;
 use utils::Lsn;
 
 use super::super::wal_end::{segment_name_order, wal_end};
@@ -13,47 +15,28 @@ const MAGIC: u16 = 0xD110;
 /// the first one after a continuation of `continuation` bytes; returns the segment and the
 /// LSN right after the last record.
 pub fn segment_with(start: u64, continuation: usize, lens: &[usize]) -> (Vec<u8>, Lsn) {
-    let mut seg = vec![0u8; SEGMENT];
-    let mut pos = 40;
-    let mut written_pages = 1;
-    header(&mut seg, start, 0, continuation);
-    // The continuation's bytes, then the records, as one stream over the pages.
-    let mut put = |seg: &mut Vec<u8>, pos: &mut usize, bytes: &[u8], rem: usize| {
-        let mut done = 0;
-        while done < bytes.len() {
-            if pos.is_multiple_of(PAGE) {
-                let page = *pos / PAGE;
-                header(seg, start, page, rem - done);
-                written_pages = written_pages.max(page + 1);
-                *pos += 24;
-            }
-            let n = (bytes.len() - done).min(PAGE - *pos % PAGE);
-            seg[*pos..*pos + n].copy_from_slice(&bytes[done..done + n]);
-            done += n;
-            *pos += n;
-        }
-    };
-    put(&mut seg, &mut pos, &vec![0xcc; continuation], continuation);
-    pos = pos.next_multiple_of(8);
-    let mut prev = 0u64;
-    let mut end = start + pos as u64;
-    for (i, &len) in lens.iter().enumerate() {
-        if pos.is_multiple_of(PAGE) {
-            header(&mut seg, start, pos / PAGE, 0);
-            pos += 24;
-        }
-        let record_start = start + pos as u64;
-        let mut record: Vec<u8> = (0..len).map(|b| (b * 7 + i) as u8).collect();
-        record[0..4].copy_from_slice(&(len as u32).to_le_bytes());
-        record[8..16].copy_from_slice(&prev.to_le_bytes());
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&record[24..]), &record[..20]);
-        record[20..24].copy_from_slice(&crc.to_le_bytes());
-        put(&mut seg, &mut pos, &record, len);
-        prev = record_start;
-        end = start + pos as u64;
-        pos = pos.next_multiple_of(8);
+    let mut wal = WalBuilder::new(Lsn(start), SEGMENT as u32);
+    if continuation > 0 {
+        wal.continuation(continuation);
     }
-    (seg, Lsn(end))
+    for (i, &len) in lens.iter().enumerate() {
+        let parts: Vec<u8> = (0..len - 24).map(|b| (b * 7 + i) as u8).collect();
+        wal.record(RM_HEAP_ID, 0, i as u32, &parts);
+    }
+    let end = if lens.is_empty() && continuation == 0 {
+        Lsn(start + 40)
+    } else if lens.is_empty() {
+        Lsn(wal.end().0.next_multiple_of(8))
+    } else {
+        wal.end()
+    };
+    let mut seg = wal.segment_file();
+    seg.resize(SEGMENT, 0);
+    if lens.is_empty() && continuation == 0 {
+        // No record: the first page still has its header.
+        header(&mut seg, start, 0, 0);
+    }
+    (seg, end)
 }
 
 pub fn segment(start: u64, lens: &[usize]) -> (Vec<u8>, Lsn) {
@@ -144,6 +127,8 @@ fn record_at(seg: &mut [u8], pos: &mut usize, start: u64, len: usize, prev: u64)
     let mut record: Vec<u8> = (0..len).map(|b| (b * 13) as u8).collect();
     record[0..4].copy_from_slice(&(len as u32).to_le_bytes());
     record[8..16].copy_from_slice(&prev.to_le_bytes());
+    record[16] = 0;
+    record[17] = RM_HEAP_ID;
     let crc = crc32c::crc32c_append(crc32c::crc32c(&record[24..]), &record[..20]);
     record[20..24].copy_from_slice(&crc.to_le_bytes());
     seg[*pos..*pos + len].copy_from_slice(&record);
