@@ -19,6 +19,8 @@
 //!   and timelines on disk;
 //! - [`datadir`]: PostgreSQL data directories in (import of a tar snapshot) and out
 //!   (basebackup at an LSN), driving timelines;
+//! - [`walreceiver`]: a stock PostgreSQL's WAL streamed in over the replication protocol,
+//!   durable in the timeline's WAL files before the primary is told it is flushed;
 //! - [`serving`]: what both doors stand on, knowing neither HTTP nor gRPC: the read path, where
 //!   a request's storage work runs, the error kinds, auth's rule and the connection cap;
 //! - [`http`]: the API, and the `/metrics` page that reads state at scrape time;
@@ -36,6 +38,7 @@ pub mod metrics;
 pub mod page_cache;
 pub mod serving;
 pub mod tenant;
+pub mod walreceiver;
 
 /// The size of a block of every file we write and of every page in the page cache.
 pub const PAGE_SZ: usize = 8192;

@@ -247,6 +247,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         response_write: conf.http_response_write_timeout,
     };
     let state = Arc::new(AppState::new(conf, tenants.clone(), cache, auth));
+    // The WAL receivers the loaded timelines had: each connects on its own thread.
+    for tenant in tenants.list_tenants() {
+        for timeline in tenant.list_timelines() {
+            if let Err(e) = state.receivers.resume(timeline.clone()) {
+                tracing::error!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+                    "the WAL receiver's settings cannot be used, so it does not start: {e}");
+            }
+        }
+    }
+    let receivers = state.receivers.clone();
     let connections = state.connections.clone();
     // The page service shares the read path, the auth and the connection cap of the API.
     let page_service = Arc::new(PageServiceState {
@@ -328,7 +338,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let page_service_failed = page_service.is_err();
     let connections_cut_off = matches!(page_service, Ok(Served::CutOff));
 
-    // No request is in flight any more: make everything ingested durable.
+    // No request is in flight any more: stop receiving WAL, then make everything durable.
+    receivers.stop_all();
     let flushing = Instant::now();
     let flushed = tenants.shutdown();
     if connections_cut_off {

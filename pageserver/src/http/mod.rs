@@ -60,6 +60,8 @@ pub struct AppState {
     /// The bounds on imports, basebackups and on-demand downloads (shared with the page
     /// service).
     pub admissions: Arc<Admissions>,
+    /// The timelines' WAL receivers.
+    pub receivers: Arc<crate::walreceiver::Receivers>,
 }
 
 impl AppState {
@@ -90,6 +92,7 @@ impl AppState {
             cache,
             auth,
             started_at: SystemTime::now(),
+            receivers: crate::walreceiver::Receivers::new(),
         }
     }
 }
@@ -134,6 +137,22 @@ pub const ROUTES: &[(&str, &str)] = &[
     (
         "GET",
         "/v1/tenant/{tenant_id}/timeline/{timeline_id}/basebackup",
+    ),
+    (
+        "PUT",
+        "/v1/tenant/{tenant_id}/timeline/{timeline_id}/wal_receiver",
+    ),
+    (
+        "GET",
+        "/v1/tenant/{tenant_id}/timeline/{timeline_id}/wal_receiver",
+    ),
+    (
+        "DELETE",
+        "/v1/tenant/{tenant_id}/timeline/{timeline_id}/wal_receiver",
+    ),
+    (
+        "GET",
+        "/v1/tenant/{tenant_id}/timeline/{timeline_id}/wal/{file}",
     ),
     ("GET", "/v1/page_cache"),
     ("POST", "/v1/page_cache/drop"),
@@ -197,6 +216,16 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/tenant/{tenant_id}/timeline/{timeline_id}/basebackup",
             get(basebackup),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}/wal_receiver",
+            put(wal_receiver_put)
+                .get(wal_receiver_get)
+                .delete(wal_receiver_delete),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}/wal/{file}",
+            get(wal_file),
         )
         .route("/v1/page_cache", get(page_cache_stats))
         .route("/v1/page_cache/drop", post(page_cache_drop))

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{json, Value as JsonValue};
 
 use super::timeline::timeline_json;
-use super::{query_params, read_body, timeline_of, ApiResult};
+use super::{bool_query, read_body, timeline_of, ApiResult};
 use crate::http::body_limits::MAX_JSON_BODY;
 use crate::http::error::ApiError;
 use crate::http::{blocking, SharedState};
@@ -57,30 +57,13 @@ pub async fn checkpoint(
     Ok(Json(timeline_json(&timeline)))
 }
 
-/// `force_images=true|false`: whether image creation images every piece with history above
-/// its image, triggers or not.
-fn compact_query(uri: &Uri) -> ApiResult<bool> {
-    let mut force = false;
-    for (_, value) in query_params(uri, &["force_images"], "force_images")? {
-        force = match value.as_str() {
-            "true" => true,
-            "false" => false,
-            _ => {
-                return Err(ApiError::bad_request(
-                    "query parameter force_images: expected true or false",
-                ))
-            }
-        };
-    }
-    Ok(force)
-}
-
 pub async fn compact(
     State(state): State<SharedState>,
     Path(ids): Path<(String, String)>,
     uri: Uri,
 ) -> ApiResult<Json<JsonValue>> {
-    let force_images = compact_query(&uri)?;
+    // Whether image creation images every piece with history above its image, triggers or not.
+    let force_images = bool_query(&uri, "force_images")?;
     let timeline = timeline_of(&state, &ids)?;
     let (timeline, compaction, images) = blocking(move || {
         let compaction = timeline.compact_l0(2)?;

@@ -11,7 +11,8 @@
 //!   (checkpoint, compaction and image creation, GC), failpoints, and the page cache's stats
 //!   and drop;
 //! - `datadir.rs`: a PostgreSQL data directory's import and basebackup;
-//! - `residence.rs`: the layer files on the local disk that tenant and timeline info count.
+//! - `residence.rs`: the layer files on the local disk that tenant and timeline info count;
+//! - `wal.rs`: a timeline's WAL receiver, and its WAL files by name.
 //!
 //! This file holds what they share: parsing ids, query strings and bodies, with the messages
 //! each mistake gets; and the server's own status and `/metrics`.
@@ -43,12 +44,14 @@ mod residence;
 pub mod scan;
 mod tenant;
 mod timeline;
+mod wal;
 pub use datadir::{basebackup, import};
 pub use maintenance::{checkpoint, compact, failpoints, gc, page_cache_drop, page_cache_stats};
 pub use page::{get_page, ingest};
 pub use scan::scan_keys;
 pub use tenant::*;
 pub use timeline::{layer_list, timeline_create, timeline_delete, timeline_info, timeline_list};
+pub use wal::{wal_file, wal_receiver_delete, wal_receiver_get, wal_receiver_put};
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -113,6 +116,23 @@ pub(super) async fn json_body<T: DeserializeOwned + Default>(body: Body) -> ApiR
     }
     serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+}
+
+/// The query's only parameter, `name`, as `true` or `false`; absent is `false`.
+fn bool_query(uri: &Uri, name: &str) -> ApiResult<bool> {
+    let mut value = false;
+    for (_, text) in query_params(uri, &[name], name)? {
+        value = match text.as_str() {
+            "true" => true,
+            "false" => false,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "query parameter {name}: expected true or false"
+                )))
+            }
+        };
+    }
+    Ok(value)
 }
 
 /// The timeline a data path names.

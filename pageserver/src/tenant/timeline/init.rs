@@ -48,6 +48,11 @@ use crate::tenant::timeline::layer_set::manifest::{
     LayerFileEntry, LayerLevel, Manifest, StoredMetadata, METADATA_FILE,
 };
 
+/// What the WAL receiver keeps in a timeline's directory (`walreceiver`): the WAL it received,
+/// and its settings. A load leaves both alone.
+pub const WAL_DIR: &str = "wal";
+pub const WAL_RECEIVER_FILE: &str = "wal_receiver.json";
+
 impl Timeline {
     /// Creates an empty timeline in `dir` (which must exist and be empty).
     pub fn create(
@@ -464,7 +469,14 @@ impl LayerOpener<'_> {
                     "ignoring a file whose name is not UTF-8 in the timeline directory");
                 continue;
             };
-            if name == METADATA_FILE || name == super::ANCESTOR_FILE {
+            if [
+                METADATA_FILE,
+                super::ANCESTOR_FILE,
+                WAL_DIR,
+                WAL_RECEIVER_FILE,
+            ]
+            .contains(&name)
+            {
                 continue;
             }
             let remove = if name.ends_with(TEMP_SUFFIX) {

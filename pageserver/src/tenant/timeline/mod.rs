@@ -619,7 +619,7 @@ pub use conf::TimelineConf;
 pub use gc::GcOutcome;
 pub use image_creation::ImageCreationOutcome;
 pub use import::{Import, IMPORT_RUN_MIN_BYTES, MAX_IMPORT_RUNS};
-pub use init::{open_listed_layer, RemoteLayers};
+pub use init::{open_listed_layer, RemoteLayers, WAL_DIR, WAL_RECEIVER_FILE};
 use layer_set::change::{ChangeKind, LayerChange, NewLayerFile};
 use layer_set::manifest;
 use layer_set::map::LayerMap;

@@ -1,0 +1,154 @@
+//! A timeline's WAL receiver (`PUT`, `GET`, `DELETE .../wal_receiver`) and its WAL files
+//! (`GET .../wal/{file}`: a segment or a history file by its PostgreSQL name, what a
+//! `restore_command` fetches).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{json, Value as JsonValue};
+
+use super::{bool_query, json_body, timeline_of, ApiResult};
+use crate::http::error::ApiError;
+use crate::http::{blocking, SharedState};
+use crate::io::virtual_file::{FileIo, VirtualFile};
+use crate::walreceiver::{wal_store, ReceiverConf, ReceiverError};
+
+/// A WAL file is sent in chunks of this size.
+const CHUNK: u64 = 256 << 10;
+
+/// The body of `PUT .../wal_receiver`.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiverRequest {
+    connstr: Option<String>,
+    slot_name: Option<String>,
+    application_name: Option<String>,
+}
+
+fn receiver_error(e: ReceiverError) -> ApiError {
+    let status = match &e {
+        ReceiverError::Settings(_) => StatusCode::BAD_REQUEST,
+        e if e.is_permanent() => StatusCode::CONFLICT,
+        ReceiverError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    ApiError::new(status, e.to_string())
+}
+
+pub async fn wal_receiver_put(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+    body: Body,
+) -> ApiResult<Json<JsonValue>> {
+    let timeline = timeline_of(&state, &ids)?;
+    let request: ReceiverRequest = json_body(body).await?;
+    let connstr = request
+        .connstr
+        .ok_or_else(|| ApiError::bad_request("the body needs connstr"))?;
+    let slot_name = request
+        .slot_name
+        .unwrap_or_else(|| format!("pageserver_{}", timeline.timeline_id()));
+    let conf = ReceiverConf {
+        connstr,
+        application_name: request
+            .application_name
+            .unwrap_or_else(|| slot_name.clone()),
+        slot_name,
+    };
+    let receivers = state.receivers.clone();
+    let started = blocking(move || Ok(receivers.start(timeline, conf))).await?;
+    let started = started.map_err(receiver_error)?;
+    Ok(Json(
+        serde_json::to_value(started).map_err(|e| ApiError::internal(e.to_string()))?,
+    ))
+}
+
+pub async fn wal_receiver_get(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+) -> ApiResult<Json<JsonValue>> {
+    let timeline = timeline_of(&state, &ids)?;
+    let receiver = state
+        .receivers
+        .state(timeline.tenant_id(), timeline.timeline_id())
+        .ok_or_else(|| ApiError::not_found("the timeline has no WAL receiver"))?;
+    Ok(Json(
+        serde_json::to_value(receiver).map_err(|e| ApiError::internal(e.to_string()))?,
+    ))
+}
+
+pub async fn wal_receiver_delete(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+    uri: Uri,
+) -> ApiResult<Json<JsonValue>> {
+    let timeline = timeline_of(&state, &ids)?;
+    let drop_slot = bool_query(&uri, "drop_slot")?;
+    let receivers = state.receivers.clone();
+    let removed = blocking(move || Ok(receivers.remove(&timeline, drop_slot)))
+        .await?
+        .map_err(receiver_error)?;
+    if !removed {
+        return Err(ApiError::not_found("the timeline has no WAL receiver"));
+    }
+    Ok(Json(json!({})))
+}
+
+/// Whether `name` is a WAL file name: a segment (24 hex digits) or a history file.
+fn is_wal_file_name(name: &str) -> bool {
+    (name.len() == 24 && name.bytes().all(|b| b.is_ascii_hexdigit()))
+        || postgres_wal::segment::parse_history_file_name(name).is_some()
+}
+
+pub async fn wal_file(
+    State(state): State<SharedState>,
+    Path((tenant, timeline, name)): Path<(String, String, String)>,
+) -> ApiResult<Response> {
+    let timeline = timeline_of(&state, &(tenant, timeline))?;
+    if !is_wal_file_name(&name) {
+        return Err(ApiError::bad_request(format!(
+            "`{name}` is not a WAL file name (a segment like 000000010000000000000003, or a history file like 00000002.history)"
+        )));
+    }
+    let path = wal_store::find_file(timeline.dir(), &name)
+        .ok_or_else(|| ApiError::not_found(format!("the timeline has no WAL file {name}")))?;
+    let file = blocking(move || {
+        let file = VirtualFile::open(&path)
+            .map_err(|e| ApiError::internal(format!("opening {name}: {e}")))?;
+        let len = file
+            .metadata()
+            .map_err(|e| ApiError::internal(format!("{name}: {e}")))?
+            .len();
+        Ok((Arc::new(file), len))
+    })
+    .await?;
+    // In chunks read on the blocking pool as the client takes them: a request holds one chunk.
+    let stream = futures::stream::unfold((file, 0u64), |((file, len), at)| async move {
+        if at >= len {
+            return None;
+        }
+        let n = (len - at).min(CHUNK) as usize;
+        let reader = file.clone();
+        let chunk = tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; n];
+            reader
+                .read_exact_at(&mut buf, at)
+                .map(|()| Bytes::from(buf))
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+        Some((chunk, ((file, len), at + n as u64)))
+    });
+    let mut response = Body::from_stream(stream).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(response)
+}

@@ -1,0 +1,435 @@
+//! A physical replication connection to a PostgreSQL primary, over a blocking socket on the
+//! receiver's own thread: startup with `replication=true`, authentication (trust, cleartext,
+//! MD5, SCRAM-SHA-256), the simple queries of the replication protocol, and the CopyBoth
+//! stream of `START_REPLICATION`.
+//!
+//! Messages are framed here, and every length is bounded before anything is allocated for it
+//! ([`MAX_MESSAGE_LEN`]): a primary (or whatever answers at its address) cannot make us hold
+//! more. `postgres-protocol` encodes what we send and runs SCRAM.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::message::{backend, frontend};
+use utils::Lsn;
+
+use super::connstr::ConnString;
+use super::ReceiverError;
+
+/// The longest message accepted: an XLogData message carries at most 128 KiB of WAL; other
+/// answers of the replication protocol are small.
+pub const MAX_MESSAGE_LEN: usize = 1 << 20;
+
+/// What `IDENTIFY_SYSTEM` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SystemIdentity {
+    pub system_id: u64,
+    pub timeline: u32,
+    pub xlogpos: Lsn,
+}
+
+/// A message of the CopyBoth stream.
+pub enum StreamMessage {
+    /// `w`: WAL from `start`; the primary's WAL ends at `wal_end`.
+    XLogData {
+        start: Lsn,
+        wal_end: Lsn,
+        data: Bytes,
+    },
+    /// `k`: the primary's WAL end, and whether it wants an answer now.
+    Keepalive { wal_end: Lsn, reply_requested: bool },
+    /// `c`: the primary ended the stream (a timeline switch, or a shutdown).
+    CopyDone,
+}
+
+pub struct ReplicationConnection {
+    stream: TcpStream,
+    read_buf: BytesMut,
+    write_buf: BytesMut,
+}
+
+impl ReplicationConnection {
+    /// Connects and authenticates as `application_name`, within `timeout` for each step.
+    pub fn connect(
+        conn: &ConnString,
+        application_name: &str,
+        timeout: Duration,
+    ) -> Result<ReplicationConnection, ReceiverError> {
+        let addr = (conn.host.as_str(), conn.port)
+            .to_socket_addrs()
+            .map_err(|e| ReceiverError::Connect(format!("{}:{}: {e}", conn.host, conn.port)))?
+            .next()
+            .ok_or_else(|| ReceiverError::Connect(format!("{} has no address", conn.host)))?;
+        let stream = TcpStream::connect_timeout(&addr, timeout)
+            .map_err(|e| ReceiverError::Connect(format!("{addr}: {e}")))?;
+        stream.set_nodelay(true).map_err(ReceiverError::io)?;
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(ReceiverError::io)?;
+        stream
+            .set_write_timeout(Some(timeout))
+            .map_err(ReceiverError::io)?;
+        let mut c = ReplicationConnection {
+            stream,
+            read_buf: BytesMut::with_capacity(64 << 10),
+            write_buf: BytesMut::new(),
+        };
+        let mut params = vec![
+            ("user", conn.user.as_str()),
+            ("replication", "true"),
+            ("application_name", application_name),
+        ];
+        if let Some(db) = &conn.dbname {
+            params.push(("database", db.as_str()));
+        }
+        frontend::startup_message(params.iter().copied(), &mut c.write_buf)
+            .map_err(ReceiverError::io)?;
+        c.send()?;
+        c.authenticate(conn)?;
+        // Parameter statuses and the key data, up to ReadyForQuery.
+        loop {
+            match c.read_message()? {
+                Backend::Parsed(backend::Message::ReadyForQuery(_)) => return Ok(c),
+                Backend::Parsed(backend::Message::ErrorResponse(e)) => {
+                    return Err(server_error(&e))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn authenticate(&mut self, conn: &ConnString) -> Result<(), ReceiverError> {
+        let password = || {
+            conn.password.as_deref().ok_or_else(|| {
+                ReceiverError::Auth(
+                    "the primary asks for a password; the connection string has none".to_owned(),
+                )
+            })
+        };
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            match self.read_message()? {
+                Backend::Parsed(backend::Message::AuthenticationOk) => return Ok(()),
+                Backend::Parsed(backend::Message::AuthenticationCleartextPassword) => {
+                    frontend::password_message(password()?.as_bytes(), &mut self.write_buf)
+                        .map_err(ReceiverError::io)?;
+                    self.send()?;
+                }
+                Backend::Parsed(backend::Message::AuthenticationMd5Password(body)) => {
+                    let hash = postgres_protocol::authentication::md5_hash(
+                        conn.user.as_bytes(),
+                        password()?.as_bytes(),
+                        body.salt(),
+                    );
+                    frontend::password_message(hash.as_bytes(), &mut self.write_buf)
+                        .map_err(ReceiverError::io)?;
+                    self.send()?;
+                }
+                Backend::Parsed(backend::Message::AuthenticationSasl(body)) => {
+                    let mut mechanisms = body.mechanisms();
+                    let mut offered = false;
+                    while let Some(m) = fallible_next(&mut mechanisms)? {
+                        offered |= m == SCRAM_SHA_256;
+                    }
+                    if !offered {
+                        return Err(ReceiverError::Auth(
+                            "the primary offers no SASL mechanism we speak (SCRAM-SHA-256)".to_owned(),
+                        ));
+                    }
+                    let s = ScramSha256::new(password()?.as_bytes(), ChannelBinding::unsupported());
+                    frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut self.write_buf)
+                        .map_err(ReceiverError::io)?;
+                    self.send()?;
+                    scram = Some(s);
+                }
+                Backend::Parsed(backend::Message::AuthenticationSaslContinue(body)) => {
+                    let s = scram.as_mut().ok_or_else(|| protocol("SASL continue before SASL"))?;
+                    s.update(body.data())
+                        .map_err(|e| ReceiverError::Auth(format!("SCRAM: {e}")))?;
+                    frontend::sasl_response(s.message(), &mut self.write_buf)
+                        .map_err(ReceiverError::io)?;
+                    self.send()?;
+                }
+                Backend::Parsed(backend::Message::AuthenticationSaslFinal(body)) => {
+                    let s = scram.as_mut().ok_or_else(|| protocol("SASL final before SASL"))?;
+                    s.finish(body.data())
+                        .map_err(|e| ReceiverError::Auth(format!("SCRAM: the primary's proof does not check: {e}")))?;
+                }
+                Backend::Parsed(backend::Message::ErrorResponse(e)) => return Err(server_error(&e)),
+                Backend::Parsed(_) | Backend::CopyBothResponse => {
+                    return Err(ReceiverError::Auth(
+                        "the primary asks for an authentication method we do not speak (GSSAPI or SSPI)".to_owned(),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Runs `sql` (a replication command); its rows, each column as text or NULL.
+    pub fn simple_query(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, ReceiverError> {
+        frontend::query(sql, &mut self.write_buf).map_err(ReceiverError::io)?;
+        self.send()?;
+        let mut rows = Vec::new();
+        let mut error = None;
+        loop {
+            match self.read_message()? {
+                Backend::Parsed(backend::Message::DataRow(row)) => {
+                    let buf = row.buffer();
+                    let mut values = Vec::new();
+                    let mut ranges = row.ranges();
+                    while let Some(range) = fallible_next(&mut ranges)? {
+                        values.push(range.map(|r| String::from_utf8_lossy(&buf[r]).into_owned()));
+                    }
+                    rows.push(values);
+                }
+                Backend::Parsed(backend::Message::ErrorResponse(e)) => {
+                    error = Some(server_error(&e))
+                }
+                Backend::Parsed(backend::Message::ReadyForQuery(_)) => {
+                    return match error {
+                        Some(e) => Err(e),
+                        None => Ok(rows),
+                    }
+                }
+                Backend::CopyBothResponse => {
+                    return Err(protocol("a COPY stream in answer to a plain command"))
+                }
+                _ => {}
+            }
+        }
+    }
+
+    pub fn identify_system(&mut self) -> Result<SystemIdentity, ReceiverError> {
+        let rows = self.simple_query("IDENTIFY_SYSTEM")?;
+        let row = rows
+            .first()
+            .ok_or_else(|| protocol("IDENTIFY_SYSTEM answered no row"))?;
+        let field = |i: usize| {
+            row.get(i)
+                .and_then(|v| v.as_deref())
+                .ok_or_else(|| protocol("IDENTIFY_SYSTEM answered too few columns"))
+        };
+        Ok(SystemIdentity {
+            system_id: field(0)?
+                .parse()
+                .map_err(|_| protocol("IDENTIFY_SYSTEM: the system identifier is not a number"))?,
+            timeline: field(1)?
+                .parse()
+                .map_err(|_| protocol("IDENTIFY_SYSTEM: the timeline is not a number"))?,
+            xlogpos: field(2)?
+                .parse()
+                .map_err(|_| protocol("IDENTIFY_SYSTEM: the WAL position is not an LSN"))?,
+        })
+    }
+
+    /// Creates physical slot `name`, reserving WAL from now; `false` if it exists.
+    pub fn create_slot(&mut self, name: &str) -> Result<bool, ReceiverError> {
+        match self.simple_query(&format!(
+            "CREATE_REPLICATION_SLOT {name} PHYSICAL RESERVE_WAL"
+        )) {
+            Ok(_) => Ok(true),
+            Err(ReceiverError::Server { code, .. }) if code == "42710" => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn drop_slot(&mut self, name: &str) -> Result<(), ReceiverError> {
+        match self.simple_query(&format!("DROP_REPLICATION_SLOT {name}")) {
+            Ok(_) => Ok(()),
+            // Already gone.
+            Err(ReceiverError::Server { code, .. }) if code == "42704" => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `START_REPLICATION` from `start` on timeline `tli`, through `slot`.
+    pub fn start_replication(
+        &mut self,
+        slot: &str,
+        start: Lsn,
+        tli: u32,
+    ) -> Result<(), ReceiverError> {
+        let sql = format!("START_REPLICATION SLOT {slot} PHYSICAL {start} TIMELINE {tli}");
+        frontend::query(&sql, &mut self.write_buf).map_err(ReceiverError::io)?;
+        self.send()?;
+        loop {
+            match self.read_message()? {
+                Backend::CopyBothResponse => return Ok(()),
+                Backend::Parsed(backend::Message::ErrorResponse(e)) => {
+                    let e = server_error(&e);
+                    // The ReadyForQuery that follows an error is left unread: the connection
+                    // is dropped.
+                    return Err(e);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The next message of the stream; `Ok(None)` when nothing came within `wait`.
+    pub fn next_stream_message(
+        &mut self,
+        wait: Duration,
+    ) -> Result<Option<StreamMessage>, ReceiverError> {
+        let Some(message) = self.read_message_within(wait)? else {
+            return Ok(None);
+        };
+        match message {
+            Backend::Parsed(backend::Message::CopyData(body)) => {
+                let data = body.into_bytes();
+                match data.first() {
+                    Some(b'w') if data.len() >= 25 => Ok(Some(StreamMessage::XLogData {
+                        start: Lsn(u64::from_be_bytes(data[1..9].try_into().expect("8 bytes"))),
+                        wal_end: Lsn(u64::from_be_bytes(data[9..17].try_into().expect("8 bytes"))),
+                        data: data.slice(25..),
+                    })),
+                    Some(b'k') if data.len() >= 18 => Ok(Some(StreamMessage::Keepalive {
+                        wal_end: Lsn(u64::from_be_bytes(data[1..9].try_into().expect("8 bytes"))),
+                        reply_requested: data[17] != 0,
+                    })),
+                    _ => Err(protocol(
+                        "a stream message that is neither WAL ('w') nor a keepalive ('k')",
+                    )),
+                }
+            }
+            Backend::Parsed(backend::Message::CopyDone) => Ok(Some(StreamMessage::CopyDone)),
+            Backend::Parsed(backend::Message::ErrorResponse(e)) => Err(server_error(&e)),
+            Backend::Parsed(backend::Message::NoticeResponse(_)) => Ok(None),
+            _ => Err(protocol("an unexpected message in the WAL stream")),
+        }
+    }
+
+    /// Sends a standby status update: `write`, `flush` and `apply` LSNs (each just past the
+    /// last byte), and asks for no reply.
+    pub fn send_status(&mut self, write: Lsn, flush: Lsn, apply: Lsn) -> Result<(), ReceiverError> {
+        let mut body = BytesMut::with_capacity(34);
+        body.put_u8(b'r');
+        body.put_u64(write.0);
+        body.put_u64(flush.0);
+        body.put_u64(apply.0);
+        body.put_i64(postgres_now());
+        body.put_u8(0);
+        self.write_buf.put_u8(b'd');
+        self.write_buf.put_i32(4 + body.len() as i32);
+        self.write_buf.extend_from_slice(&body);
+        self.send()
+    }
+
+    fn send(&mut self) -> Result<(), ReceiverError> {
+        self.stream
+            .write_all(&self.write_buf)
+            .map_err(ReceiverError::io)?;
+        self.write_buf.clear();
+        Ok(())
+    }
+
+    fn read_message(&mut self) -> Result<Backend, ReceiverError> {
+        loop {
+            if let Some(m) = self.parse_buffered()? {
+                return Ok(m);
+            }
+            self.fill()?;
+        }
+    }
+
+    /// A message, or `None` if none came within `wait`.
+    fn read_message_within(&mut self, wait: Duration) -> Result<Option<Backend>, ReceiverError> {
+        if let Some(m) = self.parse_buffered()? {
+            return Ok(Some(m));
+        }
+        self.stream
+            .set_read_timeout(Some(wait.max(Duration::from_millis(1))))
+            .map_err(ReceiverError::io)?;
+        let filled = self.fill();
+        match filled {
+            Err(ReceiverError::Io(e))
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+            Ok(()) => self.parse_buffered(),
+        }
+    }
+
+    fn fill(&mut self) -> Result<(), ReceiverError> {
+        let mut chunk = [0u8; 64 << 10];
+        let n = self.stream.read(&mut chunk).map_err(ReceiverError::Io)?;
+        if n == 0 {
+            return Err(ReceiverError::Connect(
+                "the primary closed the connection".to_owned(),
+            ));
+        }
+        self.read_buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+
+    /// One whole message from the buffer, if one is in it; its length checked first.
+    fn parse_buffered(&mut self) -> Result<Option<Backend>, ReceiverError> {
+        if self.read_buf.len() < 5 {
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes(self.read_buf[1..5].try_into().expect("4 bytes")) as usize;
+        if !(4..=MAX_MESSAGE_LEN).contains(&len) {
+            return Err(protocol(&format!(
+                "a message of {len} bytes (the most accepted is {MAX_MESSAGE_LEN})"
+            )));
+        }
+        if self.read_buf.len() < len + 1 {
+            return Ok(None);
+        }
+        if self.read_buf[0] == b'W' {
+            let _ = self.read_buf.split_to(len + 1);
+            return Ok(Some(Backend::CopyBothResponse));
+        }
+        match backend::Message::parse(&mut self.read_buf) {
+            Ok(Some(m)) => Ok(Some(Backend::Parsed(m))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(protocol(&format!("a message that does not parse: {e}"))),
+        }
+    }
+}
+
+enum Backend {
+    Parsed(backend::Message),
+    /// `W`, which `postgres-protocol` does not know.
+    CopyBothResponse,
+}
+
+fn fallible_next<I: fallible_iterator::FallibleIterator<Error = io::Error>>(
+    iter: &mut I,
+) -> Result<Option<I::Item>, ReceiverError> {
+    iter.next().map_err(|e| protocol(&e.to_string()))
+}
+
+fn protocol(what: &str) -> ReceiverError {
+    ReceiverError::Protocol(what.to_owned())
+}
+
+fn server_error(body: &backend::ErrorResponseBody) -> ReceiverError {
+    let mut code = String::new();
+    let mut message = String::new();
+    let mut fields = body.fields();
+    while let Ok(Some(field)) = fallible_iterator::FallibleIterator::next(&mut fields) {
+        match field.type_() {
+            b'C' => code = String::from_utf8_lossy(field.value_bytes()).into_owned(),
+            b'M' => message = String::from_utf8_lossy(field.value_bytes()).into_owned(),
+            _ => {}
+        }
+    }
+    ReceiverError::Server { code, message }
+}
+
+/// Microseconds since 2000-01-01 UTC, the replication protocol's clock.
+fn postgres_now() -> i64 {
+    let unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64);
+    unix - postgres_wal::xact::POSTGRES_EPOCH_UNIX_MICROS
+}

@@ -1,0 +1,73 @@
+//! A stock PostgreSQL's WAL, streamed in as a replica's would be.
+//!
+//! Per timeline, at most one receiver: a thread of its own that holds a physical replication
+//! connection to the primary (`connection.rs`), decodes every byte it receives as it arrives
+//! (`postgres_wal`: a stream that does not check is an error, never stored as WAL), writes it
+//! into the timeline's WAL files (`wal_store.rs`) and reports back, after each batch of
+//! messages, what it received (write), what is durable here (flush, after an fsync: a primary
+//! whose `synchronous_standby_names` names our application name commits once its commit record
+//! is flushed here) and the same as applied.
+//!
+//! ```text
+//!   PUT wal_receiver ─▶ first connection (409/400 if the primary is refused) ─▶ streaming
+//!        streaming ──(connection lost)──▶ waiting_retry ──(backoff, 0.1 s to 10 s)──▶ connecting
+//!        connecting ──(connected, slot, START_REPLICATION)──▶ streaming
+//!        any ──(DELETE, timeline shut down, a refusal no retry can change)──▶ stopped
+//! ```
+//!
+//! The receiver's settings (`wal_receiver.json` in the timeline's directory, mode 0600: the
+//! connection string may hold a password) are durable: the server starts the receivers of the
+//! timelines it loads. Streaming resumes at the start of the newest stored segment, through
+//! the slot, which keeps the primary's WAL from there.
+//!
+//! What is checked before streaming: the primary's system identifier is the one of the
+//! timeline's snapshots (and of the WAL stored before); the timeline must have a snapshot
+//! (taking a base backup over the connection is still to come); the primary must still have
+//! the WAL where streaming resumes.
+
+mod connection;
+pub mod connstr;
+mod receiver;
+pub mod wal_store;
+
+pub use receiver::{ReceiverConf, ReceiverState, Receivers, StateName};
+
+/// What went wrong with a receiver.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiverError {
+    #[error("cannot reach the primary: {0}")]
+    Connect(String),
+    #[error("the primary refused the login: {0}")]
+    Auth(String),
+    #[error("the primary answered {code}: {message}")]
+    Server { code: String, message: String },
+    #[error("the primary broke the replication protocol: {0}")]
+    Protocol(String),
+    #[error("the WAL stream does not check: {0}")]
+    Wal(#[from] postgres_wal::WalError),
+    #[error("{0}")]
+    Refused(String),
+    #[error("I/O: {0}")]
+    Io(std::io::Error),
+    #[error("the receiver's settings: {0}")]
+    Settings(String),
+}
+
+impl ReceiverError {
+    pub(crate) fn io(e: std::io::Error) -> ReceiverError {
+        ReceiverError::Io(e)
+    }
+
+    /// Whether only a change of the primary or of the settings can end it (no retry will).
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            ReceiverError::Auth(_) | ReceiverError::Refused(_) | ReceiverError::Settings(_) => true,
+            // invalid_authorization_specification, invalid_password, insufficient_privilege
+            // (no REPLICATION right), undefined_object (WAL removed: 58P01 is undefined_file).
+            ReceiverError::Server { code, .. } => {
+                matches!(code.as_str(), "28000" | "28P01" | "42501" | "58P01")
+            }
+            _ => false,
+        }
+    }
+}

@@ -1,0 +1,555 @@
+//! The receivers of a server, one thread each, and the loop each runs (see the module
+//! documentation of `walreceiver`).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use pageserver_api::datadir::{snapshot_list_key, SnapshotList};
+use postgres_wal::{segment, WalDecoder};
+use serde::{Deserialize, Serialize};
+use utils::{Lsn, TenantId, TimelineId};
+
+use super::connection::{ReplicationConnection, StreamMessage};
+use super::connstr::ConnString;
+use super::wal_store::WalStore;
+use super::ReceiverError;
+use crate::io::crashsafe::{StagedFile, TEMP_SUFFIX};
+use crate::io::virtual_file::FileIo;
+use crate::tenant::timeline::Timeline;
+
+/// The receiver's durable settings, in the timeline's directory.
+const RECEIVER_FILE: &str = crate::tenant::timeline::WAL_RECEIVER_FILE;
+/// How long connecting, and each answer before streaming, may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a read waits before the loop looks at its stop flag and its status timer.
+const POLL: Duration = Duration::from_millis(100);
+/// A status update at least this often, so the primary's `wal_sender_timeout` (60 s) never
+/// ends a quiet stream.
+const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// What `PUT .../wal_receiver` takes, and what is stored.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiverConf {
+    pub connstr: String,
+    pub slot_name: String,
+    pub application_name: String,
+}
+
+impl ReceiverConf {
+    /// Checks the settings: a connection string that parses, a slot name PostgreSQL takes
+    /// (lower-case letters, digits, underscores, at most 63).
+    pub fn check(&self) -> Result<ConnString, ReceiverError> {
+        let conn = ConnString::parse(&self.connstr).map_err(ReceiverError::Settings)?;
+        let name_ok = |n: &str| {
+            !n.is_empty()
+                && n.len() <= 63
+                && n.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        };
+        if !name_ok(&self.slot_name) {
+            return Err(ReceiverError::Settings(format!(
+                "slot_name `{}`: 1 to 63 lower-case letters, digits and underscores",
+                self.slot_name
+            )));
+        }
+        if self.application_name.is_empty()
+            || self.application_name.len() > 63
+            || !self.application_name.is_ascii()
+        {
+            return Err(ReceiverError::Settings(
+                "application_name: 1 to 63 ASCII characters".to_owned(),
+            ));
+        }
+        Ok(conn)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateName {
+    Connecting,
+    Streaming,
+    WaitingRetry,
+    Stopped,
+}
+
+/// What `GET .../wal_receiver` answers.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReceiverState {
+    pub state: StateName,
+    /// Without its password.
+    pub connstr: String,
+    pub slot_name: String,
+    pub application_name: String,
+    pub system_id: Option<String>,
+    /// The primary's timeline (TLI).
+    pub timeline: Option<u32>,
+    /// Just past the last byte received.
+    #[serde(serialize_with = "lsn_text")]
+    pub received_lsn: Option<Lsn>,
+    /// Just past the last byte durable here (what the primary is told is flushed).
+    #[serde(serialize_with = "lsn_text")]
+    pub flushed_lsn: Option<Lsn>,
+    /// Just past the last byte in the object store; WAL is not uploaded yet.
+    #[serde(serialize_with = "lsn_text")]
+    pub archived_lsn: Option<Lsn>,
+    /// The end of the primary's WAL, as it last said.
+    #[serde(serialize_with = "lsn_text")]
+    pub primary_wal_end: Option<Lsn>,
+    /// `primary_wal_end - flushed_lsn`.
+    pub lag_bytes: Option<u64>,
+    /// Unix milliseconds of the last message from the primary.
+    pub last_message_ms: Option<u64>,
+    pub last_error: Option<String>,
+}
+
+/// An LSN as `X/X` text, as the rest of the API writes LSNs.
+fn lsn_text<S: serde::Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::Error> {
+    match lsn {
+        Some(lsn) => s.serialize_str(&lsn.to_string()),
+        None => s.serialize_none(),
+    }
+}
+
+struct Shared {
+    state: Mutex<ReceiverState>,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, ReceiverState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct Handle {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Every receiver of the server.
+#[derive(Default)]
+pub struct Receivers {
+    map: Mutex<HashMap<(TenantId, TimelineId), Handle>>,
+}
+
+impl Receivers {
+    pub fn new() -> Arc<Receivers> {
+        Arc::new(Receivers::default())
+    }
+
+    fn map(&self) -> MutexGuard<'_, HashMap<(TenantId, TimelineId), Handle>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts streaming into `timeline` with `conf`, replacing a receiver it had: connects,
+    /// checks the primary and starts replication here, so that a refusal is the caller's
+    /// answer (and the receiver it would have replaced resumes); then stores the settings and
+    /// hands the stream to a thread of its own.
+    pub fn start(
+        &self,
+        timeline: Arc<Timeline>,
+        conf: ReceiverConf,
+    ) -> Result<ReceiverState, ReceiverError> {
+        let conn = conf.check()?;
+        self.stop_thread(timeline.tenant_id(), timeline.timeline_id());
+        let shared = Arc::new(Shared {
+            state: Mutex::new(initial_state(&conf, &conn)),
+            stop: AtomicBool::new(false),
+        });
+        let session = match Session::establish(&timeline, &conf, &conn, &shared) {
+            Ok(session) => session,
+            Err(e) => {
+                // The receiver it replaced (stopped first: the two may share a slot, which
+                // serves one connection at a time) goes on with its stored settings.
+                if let Err(resumed) = self.resume(timeline) {
+                    tracing::warn!("the WAL receiver a refused one replaced does not restart: {resumed}");
+                }
+                return Err(e);
+            }
+        };
+        store_conf(timeline.dir(), &conf)?;
+        let state = shared.state().clone();
+        self.spawn(timeline, conf, conn, shared, Some(session));
+        Ok(state)
+    }
+
+    /// Starts the receiver `timeline`'s stored settings name, if it has any (a server's start).
+    pub fn resume(&self, timeline: Arc<Timeline>) -> Result<bool, ReceiverError> {
+        let Some(conf) = load_conf(timeline.dir())? else {
+            return Ok(false);
+        };
+        let conn = conf.check()?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(initial_state(&conf, &conn)),
+            stop: AtomicBool::new(false),
+        });
+        self.spawn(timeline, conf, conn, shared, None);
+        Ok(true)
+    }
+
+    fn spawn(
+        &self,
+        timeline: Arc<Timeline>,
+        conf: ReceiverConf,
+        conn: ConnString,
+        shared: Arc<Shared>,
+        session: Option<Session>,
+    ) {
+        let key = (timeline.tenant_id(), timeline.timeline_id());
+        let thread_shared = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("walreceiver-{}", timeline.timeline_id()))
+            .spawn(move || run(timeline, conf, conn, thread_shared, session))
+            .expect("spawning a thread");
+        self.map().insert(
+            key,
+            Handle {
+                shared,
+                thread: Some(thread),
+            },
+        );
+    }
+
+    pub fn state(&self, tenant: TenantId, timeline: TimelineId) -> Option<ReceiverState> {
+        self.map()
+            .get(&(tenant, timeline))
+            .map(|h| h.shared.state().clone())
+    }
+
+    /// Stops the receiver and forgets its settings; with `drop_slot`, drops its slot on the
+    /// primary. `false` if there was none.
+    pub fn remove(&self, timeline: &Timeline, drop_slot: bool) -> Result<bool, ReceiverError> {
+        let conf = load_conf(timeline.dir())?;
+        let had = self.stop_thread(timeline.tenant_id(), timeline.timeline_id());
+        if conf.is_none() && !had {
+            return Ok(false);
+        }
+        match std::fs::remove_file(timeline.dir().join(RECEIVER_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(ReceiverError::Io(e)),
+            _ => {}
+        }
+        crate::io::crashsafe::fsync_dir(timeline.dir()).map_err(ReceiverError::Io)?;
+        if let (true, Some(conf)) = (drop_slot, conf) {
+            let conn = conf.check()?;
+            let mut c =
+                ReplicationConnection::connect(&conn, &conf.application_name, CONNECT_TIMEOUT)?;
+            c.drop_slot(&conf.slot_name)?;
+        }
+        Ok(true)
+    }
+
+    fn stop_thread(&self, tenant: TenantId, timeline: TimelineId) -> bool {
+        let handle = self.map().remove(&(tenant, timeline));
+        let Some(mut handle) = handle else {
+            return false;
+        };
+        handle.shared.stop.store(true, Ordering::Release);
+        if let Some(thread) = handle.thread.take() {
+            let _ = thread.join();
+        }
+        true
+    }
+
+    /// Stops every receiver (a server's shutdown); their settings stay.
+    pub fn stop_all(&self) {
+        let keys: Vec<_> = self.map().keys().copied().collect();
+        for (tenant, timeline) in keys {
+            self.stop_thread(tenant, timeline);
+        }
+    }
+}
+
+fn initial_state(conf: &ReceiverConf, conn: &ConnString) -> ReceiverState {
+    ReceiverState {
+        state: StateName::Connecting,
+        connstr: conn.to_string(),
+        slot_name: conf.slot_name.clone(),
+        application_name: conf.application_name.clone(),
+        system_id: None,
+        timeline: None,
+        received_lsn: None,
+        flushed_lsn: None,
+        archived_lsn: None,
+        primary_wal_end: None,
+        lag_bytes: None,
+        last_message_ms: None,
+        last_error: None,
+    }
+}
+
+fn store_conf(dir: &Path, conf: &ReceiverConf) -> Result<(), ReceiverError> {
+    let bytes =
+        serde_json::to_vec_pretty(conf).map_err(|e| ReceiverError::Settings(e.to_string()))?;
+    let staged = StagedFile::create(
+        dir,
+        &format!("{RECEIVER_FILE}{TEMP_SUFFIX}"),
+        "wal-receiver",
+    )
+    .map_err(|e| ReceiverError::Settings(e.to_string()))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(staged.temp_path(), std::fs::Permissions::from_mode(0o600))
+        .map_err(ReceiverError::Io)?;
+    staged
+        .file()
+        .write_all_at(&bytes, 0)
+        .map_err(ReceiverError::Io)?;
+    staged
+        .commit(RECEIVER_FILE)
+        .map_err(|e| ReceiverError::Settings(e.to_string()))?;
+    Ok(())
+}
+
+fn load_conf(dir: &Path) -> Result<Option<ReceiverConf>, ReceiverError> {
+    match std::fs::read(dir.join(RECEIVER_FILE)) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| ReceiverError::Settings(format!("{RECEIVER_FILE}: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ReceiverError::Io(e)),
+    }
+}
+
+/// A replication stream set up and started.
+struct Session {
+    conn: ReplicationConnection,
+    store: WalStore,
+    decoder: WalDecoder,
+    tli: u32,
+}
+
+impl Session {
+    fn establish(
+        timeline: &Timeline,
+        conf: &ReceiverConf,
+        conn_string: &ConnString,
+        shared: &Shared,
+    ) -> Result<Session, ReceiverError> {
+        let mut conn =
+            ReplicationConnection::connect(conn_string, &conf.application_name, CONNECT_TIMEOUT)?;
+        let ident = conn.identify_system()?;
+        let segment_size = wal_segment_size(&mut conn)?;
+        let lsn = timeline.last_record_lsn();
+        let snapshots = timeline
+            .get_page(snapshot_list_key(), lsn)
+            .map_err(|e| ReceiverError::Refused(format!("reading the timeline's snapshots: {e}")))?
+            .ok_or_else(|| {
+                ReceiverError::Refused(
+                    "the timeline has no snapshot of the primary: import a base backup of it first \
+                     (pg_basebackup -Ft -X fetch -D - | PUT .../import)"
+                        .to_owned(),
+                )
+            })?;
+        let snapshots = SnapshotList::decode(&snapshots)
+            .map_err(|e| ReceiverError::Refused(format!("the timeline's snapshot list: {e}")))?;
+        if snapshots.system_identifier != ident.system_id {
+            return Err(ReceiverError::Refused(format!(
+                "the primary is database system {}, the timeline's snapshots are of {}: another cluster",
+                ident.system_id, snapshots.system_identifier
+            )));
+        }
+        let newest = snapshots.snapshots.last().map_or(Lsn(0), |s| s.lsn);
+        let (store, stored) =
+            WalStore::open(timeline.dir(), segment_size).map_err(ReceiverError::Io)?;
+        // From the start of the newest stored segment (its bytes written again), else of the
+        // segment that holds the newest snapshot's LSN.
+        let start = match stored {
+            Some(stored) => stored.segment.start(segment_size),
+            None => segment::segment_start(segment::segno_of(newest, segment_size), segment_size),
+        };
+        if start > ident.xlogpos {
+            return Err(ReceiverError::Refused(format!(
+                "the primary's WAL ends at {}, before {start} where the timeline's WAL goes on: a \
+                 primary restored from an older backup, or another cluster",
+                ident.xlogpos
+            )));
+        }
+        conn.create_slot(&conf.slot_name)?;
+        conn.start_replication(&conf.slot_name, start, ident.timeline).map_err(|e| match e {
+            ReceiverError::Server { code, message } if message.contains("has already been removed") => {
+                ReceiverError::Refused(format!(
+                    "the primary no longer has the WAL at {start} ({code}: {message}); the WAL between the timeline's newest snapshot and now is lost: import a new base backup"
+                ))
+            }
+            e => e,
+        })?;
+        let mut store = store;
+        store.start_at(start);
+        {
+            let mut s = shared.state();
+            s.state = StateName::Streaming;
+            s.system_id = Some(ident.system_id.to_string());
+            s.timeline = Some(ident.timeline);
+            s.received_lsn = Some(start);
+            s.flushed_lsn = stored.map(|s| s.valid_end).or(Some(start));
+            s.primary_wal_end = Some(ident.xlogpos);
+            s.last_error = None;
+        }
+        Ok(Session {
+            conn,
+            store,
+            decoder: WalDecoder::new(start, segment_size),
+            tli: ident.timeline,
+        })
+    }
+
+    /// Streams until the connection fails, the timeline shuts down or the receiver is stopped.
+    fn stream(&mut self, timeline: &Timeline, shared: &Shared) -> Result<(), ReceiverError> {
+        let mut last_status = Instant::now();
+        let mut unflushed = false;
+        loop {
+            if shared.stop.load(Ordering::Acquire) || timeline.is_shutting_down() {
+                return Ok(());
+            }
+            // Everything the primary already sent, then one fsync and one status update for
+            // all of it: a synchronous primary's commits wait for that update.
+            let wait = if unflushed { Duration::ZERO } else { POLL };
+            match self.conn.next_stream_message(wait)? {
+                Some(StreamMessage::XLogData {
+                    start,
+                    wal_end,
+                    data,
+                }) => {
+                    if start != self.store.written() {
+                        return Err(ReceiverError::Protocol(format!(
+                            "WAL from {start} where {} was next",
+                            self.store.written()
+                        )));
+                    }
+                    self.decoder.feed(&data);
+                    while self.decoder.next_record()?.is_some() {}
+                    self.store
+                        .write(self.tli, start, &data)
+                        .map_err(ReceiverError::Io)?;
+                    unflushed = true;
+                    let mut s = shared.state();
+                    s.received_lsn = Some(self.store.written());
+                    s.primary_wal_end = Some(wal_end.max(self.store.written()));
+                    s.last_message_ms = Some(now_ms());
+                }
+                Some(StreamMessage::Keepalive {
+                    wal_end,
+                    reply_requested,
+                }) => {
+                    {
+                        let mut s = shared.state();
+                        s.primary_wal_end = Some(wal_end);
+                        s.last_message_ms = Some(now_ms());
+                    }
+                    if reply_requested {
+                        self.status(shared)?;
+                        last_status = Instant::now();
+                    }
+                }
+                Some(StreamMessage::CopyDone) => {
+                    return Err(ReceiverError::Connect(
+                        "the primary ended the stream (a timeline switch or a shutdown)".to_owned(),
+                    ))
+                }
+                None => {
+                    if unflushed || last_status.elapsed() >= STATUS_INTERVAL {
+                        self.store.flush().map_err(ReceiverError::Io)?;
+                        self.status(shared)?;
+                        unflushed = false;
+                        last_status = Instant::now();
+                    }
+                }
+            }
+        }
+    }
+
+    fn status(&mut self, shared: &Shared) -> Result<(), ReceiverError> {
+        let flushed = self.store.flushed();
+        {
+            let mut s = shared.state();
+            s.flushed_lsn = Some(flushed);
+            s.lag_bytes = s.primary_wal_end.map(|end| end.0.saturating_sub(flushed.0));
+        }
+        // Applied: what is durable here is all this receiver does with the WAL yet.
+        self.conn
+            .send_status(self.store.written(), flushed, flushed)
+    }
+}
+
+/// The primary's `wal_segment_size`, in bytes.
+fn wal_segment_size(conn: &mut ReplicationConnection) -> Result<u32, ReceiverError> {
+    let rows = conn.simple_query("SHOW wal_segment_size")?;
+    let text = rows
+        .first()
+        .and_then(|r| r.first())
+        .and_then(|v| v.clone())
+        .ok_or_else(|| {
+            ReceiverError::Protocol("SHOW wal_segment_size answered nothing".to_owned())
+        })?;
+    let bytes = utils::units::parse_size(&text.replace("MB", "MiB").replace("GB", "GiB"))
+        .map_err(|e| ReceiverError::Protocol(format!("wal_segment_size `{text}`: {e}")))?;
+    u32::try_from(bytes)
+        .ok()
+        .filter(|&b| segment::is_valid_segment_size(b))
+        .ok_or_else(|| {
+            ReceiverError::Protocol(format!("wal_segment_size `{text}` is not a segment size"))
+        })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A receiver's thread: streams, and after a failure waits and connects again, until stopped.
+fn run(
+    timeline: Arc<Timeline>,
+    conf: ReceiverConf,
+    conn: ConnString,
+    shared: Arc<Shared>,
+    mut session: Option<Session>,
+) {
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        if shared.stop.load(Ordering::Acquire) || timeline.is_shutting_down() {
+            break;
+        }
+        let result = match session.take() {
+            Some(mut s) => s.stream(&timeline, &shared),
+            None => {
+                shared.state().state = StateName::Connecting;
+                Session::establish(&timeline, &conf, &conn, &shared).and_then(|mut s| {
+                    backoff = BACKOFF_MIN;
+                    s.stream(&timeline, &shared)
+                })
+            }
+        };
+        match result {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+                    "WAL receiver: {e}");
+                let permanent = e.is_permanent();
+                let mut s = shared.state();
+                s.last_error = Some(e.to_string());
+                if permanent {
+                    s.state = StateName::Stopped;
+                    return;
+                }
+                s.state = StateName::WaitingRetry;
+            }
+        }
+        let until = Instant::now() + backoff;
+        while Instant::now() < until {
+            if shared.stop.load(Ordering::Acquire) || timeline.is_shutting_down() {
+                break;
+            }
+            std::thread::sleep(POLL.min(until.saturating_duration_since(Instant::now())));
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+    shared.state().state = StateName::Stopped;
+}

@@ -1,0 +1,177 @@
+"""A stock PostgreSQL 15 streams its WAL into a timeline over the replication protocol, as it would
+to a replica: the primary names the pageserver in `synchronous_standby_names` and its commits
+complete; every byte stored is the primary's own WAL, byte for byte; a `kill -9` of the
+pageserver loses nothing and the receiver resumes by itself; WAL files are served by name;
+another cluster, an unreachable primary, wrong settings and a wrong password get clear
+refusals; SCRAM authentication works."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import requests
+
+from fixtures.pageserver import Pageserver
+from fixtures.plugin import PageserverFactory
+from fixtures.postgres import PgCluster, PgEnv
+from fixtures.timeline import TimelineHandle
+from fixtures.utils import Lsn, wait_until
+
+SEGMENT = 16 << 20
+
+
+def primary_with_snapshot(pg: PgEnv, timeline: TimelineHandle, name: str = "primary") -> PgCluster:
+    """A running primary on 127.0.0.1, with pgbench's tables, imported into `timeline` by
+    pg_basebackup."""
+    primary = pg.new_cluster(name).start("listen_addresses=127.0.0.1")
+    primary.pgbench("-i", "-s", "1", "-q")
+    pg.import_process(timeline.url, primary.basebackup_process())
+    return primary
+
+
+def connstr(primary: PgCluster, extra: str = "") -> str:
+    return f"host=127.0.0.1 port={primary.port} user=postgres sslmode=disable {extra}".strip()
+
+
+def receiver(timeline: TimelineHandle) -> requests.Response:
+    return requests.get(f"{timeline.url}/wal_receiver", timeout=30)
+
+
+def wait_flushed(timeline: TimelineHandle, lsn: Lsn, timeout: float = 60) -> dict:
+    def flushed() -> dict:
+        r = receiver(timeline)
+        assert r.status_code == 200, r.text
+        state = r.json()
+        assert state["state"] == "streaming", state
+        assert Lsn.parse(state["flushed_lsn"]) >= lsn, state
+        return state
+
+    return wait_until(flushed, timeout=timeout, interval=0.05, what=f"WAL flushed to {lsn}")
+
+
+def check_wal_equal(primary: PgCluster, timeline: TimelineHandle, upto: Lsn, tli: int = 1) -> int:
+    """Every WAL byte of timeline `tli` the timeline serves below `upto` is the primary's own;
+    the number of segments compared."""
+    first = None
+    compared = 0
+    segno = int(upto) // SEGMENT
+    # From the newest segment back, as long as the timeline has them.
+    while segno >= 0:
+        name = f"{tli:08X}{segno >> 8:08X}{segno & 0xFF:08X}"
+        r = requests.get(f"{timeline.url}/wal/{name}", timeout=60)
+        if r.status_code == 404:
+            break
+        assert r.status_code == 200, r.text
+        ours = r.content
+        theirs = (primary.datadir / "pg_wal" / name).read_bytes()
+        end = min(SEGMENT, int(upto) - segno * SEGMENT)
+        assert len(ours) == SEGMENT
+        assert ours[:end] == theirs[:end], f"segment {name} differs below {upto}"
+        first = name
+        compared += 1
+        segno -= 1
+    assert first is not None, "the timeline serves no WAL"
+    return compared
+
+
+def test_a_synchronous_primary_streams_into_the_timeline_and_survives_kill_9(
+    pg: PgEnv, pageserver_factory: PageserverFactory
+):
+    ps = pageserver_factory.start()
+    timeline = TimelineHandle.create(ps)
+    primary = primary_with_snapshot(pg, timeline)
+    r = requests.put(f"{timeline.url}/wal_receiver", json={"connstr": connstr(primary)}, timeout=60)
+    assert r.status_code == 200, r.text
+    state = r.json()
+    slot = f"pageserver_{timeline.timeline_id}"
+    assert (state["state"], state["slot_name"], state["application_name"]) == ("streaming", slot, slot)
+    assert state["system_id"] == primary.psql("SELECT system_identifier FROM pg_control_system()")
+    assert "password" not in state["connstr"] and state["timeline"] == 1
+    assert primary.psql("SELECT slot_type FROM pg_replication_slots WHERE slot_name = '" + slot + "'") == "physical"
+
+    # Commits now wait for the pageserver's flush.
+    primary.psql(f"ALTER SYSTEM SET synchronous_standby_names = '{slot}'")
+    primary.psql("SELECT pg_reload_conf()")
+    wait_until(
+        lambda: primary.psql(f"SELECT sync_state FROM pg_stat_replication WHERE application_name = '{slot}'") == "sync",
+        timeout=30,
+        what="the pageserver as the synchronous standby",
+    )
+    primary.pgbench("-c", "2", "-t", "200")
+    committed = Lsn.parse(primary.psql("SELECT pg_current_wal_flush_lsn()"))
+    # Acknowledged commits are flushed here: nothing to wait for.
+    state = receiver(timeline).json()
+    assert Lsn.parse(state["flushed_lsn"]) >= committed, state
+    assert check_wal_equal(primary, timeline, committed) >= 1
+
+    # The pageserver dies; the primary's commits wait for it, and go on once it is back.
+    ps.kill()
+    done = threading.Event()
+    writer = threading.Thread(target=lambda: (primary.pgbench("-c", "1", "-t", "50"), done.set()))
+    writer.start()
+    ps.start()
+    writer.join(timeout=120)
+    assert done.is_set(), "commits did not complete after the pageserver came back"
+    committed = Lsn.parse(primary.psql("SELECT pg_current_wal_flush_lsn()"))
+    wait_flushed(timeline, committed)
+    assert check_wal_equal(primary, timeline, committed) >= 1
+
+    # Stopped: the primary no longer waits for it once it no longer names it.
+    primary.psql("ALTER SYSTEM RESET synchronous_standby_names")
+    primary.psql("SELECT pg_reload_conf()")
+    r = requests.delete(f"{timeline.url}/wal_receiver", params={"drop_slot": "true"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert receiver(timeline).status_code == 404
+    assert primary.psql("SELECT count(*) FROM pg_replication_slots") == "0"
+    assert requests.delete(f"{timeline.url}/wal_receiver", timeout=60).status_code == 404
+    # The WAL stays, and is served; a segment it never had is not.
+    assert check_wal_equal(primary, timeline, committed) >= 1
+    r = requests.get(f"{timeline.url}/wal/0000000100000000000000FF", timeout=60)
+    assert r.status_code == 404 and "no WAL file" in r.text, r.text
+    r = requests.get(f"{timeline.url}/wal/not-a-wal-file", timeout=60)
+    assert r.status_code == 400 and "not a WAL file name" in r.text
+
+
+def test_refusals_say_what_is_wrong(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
+    url = f"{timeline.url}/wal_receiver"
+    # No snapshot to continue from.
+    lonely = pg.new_cluster("lonely").start("listen_addresses=127.0.0.1")
+    r = requests.put(url, json={"connstr": connstr(lonely)}, timeout=60)
+    assert r.status_code == 409 and "no snapshot" in r.text, r.text
+    primary = primary_with_snapshot(pg, timeline)
+    # Another cluster than the one the timeline holds.
+    r = requests.put(url, json={"connstr": connstr(lonely)}, timeout=60)
+    assert r.status_code == 409 and "another cluster" in r.text, r.text
+    # Nothing listens there.
+    r = requests.put(url, json={"connstr": "host=127.0.0.1 port=1 user=postgres"}, timeout=60)
+    assert r.status_code == 502 and "cannot reach the primary" in r.text, r.text
+    for body, says in [
+        ({}, "needs connstr"),
+        ({"connstr": "host=127.0.0.1"}, "needs user="),
+        ({"connstr": connstr(primary), "slot_name": "Bad-Name"}, "slot_name"),
+        ({"connstr": connstr(primary, "sslmode=require")}, "not supported yet"),
+        ({"connstr": connstr(primary), "colour": "blue"}, "unknown field"),
+    ]:
+        r = requests.put(url, json=body, timeout=60)
+        assert r.status_code == 400 and says in r.text, (body, r.text)
+    assert receiver(timeline).status_code == 404
+
+    # SCRAM: a role with a password, required by pg_hba for replication from 127.0.0.1.
+    primary.psql("SET password_encryption = 'scram-sha-256'; CREATE ROLE rep WITH REPLICATION LOGIN PASSWORD 'rep secret'")
+    hba = primary.datadir / "pg_hba.conf"
+    hba.write_text("host replication rep 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+    primary.psql("SELECT pg_reload_conf()")
+    wrong = f"host=127.0.0.1 port={primary.port} user=rep password='wrong' sslmode=disable"
+    r = requests.put(url, json={"connstr": wrong}, timeout=60)
+    assert r.status_code == 409 and "password authentication failed" in r.text, r.text
+    right = f"host=127.0.0.1 port={primary.port} user=rep password='rep secret' sslmode=disable"
+    r = requests.put(url, json={"connstr": right, "slot_name": "scram_slot"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["connstr"].endswith("password=********")
+    before = Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()"))
+    primary.psql("CREATE TABLE after_scram AS SELECT generate_series(1, 1000) AS x")
+    wait_flushed(timeline, before)
+    # The stored settings keep the password away from other users.
+    settings = pageserver.timeline_dir(timeline.tenant_id, timeline.timeline_id) / "wal_receiver.json"
+    assert settings.stat().st_mode & 0o077 == 0
