@@ -175,3 +175,43 @@ def test_refusals_say_what_is_wrong(pg: PgEnv, pageserver: Pageserver, timeline:
     # The stored settings keep the password away from other users.
     settings = pageserver.timeline_dir(timeline.tenant_id, timeline.timeline_id) / "wal_receiver.json"
     assert settings.stat().st_mode & 0o077 == 0
+
+
+def start_promoted(cluster: PgCluster) -> None:
+    """Starts a restored cluster and waits until its recovery ends and it is promoted; its log
+    is in the error if it does not get there."""
+    try:
+        cluster.start()
+        wait_until(lambda: cluster.psql("SELECT pg_is_in_recovery()") == "f", timeout=60, what="recovery, then promotion")
+    except Exception as e:
+        raise AssertionError(f"{e}\n{cluster.log.read_text()[-3000:]}") from e
+
+
+def test_any_lsn_after_the_snapshot_comes_back_as_a_cluster(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
+    """Restores at LSNs taken while pgbench wrote (the last one at the very end of the WAL
+    received), each from the snapshot plus the WAL streamed since: PostgreSQL replays to the
+    LSN and promotes, and has exactly what the primary had there."""
+    primary = primary_with_snapshot(pg, timeline)
+    r = requests.put(f"{timeline.url}/wal_receiver", json={"connstr": connstr(primary)}, timeout=60)
+    assert r.status_code == 200, r.text
+    figures = "SELECT (SELECT count(*) FROM pgbench_history), (SELECT sum(abalance) FROM pgbench_accounts), pg_current_wal_insert_lsn()"
+    points = []
+    for round_ in range(4):
+        primary.pgbench("-c", "2", "-t", str(40 + 20 * round_))
+        count, total, lsn = primary.psql(figures).split("|")
+        points.append((int(count), int(total), Lsn.parse(lsn)))
+    wait_flushed(timeline, points[-1][2])
+    snapshot = Lsn.parse(timeline.info()["last_record_lsn"])
+    for i, (count, total, lsn) in enumerate(points):
+        assert lsn > snapshot
+        restored, at = pg.restore(timeline.url, f"restored{i}", lsn)
+        assert at == snapshot
+        start_promoted(restored)
+        got = restored.psql("SELECT (SELECT count(*) FROM pgbench_history), (SELECT sum(abalance) FROM pgbench_accounts)")
+        assert got == f"{count}|{total}", (i, lsn, got)
+        # Promoted to a timeline of its own: it takes writes.
+        restored.psql("CREATE TABLE after_restore AS SELECT 1 AS x")
+        restored.stop("immediate")
+    # Beyond the WAL received: refused, saying where the WAL ends.
+    r = requests.get(f"{timeline.url}/basebackup", params={"lsn": "F/0"}, timeout=60)
+    assert r.status_code == 404 and "WAL ends at" in r.text, r.text

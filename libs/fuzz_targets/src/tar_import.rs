@@ -63,7 +63,8 @@ pub fn check(input: &[u8]) {
             );
             let snapshot = snapshot_at(&timeline, lsn).expect("the imported snapshot");
             let mut out = Vec::new();
-            write_basebackup(&timeline, snapshot, &mut out).expect("a basebackup of the import");
+            write_basebackup(&timeline, snapshot, None, &mut out)
+                .expect("a basebackup of the import");
         }
         Err(_) => {
             assert_eq!(

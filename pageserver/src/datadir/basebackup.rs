@@ -11,6 +11,7 @@
 //! holds.
 
 use std::io::{self, Read, Write};
+use std::path::PathBuf;
 
 use bytes::Bytes;
 use pageserver_api::datadir::{
@@ -70,10 +71,35 @@ pub fn snapshot_at(timeline: &Timeline, lsn: Lsn) -> Result<Snapshot, Basebackup
     })
 }
 
-/// Writes the data directory of `snapshot` to `out` as a tar archive.
+/// WAL to replay on top of a snapshot: the LSN asked for, the end of the last record at or
+/// before it (where the WAL given is cut: the rest of its segment is zeros, so a replay of
+/// everything given stops exactly there), and the segment files from the snapshot to it.
+#[derive(Clone, Debug)]
+pub struct Replay {
+    pub target: Lsn,
+    pub end: Lsn,
+    pub segments: Vec<(String, PathBuf)>,
+}
+
+/// The settings appended to `postgresql.auto.conf` of an archive that replays WAL.
+fn recovery_settings(replay: &Replay) -> String {
+    format!(
+        "\n# Added by the pageserver: replay the WAL in pg_wal/, which ends at {} (the last \
+         record at or before {}), then promote to a new timeline. Recovery needs a \
+         restore_command; this one finds nothing, as the WAL is all in pg_wal/ already.\n\
+         restore_command = 'false'\n",
+        replay.end, replay.target
+    )
+}
+
+const AUTO_CONF: &str = "postgresql.auto.conf";
+
+/// Writes the data directory of `snapshot` to `out` as a tar archive, set up to replay WAL to
+/// `replay.target` if given.
 pub fn write_basebackup(
     timeline: &Timeline,
     snapshot: Snapshot,
+    replay: Option<&Replay>,
     out: impl Write,
 ) -> Result<(), BasebackupError> {
     let at = snapshot.lsn;
@@ -87,6 +113,8 @@ pub fn write_basebackup(
     let mut tar = std::mem::ManuallyDrop::new(tar::Builder::new(out));
     tar.mode(tar::HeaderMode::Complete);
     let mut databases = Vec::new();
+    // The snapshot's own `postgresql.auto.conf`, when a replay appends to it.
+    let mut auto_conf = None;
     for entry in &files.entries {
         let mut header = tar::Header::new_gnu();
         // The permission bits only: an import refuses or drops setuid, setgid and sticky, and
@@ -101,6 +129,17 @@ pub fn write_basebackup(
                 tar.append_data(&mut header, format!("{}/", entry.path), io::empty())?;
                 if let Some(db) = database_of_dir(&entry.path) {
                     databases.push((db, entry.mtime));
+                }
+            }
+            EntryKind::File if replay.is_some_and(|r| replaces(r, &entry.path)) => {
+                if entry.path == AUTO_CONF {
+                    auto_conf = Some((
+                        entry.id,
+                        entry.size,
+                        entry.mode,
+                        entry.mtime,
+                        entry.chunks(),
+                    ));
                 }
             }
             EntryKind::File => {
@@ -118,6 +157,42 @@ pub fn write_basebackup(
                 let result = tar.append_data(&mut header, &entry.path, &mut chunks);
                 chunks.result(result)?;
             }
+        }
+    }
+    if let Some(replay) = replay {
+        let mut conf = Vec::new();
+        let mut mode = 0o600;
+        let mut mtime = 0;
+        if let Some((id, size, m, t, chunks)) = auto_conf {
+            for chunk in 0..chunks {
+                let expected =
+                    (size - chunk * FILE_CHUNK_SIZE as u64).min(FILE_CHUNK_SIZE as u64) as usize;
+                let value = read(file_chunk_key(id, chunk as u32))?;
+                conf.extend_from_slice(&checked_len(value, expected, || {
+                    format!("chunk {chunk} of {AUTO_CONF}")
+                })?);
+            }
+            (mode, mtime) = (m & 0o777, t);
+        }
+        conf.extend_from_slice(recovery_settings(replay).as_bytes());
+        append_file(&mut tar, AUTO_CONF, mode, mtime, &conf)?;
+        append_file(&mut tar, "recovery.signal", 0o600, mtime, b"")?;
+        for (i, (name, path)) in replay.segments.iter().enumerate() {
+            let file = std::fs::File::open(path)?;
+            let len = file.metadata()?.len();
+            // The last segment is given up to the replay's end, zeros after it.
+            let kept = if i + 1 == replay.segments.len() {
+                (replay.end.0 % len.max(1)).min(len)
+            } else {
+                len
+            };
+            let mut contents = file.take(kept).chain(io::repeat(0).take(len - kept));
+            let mut header = tar::Header::new_gnu();
+            header.set_mode(0o600);
+            header.set_mtime(mtime);
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_size(len);
+            tar.append_data(&mut header, format!("pg_wal/{name}"), &mut contents)?;
         }
     }
     for ((spc, db), mtime) in databases {
@@ -162,6 +237,29 @@ pub fn write_basebackup(
         .into_inner()?
         .flush()?;
     Ok(())
+}
+
+/// Whether the replay writes a member of this path itself.
+fn replaces(replay: &Replay, path: &str) -> bool {
+    path == AUTO_CONF
+        || path
+            .strip_prefix("pg_wal/")
+            .is_some_and(|name| replay.segments.iter().any(|(n, _)| n == name))
+}
+
+fn append_file<W: Write>(
+    tar: &mut tar::Builder<W>,
+    path: &str,
+    mode: u32,
+    mtime: u64,
+    bytes: &[u8],
+) -> io::Result<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_mode(mode);
+    header.set_mtime(mtime);
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_size(bytes.len() as u64);
+    tar.append_data(&mut header, path, bytes)
 }
 
 fn checked_len(

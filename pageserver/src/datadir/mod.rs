@@ -25,7 +25,7 @@ mod path;
 pub mod pg_control;
 mod wal_end;
 
-pub use basebackup::{snapshot_at, write_basebackup, BasebackupError};
+pub use basebackup::{snapshot_at, write_basebackup, BasebackupError, Replay};
 pub use import::{import_archive, ImportError, ImportReport};
 
 #[cfg(test)]

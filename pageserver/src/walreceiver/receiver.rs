@@ -170,7 +170,9 @@ impl Receivers {
                 // The receiver it replaced (stopped first: the two may share a slot, which
                 // serves one connection at a time) goes on with its stored settings.
                 if let Err(resumed) = self.resume(timeline) {
-                    tracing::warn!("the WAL receiver a refused one replaced does not restart: {resumed}");
+                    tracing::warn!(
+                        "the WAL receiver a refused one replaced does not restart: {resumed}"
+                    );
                 }
                 return Err(e);
             }

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use postgres_wal::{SegmentName, WalDecoder};
 use utils::Lsn;
 
+use crate::datadir::Replay;
 use crate::io::crashsafe;
 
 pub use crate::tenant::timeline::WAL_DIR;
@@ -207,6 +208,89 @@ pub fn find_file(timeline_dir: &Path, name: &str) -> Option<PathBuf> {
     [dir.join(name), dir.join(format!("{name}{PARTIAL_SUFFIX}"))]
         .into_iter()
         .find(|p| p.is_file())
+}
+
+/// The WAL that replays `from..to` ([`Replay`]): every segment from the one holding `from` to the one
+/// holding `to`, of the newest timeline stored, each present, and the stored WAL reaching `to`;
+/// and where to cut the last one: the end of the last record that ends at or before `to`
+/// (what a replay of everything given stops at). `Ok(None)` when the timeline has no WAL at
+/// all; an error says what is missing.
+pub fn replay_segments(timeline_dir: &Path, from: Lsn, to: Lsn) -> Result<Option<Replay>, String> {
+    let dir = timeline_dir.join(WAL_DIR);
+    if !dir.exists() {
+        return Ok(None);
+    }
+    // Segment files are whole-size from their creation: any one says the size.
+    let mut size = None;
+    for entry in std::fs::read_dir(&dir).map_err(|e| e.to_string())? {
+        let entry = entry.map_err(|e| e.to_string())?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let base = name.strip_suffix(PARTIAL_SUFFIX).unwrap_or(&name);
+        if base.len() == 24 && base.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let len = entry.metadata().map_err(|e| e.to_string())?.len();
+            size = u32::try_from(len)
+                .ok()
+                .filter(|&l| postgres_wal::segment::is_valid_segment_size(l));
+            break;
+        }
+    }
+    let Some(size) = size else {
+        return Ok(None);
+    };
+    let (_, stored) = WalStore::open(timeline_dir, size).map_err(|e| e.to_string())?;
+    let Some(stored) = stored else {
+        return Ok(None);
+    };
+    // Where the next record would start: past the padding, and past a page header at a page
+    // boundary (`pg_current_wal_insert_lsn()` says so, for one).
+    let mut next = stored
+        .valid_end
+        .0
+        .next_multiple_of(postgres_wal::RECORD_ALIGN);
+    if next.is_multiple_of(postgres_wal::XLOG_BLCKSZ as u64) {
+        next += if next.is_multiple_of(u64::from(size)) {
+            postgres_wal::page::LONG_HEADER_LEN
+        } else {
+            postgres_wal::page::SHORT_HEADER_LEN
+        } as u64;
+    }
+    if to.0 > next {
+        return Err(format!(
+            "the timeline's WAL ends at {}, before {to}",
+            stored.valid_end
+        ));
+    }
+    let tli = stored.segment.tli;
+    let mut segments: Vec<(String, PathBuf)> = Vec::new();
+    for segno in
+        postgres_wal::segment::segno_of(from, size)..=postgres_wal::segment::segno_of(to, size)
+    {
+        let name = SegmentName { tli, segno }.file_name(size);
+        let path = find_file(timeline_dir, &name).ok_or_else(|| {
+            format!("the timeline has no WAL segment {name}: its WAL does not reach back to {from}")
+        })?;
+        segments.push((name, path));
+    }
+    // Where the WAL given is cut: the end of the last record that ends at or before `to`.
+    let last = &segments.last().expect("at least one segment").1;
+    let bytes = std::fs::read(last).map_err(|e| e.to_string())?;
+    let start =
+        postgres_wal::segment::segment_start(postgres_wal::segment::segno_of(to, size), size);
+    let mut decoder = WalDecoder::new(start, size);
+    decoder.feed(&bytes);
+    let mut cut = decoder.valid_end();
+    while let Ok(Some(record)) = decoder.next_record() {
+        if record.end > to {
+            break;
+        }
+        cut = record.end;
+    }
+    Ok(Some(Replay {
+        target: to,
+        end: cut.max(from),
+        segments,
+    }))
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use super::{closing, lsn_param, query_params, timeline_of, ApiResult};
 use crate::datadir::{import_archive, snapshot_at, write_basebackup, BasebackupError, ImportError};
 use crate::http::error::ApiError;
 use crate::http::{blocking, on_own_thread, SharedState};
+use crate::walreceiver::wal_store::replay_segments;
 
 /// Bytes of archive handed to the client at a time, and how many such pieces may wait.
 const BASEBACKUP_PIECE: usize = 256 * 1024;
@@ -181,14 +182,37 @@ pub async fn basebackup(
     // The archive is written as the client reads it, for as long as the client takes, on a
     // thread of its own: only so many may run.
     let permit = state.admissions.basebackups.admit(timeline.tenant_id())?;
-    let (snapshot, timeline, lease) = blocking(move || {
-        let snapshot = snapshot_at(&timeline, lsn).map_err(basebackup_error)?;
+    let (snapshot, replay, timeline, lease) = blocking(move || {
+        // Past the newest snapshot, or between two: the snapshot below, and the WAL received
+        // since, replayed by PostgreSQL when it starts, if the timeline has that WAL.
+        let last = timeline.last_record_lsn();
+        let snapshot = snapshot_at(&timeline, lsn.min(last)).map_err(basebackup_error)?;
+        let replay = if lsn > snapshot.lsn {
+            match replay_segments(timeline.dir(), snapshot.lsn, lsn) {
+                Ok(Some(replay)) => Some(replay),
+                Ok(None) if lsn > last => {
+                    // As before there was WAL: nothing is known beyond the last record.
+                    snapshot_at(&timeline, lsn).map_err(basebackup_error)?;
+                    None
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    return Err(ApiError::not_found(format!(
+                    "no basebackup at {lsn}: the newest snapshot at or below it is at {}, and {e}",
+                    snapshot.lsn
+                )))
+                }
+            }
+        } else {
+            None
+        };
         // Held until the archive is written (or its client leaves): GC does not pass the
         // snapshot's LSN half way through.
         let lease = timeline.lease_lsn(snapshot.lsn)?;
-        Ok((snapshot, timeline, lease))
+        Ok((snapshot, replay, timeline, lease))
     })
     .await?;
+    let replay_to = replay.as_ref().map(|r| r.target);
     // The archive is written on a thread of its own into a bounded queue the response body
     // drains: a slow client slows the writer down, and one that leaves stops it.
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(BASEBACKUP_PIECES_QUEUED);
@@ -198,7 +222,7 @@ pub async fn basebackup(
             tx: tx.clone(),
             buf: Vec::with_capacity(BASEBACKUP_PIECE),
         };
-        if let Err(e) = write_basebackup(&timeline, snapshot, &mut out) {
+        if let Err(e) = write_basebackup(&timeline, snapshot, replay.as_ref(), &mut out) {
             tracing::warn!(
                 tenant = %timeline.tenant_id(),
                 timeline = %timeline.timeline_id(),
@@ -229,6 +253,12 @@ pub async fn basebackup(
         "x-snapshot-kind",
         HeaderValue::from_str(&snapshot.kind.to_string()).expect("ASCII"),
     );
+    if let Some(target) = replay_to {
+        headers.insert(
+            "x-replay-to",
+            HeaderValue::from_str(&target.to_string()).expect("an LSN is ASCII"),
+        );
+    }
     Ok(response)
 }
 
