@@ -340,10 +340,24 @@ impl ReplicationConnection {
         if let Some(m) = self.parse_buffered()? {
             return Ok(Some(m));
         }
-        self.stream
-            .set_read_timeout(Some(wait.max(Duration::from_millis(1))))
-            .map_err(ReceiverError::io)?;
+        // Nothing to wait for: only what the socket already holds (a read timeout of zero is
+        // not allowed, and the smallest one would cost every burst that much latency).
+        let nonblocking = wait.is_zero();
+        if nonblocking {
+            self.stream
+                .set_nonblocking(true)
+                .map_err(ReceiverError::io)?;
+        } else {
+            self.stream
+                .set_read_timeout(Some(wait))
+                .map_err(ReceiverError::io)?;
+        }
         let filled = self.fill();
+        if nonblocking {
+            self.stream
+                .set_nonblocking(false)
+                .map_err(ReceiverError::io)?;
+        }
         match filled {
             Err(ReceiverError::Io(e))
                 if matches!(

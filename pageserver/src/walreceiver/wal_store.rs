@@ -154,10 +154,20 @@ impl WalStore {
                 .write(true)
                 .truncate(false)
                 .open(&partial)?;
-            if file.metadata()?.len() < u64::from(self.segment_size) {
-                // Whole-size from the start, as PostgreSQL's files are, so that writes never
-                // change the file's size and fdatasync covers them alone.
-                file.set_len(u64::from(self.segment_size))?;
+            let len = file.metadata()?.len();
+            if len < u64::from(self.segment_size) {
+                // Whole-size from the start, written with zeros as PostgreSQL's own files are
+                // (not a sparse file or unwritten extents): a write then allocates nothing, so
+                // each fdatasync flushes its data alone, not a journal commit too. That is one
+                // 16 MiB write per segment, against a journal commit per flush, which a
+                // synchronous primary waits for.
+                let zeros = vec![0u8; 1 << 20];
+                let mut at = len;
+                while at < u64::from(self.segment_size) {
+                    let n = (u64::from(self.segment_size) - at).min(zeros.len() as u64) as usize;
+                    file.write_all_at(&zeros[..n], at)?;
+                    at += n as u64;
+                }
                 file.sync_all()?;
                 crashsafe::fsync_dir(&self.dir)?;
             }
