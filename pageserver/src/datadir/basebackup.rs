@@ -11,7 +11,6 @@
 //! holds.
 
 use std::io::{self, Read, Write};
-use std::path::PathBuf;
 
 use bytes::Bytes;
 use pageserver_api::datadir::{
@@ -74,11 +73,13 @@ pub fn snapshot_at(timeline: &Timeline, lsn: Lsn) -> Result<Snapshot, Basebackup
 /// WAL to replay on top of a snapshot: the LSN asked for, the end of the last record at or
 /// before it (where the WAL given is cut: the rest of its segment is zeros, so a replay of
 /// everything given stops exactly there), and the segment files from the snapshot to it.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct Replay {
     pub target: Lsn,
     pub end: Lsn,
-    pub segments: Vec<(String, PathBuf)>,
+    /// Opened when the replay was planned, so that a rename of a segment (the one being
+    /// filled becomes whole) does not pull it away from the archive.
+    pub segments: Vec<(String, std::fs::File)>,
 }
 
 /// The settings appended to `postgresql.auto.conf` of an archive that replays WAL.
@@ -177,8 +178,7 @@ pub fn write_basebackup(
         conf.extend_from_slice(recovery_settings(replay).as_bytes());
         append_file(&mut tar, AUTO_CONF, mode, mtime, &conf)?;
         append_file(&mut tar, "recovery.signal", 0o600, mtime, b"")?;
-        for (i, (name, path)) in replay.segments.iter().enumerate() {
-            let file = std::fs::File::open(path)?;
+        for (i, (name, file)) in replay.segments.iter().enumerate() {
             let len = file.metadata()?.len();
             // The last segment is given up to the replay's end, zeros after it.
             let kept = if i + 1 == replay.segments.len() {
@@ -186,7 +186,9 @@ pub fn write_basebackup(
             } else {
                 len
             };
-            let mut contents = file.take(kept).chain(io::repeat(0).take(len - kept));
+            let mut contents = PositionalReader { file, at: 0 }
+                .take(kept)
+                .chain(io::repeat(0).take(len - kept));
             let mut header = tar::Header::new_gnu();
             header.set_mode(0o600);
             header.set_mtime(mtime);
@@ -237,6 +239,20 @@ pub fn write_basebackup(
         .into_inner()?
         .flush()?;
     Ok(())
+}
+
+/// Reads a shared file from its start, positionally (the file's cursor is not ours).
+struct PositionalReader<'a> {
+    file: &'a std::fs::File,
+    at: u64,
+}
+
+impl Read for PositionalReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
 }
 
 /// Whether the replay writes a member of this path itself.

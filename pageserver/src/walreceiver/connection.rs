@@ -9,7 +9,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
@@ -18,6 +18,9 @@ use utils::Lsn;
 
 use super::connstr::ConnString;
 use super::ReceiverError;
+
+/// The longest the setup (login and the commands before streaming) may take.
+const SETUP_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The longest message accepted: an XLogData message carries at most 128 KiB of WAL; other
 /// answers of the replication protocol are small.
@@ -49,6 +52,10 @@ pub struct ReplicationConnection {
     stream: TcpStream,
     read_buf: BytesMut,
     write_buf: BytesMut,
+    /// Until streaming starts, every answer must come before this: a primary (or whatever
+    /// answers at its address) that trickles bytes, or sends notices without end, cannot keep
+    /// the receiver in its setup, where it does not look at its stop flag.
+    setup_deadline: Instant,
 }
 
 impl ReplicationConnection {
@@ -76,6 +83,7 @@ impl ReplicationConnection {
             stream,
             read_buf: BytesMut::with_capacity(64 << 10),
             write_buf: BytesMut::new(),
+            setup_deadline: Instant::now() + SETUP_DEADLINE,
         };
         let mut params = vec![
             ("user", conn.user.as_str()),
@@ -331,6 +339,17 @@ impl ReplicationConnection {
             if let Some(m) = self.parse_buffered()? {
                 return Ok(m);
             }
+            let left = self
+                .setup_deadline
+                .saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ReceiverError::Connect(format!(
+                    "the primary did not get through the setup within {SETUP_DEADLINE:?}"
+                )));
+            }
+            self.stream
+                .set_read_timeout(Some(left))
+                .map_err(ReceiverError::io)?;
             self.fill()?;
         }
     }

@@ -30,6 +30,9 @@ const POLL: Duration = Duration::from_millis(100);
 /// A status update at least this often, so the primary's `wal_sender_timeout` (60 s) never
 /// ends a quiet stream.
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+/// Unflushed WAL is flushed and reported at least every this many bytes, also while more
+/// keeps arriving.
+const FLUSH_AT_LEAST_EVERY: u64 = 4 << 20;
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
@@ -138,6 +141,9 @@ struct Handle {
 #[derive(Default)]
 pub struct Receivers {
     map: Mutex<HashMap<(TenantId, TimelineId), Handle>>,
+    /// Held over a whole start or removal, so that two never interleave (the one would leave
+    /// a thread the other cannot stop, or remove the settings the other stored).
+    changing: Mutex<()>,
 }
 
 impl Receivers {
@@ -159,6 +165,7 @@ impl Receivers {
         conf: ReceiverConf,
     ) -> Result<ReceiverState, ReceiverError> {
         let conn = conf.check()?;
+        let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
         self.stop_thread(timeline.tenant_id(), timeline.timeline_id());
         let shared = Arc::new(Shared {
             state: Mutex::new(initial_state(&conf, &conn)),
@@ -211,13 +218,19 @@ impl Receivers {
             .name(format!("walreceiver-{}", timeline.timeline_id()))
             .spawn(move || run(timeline, conf, conn, thread_shared, session))
             .expect("spawning a thread");
-        self.map().insert(
+        let replaced = self.map().insert(
             key,
             Handle {
                 shared,
                 thread: Some(thread),
             },
         );
+        if let Some(mut old) = replaced {
+            old.shared.stop.store(true, Ordering::Release);
+            if let Some(thread) = old.thread.take() {
+                let _ = thread.join();
+            }
+        }
     }
 
     pub fn state(&self, tenant: TenantId, timeline: TimelineId) -> Option<ReceiverState> {
@@ -229,6 +242,7 @@ impl Receivers {
     /// Stops the receiver and forgets its settings; with `drop_slot`, drops its slot on the
     /// primary. `false` if there was none.
     pub fn remove(&self, timeline: &Timeline, drop_slot: bool) -> Result<bool, ReceiverError> {
+        let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
         let conf = load_conf(timeline.dir())?;
         let had = self.stop_thread(timeline.tenant_id(), timeline.timeline_id());
         if conf.is_none() && !had {
@@ -361,10 +375,13 @@ impl Session {
         let (store, stored) =
             WalStore::open(timeline.dir(), segment_size).map_err(ReceiverError::Io)?;
         // From the start of the newest stored segment (its bytes written again), else of the
-        // segment that holds the newest snapshot's LSN.
+        // segment that holds the newest snapshot's LSN; the later of the two, when a snapshot
+        // newer than the WAL stored was imported (a new slot may not keep the older WAL).
+        let snapshot_start =
+            segment::segment_start(segment::segno_of(newest, segment_size), segment_size);
         let start = match stored {
-            Some(stored) => stored.segment.start(segment_size),
-            None => segment::segment_start(segment::segno_of(newest, segment_size), segment_size),
+            Some(stored) => stored.segment.start(segment_size).max(snapshot_start),
+            None => snapshot_start,
         };
         if start > ident.xlogpos {
             return Err(ReceiverError::Refused(format!(
@@ -431,6 +448,16 @@ impl Session {
                         .write(self.tli, start, &data)
                         .map_err(ReceiverError::Io)?;
                     unflushed = true;
+                    // A primary that sends faster than this drains would otherwise never see
+                    // its WAL flushed while it sends.
+                    if self.store.written().0 - self.store.flushed().0 >= FLUSH_AT_LEAST_EVERY
+                        || last_status.elapsed() >= STATUS_INTERVAL
+                    {
+                        self.store.flush().map_err(ReceiverError::Io)?;
+                        self.status(shared)?;
+                        unflushed = false;
+                        last_status = Instant::now();
+                    }
                     let mut s = shared.state();
                     s.received_lsn = Some(self.store.written());
                     s.primary_wal_end = Some(wal_end.max(self.store.written()));

@@ -230,18 +230,28 @@ pub fn replay_segments(timeline_dir: &Path, from: Lsn, to: Lsn) -> Result<Option
     if !dir.exists() {
         return Ok(None);
     }
-    // Segment files are whole-size from their creation: any one says the size.
+    // The segment size, from a whole-size file's long page header (a file still being
+    // zero-filled, or cut short by a crash then, says nothing).
     let mut size = None;
     for entry in std::fs::read_dir(&dir).map_err(|e| e.to_string())? {
         let entry = entry.map_err(|e| e.to_string())?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
         let base = name.strip_suffix(PARTIAL_SUFFIX).unwrap_or(&name);
-        if base.len() == 24 && base.bytes().all(|b| b.is_ascii_hexdigit()) {
-            let len = entry.metadata().map_err(|e| e.to_string())?.len();
-            size = u32::try_from(len)
-                .ok()
-                .filter(|&l| postgres_wal::segment::is_valid_segment_size(l));
+        if !(base.len() == 24 && base.bytes().all(|b| b.is_ascii_hexdigit())) {
+            continue;
+        }
+        let Ok(file) = File::open(entry.path()) else {
+            continue;
+        };
+        let mut header = [0u8; postgres_wal::page::LONG_HEADER_LEN];
+        if file.read_exact_at(&mut header, 0).is_err() {
+            continue;
+        }
+        let claimed = u32::from_le_bytes(header[32..36].try_into().expect("4 bytes"));
+        let len = file.metadata().map_err(|e| e.to_string())?.len();
+        if postgres_wal::segment::is_valid_segment_size(claimed) && len == u64::from(claimed) {
+            size = Some(claimed);
             break;
         }
     }
@@ -272,33 +282,45 @@ pub fn replay_segments(timeline_dir: &Path, from: Lsn, to: Lsn) -> Result<Option
         ));
     }
     let tli = stored.segment.tli;
-    let mut segments: Vec<(String, PathBuf)> = Vec::new();
+    // Opened now: a segment that fills up and is renamed while the archive is written is
+    // still the file opened.
+    let mut segments: Vec<(String, File)> = Vec::new();
     for segno in
         postgres_wal::segment::segno_of(from, size)..=postgres_wal::segment::segno_of(to, size)
     {
         let name = SegmentName { tli, segno }.file_name(size);
-        let path = find_file(timeline_dir, &name).ok_or_else(|| {
+        let missing = || {
             format!("the timeline has no WAL segment {name}: its WAL does not reach back to {from}")
-        })?;
-        segments.push((name, path));
+        };
+        // Looked up twice: a rename between the lookup and the open moves it once.
+        let file = find_file(timeline_dir, &name)
+            .and_then(|path| File::open(path).ok())
+            .or_else(|| find_file(timeline_dir, &name).and_then(|path| File::open(path).ok()))
+            .ok_or_else(missing)?;
+        segments.push((name, file));
     }
-    // Where the WAL given is cut: the end of the last record that ends at or before `to`.
-    let last = &segments.last().expect("at least one segment").1;
-    let bytes = std::fs::read(last).map_err(|e| e.to_string())?;
-    let start =
-        postgres_wal::segment::segment_start(postgres_wal::segment::segno_of(to, size), size);
-    let mut decoder = WalDecoder::new(start, size);
-    decoder.feed(&bytes);
-    let mut cut = decoder.valid_end();
-    while let Ok(Some(record)) = decoder.next_record() {
-        if record.end > to {
-            break;
+    // Where the WAL given is cut: the end of the last record that ends at or before `to`,
+    // decoded from the segment before the last one when there is one, so that a record that
+    // began there and ends in the last one counts.
+    let tail = &segments[segments.len().saturating_sub(2)..];
+    let first = postgres_wal::segment::segno_of(to, size) + 1 - tail.len() as u64;
+    let mut decoder = WalDecoder::new(postgres_wal::segment::segment_start(first, size), size);
+    let mut cut = from;
+    let mut buf = vec![0u8; size as usize];
+    'files: for (_, file) in tail {
+        file.read_exact_at(&mut buf, 0).map_err(|e| e.to_string())?;
+        decoder.feed(&buf);
+        loop {
+            match decoder.next_record() {
+                Ok(Some(record)) if record.end <= to => cut = cut.max(record.end),
+                Ok(None) => break,
+                _ => break 'files,
+            }
         }
-        cut = record.end;
     }
     Ok(Some(Replay {
         target: to,
-        end: cut.max(from),
+        end: cut,
         segments,
     }))
 }
@@ -362,6 +384,45 @@ mod tests {
             Some(wal_dir.join(format!("{second}{PARTIAL_SUFFIX}")))
         );
         assert_eq!(find_file(dir.path(), "000000010000000000000099"), None);
+    }
+
+    #[test]
+    fn a_replay_is_cut_after_the_last_record_at_or_before_its_lsn_even_one_from_the_segment_before()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let start = Lsn(4 * SEG as u64);
+        let mut wal = WalBuilder::new(start, SEG);
+        wal.main_data_record(RM_HEAP_ID, 0, 1, &[1; 100]);
+        // Records up to just before the segment's end, then one that crosses into the next.
+        while wal.end().0 < start.0 + SEG as u64 - 30_000 {
+            wal.main_data_record(RM_HEAP_ID, 0, 2, &[2; 10_000]);
+        }
+        wal.main_data_record(RM_HEAP_ID, 0, 3, &[3; 50_000]);
+        let crossing_end = wal.end();
+        assert!(crossing_end.0 > start.0 + SEG as u64);
+        wal.main_data_record(RM_HEAP_ID, 0, 4, &[4; 100]);
+        let last_end = wal.end();
+        let (mut store, _) = WalStore::open(dir.path(), SEG).unwrap();
+        store.start_at(start);
+        store.write(1, start, wal.bytes()).unwrap();
+        store.flush().unwrap();
+        let from = Lsn(start.0 + 100);
+        for (to, end) in [
+            (crossing_end, crossing_end),
+            (Lsn(crossing_end.0 + 4), crossing_end),
+            (last_end, last_end),
+        ] {
+            let replay = replay_segments(dir.path(), from, to).unwrap().unwrap();
+            assert_eq!(replay.end, end, "to {to}");
+            assert_eq!(replay.segments.len(), 2);
+        }
+        assert!(
+            replay_segments(dir.path(), from, Lsn(last_end.0 + (64 << 10)))
+                .unwrap_err()
+                .contains("WAL ends at")
+        );
+        let before = replay_segments(dir.path(), Lsn(start.0 - 8), last_end).unwrap_err();
+        assert!(before.contains("does not reach back"), "{before}");
     }
 
     #[test]

@@ -16,7 +16,6 @@ use serde_json::{json, Value as JsonValue};
 use super::{bool_query, json_body, timeline_of, ApiResult};
 use crate::http::error::ApiError;
 use crate::http::{blocking, SharedState};
-use crate::io::virtual_file::{FileIo, VirtualFile};
 use crate::walreceiver::{wal_store, ReceiverConf, ReceiverError};
 
 /// A WAL file is sent in chunks of this size.
@@ -116,11 +115,15 @@ pub async fn wal_file(
             "`{name}` is not a WAL file name (a segment like 000000010000000000000003, or a history file like 00000002.history)"
         )));
     }
-    let path = wal_store::find_file(timeline.dir(), &name)
-        .ok_or_else(|| ApiError::not_found(format!("the timeline has no WAL file {name}")))?;
+    let dir = timeline.dir().to_owned();
     let file = blocking(move || {
-        let file = VirtualFile::open(&path)
-            .map_err(|e| ApiError::internal(format!("opening {name}: {e}")))?;
+        // A descriptor held for the whole answer, not the table of open files (which reopens
+        // by path): the segment being filled is renamed when it is whole. Looked up twice, as
+        // a rename between the lookup and the open moves it once.
+        let open = || wal_store::find_file(&dir, &name).and_then(|p| std::fs::File::open(p).ok());
+        let file = open()
+            .or_else(open)
+            .ok_or_else(|| ApiError::not_found(format!("the timeline has no WAL file {name}")))?;
         let len = file
             .metadata()
             .map_err(|e| ApiError::internal(format!("{name}: {e}")))?
@@ -137,8 +140,7 @@ pub async fn wal_file(
         let reader = file.clone();
         let chunk = tokio::task::spawn_blocking(move || {
             let mut buf = vec![0u8; n];
-            reader
-                .read_exact_at(&mut buf, at)
+            std::os::unix::fs::FileExt::read_exact_at(&*reader, &mut buf, at)
                 .map(|()| Bytes::from(buf))
         })
         .await
