@@ -18,7 +18,8 @@
 //! The first thing that does not check is an error, kept: the decoder stops there, and
 //! [`WalDecoder::valid_end`] is the end of the last good record (where a reader of files takes
 //! the WAL to end). Memory: the bytes fed and not yet decoded, and the record being assembled,
-//! which grows only as its bytes arrive, whatever length its header claims.
+//! which grows only as its bytes arrive, whatever length its header claims, and not past the
+//! limit of [`WalDecoder::keeping_records_up_to`] when one is set.
 
 use std::fmt;
 
@@ -44,7 +45,8 @@ pub struct DecodedRecord {
     /// The LSN just past its last byte (PostgreSQL's `EndRecPtr`).
     pub end: Lsn,
     pub header: RecordHeader,
-    /// All of it, header included, without the page headers it spanned.
+    /// All of it, header included, without the page headers it spanned; its header alone for
+    /// a record longer than the decoder keeps ([`WalDecoder::keeping_records_up_to`]).
     pub bytes: Vec<u8>,
 }
 
@@ -79,7 +81,12 @@ enum State {
     /// `claimed` the total a page's `rem_len` implied before that.
     InRecord {
         start: Lsn,
+        /// The header, and the rest if the record is kept whole.
         bytes: Vec<u8>,
+        /// Bytes of the record gathered so far.
+        gathered: usize,
+        /// The CRC-32C of what was gathered after the header.
+        body_crc: u32,
         total: Option<u32>,
         claimed: Option<u64>,
     },
@@ -106,6 +113,9 @@ pub struct WalDecoder {
     system_id: Option<u64>,
     /// The page magic expected: PostgreSQL 15's unless told otherwise.
     magic: u16,
+    /// Records longer than this are checked as their bytes stream through, and handed back
+    /// with their header alone.
+    keep_up_to: usize,
     error: Option<WalError>,
 }
 
@@ -125,8 +135,18 @@ impl WalDecoder {
             tli: None,
             system_id: None,
             magic: crate::XLOG_PAGE_MAGIC,
+            keep_up_to: usize::MAX,
             error: None,
         }
+    }
+
+    /// Keeps only records of at most `len` bytes whole: a longer one is checked (length,
+    /// CRC-32C) as its bytes pass and handed back with its header alone, so the decoder holds
+    /// at most `len` bytes of a record, whatever length a header claims (PostgreSQL allows
+    /// records of up to 1020 MiB).
+    pub fn keeping_records_up_to(mut self, len: usize) -> WalDecoder {
+        self.keep_up_to = len.max(RECORD_HEADER_LEN);
+        self
     }
 
     /// Expects pages of `magic` instead of PostgreSQL 15's: for walking the records of another
@@ -276,6 +296,8 @@ impl WalDecoder {
                     self.state = State::InRecord {
                         start: self.at,
                         bytes: Vec::new(),
+                        gathered: 0,
+                        body_crc: 0,
                         total: None,
                         claimed: None,
                     };
@@ -336,9 +358,10 @@ impl WalDecoder {
         match &mut self.state {
             State::InRecord {
                 start,
-                bytes,
+                gathered,
                 total,
                 claimed,
+                ..
             } => {
                 if header.overwrites_contrecord() {
                     // The rest of the record was lost, and new WAL begins here.
@@ -352,7 +375,7 @@ impl WalDecoder {
                     );
                 } else {
                     let rem = u64::from(header.rem_len);
-                    let gathered = bytes.len() as u64;
+                    let gathered = *gathered as u64;
                     match total {
                         Some(total) if u64::from(*total) - gathered != rem => {
                             let left = u64::from(*total) - gathered;
@@ -414,9 +437,12 @@ impl WalDecoder {
     fn gather(&mut self) -> Result<Option<DecodedRecord>, WalError> {
         let page_left = self.page_left();
         let available = self.available();
+        let keep_up_to = self.keep_up_to;
         let State::InRecord {
             start,
             bytes,
+            gathered,
+            body_crc,
             total,
             ..
         } = &mut self.state
@@ -425,12 +451,23 @@ impl WalDecoder {
         };
         let start = *start;
         let want = total.map_or(RECORD_HEADER_LEN, |t| t as usize);
-        let n = (want - bytes.len()).min(page_left).min(available);
-        bytes.extend_from_slice(&self.buf[self.head..self.head + n]);
+        let n = (want - *gathered).min(page_left).min(available);
+        let mut chunk = &self.buf[self.head..self.head + n];
+        if *gathered < RECORD_HEADER_LEN {
+            let header_part = (RECORD_HEADER_LEN - *gathered).min(chunk.len());
+            bytes.extend_from_slice(&chunk[..header_part]);
+            chunk = &chunk[header_part..];
+        }
+        *body_crc = crc32c::crc32c_append(*body_crc, chunk);
+        if total.is_some_and(|t| t as usize <= keep_up_to) {
+            bytes.extend_from_slice(chunk);
+        }
+        *gathered += n;
         self.take(n);
         let prev = self.prev;
         let State::InRecord {
             bytes,
+            gathered,
             total,
             claimed,
             ..
@@ -438,7 +475,7 @@ impl WalDecoder {
         else {
             unreachable!("still in the record");
         };
-        if total.is_none() && bytes.len() == RECORD_HEADER_LEN {
+        if total.is_none() && *gathered == RECORD_HEADER_LEN {
             let header = RecordHeader::decode(bytes);
             if let Some(reason) = check_header(&header, *claimed, prev) {
                 return invalid(start, reason);
@@ -446,18 +483,17 @@ impl WalDecoder {
             *total = Some(header.tot_len);
         }
         match *total {
-            Some(total) if bytes.len() == total as usize => {}
+            Some(total) if *gathered == total as usize => {}
             _ => return Ok(None),
         }
-        let State::InRecord { bytes, .. } = std::mem::replace(&mut self.state, State::Between)
+        let State::InRecord {
+            bytes, body_crc, ..
+        } = std::mem::replace(&mut self.state, State::Between)
         else {
             unreachable!("still in the record");
         };
         let header = RecordHeader::decode(&bytes);
-        let crc = crc32c::crc32c_append(
-            crc32c::crc32c(&bytes[RECORD_HEADER_LEN..]),
-            &bytes[..crate::record::CRC_OFFSET],
-        );
+        let crc = crc32c::crc32c_append(body_crc, &bytes[..crate::record::CRC_OFFSET]);
         if crc != header.crc {
             return invalid(
                 start,

@@ -2,11 +2,12 @@
 //!
 //! Per timeline, at most one receiver: a thread of its own that holds a physical replication
 //! connection to the primary (`connection.rs`), decodes every byte it receives as it arrives
-//! (`postgres_wal`: a stream that does not check is an error, never stored as WAL), writes it
-//! into the timeline's WAL files (`wal_store.rs`) and reports back, after each batch of
-//! messages, what it received (write), what is durable here (flush, after an fsync: a primary
-//! whose `synchronous_standby_names` names our application name commits once its commit record
-//! is flushed here) and the same as applied.
+//! (`postgres_wal`: a stream that does not check is an error, never stored as WAL; records are
+//! checked as their bytes pass, none held whole), writes it into the timeline's WAL files
+//! (`wal_store.rs`) and reports back, after each batch of messages, what it received (write),
+//! what is durable here (flush, after an fsync: a primary whose `synchronous_standby_names`
+//! names our application name commits once its commit record is flushed here) and the same as
+//! applied.
 //!
 //! ```text
 //!   PUT wal_receiver ─▶ first connection (409/400 if the primary is refused) ─▶ streaming

@@ -414,7 +414,9 @@ impl Session {
         Ok(Session {
             conn,
             store,
-            decoder: WalDecoder::new(start, segment_size),
+            // Records are only checked here, never kept: a record's header at most is held,
+            // whatever length the primary's WAL claims for it.
+            decoder: WalDecoder::new(start, segment_size).keeping_records_up_to(0),
             tli: ident.timeline,
         })
     }

@@ -64,7 +64,8 @@ impl WalStore {
             None => None,
             Some((segment, path)) => {
                 let bytes = std::fs::read(&path)?;
-                let mut decoder = WalDecoder::new(segment.start(segment_size), segment_size);
+                let mut decoder = WalDecoder::new(segment.start(segment_size), segment_size)
+                    .keeping_records_up_to(0);
                 decoder.feed(&bytes);
                 while let Ok(Some(_)) = decoder.next_record() {}
                 Some(StoredEnd {
@@ -304,7 +305,8 @@ pub fn replay_segments(timeline_dir: &Path, from: Lsn, to: Lsn) -> Result<Option
     // began there and ends in the last one counts.
     let tail = &segments[segments.len().saturating_sub(2)..];
     let first = postgres_wal::segment::segno_of(to, size) + 1 - tail.len() as u64;
-    let mut decoder = WalDecoder::new(postgres_wal::segment::segment_start(first, size), size);
+    let mut decoder = WalDecoder::new(postgres_wal::segment::segment_start(first, size), size)
+        .keeping_records_up_to(0);
     let mut cut = from;
     let mut buf = vec![0u8; size as usize];
     'files: for (_, file) in tail {
