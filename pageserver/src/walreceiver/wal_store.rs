@@ -259,30 +259,18 @@ pub fn replay_segments(timeline_dir: &Path, from: Lsn, to: Lsn) -> Result<Option
     let Some(size) = size else {
         return Ok(None);
     };
-    let (_, stored) = WalStore::open(timeline_dir, size).map_err(|e| e.to_string())?;
-    let Some(stored) = stored else {
+    // The newest segment's name gives the timeline, and bounds what can be asked for; the
+    // WAL's exact end is found below, in the segments read anyway.
+    let Some((newest, _)) = newest_segment(&dir, size).map_err(|e| e.to_string())? else {
         return Ok(None);
     };
-    // Where the next record would start: past the padding, and past a page header at a page
-    // boundary (`pg_current_wal_insert_lsn()` says so, for one).
-    let mut next = stored
-        .valid_end
-        .0
-        .next_multiple_of(postgres_wal::RECORD_ALIGN);
-    if next.is_multiple_of(postgres_wal::XLOG_BLCKSZ as u64) {
-        next += if next.is_multiple_of(u64::from(size)) {
-            postgres_wal::page::LONG_HEADER_LEN
-        } else {
-            postgres_wal::page::SHORT_HEADER_LEN
-        } as u64;
-    }
-    if to.0 > next {
+    if postgres_wal::segment::segno_of(to, size) > newest.segno {
         return Err(format!(
-            "the timeline's WAL ends at {}, before {to}",
-            stored.valid_end
+            "the timeline's WAL ends at segment {}, before {to}",
+            newest.file_name(size)
         ));
     }
-    let tli = stored.segment.tli;
+    let tli = newest.tli;
     // Opened now: a segment that fills up and is renamed while the archive is written is
     // still the file opened.
     let mut segments: Vec<(String, File)> = Vec::new();
@@ -308,6 +296,8 @@ pub fn replay_segments(timeline_dir: &Path, from: Lsn, to: Lsn) -> Result<Option
     let mut decoder = WalDecoder::new(postgres_wal::segment::segment_start(first, size), size)
         .keeping_records_up_to(0);
     let mut cut = from;
+    // Whether the WAL reaches past `to`: a later segment is stored, or a record ends past it.
+    let mut reached = postgres_wal::segment::segno_of(to, size) < newest.segno;
     let mut buf = vec![0u8; size as usize];
     'files: for (_, file) in tail {
         file.read_exact_at(&mut buf, 0).map_err(|e| e.to_string())?;
@@ -315,9 +305,30 @@ pub fn replay_segments(timeline_dir: &Path, from: Lsn, to: Lsn) -> Result<Option
         loop {
             match decoder.next_record() {
                 Ok(Some(record)) if record.end <= to => cut = cut.max(record.end),
+                Ok(Some(_)) => {
+                    reached = true;
+                    break 'files;
+                }
                 Ok(None) => break,
-                _ => break 'files,
+                Err(_) => break 'files,
             }
+        }
+    }
+    if !reached {
+        // The WAL ends at or before `to`: `to` may still be where the next record would
+        // start, past the padding and a page header at a page boundary
+        // (`pg_current_wal_insert_lsn()` says so, for one).
+        let end = decoder.valid_end();
+        let mut next = end.0.next_multiple_of(postgres_wal::RECORD_ALIGN);
+        if next.is_multiple_of(postgres_wal::XLOG_BLCKSZ as u64) {
+            next += if next.is_multiple_of(u64::from(size)) {
+                postgres_wal::page::LONG_HEADER_LEN
+            } else {
+                postgres_wal::page::SHORT_HEADER_LEN
+            } as u64;
+        }
+        if to.0 > next {
+            return Err(format!("the timeline's WAL ends at {end}, before {to}"));
         }
     }
     Ok(Some(Replay {
