@@ -105,6 +105,9 @@ pub struct PageServerConf {
     pub upload_queue_max_bytes: u64,
     #[serde(deserialize_with = "duration")]
     pub upload_queue_wait_timeout: Duration,
+    /// The WAL archive uploads the partial tail of received WAL at least this often.
+    #[serde(deserialize_with = "duration")]
+    pub wal_upload_interval: Duration,
     #[serde(deserialize_with = "size")]
     pub max_local_layer_bytes: u64,
     pub test_remote_failures: u32,
@@ -155,6 +158,7 @@ impl Default for PageServerConf {
             remote_storage_operation_timeout: Deadlines::default().operation,
             upload_queue_max_bytes: 512 << 20,
             upload_queue_wait_timeout: Duration::from_secs(30),
+            wal_upload_interval: crate::tenant::remote_timeline_client::DEFAULT_WAL_UPLOAD_INTERVAL,
             max_local_layer_bytes: 0,
             test_remote_failures: 0,
             timeline: TimelineConf::default(),
@@ -340,6 +344,7 @@ impl PageServerConf {
                 self.remote_storage_request_timeout,
             ),
             ("upload_queue_wait_timeout", self.upload_queue_wait_timeout),
+            ("wal_upload_interval", self.wal_upload_interval),
         ] {
             in_range_shown(name, value, MIN_REMOTE_DEADLINE..=MAX_REMOTE_DEADLINE, show)?;
         }

@@ -17,37 +17,7 @@ from fixtures.plugin import PageserverFactory
 from fixtures.postgres import PgCluster, PgEnv
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
-
-SEGMENT = 16 << 20
-
-
-def primary_with_snapshot(pg: PgEnv, timeline: TimelineHandle, name: str = "primary") -> PgCluster:
-    """A running primary on 127.0.0.1, with pgbench's tables, imported into `timeline` by
-    pg_basebackup."""
-    primary = pg.new_cluster(name).start("listen_addresses=127.0.0.1")
-    primary.pgbench("-i", "-s", "1", "-q")
-    pg.import_process(timeline.url, primary.basebackup_process())
-    return primary
-
-
-def connstr(primary: PgCluster, extra: str = "") -> str:
-    return f"host=127.0.0.1 port={primary.port} user=postgres sslmode=disable {extra}".strip()
-
-
-def receiver(timeline: TimelineHandle) -> requests.Response:
-    return requests.get(f"{timeline.url}/wal_receiver", timeout=30)
-
-
-def wait_flushed(timeline: TimelineHandle, lsn: Lsn, timeout: float = 60) -> dict:
-    def flushed() -> dict:
-        r = receiver(timeline)
-        assert r.status_code == 200, r.text
-        state = r.json()
-        assert state["state"] == "streaming", state
-        assert Lsn.parse(state["flushed_lsn"]) >= lsn, state
-        return state
-
-    return wait_until(flushed, timeout=timeout, interval=0.05, what=f"WAL flushed to {lsn}")
+from fixtures.wal_stream import SEGMENT, connstr, primary_with_snapshot, receiver, start_promoted, wait_flushed
 
 
 def check_wal_equal(primary: PgCluster, timeline: TimelineHandle, upto: Lsn, tli: int = 1) -> int:
@@ -175,16 +145,6 @@ def test_refusals_say_what_is_wrong(pg: PgEnv, pageserver: Pageserver, timeline:
     # The stored settings keep the password away from other users.
     settings = pageserver.timeline_dir(timeline.tenant_id, timeline.timeline_id) / "wal_receiver.json"
     assert settings.stat().st_mode & 0o077 == 0
-
-
-def start_promoted(cluster: PgCluster) -> None:
-    """Starts a restored cluster and waits until its recovery ends and it is promoted; its log
-    is in the error if it does not get there."""
-    try:
-        cluster.start()
-        wait_until(lambda: cluster.psql("SELECT pg_is_in_recovery()") == "f", timeout=60, what="recovery, then promotion")
-    except Exception as e:
-        raise AssertionError(f"{e}\n{cluster.log.read_text()[-3000:]}") from e
 
 
 def test_any_lsn_after_the_snapshot_comes_back_as_a_cluster(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):

@@ -174,7 +174,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             conf.max_local_layer_bytes,
         )
         .context("starting the remote storage runtime")?
-        .with_upload_room_timeout(conf.upload_queue_wait_timeout),
+        .with_upload_room_timeout(conf.upload_queue_wait_timeout)
+        .with_wal_upload_interval(conf.wal_upload_interval),
     );
     // A bucket that is not there, credentials it refuses or a store that does not answer stop
     // the start here, saying which, rather than failing every upload later.

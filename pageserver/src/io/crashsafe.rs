@@ -81,10 +81,33 @@ pub fn rename_durably_holding<G>(from: &Path, to: &Path, guard: G) -> Result<(),
 /// temporary name (no one reads it until the directory is renamed into place), and makes the
 /// file and its entry in `dir` durable. `dir`'s own entry is the caller's to make durable.
 pub fn write_in_new_dir(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), PathError> {
+    write_in_new_dir_with_mode(dir, name, bytes, 0o644)
+}
+
+/// [`write_in_new_dir`] for a file only the server's user may read (it holds a password).
+pub fn write_private_in_new_dir(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), PathError> {
+    write_in_new_dir_with_mode(dir, name, bytes, 0o600)
+}
+
+fn write_in_new_dir_with_mode(
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+) -> Result<(), PathError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(name);
-    std::fs::write(&path, bytes).map_err(PathError::at(&path))?;
-    std::fs::File::open(&path)
-        .and_then(|file| file.sync_all())
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&path)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        })
         .map_err(PathError::at(&path))?;
     fsync_dir(dir).map_err(PathError::at(dir))
 }

@@ -24,12 +24,17 @@ const READ_CHUNK: usize = 1 << 20;
 
 /// See the module documentation.
 #[derive(Debug)]
-pub struct TransferFile(VirtualFile);
+pub struct TransferFile(VirtualFile, Option<u64>);
 
 impl TransferFile {
     /// Opens `path` for an upload.
     pub fn open(path: &Path) -> io::Result<TransferFile> {
-        VirtualFile::open(path).map(TransferFile)
+        VirtualFile::open(path).map(|f| TransferFile(f, None))
+    }
+
+    /// Opens `path` for an upload of its first `len` bytes (a file still being filled).
+    pub fn open_prefix(path: &Path, len: u64) -> io::Result<TransferFile> {
+        VirtualFile::open(path).map(|f| TransferFile(f, Some(len)))
     }
 
     /// Creates `path` for a download, replacing a file left there by an earlier attempt.
@@ -38,12 +43,13 @@ impl TransferFile {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
-        VirtualFile::create_durable(path).map(TransferFile)
+        VirtualFile::create_durable(path).map(|f| TransferFile(f, None))
     }
 
-    /// The length and CRC-32C of the file as the disk holds it now.
+    /// The length and CRC-32C of the file (of its first bytes, for a prefix) as the disk
+    /// holds it now.
     pub fn read_back(&self) -> io::Result<(u64, u32)> {
-        let len = self.0.metadata()?.len();
+        let len = self.size()?;
         Ok((len, crc32c_of(&self.0, len)?))
     }
 }
@@ -54,7 +60,8 @@ impl LocalFile for TransferFile {
     }
 
     fn size(&self) -> io::Result<u64> {
-        Ok(self.0.metadata()?.len())
+        let len = self.0.metadata()?.len();
+        Ok(self.1.map_or(len, |limit| limit.min(len)))
     }
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {

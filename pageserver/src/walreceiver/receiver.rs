@@ -100,7 +100,7 @@ pub struct ReceiverState {
     /// Just past the last byte durable here (what the primary is told is flushed).
     #[serde(serialize_with = "lsn_text")]
     pub flushed_lsn: Option<Lsn>,
-    /// Just past the last byte in the object store; WAL is not uploaded yet.
+    /// Just past the last byte in the object store (listed by its durable index).
     #[serde(serialize_with = "lsn_text")]
     pub archived_lsn: Option<Lsn>,
     /// The end of the primary's WAL, as it last said.
@@ -185,6 +185,9 @@ impl Receivers {
             }
         };
         store_conf(timeline.dir(), &conf)?;
+        if let Some(remote) = timeline.remote_copy() {
+            remote.set_wal_receiver(serde_json::to_value(&conf).ok());
+        }
         let state = shared.state().clone();
         self.spawn(timeline, conf, conn, shared, Some(session));
         Ok(state)
@@ -248,6 +251,11 @@ impl Receivers {
         if conf.is_none() && !had {
             return Ok(false);
         }
+        // The index first: a crash before the local file goes leaves a receiver that a
+        // restart resumes, never one that an attach elsewhere brings back after its removal.
+        if let Some(remote) = timeline.remote_copy() {
+            remote.set_wal_receiver(None);
+        }
         match std::fs::remove_file(timeline.dir().join(RECEIVER_FILE)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(ReceiverError::Io(e)),
             _ => {}
@@ -272,6 +280,22 @@ impl Receivers {
             let _ = thread.join();
         }
         true
+    }
+
+    /// Stops the receivers of `tenant`'s timelines (before a detach or a deletion); their
+    /// settings stay.
+    pub fn stop_tenant(&self, tenant: TenantId) {
+        let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        let keys: Vec<_> = self.map().keys().copied().collect();
+        for (t, timeline) in keys.into_iter().filter(|(t, _)| *t == tenant) {
+            self.stop_thread(t, timeline);
+        }
+    }
+
+    /// Stops the receiver of one timeline (before its deletion); its settings stay.
+    pub fn stop_timeline(&self, tenant: TenantId, timeline: TimelineId) {
+        let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
+        self.stop_thread(tenant, timeline);
     }
 
     /// Stops every receiver (a server's shutdown); their settings stay.
@@ -336,6 +360,7 @@ fn load_conf(dir: &Path) -> Result<Option<ReceiverConf>, ReceiverError> {
 /// A replication stream set up and started.
 struct Session {
     conn: ReplicationConnection,
+    segment_size: u32,
     store: WalStore,
     decoder: WalDecoder,
     tli: u32,
@@ -379,10 +404,19 @@ impl Session {
         // newer than the WAL stored was imported (a new slot may not keep the older WAL).
         let snapshot_start =
             segment::segment_start(segment::segno_of(newest, segment_size), segment_size);
+        // After an attach elsewhere the local disk has nothing, and the store has what the
+        // last attachment archived: from the start of its newest segment.
+        let archived_start = timeline
+            .remote_copy()
+            .and_then(|r| r.archived_lsn())
+            .map_or(Lsn(0), |a| {
+                segment::segment_start(segment::segno_of(a, segment_size), segment_size)
+            });
         let start = match stored {
             Some(stored) => stored.segment.start(segment_size).max(snapshot_start),
             None => snapshot_start,
-        };
+        }
+        .max(archived_start);
         if start > ident.xlogpos {
             return Err(ReceiverError::Refused(format!(
                 "the primary's WAL ends at {}, before {start} where the timeline's WAL goes on: a \
@@ -407,12 +441,14 @@ impl Session {
             s.system_id = Some(ident.system_id.to_string());
             s.timeline = Some(ident.timeline);
             s.received_lsn = Some(start);
-            s.flushed_lsn = stored.map(|s| s.valid_end).or(Some(start));
+            s.flushed_lsn = Some(stored.map_or(start, |s| s.valid_end).max(start));
+            s.archived_lsn = timeline.remote_copy().and_then(|r| r.archived_lsn());
             s.primary_wal_end = Some(ident.xlogpos);
             s.last_error = None;
         }
         Ok(Session {
             conn,
+            segment_size,
             store,
             // Records are only checked here, never kept: a record's header at most is held,
             // whatever length the primary's WAL claims for it.
@@ -456,7 +492,7 @@ impl Session {
                         || last_status.elapsed() >= STATUS_INTERVAL
                     {
                         self.store.flush().map_err(ReceiverError::Io)?;
-                        self.status(shared)?;
+                        self.status(timeline, shared)?;
                         unflushed = false;
                         last_status = Instant::now();
                     }
@@ -475,7 +511,7 @@ impl Session {
                         s.last_message_ms = Some(now_ms());
                     }
                     if reply_requested {
-                        self.status(shared)?;
+                        self.status(timeline, shared)?;
                         last_status = Instant::now();
                     }
                 }
@@ -487,7 +523,7 @@ impl Session {
                 None => {
                     if unflushed || last_status.elapsed() >= STATUS_INTERVAL {
                         self.store.flush().map_err(ReceiverError::Io)?;
-                        self.status(shared)?;
+                        self.status(timeline, shared)?;
                         unflushed = false;
                         last_status = Instant::now();
                     }
@@ -496,11 +532,16 @@ impl Session {
         }
     }
 
-    fn status(&mut self, shared: &Shared) -> Result<(), ReceiverError> {
+    fn status(&mut self, timeline: &Timeline, shared: &Shared) -> Result<(), ReceiverError> {
         let flushed = self.store.flushed();
+        let remote = timeline.remote_copy();
+        if let Some(remote) = remote {
+            remote.wal_flushed(self.store.dir(), self.tli, self.segment_size, flushed);
+        }
         {
             let mut s = shared.state();
             s.flushed_lsn = Some(flushed);
+            s.archived_lsn = remote.and_then(|r| r.archived_lsn());
             s.lag_bytes = s.primary_wal_end.map(|end| end.0.saturating_sub(flushed.0));
         }
         // Applied: what is durable here is all this receiver does with the WAL yet.

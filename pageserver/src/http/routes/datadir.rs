@@ -22,7 +22,7 @@ use super::{closing, lsn_param, query_params, timeline_of, ApiResult};
 use crate::datadir::{import_archive, snapshot_at, write_basebackup, BasebackupError, ImportError};
 use crate::http::error::ApiError;
 use crate::http::{blocking, on_own_thread, SharedState};
-use crate::walreceiver::wal_store::replay_segments;
+use crate::walreceiver::wal_store::{replay_segments, WAL_DIR};
 
 /// Bytes of archive handed to the client at a time, and how many such pieces may wait.
 const BASEBACKUP_PIECE: usize = 256 * 1024;
@@ -188,6 +188,18 @@ pub async fn basebackup(
         let last = timeline.last_record_lsn();
         let snapshot = snapshot_at(&timeline, lsn.min(last)).map_err(basebackup_error)?;
         let replay = if lsn > snapshot.lsn {
+            // What the local disk lacks of that WAL (lost, or attached from elsewhere) comes
+            // from the WAL archive.
+            if let Some(remote) = timeline.remote_copy() {
+                remote
+                    .fetch_wal_range(&timeline.dir().join(WAL_DIR), snapshot.lsn, lsn)
+                    .map_err(|e| {
+                        ApiError::try_again(format!(
+                            "fetching the WAL from {} to {lsn} from remote storage: {e}",
+                            snapshot.lsn
+                        ))
+                    })?;
+            }
             match replay_segments(timeline.dir(), snapshot.lsn, lsn) {
                 Ok(Some(replay)) => Some(replay),
                 Ok(None) if lsn > last => {

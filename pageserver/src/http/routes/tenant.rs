@@ -74,7 +74,12 @@ pub async fn tenant_delete(
 ) -> ApiResult<Json<JsonValue>> {
     let id = parse_tenant(&tenant_id)?;
     let tenants = state.tenants.clone();
-    blocking(move || Ok(tenants.delete_tenant(id)?)).await?;
+    let receivers = state.receivers.clone();
+    blocking(move || {
+        receivers.stop_tenant(id);
+        Ok(tenants.delete_tenant(id)?)
+    })
+    .await?;
     Ok(Json(json!({})))
 }
 
@@ -100,6 +105,13 @@ pub async fn tenant_attach(
         .ok_or_else(|| ApiError::bad_request("generation must be 1 or more".to_owned()))?;
     let tenants = state.tenants.clone();
     let tenant = blocking(move || Ok(tenants.attach_tenant(id, generation)?)).await?;
+    // The WAL receivers the remote index named stream on here.
+    for timeline in tenant.list_timelines() {
+        if let Err(e) = state.receivers.resume(timeline.clone()) {
+            tracing::error!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+                "the attached timeline's WAL receiver settings cannot be used, so it does not start: {e}");
+        }
+    }
     Ok((StatusCode::CREATED, Json(tenant_json(&tenant))))
 }
 
@@ -110,6 +122,21 @@ pub async fn tenant_detach(
 ) -> ApiResult<Json<JsonValue>> {
     let id = parse_tenant(&tenant_id)?;
     let tenants = state.tenants.clone();
-    blocking(move || Ok(tenants.detach_tenant(id)?)).await?;
+    let receivers = state.receivers.clone();
+    blocking(move || {
+        // Stopped first, so that the WAL they stored is uploaded with the rest.
+        receivers.stop_tenant(id);
+        let detached = tenants.detach_tenant(id);
+        if detached.is_err() {
+            // Still attached here, serving as before: its receivers too.
+            for timeline in tenants.get_tenant(id).map(|t| t.list_timelines()).unwrap_or_default() {
+                if let Err(e) = receivers.resume(timeline) {
+                    tracing::error!(tenant = %id, "a WAL receiver does not restart after a failed detach: {e}");
+                }
+            }
+        }
+        Ok(detached?)
+    })
+    .await?;
     Ok(Json(json!({})))
 }

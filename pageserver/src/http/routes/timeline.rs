@@ -157,7 +157,12 @@ pub async fn timeline_delete(
 ) -> ApiResult<Json<JsonValue>> {
     let tenant = state.tenants.get_tenant(parse_tenant(&tenant_id)?)?;
     let id = parse_timeline(&timeline_id)?;
-    blocking(move || Ok(tenant.delete_timeline(id)?)).await?;
+    let receivers = state.receivers.clone();
+    blocking(move || {
+        receivers.stop_timeline(tenant.id(), id);
+        Ok(tenant.delete_timeline(id)?)
+    })
+    .await?;
     Ok(Json(json!({})))
 }
 

@@ -121,8 +121,23 @@ pub async fn wal_file(
         // by path): the segment being filled is renamed when it is whole. Looked up twice, as
         // a rename between the lookup and the open moves it once.
         let open = || wal_store::find_file(&dir, &name).and_then(|p| std::fs::File::open(p).ok());
-        let file = open()
-            .or_else(open)
+        let mut file = open().or_else(open);
+        if file.is_none() {
+            // Not on the local disk: from the WAL archive, if it has it.
+            if let Some(remote) = timeline.remote_copy() {
+                let fetched = remote
+                    .fetch_wal(&dir.join(wal_store::WAL_DIR), &name)
+                    .map_err(|e| {
+                        ApiError::try_again(format!(
+                            "fetching WAL file {name} from remote storage: {e}"
+                        ))
+                    })?;
+                if fetched {
+                    file = open();
+                }
+            }
+        }
+        let file = file
             .ok_or_else(|| ApiError::not_found(format!("the timeline has no WAL file {name}")))?;
         let len = file
             .metadata()

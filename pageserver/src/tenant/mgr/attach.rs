@@ -113,6 +113,16 @@ impl TenantManager {
                 if let Some(ancestry) = claimed.ancestry {
                     ancestry.write(&dir)?;
                 }
+                // A WAL receiver: it streams on here, from where the WAL archive ends.
+                if let Some(receiver) = &claimed.wal.receiver {
+                    let bytes = serde_json::to_vec_pretty(receiver).expect("JSON serializes");
+                    crate::io::crashsafe::write_private_in_new_dir(
+                        &dir,
+                        crate::tenant::timeline::WAL_RECEIVER_FILE,
+                        &bytes,
+                    )
+                    .map_err(|e| io_error(&e.path)(e.source))?;
+                }
             }
             Ok(())
         })?;

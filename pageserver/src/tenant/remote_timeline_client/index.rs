@@ -9,9 +9,13 @@
 //!   "layers": {
 //!     "<layer file name>": { "size": 270336, "crc32c": 3735928559, "level": "L0",
 //!                            "generation": 1, "group_size": 1 }
-//!   }
+//!   },
+//!   "wal": { … }
 //! }
 //! ```
+//!
+//! `wal` (optional) lists the WAL segments the store holds and the WAL receiver's settings;
+//! `wal_index.rs` describes it.
 //!
 //! `contiguous_from` and `group_size` are the manifest's (`timeline::layer_set::manifest`): where the
 //! layers' history starts, and how many files the change that wrote a layer wrote at its LSN
@@ -37,6 +41,8 @@ use utils::{Generation, Lsn, TenantId, TimelineId};
 use crate::tenant::storage_layer::LayerName;
 use crate::tenant::timeline::layer_set::manifest::{LayerLevel, Manifest};
 use crate::tenant::timeline::Ancestry;
+
+use super::wal_index::{parse_object_name, RawWal, WalIndex};
 
 pub const INDEX_VERSION: u32 = 2;
 /// Without `contiguous_from` and group sizes.
@@ -73,6 +79,8 @@ pub struct IndexPart {
     /// For a branch: its ancestor and branch LSN (`timeline::ancestry`), so that an attach
     /// links it again.
     pub ancestry: Option<Ancestry>,
+    /// The WAL the store holds, and the receiver's settings (`wal_index.rs`).
+    pub wal: WalIndex,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -92,6 +100,9 @@ struct RawIndex {
     ancestor_timeline_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     ancestor_lsn: Option<String>,
+    /// Version 2, optional: absent when the timeline has no WAL and no receiver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wal: Option<RawWal>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -136,6 +147,7 @@ impl IndexPart {
                 })
                 .collect(),
             ancestry: None,
+            wal: WalIndex::default(),
         }
     }
 
@@ -164,6 +176,7 @@ impl IndexPart {
                 .collect(),
             ancestor_timeline_id: self.ancestry.map(|a| a.timeline_id.to_string()),
             ancestor_lsn: self.ancestry.map(|a| a.lsn.to_string()),
+            wal: (!self.wal.is_empty()).then(|| self.wal.to_raw()),
         };
         serde_json::to_vec_pretty(&raw).expect("an index always serializes")
     }
@@ -267,6 +280,10 @@ impl IndexPart {
             contiguous_from,
             layers,
             ancestry,
+            wal: match raw.wal {
+                Some(wal) => WalIndex::from_raw(wal, generation)?,
+                None => WalIndex::default(),
+            },
         })
     }
 
@@ -325,6 +342,12 @@ pub enum RemoteObject {
         name: String,
         generation: Generation,
     },
+    /// A WAL segment (`wal_index.rs`), whole or partial.
+    Wal {
+        name: String,
+        partial: bool,
+        generation: Generation,
+    },
     /// Not an object we write.
     Other,
 }
@@ -335,6 +358,14 @@ pub fn classify_object(file_name: &str) -> RemoteObject {
         Some((name, generation)) if name.parse::<LayerName>().is_ok() => RemoteObject::Layer {
             name: name.to_owned(),
             generation,
+        },
+        Some((name, generation)) => match parse_object_name(name) {
+            Some((segment, partial)) => RemoteObject::Wal {
+                name: segment.to_owned(),
+                partial,
+                generation,
+            },
+            None => RemoteObject::Other,
         },
         _ => RemoteObject::Other,
     }

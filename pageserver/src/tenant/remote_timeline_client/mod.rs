@@ -6,6 +6,7 @@
 //! ```text
 //!   tenants/<tenant>/timelines/<timeline>/index_part.json-<generation>
 //!   tenants/<tenant>/timelines/<timeline>/<layer file name>-<generation>
+//!   tenants/<tenant>/timelines/<timeline>/wal/<WAL segment>[.partial]-<generation>
 //! ```
 //!
 //! Every object carries the generation of the attachment that wrote it (`utils::Generation`),
@@ -35,6 +36,12 @@
 //! [`TimelineError::UploadQueueFull`](crate::tenant::timeline::TimelineError::UploadQueueFull),
 //! which an ingest batch answers as 503 with `Retry-After`.
 //!
+//! # WAL
+//!
+//! The WAL a receiver stores locally is archived by a task of its own (`wal_archive.rs`), and
+//! listed in the index's WAL section (`wal_index.rs`), which the queue uploads like any
+//! change: see `upload_plan.rs` for how a WAL change overtakes layers in flight.
+//!
 //! # Downloads
 //!
 //! Reads of layers that are not on the local disk download them through the client
@@ -59,25 +66,28 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::StreamExt;
 use remote_storage::{RemoteError, RemotePath, RemoteStorage, Transferred};
-use utils::{Generation, Lsn, TenantId, TimelineId};
+use utils::{Generation, TenantId, TimelineId};
 
 use crate::io::transfer_file::TransferFile;
-use crate::tenant::timeline::layer_set::manifest::{history, Manifest};
+use crate::tenant::timeline::layer_set::manifest::history;
 use crate::tenant::timeline::Ancestry;
 use crate::tenant::timeline::RemoteCopy;
-use crate::tenant::timeline::TimelineError;
 
 mod discovery;
 mod download;
 pub mod index;
+mod remote_copy;
 #[cfg(test)]
 mod tests;
 mod upload_plan;
+mod wal_archive;
+pub mod wal_index;
 
 use index::{
     classify_object, index_path, layer_path, timeline_path, IndexLayer, IndexPart, RemoteObject,
 };
 use upload_plan::{Step, UploadPlan};
+use wal_index::WalIndex;
 
 use discovery::parse_index;
 pub use discovery::{download_newest_index, list_tenant, TenantInStore};
@@ -89,6 +99,8 @@ pub const STEP_RETRY_DELAY: Duration = Duration::from_secs(1);
 pub const OPERATOR_RETRY_DELAY: Duration = Duration::from_secs(30);
 /// The default of `upload_queue_wait_timeout`.
 pub const DEFAULT_UPLOAD_ROOM_TIMEOUT: Duration = Duration::from_secs(30);
+/// The default of `wal_upload_interval`.
+pub const DEFAULT_WAL_UPLOAD_INTERVAL: Duration = Duration::from_secs(1);
 /// A branch waiting for its ancestor's uploads looks again at least this often (a stop, or an
 /// ancestor index uploaded while it was not listening yet).
 const ANCESTOR_RECHECK: Duration = Duration::from_secs(1);
@@ -106,6 +118,9 @@ pub struct RemoteContext {
     pub upload_room_timeout: Duration,
     /// The local layer files are kept within this many bytes by eviction (0: no limit).
     pub max_local_layer_bytes: u64,
+    /// The WAL archive uploads the partial tail of the WAL at least this often
+    /// (`wal_upload_interval`).
+    pub wal_upload_interval: Duration,
 }
 
 impl RemoteContext {
@@ -125,12 +140,19 @@ impl RemoteContext {
             upload_queue_max_bytes,
             upload_room_timeout: DEFAULT_UPLOAD_ROOM_TIMEOUT,
             max_local_layer_bytes,
+            wal_upload_interval: DEFAULT_WAL_UPLOAD_INTERVAL,
         })
     }
 
     /// Sets how long a flush waits for room in the upload queue (`upload_queue_wait_timeout`).
     pub fn with_upload_room_timeout(mut self, timeout: Duration) -> RemoteContext {
         self.upload_room_timeout = timeout;
+        self
+    }
+
+    /// Sets how often the WAL archive uploads the WAL's partial tail (`wal_upload_interval`).
+    pub fn with_wal_upload_interval(mut self, interval: Duration) -> RemoteContext {
+        self.wal_upload_interval = interval;
         self
     }
 
@@ -199,6 +221,8 @@ struct ClientState {
 
 /// See the module documentation.
 pub struct RemoteTimelineClient {
+    /// Itself, for the tasks it starts after `start`.
+    me: std::sync::Weak<RemoteTimelineClient>,
     context: Arc<RemoteContext>,
     /// For a branch: written into every index.
     ancestry: Option<Ancestry>,
@@ -226,6 +250,9 @@ pub struct RemoteTimelineClient {
     wakeup: tokio::sync::Notify,
     remote_consistent_lsn: AtomicU64,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The WAL archive's state (`wal_archive.rs`), and what wakes its task.
+    wal: Mutex<wal_archive::WalArchiveState>,
+    wal_wakeup: tokio::sync::Notify,
 }
 
 impl RemoteTimelineClient {
@@ -263,7 +290,8 @@ impl RemoteTimelineClient {
         // Written with the timeline's directory and never changed: read once.
         let ancestry =
             Ancestry::read(local_dir).map_err(|e| RemoteClientError::Local(e.to_string()))?;
-        let client = Arc::new(RemoteTimelineClient {
+        let client = Arc::new_cyclic(|me| RemoteTimelineClient {
+            me: me.clone(),
             ancestry,
             ancestor: std::sync::OnceLock::new(),
             index_uploaded: tokio::sync::Notify::new(),
@@ -286,6 +314,8 @@ impl RemoteTimelineClient {
             progressed: Condvar::new(),
             wakeup: tokio::sync::Notify::new(),
             task: Mutex::new(None),
+            wal: Mutex::new(Default::default()),
+            wal_wakeup: tokio::sync::Notify::new(),
             context: context.clone(),
         });
         let task = context.handle().spawn(client.clone().run());
@@ -329,9 +359,10 @@ impl RemoteTimelineClient {
     }
 
     /// Whether the store holds exactly what the newest committed manifest lists, and nothing
-    /// more of this generation's making.
+    /// more of this generation's making, and all the WAL reported flushed.
     pub fn is_settled(&self) -> bool {
-        self.state().plan.is_settled()
+        let state = self.state();
+        state.plan.is_settled() && self.wal_caught_up(&state.plan)
     }
 
     /// Whether a newer generation's index was found: this attachment is stale and uploads
@@ -342,16 +373,22 @@ impl RemoteTimelineClient {
 
     /// The error of the last failed step, while steps fail.
     pub fn last_error(&self) -> Option<String> {
-        self.state().last_error.clone()
+        let state = self.state();
+        let wal =
+            || (lock(&self.wal).last_error.clone()).map(|e| format!("archiving the WAL: {e}"));
+        state.last_error.clone().or_else(wal)
     }
 
     /// Waits until the queue is settled, for at most `timeout`; `false` if it is not.
     pub fn wait_settled(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
+        // The WAL archive archives its tail now, not at its next interval.
+        self.wal_wakeup.notify_one();
         let mut state = self.state();
         loop {
-            if state.plan.is_settled() || state.plan.is_fenced() {
-                return state.plan.is_settled();
+            let settled = state.plan.is_settled() && self.wal_caught_up(&state.plan);
+            if settled || state.plan.is_fenced() {
+                return settled;
             }
             let now = Instant::now();
             if now >= deadline || state.stopping {
@@ -382,7 +419,8 @@ impl RemoteTimelineClient {
             for (object, key) in listed {
                 let ours = match object {
                     RemoteObject::Index(g) => g <= this.generation,
-                    RemoteObject::Layer { generation, .. } => generation <= this.generation,
+                    RemoteObject::Layer { generation, .. }
+                    | RemoteObject::Wal { generation, .. } => generation <= this.generation,
                     RemoteObject::Other => false,
                 };
                 if ours {
@@ -651,6 +689,14 @@ impl RemoteTimelineClient {
                     RemoteObject::Layer { name, generation } => {
                         state.plan.is_unlisted_object(name, *generation)
                     }
+                    RemoteObject::Wal {
+                        name,
+                        partial,
+                        generation,
+                    } => state.plan.is_unlisted_wal_object(
+                        &WalIndex::object_name(name, *partial, *generation),
+                        *generation,
+                    ),
                     RemoteObject::Other => false,
                 })
                 .map(|(_, key)| key)
@@ -668,98 +714,6 @@ impl RemoteTimelineClient {
         }
         self.state().plan.swept();
         Ok(())
-    }
-}
-
-impl RemoteCopy for RemoteTimelineClient {
-    fn manifest_committed(&self, manifest: &Manifest) {
-        let mut state = self.state();
-        let mut target = IndexPart::from_manifest(manifest, self.generation, |name| {
-            state.plan.layer_generation(name)
-        });
-        target.ancestry = self.ancestry;
-        state.plan.set_target(target);
-        drop(state);
-        self.wakeup.notify_one();
-    }
-
-    fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool) -> Result<(), TimelineError> {
-        let limit = self.context.upload_queue_max_bytes;
-        let max_wait = self.context.upload_room_timeout;
-        let mut state = self.state();
-        if state.plan.pending_bytes() <= limit || state.plan.is_fenced() {
-            return Ok(());
-        }
-        let started = Instant::now();
-        tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
-            queued_bytes = state.plan.pending_bytes(), limit,
-            "a flush waits for the upload queue: more than upload_queue_max_bytes of layers wait for upload");
-        while state.plan.pending_bytes() > limit
-            && !state.stopping
-            && !state.plan.is_fenced()
-            && !cancelled()
-        {
-            let left = max_wait.saturating_sub(started.elapsed());
-            if left.is_zero() {
-                let queued_bytes = state.plan.pending_bytes();
-                let store_error = state.last_error.clone();
-                drop(state);
-                crate::metrics::UPLOAD_QUEUE_WAIT_SECONDS.observe(max_wait.as_secs_f64());
-                tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
-                    queued_bytes, limit, "the upload queue had no room for {max_wait:?}: the flush gives up for now");
-                return Err(TimelineError::UploadQueueFull {
-                    queued_bytes,
-                    limit,
-                    waited: max_wait,
-                    store_error: store_error
-                        .map(|e| format!("; the last upload error: {e}"))
-                        .unwrap_or_default(),
-                });
-            }
-            state = self
-                .progressed
-                .wait_timeout(state, left.min(Duration::from_millis(100)))
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        let waited = started.elapsed();
-        crate::metrics::UPLOAD_QUEUE_WAIT_SECONDS.observe(waited.as_secs_f64());
-        tracing::info!(tenant = %self.tenant_id, timeline = %self.timeline_id,
-            waited_ms = waited.as_millis() as u64, "the flush waited for the upload queue");
-        Ok(())
-    }
-
-    fn remote_consistent_lsn(&self) -> Lsn {
-        Lsn(self.remote_consistent_lsn.load(Ordering::Acquire))
-    }
-
-    fn is_in_store(&self, name: &str, size: u64, crc32c: u32) -> bool {
-        // Listed by the durable index, not merely uploaded: a restart finds only what an index
-        // lists, so a local copy whose layer no durable index lists yet must stay.
-        self.state()
-            .plan
-            .durable_layer(name)
-            .is_some_and(|l| (l.size, l.crc32c) == (size, crc32c))
-    }
-
-    fn stop(&self, drain: bool) {
-        let drained = drain && self.wait_settled(SHUTDOWN_DRAIN_TIMEOUT);
-        if drain && !drained && !self.is_fenced() {
-            tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
-                queued_bytes = self.queued_bytes(),
-                "stopping with uploads not done after {SHUTDOWN_DRAIN_TIMEOUT:?}; the next start resumes them");
-        }
-        self.state().stopping = true;
-        self.wakeup.notify_one();
-        self.progressed.notify_all();
-        if let Some(task) = lock(&self.task).take() {
-            if !drained {
-                // A step in progress may wait on a store that does not answer: it is dropped
-                // where it stands (the next start rebuilds the queue from the two manifests).
-                task.abort();
-            }
-            let _ = futures::executor::block_on(task);
-        }
     }
 }
 

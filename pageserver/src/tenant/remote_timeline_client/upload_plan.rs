@@ -34,6 +34,7 @@ use utils::Generation;
 use utils::Lsn;
 
 use super::index::{IndexLayer, IndexPart};
+use super::wal_index::WalIndex;
 
 /// The most targets queued at once (see the module documentation).
 pub(crate) const MAX_QUEUED_TARGETS: usize = 16;
@@ -52,6 +53,9 @@ pub(crate) struct UploadPlan {
     present: BTreeMap<String, IndexLayer>,
     swept: bool,
     fenced: bool,
+    /// The WAL section every target gets: what the WAL archive has put in the store
+    /// (`wal_archive.rs`), which changes apart from manifests.
+    wal: WalIndex,
 }
 
 /// What to do next.
@@ -78,6 +82,7 @@ impl UploadPlan {
                 .as_ref()
                 .map(|i| i.layers.clone())
                 .unwrap_or_default(),
+            wal: durable.as_ref().map(|i| i.wal.clone()).unwrap_or_default(),
             uploaded: durable,
             swept: false,
             fenced: false,
@@ -97,8 +102,10 @@ impl UploadPlan {
         self.present.get(name).map(|l| l.generation)
     }
 
-    /// A new manifest was committed: its index is the newest target.
-    pub(crate) fn set_target(&mut self, target: IndexPart) {
+    /// A new manifest was committed: its index, with the WAL section as it stands, is the
+    /// newest target.
+    pub(crate) fn set_target(&mut self, mut target: IndexPart) {
+        target.wal = self.wal.clone();
         if self.targets.back() == Some(&target)
             || (self.targets.is_empty() && self.uploaded.as_ref() == Some(&target))
         {
@@ -106,6 +113,60 @@ impl UploadPlan {
         }
         self.targets.push_back(target);
         self.prune();
+    }
+
+    /// The WAL archive changed the WAL section: every queued target takes it, and so does a
+    /// copy of the durable index queued first, which is complete. So a WAL change reaches the
+    /// store with the next index upload, never waiting for layers still being uploaded. Before
+    /// any index exists, the section waits for the first manifest's.
+    pub(crate) fn set_wal(&mut self, wal: WalIndex) {
+        for target in &mut self.targets {
+            target.wal = wal.clone();
+        }
+        if let Some(uploaded) = self.uploaded.as_ref().filter(|u| u.wal != wal) {
+            let mut target = uploaded.clone();
+            target.wal = wal.clone();
+            target.generation = self.generation;
+            if self.targets.front() != Some(&target) {
+                self.targets.push_front(target);
+            }
+        }
+        self.wal = wal;
+        self.prune();
+    }
+
+    /// The WAL section every new target gets.
+    pub(crate) fn wal(&self) -> &WalIndex {
+        &self.wal
+    }
+
+    /// The durable index's WAL section.
+    pub(crate) fn durable_wal(&self) -> Option<&WalIndex> {
+        self.uploaded.as_ref().map(|i| &i.wal)
+    }
+
+    /// Whether an index the store holds, or will, lists WAL object `key` (under the timeline's
+    /// prefix).
+    pub(crate) fn lists_wal_object(&self, key: &str) -> bool {
+        self.uploaded
+            .iter()
+            .chain(self.targets.iter())
+            .map(|i| &i.wal)
+            .chain(std::iter::once(&self.wal))
+            .any(|w| w.object_names().iter().any(|k| k == key))
+    }
+
+    /// Whether the sweep may delete WAL object `key` (under the timeline's prefix) of
+    /// `generation`: an older generation's that neither the durable index nor a queued target
+    /// lists. This generation's are the WAL archive's to delete (it uploads them before any
+    /// index lists them).
+    pub(crate) fn is_unlisted_wal_object(&self, key: &str, generation: Generation) -> bool {
+        generation < self.generation
+            && !self
+                .uploaded
+                .iter()
+                .chain(self.targets.iter())
+                .any(|i| i.wal.object_names().iter().any(|k| k == key))
     }
 
     /// Drops the targets that can never be uploaded, and the middle ones past the bound.

@@ -34,6 +34,11 @@
 //!    `gc-after-manifest` just before). A read that began on the older snapshot goes on with
 //!    it; each file is deleted when its last reader lets go.
 //!
+//! # WAL
+//!
+//! Each pass also tells the WAL archive which of the received WAL restores may still read
+//! (`gc/wal_floor.rs`); the archive removes the rest.
+//!
 //! GC holds `image_lock`: it never runs during an image creation, whose reads must find the
 //! layers it planned with.
 
@@ -74,11 +79,15 @@ impl Timeline {
         );
         let removed = policy::gc_removable(&map, cutoff, retain);
         drop(map);
+        // What restores at retained and leased LSNs replay, as well as at the cutoff and up.
+        let kept: Vec<Lsn> = retain.iter().chain(leases.iter()).copied().collect();
         let mut outcome = GcOutcome {
             cutoff,
             ..GcOutcome::default()
         };
         if cutoff == old && removed.is_empty() {
+            drop(leases);
+            self.retain_wal(cutoff, &kept);
             return Ok(outcome);
         }
         let mut change = LayerChange::new(ChangeKind::Gc);
@@ -101,9 +110,11 @@ impl Timeline {
                 "GC cutoff {old} -> {cutoff}, removed layers"
             );
         }
+        self.retain_wal(cutoff, &kept);
         Ok(outcome)
     }
 }
 
 #[cfg(test)]
 mod tests;
+mod wal_floor;

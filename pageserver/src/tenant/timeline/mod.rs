@@ -336,6 +336,31 @@ pub trait RemoteCopy: Send + Sync {
     /// Stops the uploads once the timeline stops; with `drain`, first waits (bounded) for
     /// what is queued to reach the store.
     fn stop(&self, drain: bool);
+    /// The timeline's WAL receiver made WAL of PostgreSQL timeline `tli` durable in the local
+    /// directory `dir` up to `flushed`: it is archived from there.
+    fn wal_flushed(&self, _dir: &Path, _tli: u32, _segment_size: u32, _flushed: Lsn) {}
+    /// The WAL receiver's settings were stored (`Some`) or removed, to follow the timeline.
+    fn set_wal_receiver(&self, _settings: Option<serde_json::Value>) {}
+    /// The WAL receiver's settings as the remote index has them.
+    fn wal_receiver_settings(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// Just past the last byte of WAL in remote storage.
+    fn archived_lsn(&self) -> Option<Lsn> {
+        None
+    }
+    /// Makes WAL segment `name` a file in the local WAL directory `dir`, from remote storage
+    /// when the directory lacks it; `Ok(false)` when neither has it.
+    fn fetch_wal(&self, _dir: &Path, _name: &str) -> Result<bool, String> {
+        Ok(false)
+    }
+    /// WAL below `floor` serves no restore any more (`gc/wal_floor.rs`): the archive removes
+    /// its whole segments, locally and in the store.
+    fn retain_wal_from(&self, _floor: Lsn) {}
+    /// Makes every WAL segment remote storage holds of `from..=to` a file in `dir`.
+    fn fetch_wal_range(&self, _dir: &Path, _from: Lsn, _to: Lsn) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// What only the writer (the holder of `write_lock`) looks at.
@@ -423,6 +448,11 @@ impl Timeline {
         self.remote.set(remote).map_err(|_| TimelineError::Broken {
             reason: "the timeline already has a remote copy".to_owned(),
         })
+    }
+
+    /// Its copy in remote storage, if it has one.
+    pub fn remote_copy(&self) -> Option<&Arc<dyn RemoteCopy>> {
+        self.remote.get()
     }
 
     /// Everything at or below it is in remote storage; `None` without remote storage.

@@ -353,3 +353,63 @@ fn a_layer_counts_as_in_the_store_for_eviction_only_once_an_index_lists_it() {
     plan.index_uploaded(index);
     assert_eq!(plan.durable_layer("a").map(|l| l.size), Some(10));
 }
+
+#[test]
+fn a_wal_change_reaches_the_store_without_waiting_for_layers_in_flight() {
+    use crate::tenant::remote_timeline_client::wal_index::{ArchivedFile, WalIndex};
+    let (tenant, timeline) = (TenantId::generate(), TimelineId::generate());
+    let g = Generation::FIRST;
+    let mut manifest = Manifest::empty(tenant, timeline);
+    manifest.add_layer(entry("a"));
+    manifest.disk_consistent_lsn = Lsn(1);
+    let mut plan = UploadPlan::new(g, None);
+    // Before any index: the section waits for the first manifest's target.
+    let wal = |len: u64| WalIndex {
+        segment_size: 16 << 20,
+        partial: Some((
+            "000000010000000000000001".to_owned(),
+            ArchivedFile {
+                len,
+                crc32c: 0,
+                generation: g,
+            },
+        )),
+        ..WalIndex::default()
+    };
+    plan.set_wal(wal(100));
+    assert_eq!(plan.next(), Step::Idle);
+    plan.set_target(IndexPart::from_manifest(&manifest, g, |_| g));
+    let Step::UploadLayers(layers) = plan.next() else {
+        panic!("{:?}", plan.next())
+    };
+    plan.layer_uploaded("a", layers[0].1.clone());
+    let Step::UploadIndex(first) = plan.next() else {
+        panic!()
+    };
+    assert_eq!(first.wal, wal(100));
+    plan.index_uploaded(first);
+    // A layer in flight, then more WAL: the durable layers with the new WAL go first.
+    manifest.add_layer(entry("b"));
+    manifest.disk_consistent_lsn = Lsn(2);
+    plan.set_target(IndexPart::from_manifest(&manifest, g, |n| {
+        plan.layer_generation(n)
+    }));
+    assert!(matches!(plan.next(), Step::UploadLayers(_)));
+    plan.set_wal(wal(200));
+    let Step::UploadIndex(index) = plan.next() else {
+        panic!("{:?}", plan.next())
+    };
+    assert_eq!(index.wal, wal(200));
+    assert!(!index.layers.contains_key("b"));
+    assert_eq!(index.disk_consistent_lsn, Lsn(1));
+    plan.index_uploaded(index);
+    // The layer's index carries the newest WAL too.
+    plan.layer_uploaded("b", layers[0].1.clone());
+    let Step::UploadIndex(index) = plan.next() else {
+        panic!()
+    };
+    assert!(index.layers.contains_key("b"));
+    assert_eq!(index.wal, wal(200));
+    assert!(plan.lists_wal_object("wal/000000010000000000000001.partial-00000001"));
+    assert!(!plan.is_unlisted_wal_object("wal/000000010000000000000001.partial-00000001", g));
+}

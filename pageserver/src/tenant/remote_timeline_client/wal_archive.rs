@@ -1,0 +1,503 @@
+//! The WAL archive: the WAL a timeline's receiver stored on the local disk (`<timeline>/wal/`,
+//! see `walreceiver::wal_store`), copied into the object store and listed in the remote index
+//! (`wal_index.rs`), so that a lost disk or an attach elsewhere loses at most
+//! `wal_upload_interval` of it, and so that restores read it from the store.
+//!
+//! A task of the client's, started by the first flush a receiver reports, runs a *round* every
+//! `wal_upload_interval` (woken early by a stop):
+//!
+//! 1. every whole segment on the local disk that the section does not list is uploaded (its
+//!    length and CRC-32C taken first, and checked against what the upload reads);
+//! 2. the partial tail, from its segment's start to the flushed LSN, is uploaded when it grew,
+//!    over the same object;
+//! 3. each upload changes the section the upload queue writes into the next index (see
+//!    `upload_plan.rs`: a WAL change is a target of its own), so an index never lists WAL
+//!    the store does not hold;
+//! 4. an object the section no longer lists (the partial tail of a segment now whole, an
+//!    older generation's tail, a segment GC removed) is deleted once the durable index does
+//!    not list it.
+//!
+//! GC (`timeline::gc::wal_floor`) hands the archive a floor: a round first removes the whole
+//! segments below it from the local disk (so no round uploads them again), then from the
+//! section. Every change to the section is made by the task, one round at a time, so a GC
+//! never races an upload into listing a removed segment again.
+//!
+//! `archived_lsn` is the durable index's: everything below it survives the local disk.
+//!
+//! Restores and `GET .../wal/{file}` fetch what the local disk lacks (`fetch_wal_segment`):
+//! downloaded into the WAL directory under a temporary name, checked against the section
+//! (a partial one's first `len` bytes), zero-filled to the segment size as the receiver's own
+//! files are, fsynced, and linked into place unless the receiver wrote the file meanwhile.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use postgres_wal::segment::{segno_of, SegmentName};
+use remote_storage::Transferred;
+use utils::Lsn;
+
+use super::upload_plan::UploadPlan;
+use super::wal_index::{ArchivedFile, WalIndex, PARTIAL_SUFFIX};
+use super::{count, lock, RemoteClientError, RemoteTimelineClient};
+use crate::io::transfer_file::TransferFile;
+use crate::tenant::timeline::WAL_DIR;
+
+/// Where the receiver's WAL is, and how far it is durable there.
+#[derive(Clone, Debug)]
+pub(super) struct WalFeed {
+    dir: PathBuf,
+    tli: u32,
+    segment_size: u32,
+    flushed: Lsn,
+}
+
+/// The archive's part of the client's state.
+#[derive(Default)]
+pub(super) struct WalArchiveState {
+    feed: Option<WalFeed>,
+    /// Objects (keys under the timeline's prefix) the section stopped listing: deleted once no
+    /// index the store or the queue holds lists them.
+    retired: Vec<String>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    pub(super) last_error: Option<String>,
+    /// WAL below it serves no restore (the timeline's GC says so): its whole segments go.
+    floor: Lsn,
+}
+
+impl RemoteTimelineClient {
+    /// The receiver made the WAL of timeline `tli` durable in `dir` up to `flushed`. Starts
+    /// the archive's task the first time.
+    pub(super) fn feed_wal(&self, dir: &Path, tli: u32, segment_size: u32, flushed: Lsn) {
+        let stopping = self.state().stopping;
+        let mut wal = lock(&self.wal);
+        wal.feed = Some(WalFeed {
+            dir: dir.to_owned(),
+            tli,
+            segment_size,
+            flushed,
+        });
+        if wal.task.is_none() && !stopping {
+            if let Some(me) = self.me.upgrade() {
+                wal.task = Some(self.context.handle().spawn(me.run_wal_archive()));
+            }
+        }
+    }
+
+    /// WAL below `floor` serves no restore: the next round removes the whole segments below
+    /// it, from the local disk first and then from the section (whose objects then go).
+    pub(super) fn set_wal_floor(&self, floor: Lsn) {
+        let stopping = self.state().stopping;
+        let has_wal =
+            !self.state().plan.wal().segments.is_empty() || self.local_dir.join(WAL_DIR).exists();
+        let mut wal = lock(&self.wal);
+        if floor <= wal.floor {
+            return;
+        }
+        wal.floor = floor;
+        if wal.task.is_none() && !stopping && has_wal {
+            if let Some(me) = self.me.upgrade() {
+                wal.task = Some(self.context.handle().spawn(me.run_wal_archive()));
+            }
+        }
+        drop(wal);
+        self.wal_wakeup.notify_one();
+    }
+
+    /// The receiver's settings were stored (`Some`) or removed: the next index says so.
+    pub(super) fn store_receiver_settings(&self, settings: Option<serde_json::Value>) {
+        let mut state = self.state();
+        let mut wal = state.plan.wal().clone();
+        wal.receiver = settings;
+        state.plan.set_wal(wal);
+        drop(state);
+        self.wakeup.notify_one();
+    }
+
+    /// Just past the last byte of WAL the durable index lists.
+    pub fn archived_wal_end(&self) -> Option<Lsn> {
+        self.state()
+            .plan
+            .durable_wal()
+            .and_then(|w| w.archived_lsn())
+    }
+
+    /// The WAL section as the next index will have it.
+    pub fn wal_index(&self) -> WalIndex {
+        self.state().plan.wal().clone()
+    }
+
+    /// Whether the store holds, as the durable index of `plan` lists it, all the WAL
+    /// reported flushed.
+    pub(super) fn wal_caught_up(&self, plan: &UploadPlan) -> bool {
+        let flushed = lock(&self.wal).feed.as_ref().map(|f| f.flushed);
+        let archived = plan.durable_wal().and_then(|w| w.archived_lsn());
+        flushed.is_none_or(|f| archived.is_some_and(|a| a >= f))
+    }
+
+    async fn run_wal_archive(self: Arc<Self>) {
+        loop {
+            if self.state().stopping || self.state().plan.is_fenced() {
+                break;
+            }
+            let result = self.archive_round().await;
+            let failed = result.as_ref().err().map(|e| e.to_string());
+            if let Some(e) = &failed {
+                tracing::error!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                    "archiving WAL failed; the next round tries again: {e}");
+            }
+            lock(&self.wal).last_error = failed;
+            self.progressed.notify_all();
+            let interval = self.context.wal_upload_interval;
+            let _ = tokio::time::timeout(interval, self.wal_wakeup.notified()).await;
+        }
+    }
+
+    /// One round: see the module documentation.
+    async fn archive_round(&self) -> Result<(), RemoteClientError> {
+        let (feed, floor) = {
+            let state = lock(&self.wal);
+            (state.feed.clone(), state.floor)
+        };
+        let mut wal = self.state().plan.wal().clone();
+        let size = feed.as_ref().map_or(wal.segment_size, |f| f.segment_size);
+        // Below it, nothing is uploaded and nothing is kept.
+        let floor_segno = if size == 0 || floor == Lsn(0) {
+            0
+        } else {
+            segno_of(floor, size)
+        };
+        if floor_segno > 0 {
+            self.remove_wal_below(&mut wal, size, floor_segno).await?;
+        }
+        let Some(feed) = feed else {
+            return self.delete_retired().await;
+        };
+        if wal.segment_size == 0 {
+            wal.segment_size = feed.segment_size;
+        } else if wal.segment_size != feed.segment_size {
+            return Err(RemoteClientError::Local(format!(
+                "the primary's WAL segments are {} bytes, the archive's {}: refusing to mix them",
+                feed.segment_size, wal.segment_size
+            )));
+        }
+        let dir = feed.dir.clone();
+        let whole = blocking(move || whole_segments(&dir, size))
+            .await
+            .map_err(|e| RemoteClientError::Local(format!("{}: {e}", feed.dir.display())))?;
+        for name in whole {
+            let below_floor =
+                SegmentName::parse(&name, size).is_some_and(|s| s.segno < floor_segno);
+            if below_floor || wal.segments.contains_key(&name) || self.state().stopping {
+                continue;
+            }
+            let path = feed.dir.join(&name);
+            let key = WalIndex::object_name(&name, false, self.generation);
+            // Gone since the listing: removed by the WAL's garbage collection.
+            let Some(file) = self.upload_wal_file(&path, &key, None).await? else {
+                continue;
+            };
+            if file.len != u64::from(size) {
+                return Err(RemoteClientError::Local(format!(
+                    "{}: {} bytes, not a whole segment",
+                    path.display(),
+                    file.len
+                )));
+            }
+            if let Some((partial, old)) = wal.partial.take_if(|(p, _)| *p == name) {
+                self.retire(WalIndex::object_name(&partial, true, old.generation));
+            }
+            wal.segments.insert(name, file);
+            self.publish(&wal);
+        }
+        let offset = feed.flushed.0 % u64::from(size);
+        let tail = SegmentName::of(feed.tli, feed.flushed, size);
+        let tail_name = tail.file_name(size);
+        let newest_whole = wal
+            .segments
+            .keys()
+            .filter_map(|n| SegmentName::parse(n, size))
+            .map(|s| s.segno)
+            .max();
+        let grew = match &wal.partial {
+            Some((name, f)) if *name == tail_name => offset > f.len,
+            Some((name, _)) => SegmentName::parse(name, size).is_some_and(|s| s.segno < tail.segno),
+            None => true,
+        };
+        if offset > 0 && grew && newest_whole.is_none_or(|n| n < tail.segno) {
+            let path = feed.dir.join(format!("{tail_name}{PARTIAL_SUFFIX}"));
+            let key = WalIndex::object_name(&tail_name, true, self.generation);
+            // `None`: filled up and renamed since the feed was read; the next round uploads it
+            // whole.
+            if let Some(file) = self.upload_wal_file(&path, &key, Some(offset)).await? {
+                if let Some((old, f)) = wal.partial.take() {
+                    let old_key = WalIndex::object_name(&old, true, f.generation);
+                    if old_key != key {
+                        self.retire(old_key);
+                    }
+                }
+                wal.partial = Some((tail_name, file));
+                self.publish(&wal);
+            }
+        }
+        self.delete_retired().await
+    }
+
+    /// Removes the WAL segments below segment `floor_segno`: the local files first (so no
+    /// round uploads them again), then the section's entries, whose objects are retired.
+    async fn remove_wal_below(
+        &self,
+        wal: &mut WalIndex,
+        size: u32,
+        floor_segno: u64,
+    ) -> Result<(), RemoteClientError> {
+        let dir = self.local_dir.join(WAL_DIR);
+        let removed = blocking(move || {
+            let mut removed = 0;
+            let entries = match std::fs::read_dir(&dir) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+                entries => entries?,
+            };
+            for entry in entries {
+                let entry = entry?;
+                let name = entry.file_name();
+                let Some(name) = name.to_str() else { continue };
+                let base = name.strip_suffix(PARTIAL_SUFFIX).unwrap_or(name);
+                if SegmentName::parse(base, size).is_some_and(|s| s.segno < floor_segno) {
+                    std::fs::remove_file(entry.path())?;
+                    removed += 1;
+                }
+            }
+            if removed > 0 {
+                crate::io::crashsafe::fsync_dir(&dir)?;
+            }
+            Ok(removed)
+        })
+        .await
+        .map_err(|e| RemoteClientError::Local(format!("removing WAL below the GC floor: {e}")))?;
+        let below =
+            |name: &str| SegmentName::parse(name, size).is_some_and(|s| s.segno < floor_segno);
+        let doomed: Vec<(String, ArchivedFile)> = wal
+            .segments
+            .iter()
+            .filter(|(name, _)| below(name))
+            .map(|(n, f)| (n.clone(), *f))
+            .collect();
+        let partial_doomed = wal.partial.as_ref().is_some_and(|(name, _)| below(name));
+        if doomed.is_empty() && !partial_doomed && removed == 0 {
+            return Ok(());
+        }
+        for (name, file) in &doomed {
+            wal.segments.remove(name);
+            self.retire(WalIndex::object_name(name, false, file.generation));
+        }
+        if partial_doomed {
+            if let Some((name, file)) = wal.partial.take() {
+                self.retire(WalIndex::object_name(&name, true, file.generation));
+            }
+        }
+        if !doomed.is_empty() || partial_doomed {
+            tracing::info!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                segments = doomed.len(), local_files = removed,
+                "the WAL's GC removes the segments no restore needs");
+            self.publish(wal);
+        }
+        Ok(())
+    }
+
+    /// Uploads the local WAL file `path` (its first `prefix` bytes, when given) as `key`;
+    /// returns what the section lists of it, or `None` if the file is gone.
+    async fn upload_wal_file(
+        &self,
+        path: &Path,
+        key: &str,
+        prefix: Option<u64>,
+    ) -> Result<Option<ArchivedFile>, RemoteClientError> {
+        let local = |e: io::Error| RemoteClientError::Local(format!("{}: {e}", path.display()));
+        let opened = path.to_owned();
+        let file = blocking(move || {
+            let file = match prefix {
+                Some(len) => TransferFile::open_prefix(&opened, len),
+                None => TransferFile::open(&opened),
+            };
+            let file = match file {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                file => file?,
+            };
+            let (len, crc32c) = file.read_back()?;
+            if prefix.is_some_and(|p| p != len) {
+                return Err(io::Error::other(format!(
+                    "{len} bytes, fewer than the {} reported flushed",
+                    prefix.unwrap_or(0)
+                )));
+            }
+            Ok(Some((file, Transferred { len, crc32c })))
+        })
+        .await
+        .map_err(local)?;
+        let Some((file, expected)) = file else {
+            return Ok(None);
+        };
+        let key = self.remote_dir.join(key)?;
+        let result = (self.context.storage)
+            .upload(&key, Arc::new(file), Some(expected))
+            .await;
+        count("upload_wal", &result);
+        let sent = result?;
+        crate::metrics::REMOTE_UPLOADED_BYTES.inc_by(sent.len);
+        Ok(Some(ArchivedFile {
+            len: expected.len,
+            crc32c: expected.crc32c,
+            generation: self.generation,
+        }))
+    }
+
+    fn publish(&self, wal: &WalIndex) {
+        self.state().plan.set_wal(wal.clone());
+        self.wakeup.notify_one();
+    }
+
+    fn retire(&self, key: String) {
+        lock(&self.wal).retired.push(key);
+    }
+
+    async fn delete_retired(&self) -> Result<(), RemoteClientError> {
+        let retired = std::mem::take(&mut lock(&self.wal).retired);
+        let mut kept = Vec::new();
+        for key in retired {
+            if self.state().plan.lists_wal_object(&key) {
+                kept.push(key);
+                continue;
+            }
+            let path = self.remote_dir.join(&key)?;
+            let result = self.context.storage.delete(&path).await;
+            count("delete", &result);
+            if let Err(e) = result {
+                kept.push(key);
+                lock(&self.wal).retired.extend(kept);
+                return Err(e.into());
+            }
+        }
+        lock(&self.wal).retired.extend(kept);
+        Ok(())
+    }
+
+    /// Makes WAL segment `name` (whole or partial) a file in the local WAL directory `dir`,
+    /// downloading it if the section lists it and the directory lacks it. `Ok(false)` if
+    /// neither has it.
+    pub(super) fn fetch_wal_segment(&self, dir: &Path, name: &str) -> Result<bool, String> {
+        let whole = dir.join(name);
+        let partial_path = dir.join(format!("{name}{PARTIAL_SUFFIX}"));
+        if whole.is_file() || partial_path.is_file() {
+            return Ok(true);
+        }
+        let wal = self.state().plan.wal().clone();
+        let (file, partial) = match (wal.segments.get(name), &wal.partial) {
+            (Some(f), _) => (*f, false),
+            (None, Some((p, f))) if p == name => (*f, true),
+            _ => return Ok(false),
+        };
+        let key = WalIndex::object_name(name, partial, file.generation);
+        let remote = self.remote_dir.join(&key).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let temp = dir.join(format!("{name}.download"));
+        let dest = if partial { partial_path } else { whole };
+        let local = |e: io::Error| format!("{}: {e}", temp.display());
+        let download = Arc::new(TransferFile::create(&temp).map_err(local)?);
+        let storage = self.context.storage.clone();
+        let task_file = download.clone();
+        let result = self
+            .context
+            .block_on(async move { storage.download(&remote, task_file).await });
+        count("download", &result);
+        let got = result.map_err(|e| e.to_string())?;
+        crate::metrics::REMOTE_DOWNLOADED_BYTES.inc_by(got.len);
+        drop(download);
+        let checked = (|| {
+            let prefix = TransferFile::open_prefix(&temp, file.len)?;
+            let (len, crc) = prefix.read_back()?;
+            if (len, crc) != (file.len, file.crc32c) {
+                return Err(io::Error::other(format!(
+                    "the store's {key} holds {len} bytes with CRC-32C {crc:#010x} where the index lists {} bytes with {:#010x}",
+                    file.len, file.crc32c
+                )));
+            }
+            let f = std::fs::OpenOptions::new().write(true).open(&temp)?;
+            // What the index does not vouch for is dropped; the rest of the segment is zeros,
+            // as in the receiver's own files.
+            f.set_len(file.len)?;
+            f.set_len(u64::from(wal.segment_size))?;
+            f.sync_all()?;
+            // Not over a file the receiver created meanwhile: its own is newer.
+            match std::fs::hard_link(&temp, &dest) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
+            std::fs::remove_file(&temp)?;
+            crate::io::crashsafe::fsync_dir(dir)
+        })();
+        if let Err(e) = checked {
+            let _ = std::fs::remove_file(&temp);
+            return Err(local(e));
+        }
+        Ok(true)
+    }
+
+    /// Makes every WAL segment the section lists that holds WAL of `from..=to` a file in
+    /// `dir` (see [`Self::fetch_wal_segment`]).
+    pub(super) fn fetch_wal_range(&self, dir: &Path, from: Lsn, to: Lsn) -> Result<(), String> {
+        let wal = self.state().plan.wal().clone();
+        let size = wal.segment_size;
+        let wanted = wal
+            .segments
+            .keys()
+            .chain(wal.partial.iter().map(|(name, _)| name))
+            .filter(|name| {
+                SegmentName::parse(name, size).is_some_and(|s| {
+                    let start = s.start(size);
+                    start <= to && Lsn(start.0 + u64::from(size)) > from
+                })
+            })
+            .cloned()
+            .collect::<Vec<_>>();
+        for name in wanted {
+            self.fetch_wal_segment(dir, &name)?;
+        }
+        Ok(())
+    }
+
+    /// Stops the archive's task (after the upload queue's: see `RemoteCopy::stop`).
+    pub(super) fn stop_wal_archive(&self, drained: bool) {
+        self.wal_wakeup.notify_one();
+        let task = lock(&self.wal).task.take();
+        if let Some(task) = task {
+            if !drained {
+                task.abort();
+            }
+            let _ = futures::executor::block_on(task);
+        }
+    }
+}
+
+/// The whole segments in `dir` (names of `segment_size`), oldest first.
+fn whole_segments(dir: &Path, segment_size: u32) -> io::Result<Vec<String>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(segment) = SegmentName::parse(name, segment_size) {
+            found.push((segment.segno, segment.tli, name.to_owned()));
+        }
+    }
+    found.sort();
+    Ok(found.into_iter().map(|(_, _, name)| name).collect())
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(io::Error::other(e.to_string())))
+}

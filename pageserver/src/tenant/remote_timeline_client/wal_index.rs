@@ -1,0 +1,348 @@
+//! The remote index's WAL section: which of the timeline's WAL files the object store holds,
+//! and the WAL receiver's settings, so that an attach elsewhere streams on where this one
+//! stopped.
+//!
+//! ```json
+//! "wal": {
+//!   "segment_size": 16777216,
+//!   "segments": {
+//!     "000000010000000000000003": { "len": 16777216, "crc32c": 3735928559, "generation": 2 }
+//!   },
+//!   "partial": { "name": "000000010000000000000004", "len": 2301952, "crc32c": 1234, "generation": 2 },
+//!   "receiver": { "connstr": "host=…", "slot_name": "…", "application_name": "…" }
+//! }
+//! ```
+//!
+//! A whole segment is the object `wal/<name>-<generation>`, exactly `len` bytes of that
+//! CRC-32C. The partial tail (at most one, newer than every whole segment) is the object
+//! `wal/<name>.partial-<generation>`: its first `len` bytes have that CRC-32C. The archive
+//! writes a longer tail over the same object before the index says so; WAL only grows, so the
+//! bytes an index vouches for stay the object's first ones.
+//!
+//! The receiver's settings include its connection string, password and all: the store that
+//! holds every page of the cluster is trusted with what lets a replica read them.
+//!
+//! `archived_lsn` is where the section's WAL ends: everything below it can be fetched from the
+//! store alone.
+
+use std::collections::BTreeMap;
+
+use postgres_wal::segment::{is_valid_segment_size, SegmentName};
+use serde::{Deserialize, Serialize};
+use utils::{Generation, Lsn};
+
+/// The suffix of a partial segment's name (as `pg_receivewal` writes it).
+pub const PARTIAL_SUFFIX: &str = ".partial";
+/// The folder of WAL objects, in the timeline's prefix.
+pub const WAL_PREFIX: &str = "wal";
+/// Far beyond a connection string and two names.
+const MAX_RECEIVER_SETTINGS_BYTES: usize = 16 << 10;
+
+/// One WAL object the section lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArchivedFile {
+    /// A whole segment's size, or how much of a partial one the store holds.
+    pub len: u64,
+    /// Of those `len` bytes.
+    pub crc32c: u32,
+    /// The generation whose object holds it.
+    pub generation: Generation,
+}
+
+/// See the module documentation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WalIndex {
+    /// 0 until the first segment is archived.
+    pub segment_size: u32,
+    pub segments: BTreeMap<String, ArchivedFile>,
+    pub partial: Option<(String, ArchivedFile)>,
+    /// The WAL receiver's settings, as `walreceiver` stores them.
+    pub receiver: Option<serde_json::Value>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWal {
+    segment_size: u32,
+    #[serde(default)]
+    segments: BTreeMap<String, RawFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    partial: Option<RawPartial>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    receiver: Option<serde_json::Value>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    len: u64,
+    crc32c: u32,
+    generation: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPartial {
+    name: String,
+    len: u64,
+    crc32c: u32,
+    generation: u32,
+}
+
+impl WalIndex {
+    pub fn is_empty(&self) -> bool {
+        self.segments.is_empty() && self.partial.is_none() && self.receiver.is_none()
+    }
+
+    /// Just past the last byte of WAL the section lists; `None` when it lists none.
+    pub fn archived_lsn(&self) -> Option<Lsn> {
+        let size = self.segment_size;
+        let whole = self
+            .segments
+            .keys()
+            .filter_map(|n| SegmentName::parse(n, size))
+            .map(|s| Lsn(s.start(size).0 + u64::from(size)))
+            .max();
+        let partial = self.partial.as_ref().and_then(|(name, f)| {
+            SegmentName::parse(name, size).map(|s| Lsn(s.start(size).0 + f.len))
+        });
+        whole.max(partial)
+    }
+
+    /// The object key, under the timeline's prefix, of WAL file `name` written by
+    /// `generation`.
+    pub fn object_name(name: &str, partial: bool, generation: Generation) -> String {
+        let suffix = if partial { PARTIAL_SUFFIX } else { "" };
+        format!("{WAL_PREFIX}/{name}{suffix}{}", generation.suffix())
+    }
+
+    /// Every object the section lists, by key under the timeline's prefix.
+    pub fn object_names(&self) -> Vec<String> {
+        let whole = self
+            .segments
+            .iter()
+            .map(|(n, f)| WalIndex::object_name(n, false, f.generation));
+        let partial = self
+            .partial
+            .iter()
+            .map(|(n, f)| WalIndex::object_name(n, true, f.generation));
+        whole.chain(partial).collect()
+    }
+
+    pub(super) fn to_raw(&self) -> RawWal {
+        let file = |f: &ArchivedFile| RawFile {
+            len: f.len,
+            crc32c: f.crc32c,
+            generation: f.generation.get(),
+        };
+        RawWal {
+            segment_size: self.segment_size,
+            segments: self
+                .segments
+                .iter()
+                .map(|(n, f)| (n.clone(), file(f)))
+                .collect(),
+            partial: self.partial.as_ref().map(|(name, f)| RawPartial {
+                name: name.clone(),
+                len: f.len,
+                crc32c: f.crc32c,
+                generation: f.generation.get(),
+            }),
+            receiver: self.receiver.clone(),
+        }
+    }
+
+    /// Checks a section read from an index written by `generation`; the error says what is
+    /// wrong.
+    pub(super) fn from_raw(raw: RawWal, generation: Generation) -> Result<WalIndex, String> {
+        let size = raw.segment_size;
+        let listed = !raw.segments.is_empty() || raw.partial.is_some();
+        if listed && !is_valid_segment_size(size) {
+            return Err(format!(
+                "wal.segment_size {size} is not a WAL segment size (a power of two from 1 MiB to 1 GiB)"
+            ));
+        }
+        let file_generation = |name: &str, g: u32| {
+            Generation::new(g)
+                .filter(|g| *g <= generation)
+                .ok_or_else(|| {
+                    format!(
+                        "WAL file {name:?}: generation {g} is not from 1 to the index's {}",
+                        generation.get()
+                    )
+                })
+        };
+        let segment = |name: &str| {
+            SegmentName::parse(name, size).ok_or_else(|| {
+                format!("WAL file {name:?} is not a segment name for segment size {size}")
+            })
+        };
+        let mut segments = BTreeMap::new();
+        let mut newest = None;
+        for (name, f) in raw.segments {
+            let parsed = segment(&name)?;
+            if f.len != u64::from(size) {
+                return Err(format!(
+                    "WAL segment {name:?}: {} bytes, not the segment size {size}",
+                    f.len
+                ));
+            }
+            newest = newest.max(Some((parsed.segno, parsed.tli)));
+            let generation = file_generation(&name, f.generation)?;
+            segments.insert(
+                name,
+                ArchivedFile {
+                    len: f.len,
+                    crc32c: f.crc32c,
+                    generation,
+                },
+            );
+        }
+        let partial = match raw.partial {
+            None => None,
+            Some(p) => {
+                let parsed = segment(&p.name)?;
+                if p.len == 0 || p.len >= u64::from(size) {
+                    return Err(format!(
+                        "the partial WAL segment {:?}: {} bytes, not from 1 to below the segment size {size}",
+                        p.name, p.len
+                    ));
+                }
+                if newest.is_some_and(|n| n >= (parsed.segno, parsed.tli)) {
+                    return Err(format!(
+                        "the partial WAL segment {:?} is not newer than every whole one",
+                        p.name
+                    ));
+                }
+                let generation = file_generation(&p.name, p.generation)?;
+                Some((
+                    p.name,
+                    ArchivedFile {
+                        len: p.len,
+                        crc32c: p.crc32c,
+                        generation,
+                    },
+                ))
+            }
+        };
+        if let Some(receiver) = &raw.receiver {
+            if !receiver.is_object() || receiver.to_string().len() > MAX_RECEIVER_SETTINGS_BYTES {
+                return Err(format!(
+                    "wal.receiver: an object of at most {MAX_RECEIVER_SETTINGS_BYTES} bytes"
+                ));
+            }
+        }
+        Ok(WalIndex {
+            segment_size: size,
+            segments,
+            partial,
+            receiver: raw.receiver,
+        })
+    }
+}
+
+/// The WAL file an object's name (without its generation) stands for: a segment's name, and
+/// whether it is a partial one.
+pub fn parse_object_name(name: &str) -> Option<(&str, bool)> {
+    let (base, partial) = match name.strip_suffix(PARTIAL_SUFFIX) {
+        Some(base) => (base, true),
+        None => (name, false),
+    };
+    (base.len() == 24 && base.bytes().all(|b| b.is_ascii_hexdigit())).then_some((base, partial))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEG: u32 = 16 << 20;
+
+    fn g(n: u32) -> Generation {
+        Generation::new(n).unwrap()
+    }
+
+    fn sample() -> WalIndex {
+        let file = |len, gen| ArchivedFile {
+            len,
+            crc32c: 7,
+            generation: g(gen),
+        };
+        WalIndex {
+            segment_size: SEG,
+            segments: [
+                ("000000010000000000000003".to_owned(), file(SEG.into(), 1)),
+                ("000000010000000000000004".to_owned(), file(SEG.into(), 2)),
+            ]
+            .into(),
+            partial: Some(("000000010000000000000005".to_owned(), file(4096, 2))),
+            receiver: Some(serde_json::json!({"connstr": "host=127.0.0.1"})),
+        }
+    }
+
+    #[test]
+    fn round_trips_and_names_where_its_wal_ends() {
+        let wal = sample();
+        let back = WalIndex::from_raw(
+            serde_json::from_slice(&serde_json::to_vec(&wal.to_raw()).unwrap()).unwrap(),
+            g(2),
+        )
+        .unwrap();
+        assert_eq!(back, wal);
+        assert_eq!(wal.archived_lsn(), Some(Lsn(5 * u64::from(SEG) + 4096)));
+        assert_eq!(
+            wal.object_names(),
+            vec![
+                "wal/000000010000000000000003-00000001",
+                "wal/000000010000000000000004-00000002",
+                "wal/000000010000000000000005.partial-00000002",
+            ]
+        );
+        let mut whole_only = wal.clone();
+        whole_only.partial = None;
+        assert_eq!(whole_only.archived_lsn(), Some(Lsn(5 * u64::from(SEG))));
+        assert_eq!(WalIndex::default().archived_lsn(), None);
+    }
+
+    #[test]
+    fn untrusted_sections_are_refused_with_reasons() {
+        let refused = |edit: &dyn Fn(&mut serde_json::Value), generation: u32| {
+            let mut json = serde_json::to_value(sample().to_raw()).unwrap();
+            edit(&mut json);
+            WalIndex::from_raw(serde_json::from_value(json).unwrap(), g(generation)).unwrap_err()
+        };
+        let e = refused(&|j| j["segment_size"] = 1000.into(), 2);
+        assert!(e.contains("segment size"), "{e}");
+        let e = refused(&|_| {}, 1);
+        assert!(e.contains("generation 2"), "{e}");
+        let e = refused(
+            &|j| j["segments"]["000000010000000000000003"]["len"] = 5.into(),
+            2,
+        );
+        assert!(e.contains("5 bytes"), "{e}");
+        let e = refused(
+            &|j| j["partial"]["name"] = "000000010000000000000004".into(),
+            2,
+        );
+        assert!(e.contains("not newer"), "{e}");
+        let e = refused(&|j| j["partial"]["len"] = SEG.into(), 2);
+        assert!(e.contains("below the segment size"), "{e}");
+        let e = refused(&|j| j["partial"]["name"] = "../../x".into(), 2);
+        assert!(e.contains("not a segment name"), "{e}");
+        let e = refused(&|j| j["receiver"] = "text".into(), 2);
+        assert!(e.contains("wal.receiver"), "{e}");
+    }
+
+    #[test]
+    fn object_names_say_what_they_hold() {
+        assert_eq!(
+            parse_object_name("000000010000000000000005.partial"),
+            Some(("000000010000000000000005", true))
+        );
+        assert_eq!(
+            parse_object_name("000000010000000000000005"),
+            Some(("000000010000000000000005", false))
+        );
+        assert_eq!(parse_object_name("00000002.history"), None);
+        assert_eq!(parse_object_name("index_part.json"), None);
+    }
+}

@@ -1,0 +1,85 @@
+//! Which of its WAL a timeline keeps: a restore at LSN X replays the WAL from the newest
+//! snapshot at or below X (`http::routes::datadir`), so the WAL from a snapshot on is needed
+//! while some LSN that restores from that snapshot is still restorable. Those are every LSN
+//! at or above the GC cutoff, and every LSN GC retains (branch points) or a read leases. WAL
+//! below the oldest such snapshot serves no restore, and a GC pass lets the WAL archive remove
+//! its segments (`remote_timeline_client::wal_archive`), locally and in the store.
+
+use pageserver_api::datadir::{snapshot_list_key, SnapshotList};
+use utils::Lsn;
+
+use crate::tenant::timeline::Timeline;
+
+/// The oldest LSN whose WAL a restore may still read, given the snapshots' LSNs (oldest
+/// first), the GC cutoff and the LSNs kept beyond it; `None` without snapshots (nothing is
+/// known, so nothing goes).
+pub fn wal_floor(snapshots: &[Lsn], cutoff: Lsn, kept: &[Lsn]) -> Option<Lsn> {
+    let oldest = *snapshots.first()?;
+    // An LSN below every snapshot restores from none; an LSN at or above the cutoff but
+    // before the first snapshot has nothing to replay from either, and the oldest is the
+    // first any later one can use.
+    let base = |lsn: Lsn| {
+        snapshots
+            .iter()
+            .rev()
+            .find(|s| **s <= lsn)
+            .copied()
+            .unwrap_or(oldest)
+    };
+    std::iter::once(cutoff)
+        .chain(kept.iter().copied())
+        .map(base)
+        .min()
+}
+
+impl Timeline {
+    /// Tells the WAL archive where the WAL the timeline still needs begins (see the module
+    /// documentation). Without a remote copy (tests) the WAL stays.
+    pub(super) fn retain_wal(&self, cutoff: Lsn, kept: &[Lsn]) {
+        let Some(remote) = self.remote.get() else {
+            return;
+        };
+        let list = match self.get_page(snapshot_list_key(), self.last_record_lsn()) {
+            Ok(Some(bytes)) => SnapshotList::decode(&bytes),
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                    "the WAL's GC skips this pass: reading the snapshot list: {e}");
+                return;
+            }
+        };
+        match list {
+            Ok(list) => {
+                let snapshots: Vec<Lsn> = list.snapshots.iter().map(|s| s.lsn).collect();
+                if let Some(floor) = wal_floor(&snapshots, cutoff, kept) {
+                    remote.retain_wal_from(floor);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                    "the WAL's GC skips this pass: the snapshot list: {e}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_floor_is_the_snapshot_the_oldest_restorable_lsn_replays_from() {
+        let snapshots = [Lsn(100), Lsn(200), Lsn(300)];
+        assert_eq!(wal_floor(&[], Lsn(500), &[]), None);
+        // Everything at or above the cutoff: from the snapshot below it.
+        assert_eq!(wal_floor(&snapshots, Lsn(250), &[]), Some(Lsn(200)));
+        assert_eq!(wal_floor(&snapshots, Lsn(300), &[]), Some(Lsn(300)));
+        assert_eq!(wal_floor(&snapshots, Lsn(0), &[]), Some(Lsn(100)));
+        // A branch point or a lease below the cutoff keeps its snapshot's WAL.
+        assert_eq!(
+            wal_floor(&snapshots, Lsn(350), &[Lsn(150), Lsn(320)]),
+            Some(Lsn(100))
+        );
+        assert_eq!(wal_floor(&snapshots, Lsn(350), &[Lsn(50)]), Some(Lsn(100)));
+    }
+}
