@@ -14,7 +14,7 @@ import requests
 
 from fixtures.pageserver import Pageserver
 from fixtures.plugin import PageserverFactory
-from fixtures.postgres import PgCluster, PgEnv
+from fixtures.postgres import PgCluster, PgEnv, make_owned_dir
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
 from fixtures.wal_stream import SEGMENT, connstr, primary_with_snapshot, receiver, start_promoted, wait_flushed
@@ -105,10 +105,7 @@ def test_a_synchronous_primary_streams_into_the_timeline_and_survives_kill_9(
 
 def test_refusals_say_what_is_wrong(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
     url = f"{timeline.url}/wal_receiver"
-    # No snapshot to continue from.
     lonely = pg.new_cluster("lonely").start("listen_addresses=127.0.0.1")
-    r = requests.put(url, json={"connstr": connstr(lonely)}, timeout=60)
-    assert r.status_code == 409 and "no snapshot" in r.text, r.text
     primary = primary_with_snapshot(pg, timeline)
     # Another cluster than the one the timeline holds.
     r = requests.put(url, json={"connstr": connstr(lonely)}, timeout=60)
@@ -175,3 +172,37 @@ def test_any_lsn_after_the_snapshot_comes_back_as_a_cluster(pg: PgEnv, pageserve
     # Beyond the WAL received: refused, saying where the WAL ends.
     r = requests.get(f"{timeline.url}/basebackup", params={"lsn": "F/0"}, timeout=60)
     assert r.status_code == 404 and "WAL ends at" in r.text, r.text
+
+
+def test_a_timeline_with_nothing_takes_a_base_backup_over_the_connection(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
+    """`PUT wal_receiver` on an empty timeline: the pageserver takes the base backup itself
+    (BASE_BACKUP over the same replication connection, into the import) and streams on from
+    it; the cluster comes back at any LSN after it. A primary with a tablespace of its own is
+    refused, and nothing of it is imported."""
+    primary = pg.new_cluster("primary").start("listen_addresses=127.0.0.1")
+    primary.pgbench("-i", "-s", "1", "-q")
+    r = requests.put(f"{timeline.url}/wal_receiver", json={"connstr": connstr(primary)}, timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["state"] == "streaming"
+    snapshot = Lsn.parse(timeline.info()["last_record_lsn"])
+    assert snapshot > Lsn(0)
+    primary.pgbench("-c", "2", "-t", "50")
+    count, total, lsn = primary.psql(
+        "SELECT (SELECT count(*) FROM pgbench_history), (SELECT sum(abalance) FROM pgbench_accounts), pg_current_wal_insert_lsn()"
+    ).split("|")
+    wait_flushed(timeline, Lsn.parse(lsn))
+    restored, at = pg.restore(timeline.url, "restored", Lsn.parse(lsn))
+    assert at == snapshot
+    start_promoted(restored)
+    got = restored.psql("SELECT (SELECT count(*) FROM pgbench_history), (SELECT sum(abalance) FROM pgbench_accounts)")
+    assert got == f"{count}|{total}"
+    restored.stop("immediate")
+
+    other = pg.new_cluster("with_tablespace").start("listen_addresses=127.0.0.1")
+    location = make_owned_dir(pg.base / "tablespace")
+    other.psql(f"CREATE TABLESPACE elsewhere LOCATION '{location}'")
+    empty = TimelineHandle.create(pageserver)
+    r = requests.put(f"{empty.url}/wal_receiver", json={"connstr": connstr(other)}, timeout=300)
+    assert r.status_code == 409 and "tablespace" in r.text, r.text
+    assert receiver(empty).status_code == 404
+    assert empty.info()["last_record_lsn"] == "0/0", empty.info()

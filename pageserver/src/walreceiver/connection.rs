@@ -354,6 +354,38 @@ impl ReplicationConnection {
         }
     }
 
+    /// Sends `sql` (a replication command) without reading its answer.
+    pub(super) fn send_query(&mut self, sql: &str) -> Result<(), ReceiverError> {
+        frontend::query(sql, &mut self.write_buf).map_err(ReceiverError::io)?;
+        self.send()
+    }
+
+    /// The next message, however long the whole answer takes, as long as no read waits
+    /// longer than `idle` (a base backup: the primary sends as it reads its files).
+    pub(super) fn next_message_idle(&mut self, idle: Duration) -> Result<Backend, ReceiverError> {
+        self.stream
+            .set_read_timeout(Some(idle))
+            .map_err(ReceiverError::io)?;
+        loop {
+            if let Some(m) = self.parse_buffered()? {
+                return Ok(m);
+            }
+            match self.fill() {
+                Err(ReceiverError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(ReceiverError::Connect(format!(
+                        "the primary sent nothing for {idle:?}"
+                    )))
+                }
+                filled => filled?,
+            }
+        }
+    }
+
     /// A message, or `None` if none came within `wait`.
     fn read_message_within(&mut self, wait: Duration) -> Result<Option<Backend>, ReceiverError> {
         if let Some(m) = self.parse_buffered()? {
@@ -429,23 +461,23 @@ impl ReplicationConnection {
     }
 }
 
-enum Backend {
+pub(super) enum Backend {
     Parsed(backend::Message),
     /// `W`, which `postgres-protocol` does not know.
     CopyBothResponse,
 }
 
-fn fallible_next<I: fallible_iterator::FallibleIterator<Error = io::Error>>(
+pub(super) fn fallible_next<I: fallible_iterator::FallibleIterator<Error = io::Error>>(
     iter: &mut I,
 ) -> Result<Option<I::Item>, ReceiverError> {
     iter.next().map_err(|e| protocol(&e.to_string()))
 }
 
-fn protocol(what: &str) -> ReceiverError {
+pub(super) fn protocol(what: &str) -> ReceiverError {
     ReceiverError::Protocol(what.to_owned())
 }
 
-fn server_error(body: &backend::ErrorResponseBody) -> ReceiverError {
+pub(super) fn server_error(body: &backend::ErrorResponseBody) -> ReceiverError {
     let mut code = String::new();
     let mut message = String::new();
     let mut fields = body.fields();

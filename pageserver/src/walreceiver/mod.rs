@@ -11,6 +11,7 @@
 //!
 //! ```text
 //!   PUT wal_receiver ─▶ first connection (409/400 if the primary is refused) ─▶ streaming
+//!        (a timeline with no snapshot: base_backup, `base_backup.rs`, before streaming)
 //!        streaming ──(connection lost)──▶ waiting_retry ──(backoff, 0.1 s to 10 s)──▶ connecting
 //!        connecting ──(connected, slot, START_REPLICATION)──▶ streaming
 //!        any ──(DELETE, timeline shut down, a refusal no retry can change)──▶ stopped
@@ -22,10 +23,11 @@
 //! the slot, which keeps the primary's WAL from there.
 //!
 //! What is checked before streaming: the primary's system identifier is the one of the
-//! timeline's snapshots (and of the WAL stored before); the timeline must have a snapshot
-//! (taking a base backup over the connection is still to come); the primary must still have
-//! the WAL where streaming resumes.
+//! timeline's snapshots (and of the WAL stored before); the timeline must have a snapshot (one
+//! without takes a base backup over the connection first); the primary must still have the
+//! WAL where streaming resumes.
 
+mod base_backup;
 mod connection;
 pub mod connstr;
 mod receiver;

@@ -13,6 +13,7 @@ use postgres_wal::{segment, WalDecoder};
 use serde::{Deserialize, Serialize};
 use utils::{Lsn, TenantId, TimelineId};
 
+use super::base_backup;
 use super::connection::{ReplicationConnection, StreamMessage};
 use super::connstr::ConnString;
 use super::wal_store::WalStore;
@@ -78,6 +79,8 @@ impl ReceiverConf {
 #[serde(rename_all = "snake_case")]
 pub enum StateName {
     Connecting,
+    /// Taking a base backup of the primary into a timeline that had no snapshot.
+    BaseBackup,
     Streaming,
     WaitingRetry,
     Stopped,
@@ -375,19 +378,37 @@ impl Session {
     ) -> Result<Session, ReceiverError> {
         let mut conn =
             ReplicationConnection::connect(conn_string, &conf.application_name, CONNECT_TIMEOUT)?;
-        let ident = conn.identify_system()?;
+        let mut ident = conn.identify_system()?;
         let segment_size = wal_segment_size(&mut conn)?;
-        let lsn = timeline.last_record_lsn();
-        let snapshots = timeline
-            .get_page(snapshot_list_key(), lsn)
-            .map_err(|e| ReceiverError::Refused(format!("reading the timeline's snapshots: {e}")))?
-            .ok_or_else(|| {
-                ReceiverError::Refused(
-                    "the timeline has no snapshot of the primary: import a base backup of it first \
-                     (pg_basebackup -Ft -X fetch -D - | PUT .../import)"
-                        .to_owned(),
-                )
-            })?;
+        let read_snapshots = || {
+            timeline
+                .get_page(snapshot_list_key(), timeline.last_record_lsn())
+                .map_err(|e| {
+                    ReceiverError::Refused(format!("reading the timeline's snapshots: {e}"))
+                })
+        };
+        let snapshots = match read_snapshots()? {
+            Some(list) => list,
+            None => {
+                // A timeline with nothing yet: a base backup over this connection first, with
+                // the slot created before it, so that the WAL from the backup's start stays
+                // until streaming starts there.
+                conn.create_slot(&conf.slot_name)?;
+                {
+                    let mut s = shared.state();
+                    s.state = StateName::BaseBackup;
+                    s.system_id = Some(ident.system_id.to_string());
+                }
+                let report = base_backup::take_base_backup(&mut conn, timeline)?;
+                tracing::info!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+                    lsn = %report.lsn, "imported the primary's base backup");
+                // The backup moved the primary's WAL on (its checkpoint, its switch).
+                ident = conn.identify_system()?;
+                read_snapshots()?.ok_or_else(|| {
+                    ReceiverError::Refused("the base backup imported no snapshot".to_owned())
+                })?
+            }
+        };
         let snapshots = SnapshotList::decode(&snapshots)
             .map_err(|e| ReceiverError::Refused(format!("the timeline's snapshot list: {e}")))?;
         if snapshots.system_identifier != ident.system_id {
