@@ -108,6 +108,9 @@ pub struct PageServerConf {
     /// The WAL archive uploads the partial tail of received WAL at least this often.
     #[serde(deserialize_with = "duration")]
     pub wal_upload_interval: Duration,
+    /// A WAL receiver whose primary sends nothing for this long connects again.
+    #[serde(deserialize_with = "duration")]
+    pub wal_receiver_timeout: Duration,
     #[serde(deserialize_with = "size")]
     pub max_local_layer_bytes: u64,
     pub test_remote_failures: u32,
@@ -159,6 +162,7 @@ impl Default for PageServerConf {
             upload_queue_max_bytes: 512 << 20,
             upload_queue_wait_timeout: Duration::from_secs(30),
             wal_upload_interval: crate::tenant::remote_timeline_client::DEFAULT_WAL_UPLOAD_INTERVAL,
+            wal_receiver_timeout: Duration::from_secs(60),
             max_local_layer_bytes: 0,
             test_remote_failures: 0,
             timeline: TimelineConf::default(),
@@ -345,6 +349,7 @@ impl PageServerConf {
             ),
             ("upload_queue_wait_timeout", self.upload_queue_wait_timeout),
             ("wal_upload_interval", self.wal_upload_interval),
+            ("wal_receiver_timeout", self.wal_receiver_timeout),
         ] {
             in_range_shown(name, value, MIN_REMOTE_DEADLINE..=MAX_REMOTE_DEADLINE, show)?;
         }

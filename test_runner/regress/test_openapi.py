@@ -55,12 +55,15 @@ CHECKS = [
 # Operations whose validity the description cannot fully state, so a valid-looking request may
 # rightly be refused with 400: a scan's `start` must not be above its `end` and its page token
 # carries a checksum; an ingest body must decode as records, an import body as a tar archive of
-# a data directory (docs/http-api.md). For them every
+# a data directory; a timestamp must be a real date, not in the future for a basebackup, which
+# takes `lsn` or `timestamp` but not both (docs/http-api.md). For them every
 # check runs but the one that valid requests are accepted.
 POSITIVE_MAY_BE_REFUSED = {
     ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/keys"),
     ("POST", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/ingest"),
     ("PUT", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/import"),
+    ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/basebackup"),
+    ("GET", "/v1/tenant/{tenant_id}/timeline/{timeline_id}/lsn_by_timestamp"),
 }
 
 

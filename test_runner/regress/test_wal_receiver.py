@@ -17,32 +17,7 @@ from fixtures.plugin import PageserverFactory
 from fixtures.postgres import PgCluster, PgEnv, make_owned_dir
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
-from fixtures.wal_stream import SEGMENT, connstr, primary_with_snapshot, receiver, start_promoted, wait_flushed
-
-
-def check_wal_equal(primary: PgCluster, timeline: TimelineHandle, upto: Lsn, tli: int = 1) -> int:
-    """Every WAL byte of timeline `tli` the timeline serves below `upto` is the primary's own;
-    the number of segments compared."""
-    first = None
-    compared = 0
-    segno = int(upto) // SEGMENT
-    # From the newest segment back, as long as the timeline has them.
-    while segno >= 0:
-        name = f"{tli:08X}{segno >> 8:08X}{segno & 0xFF:08X}"
-        r = requests.get(f"{timeline.url}/wal/{name}", timeout=60)
-        if r.status_code == 404:
-            break
-        assert r.status_code == 200, r.text
-        ours = r.content
-        theirs = (primary.datadir / "pg_wal" / name).read_bytes()
-        end = min(SEGMENT, int(upto) - segno * SEGMENT)
-        assert len(ours) == SEGMENT
-        assert ours[:end] == theirs[:end], f"segment {name} differs below {upto}"
-        first = name
-        compared += 1
-        segno -= 1
-    assert first is not None, "the timeline serves no WAL"
-    return compared
+from fixtures.wal_stream import check_wal_equal, connstr, primary_with_snapshot, receiver, start_promoted, wait_flushed
 
 
 def test_a_synchronous_primary_streams_into_the_timeline_and_survives_kill_9(

@@ -116,6 +116,8 @@ pub struct WalDecoder {
     /// Records longer than this are checked as their bytes stream through, and handed back
     /// with their header alone.
     keep_up_to: usize,
+    /// Records of this resource manager are kept whole up to this many bytes instead.
+    keep_rmgr: Option<(u8, usize)>,
     error: Option<WalError>,
 }
 
@@ -136,6 +138,7 @@ impl WalDecoder {
             system_id: None,
             magic: crate::XLOG_PAGE_MAGIC,
             keep_up_to: usize::MAX,
+            keep_rmgr: None,
             error: None,
         }
     }
@@ -146,6 +149,14 @@ impl WalDecoder {
     /// records of up to 1020 MiB).
     pub fn keeping_records_up_to(mut self, len: usize) -> WalDecoder {
         self.keep_up_to = len.max(RECORD_HEADER_LEN);
+        self
+    }
+
+    /// Keeps the records of resource manager `rmid` whole up to `len` bytes, whatever the
+    /// limit of [`WalDecoder::keeping_records_up_to`] (a reader of commit times keeps the
+    /// transaction records and no others).
+    pub fn keeping_records_of(mut self, rmid: u8, len: usize) -> WalDecoder {
+        self.keep_rmgr = Some((rmid, len));
         self
     }
 
@@ -437,7 +448,7 @@ impl WalDecoder {
     fn gather(&mut self) -> Result<Option<DecodedRecord>, WalError> {
         let page_left = self.page_left();
         let available = self.available();
-        let keep_up_to = self.keep_up_to;
+        let (keep_up_to, keep_rmgr) = (self.keep_up_to, self.keep_rmgr);
         let State::InRecord {
             start,
             bytes,
@@ -459,7 +470,12 @@ impl WalDecoder {
             chunk = &chunk[header_part..];
         }
         *body_crc = crc32c::crc32c_append(*body_crc, chunk);
-        if total.is_some_and(|t| t as usize <= keep_up_to) {
+        // The header is whole once the total is known: its resource manager is at 17.
+        let limit = match keep_rmgr {
+            Some((rmid, len)) if bytes.get(17) == Some(&rmid) => len.max(keep_up_to),
+            _ => keep_up_to,
+        };
+        if total.is_some_and(|t| t as usize <= limit) {
             bytes.extend_from_slice(chunk);
         }
         *gathered += n;

@@ -4,6 +4,8 @@
 //! (`TimestampTz`: microseconds since 2000-01-01 00:00 UTC); what follows (subtransactions,
 //! dropped relations, invalidations, two-phase details) is not read here.
 
+use utils::Lsn;
+
 use crate::record::{parse_parts, RM_XACT_ID};
 use crate::DecodedRecord;
 
@@ -75,4 +77,42 @@ pub fn xact_end(record: &DecodedRecord) -> Result<Option<XactRecord>, String> {
         kind,
         time: i64::from_le_bytes(time),
     }))
+}
+
+/// The first and the last commit of a stretch of WAL: each commit's end LSN (where the state
+/// after it begins) and its time, in microseconds since the Unix epoch. An index of these
+/// per segment finds the segment that holds the last commit before a given time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommitRange {
+    pub first_end: Lsn,
+    pub first_time: i64,
+    pub last_end: Lsn,
+    pub last_time: i64,
+}
+
+impl CommitRange {
+    /// The range of the commits so far with one more, at `end`, made at `time`.
+    pub fn with(range: Option<CommitRange>, end: Lsn, time: i64) -> CommitRange {
+        match range {
+            None => CommitRange {
+                first_end: end,
+                first_time: time,
+                last_end: end,
+                last_time: time,
+            },
+            Some(r) => CommitRange {
+                last_end: end,
+                last_time: time,
+                ..r
+            },
+        }
+    }
+}
+
+/// A commit's end and time, if `record` is a commit.
+pub fn commit_of(record: &DecodedRecord) -> Option<(Lsn, i64)> {
+    match xact_end(record) {
+        Ok(Some(x)) if x.kind.is_commit() => Some((record.end, x.unix_micros())),
+        _ => None,
+    }
 }

@@ -264,6 +264,22 @@ fn commit_records_give_their_time() {
 }
 
 #[test]
+fn a_reader_of_commit_times_keeps_transaction_records_whole_and_no_others() {
+    let mut wal = WalBuilder::new(START, SEG);
+    wal.main_data_record(RM_HEAP_ID, 0, 1, &[7u8; 3000]);
+    let time = 849_052_800_000_000i64;
+    wal.commit(1, time);
+    let mut decoder = WalDecoder::new(START, SEG)
+        .keeping_records_up_to(0)
+        .keeping_records_of(postgres_wal::record::RM_XACT_ID, 4096);
+    decoder.feed(wal.bytes());
+    let heap = decoder.next_record().unwrap().unwrap();
+    assert_eq!(heap.bytes.len(), postgres_wal::record::RECORD_HEADER_LEN);
+    let commit = decoder.next_record().unwrap().unwrap();
+    assert_eq!(xact_end(&commit).unwrap().unwrap().time, time);
+}
+
+#[test]
 fn a_timeline_that_goes_back_or_another_system_is_refused() {
     let mut first = WalBuilder::new(START, SEG).timeline(2);
     first.main_data_record(RM_HEAP_ID, 0, 1, &[1; 100]);

@@ -74,6 +74,7 @@ impl AppState {
         auth: Option<JwtAuth>,
     ) -> AppState {
         let admissions = Arc::new(Admissions::new(conf.admission_limits()));
+        let receivers = crate::walreceiver::Receivers::new(conf.wal_receiver_timeout);
         let reads = Arc::new(PageReads::new(
             tenants.clone(),
             admissions.clone(),
@@ -92,7 +93,7 @@ impl AppState {
             cache,
             auth,
             started_at: SystemTime::now(),
-            receivers: crate::walreceiver::Receivers::new(),
+            receivers,
         }
     }
 }
@@ -153,6 +154,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     (
         "GET",
         "/v1/tenant/{tenant_id}/timeline/{timeline_id}/wal/{file}",
+    ),
+    (
+        "GET",
+        "/v1/tenant/{tenant_id}/timeline/{timeline_id}/lsn_by_timestamp",
     ),
     ("GET", "/v1/page_cache"),
     ("POST", "/v1/page_cache/drop"),
@@ -226,6 +231,10 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/tenant/{tenant_id}/timeline/{timeline_id}/wal/{file}",
             get(wal_file),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}/lsn_by_timestamp",
+            get(lsn_by_timestamp),
         )
         .route("/v1/page_cache", get(page_cache_stats))
         .route("/v1/page_cache/drop", post(page_cache_drop))

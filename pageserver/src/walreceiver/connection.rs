@@ -305,21 +305,36 @@ impl ReplicationConnection {
             }
             Backend::Parsed(backend::Message::CopyDone) => Ok(Some(StreamMessage::CopyDone)),
             Backend::Parsed(backend::Message::ErrorResponse(e)) => Err(server_error(&e)),
-            Backend::Parsed(backend::Message::NoticeResponse(_)) => Ok(None),
-            _ => Err(protocol("an unexpected message in the WAL stream")),
+            // Asynchronous: a notice, or a setting the server reports changed (a reload).
+            Backend::Parsed(
+                backend::Message::NoticeResponse(_) | backend::Message::ParameterStatus(_),
+            ) => Ok(None),
+            Backend::Parsed(other) => Err(protocol(&format!(
+                "an unexpected message in the WAL stream ({})",
+                message_name(&other)
+            ))),
+            Backend::CopyBothResponse => Err(protocol(
+                "an unexpected message in the WAL stream (CopyBothResponse)",
+            )),
         }
     }
 
     /// Sends a standby status update: `write`, `flush` and `apply` LSNs (each just past the
     /// last byte), and asks for no reply.
-    pub fn send_status(&mut self, write: Lsn, flush: Lsn, apply: Lsn) -> Result<(), ReceiverError> {
+    pub fn send_status(
+        &mut self,
+        write: Lsn,
+        flush: Lsn,
+        apply: Lsn,
+        reply_requested: bool,
+    ) -> Result<(), ReceiverError> {
         let mut body = BytesMut::with_capacity(34);
         body.put_u8(b'r');
         body.put_u64(write.0);
         body.put_u64(flush.0);
         body.put_u64(apply.0);
         body.put_i64(postgres_now());
-        body.put_u8(0);
+        body.put_u8(u8::from(reply_requested));
         self.write_buf.put_u8(b'd');
         self.write_buf.put_i32(4 + body.len() as i32);
         self.write_buf.extend_from_slice(&body);
@@ -471,6 +486,23 @@ pub(super) fn fallible_next<I: fallible_iterator::FallibleIterator<Error = io::E
     iter: &mut I,
 ) -> Result<Option<I::Item>, ReceiverError> {
     iter.next().map_err(|e| protocol(&e.to_string()))
+}
+
+/// The name of a message, for errors.
+fn message_name(message: &backend::Message) -> &'static str {
+    match message {
+        backend::Message::AuthenticationOk => "AuthenticationOk",
+        backend::Message::BackendKeyData(_) => "BackendKeyData",
+        backend::Message::CommandComplete(_) => "CommandComplete",
+        backend::Message::CopyInResponse(_) => "CopyInResponse",
+        backend::Message::CopyOutResponse(_) => "CopyOutResponse",
+        backend::Message::DataRow(_) => "DataRow",
+        backend::Message::EmptyQueryResponse => "EmptyQueryResponse",
+        backend::Message::NotificationResponse(_) => "NotificationResponse",
+        backend::Message::ReadyForQuery(_) => "ReadyForQuery",
+        backend::Message::RowDescription(_) => "RowDescription",
+        _ => "another message",
+    }
 }
 
 pub(super) fn protocol(what: &str) -> ReceiverError {

@@ -28,6 +28,7 @@
 //! WAL where streaming resumes.
 
 mod base_backup;
+pub mod commit_time;
 mod connection;
 pub mod connstr;
 mod receiver;

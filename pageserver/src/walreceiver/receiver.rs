@@ -127,6 +127,8 @@ fn lsn_text<S: serde::Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::E
 struct Shared {
     state: Mutex<ReceiverState>,
     stop: AtomicBool,
+    /// See [`Receivers`]'s `timeout`.
+    timeout: Duration,
 }
 
 impl Shared {
@@ -141,17 +143,23 @@ struct Handle {
 }
 
 /// Every receiver of the server.
-#[derive(Default)]
 pub struct Receivers {
     map: Mutex<HashMap<(TenantId, TimelineId), Handle>>,
     /// Held over a whole start or removal, so that two never interleave (the one would leave
     /// a thread the other cannot stop, or remove the settings the other stored).
     changing: Mutex<()>,
+    /// A stream the primary sends nothing on for this long is given up and connected again
+    /// (`wal_receiver_timeout`); after half of it, the receiver asks for an answer.
+    timeout: Duration,
 }
 
 impl Receivers {
-    pub fn new() -> Arc<Receivers> {
-        Arc::new(Receivers::default())
+    pub fn new(timeout: Duration) -> Arc<Receivers> {
+        Arc::new(Receivers {
+            map: Mutex::new(HashMap::new()),
+            changing: Mutex::new(()),
+            timeout,
+        })
     }
 
     fn map(&self) -> MutexGuard<'_, HashMap<(TenantId, TimelineId), Handle>> {
@@ -173,6 +181,7 @@ impl Receivers {
         let shared = Arc::new(Shared {
             state: Mutex::new(initial_state(&conf, &conn)),
             stop: AtomicBool::new(false),
+            timeout: self.timeout,
         });
         let session = match Session::establish(&timeline, &conf, &conn, &shared) {
             Ok(session) => session,
@@ -205,6 +214,7 @@ impl Receivers {
         let shared = Arc::new(Shared {
             state: Mutex::new(initial_state(&conf, &conn)),
             stop: AtomicBool::new(false),
+            timeout: self.timeout,
         });
         self.spawn(timeline, conf, conn, shared, None);
         Ok(true)
@@ -481,15 +491,34 @@ impl Session {
     /// Streams until the connection fails, the timeline shuts down or the receiver is stopped.
     fn stream(&mut self, timeline: &Timeline, shared: &Shared) -> Result<(), ReceiverError> {
         let mut last_status = Instant::now();
+        let mut last_message = Instant::now();
+        let mut pinged = false;
         let mut unflushed = false;
         loop {
             if shared.stop.load(Ordering::Acquire) || timeline.is_shutting_down() {
                 return Ok(());
             }
+            // A primary (or a network) that went silent: asked for an answer once, then given up.
+            let silent = last_message.elapsed();
+            if silent >= shared.timeout {
+                return Err(ReceiverError::Connect(format!(
+                    "the primary sent nothing for {:?} (wal_receiver_timeout)",
+                    shared.timeout
+                )));
+            }
+            if silent >= shared.timeout / 2 && !pinged {
+                self.status(timeline, shared, true)?;
+                pinged = true;
+            }
             // Everything the primary already sent, then one fsync and one status update for
             // all of it: a synchronous primary's commits wait for that update.
             let wait = if unflushed { Duration::ZERO } else { POLL };
-            match self.conn.next_stream_message(wait)? {
+            let message = self.conn.next_stream_message(wait)?;
+            if message.is_some() {
+                last_message = Instant::now();
+                pinged = false;
+            }
+            match message {
                 Some(StreamMessage::XLogData {
                     start,
                     wal_end,
@@ -513,7 +542,7 @@ impl Session {
                         || last_status.elapsed() >= STATUS_INTERVAL
                     {
                         self.store.flush().map_err(ReceiverError::Io)?;
-                        self.status(timeline, shared)?;
+                        self.status(timeline, shared, false)?;
                         unflushed = false;
                         last_status = Instant::now();
                     }
@@ -532,7 +561,7 @@ impl Session {
                         s.last_message_ms = Some(now_ms());
                     }
                     if reply_requested {
-                        self.status(timeline, shared)?;
+                        self.status(timeline, shared, false)?;
                         last_status = Instant::now();
                     }
                 }
@@ -544,7 +573,7 @@ impl Session {
                 None => {
                     if unflushed || last_status.elapsed() >= STATUS_INTERVAL {
                         self.store.flush().map_err(ReceiverError::Io)?;
-                        self.status(timeline, shared)?;
+                        self.status(timeline, shared, false)?;
                         unflushed = false;
                         last_status = Instant::now();
                     }
@@ -553,7 +582,12 @@ impl Session {
         }
     }
 
-    fn status(&mut self, timeline: &Timeline, shared: &Shared) -> Result<(), ReceiverError> {
+    fn status(
+        &mut self,
+        timeline: &Timeline,
+        shared: &Shared,
+        reply_requested: bool,
+    ) -> Result<(), ReceiverError> {
         let flushed = self.store.flushed();
         let remote = timeline.remote_copy();
         if let Some(remote) = remote {
@@ -567,7 +601,7 @@ impl Session {
         }
         // Applied: what is durable here is all this receiver does with the WAL yet.
         self.conn
-            .send_status(self.store.written(), flushed, flushed)
+            .send_status(self.store.written(), flushed, flushed, reply_requested)
     }
 }
 

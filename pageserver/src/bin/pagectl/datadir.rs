@@ -69,6 +69,10 @@ pub struct BasebackupArgs {
     /// `X/X` or `latest`.
     #[arg(long, default_value = "latest")]
     lsn: ReadLsn,
+    /// A time instead of an LSN (RFC 3339 in UTC, `2026-11-26T10:00:00Z`): the state after the
+    /// last commit at or before it, found in the WAL streamed in.
+    #[arg(long, conflicts_with = "lsn", value_name = "TIME")]
+    time: Option<String>,
 }
 
 /// A request body fed from a channel, piece by piece.
@@ -382,7 +386,8 @@ pub fn basebackup(args: BasebackupArgs, out: &mut impl Write) -> anyhow::Result<
     }
 }
 
-/// Streams the snapshot into `args.into`; returns the snapshot's LSN.
+/// Streams the snapshot into `args.into`; returns the snapshot's LSN, and what is replayed
+/// after it.
 fn fetch_and_unpack(args: &BasebackupArgs) -> anyhow::Result<String> {
     let runtime = runtime()?;
     let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<Bytes>>(QUEUED);
@@ -398,7 +403,11 @@ fn fetch_and_unpack(args: &BasebackupArgs) -> anyhow::Result<String> {
     });
     let received = Arc::new(AtomicU64::new(0));
     let progress = Progress::start("basebackup", received.clone(), None);
-    let path = format!("{}?lsn={}", route(&args.target, "basebackup"), args.lsn);
+    let point = match &args.time {
+        Some(time) => format!("timestamp={}", time.replace('+', "%2B")),
+        None => format!("lsn={}", args.lsn),
+    };
+    let path = format!("{}?{point}", route(&args.target, "basebackup"));
     let outcome = runtime.block_on(async {
         let (_, empty) = tokio::sync::mpsc::channel(1);
         let response = send(
@@ -412,12 +421,22 @@ fn fetch_and_unpack(args: &BasebackupArgs) -> anyhow::Result<String> {
         if response.status() != StatusCode::OK {
             return Err(failure(response).await);
         }
-        let snapshot = response
-            .headers()
-            .get("x-snapshot-lsn")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("?")
-            .to_owned();
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let mut snapshot = header("x-snapshot-lsn").unwrap_or_else(|| "?".to_owned());
+        if let Some(target) = header("x-replay-to") {
+            snapshot.push_str(&format!(
+                ", with the WAL up to {target} (replayed when PostgreSQL starts)"
+            ));
+        }
+        if let Some(at) = header("x-commit-time") {
+            snapshot.push_str(&format!(", the last commit at or before the time at {at},"));
+        }
         let mut body = response.into_body();
         while let Some(frame) = body.frame().await {
             match frame {

@@ -22,6 +22,7 @@ use super::{closing, lsn_param, query_params, timeline_of, ApiResult};
 use crate::datadir::{import_archive, snapshot_at, write_basebackup, BasebackupError, ImportError};
 use crate::http::error::ApiError;
 use crate::http::{blocking, on_own_thread, SharedState};
+use crate::walreceiver::commit_time::{self, Found};
 use crate::walreceiver::wal_store::{replay_segments, WAL_DIR};
 
 /// Bytes of archive handed to the client at a time, and how many such pieces may wait.
@@ -178,7 +179,29 @@ pub async fn basebackup(
     uri: Uri,
 ) -> ApiResult<Response> {
     let timeline = timeline_of(&state, &ids)?;
-    let lsn = optional_lsn(&uri)?.unwrap_or_else(|| timeline.last_record_lsn());
+    let mut lsn = None;
+    let mut time = None;
+    for (name, value) in query_params(&uri, &["lsn", "timestamp"], "lsn or timestamp")? {
+        match name {
+            "lsn" => lsn = lsn_param(&value)?,
+            _ => time = Some(super::wal::parse_timestamp(&value)?),
+        }
+    }
+    let mut commit_time = None;
+    let lsn = match (lsn, time) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "lsn= and timestamp= name two points: give one".to_owned(),
+            ))
+        }
+        (Some(lsn), None) => lsn,
+        (None, None) => timeline.last_record_lsn(),
+        (None, Some(time)) => {
+            let (lsn, at) = lsn_of_time(&timeline, time).await?;
+            commit_time = Some(at);
+            lsn
+        }
+    };
     // The archive is written as the client reads it, for as long as the client takes, on a
     // thread of its own: only so many may run.
     let permit = state.admissions.basebackups.admit(timeline.tenant_id())?;
@@ -265,6 +288,12 @@ pub async fn basebackup(
         "x-snapshot-kind",
         HeaderValue::from_str(&snapshot.kind.to_string()).expect("ASCII"),
     );
+    if let Some(at) = commit_time {
+        headers.insert(
+            "x-commit-time",
+            HeaderValue::from_str(&super::wal::format_timestamp(at)).expect("ASCII"),
+        );
+    }
     if let Some(target) = replay_to {
         headers.insert(
             "x-replay-to",
@@ -272,6 +301,39 @@ pub async fn basebackup(
         );
     }
     Ok(response)
+}
+
+/// The LSN a restore at `time` goes to (the state after the last commit at or before it), and
+/// that commit's time.
+async fn lsn_of_time(
+    timeline: &Arc<crate::tenant::timeline::Timeline>,
+    time: i64,
+) -> ApiResult<(Lsn, i64)> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64);
+    let shown = super::wal::format_timestamp(time);
+    if time > now {
+        return Err(ApiError::bad_request(format!(
+            "timestamp {shown} is in the future: the state then is not known yet"
+        )));
+    }
+    let timeline = timeline.clone();
+    let found = blocking(move || {
+        commit_time::lsn_by_time(&timeline, time)
+            .map_err(|e| ApiError::try_again(format!("reading the WAL for its commit times: {e}")))
+    })
+    .await?;
+    match (found.kind, found.lsn, found.commit_time) {
+        (Found::Present | Found::Future, Some(lsn), Some(at)) => Ok((lsn, at)),
+        (Found::Past, _, at) => Err(ApiError::not_found(format!(
+            "no basebackup at {shown}: it is before the first commit the timeline's WAL holds ({})",
+            at.map_or_else(|| "unknown".to_owned(), super::wal::format_timestamp)
+        ))),
+        _ => Err(ApiError::not_found(format!(
+            "no basebackup at {shown}: the timeline's WAL archive holds no commit (restores by time need WAL streamed in)"
+        ))),
+    }
 }
 
 /// Collects the archive into pieces and queues them for the response body.

@@ -1,6 +1,6 @@
 //! A timeline's WAL receiver (`PUT`, `GET`, `DELETE .../wal_receiver`) and its WAL files
 //! (`GET .../wal/{file}`: a segment or a history file by its PostgreSQL name, what a
-//! `restore_command` fetches).
+//! `restore_command` fetches), and the LSN of a time (`GET .../lsn_by_timestamp`).
 
 use std::sync::Arc;
 
@@ -13,10 +13,10 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value as JsonValue};
 
-use super::{bool_query, json_body, timeline_of, ApiResult};
+use super::{bool_query, json_body, query_params, timeline_of, ApiResult};
 use crate::http::error::ApiError;
 use crate::http::{blocking, SharedState};
-use crate::walreceiver::{wal_store, ReceiverConf, ReceiverError};
+use crate::walreceiver::{commit_time, wal_store, ReceiverConf, ReceiverError};
 
 /// A WAL file is sent in chunks of this size.
 const CHUNK: u64 = 256 << 10;
@@ -168,4 +168,51 @@ pub async fn wal_file(
         header::HeaderValue::from_static("application/octet-stream"),
     );
     Ok(response)
+}
+
+/// A time as the API takes it (RFC 3339, UTC: `2026-11-26T10:00:00Z`, fractions allowed), in
+/// microseconds since the Unix epoch.
+pub(super) fn parse_timestamp(text: &str) -> ApiResult<i64> {
+    let time = humantime::parse_rfc3339_weak(text).map_err(|e| {
+        ApiError::bad_request(format!(
+            "timestamp `{text}`: {e} (expected RFC 3339 in UTC, like 2026-11-26T10:00:00Z)"
+        ))
+    })?;
+    let micros = time
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|_| ApiError::bad_request(format!("timestamp `{text}` is before 1970")))?
+        .as_micros();
+    i64::try_from(micros)
+        .map_err(|_| ApiError::bad_request(format!("timestamp `{text}` is too far ahead")))
+}
+
+/// A time in microseconds since the Unix epoch, as the API writes times.
+pub(super) fn format_timestamp(micros: i64) -> String {
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_micros(micros.max(0) as u64);
+    humantime::format_rfc3339_micros(time).to_string()
+}
+
+/// `GET .../lsn_by_timestamp?timestamp=T`: the LSN of the state after the last commit at or
+/// before `T` (`walreceiver::commit_time`).
+pub async fn lsn_by_timestamp(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+    uri: Uri,
+) -> ApiResult<Json<JsonValue>> {
+    let timeline = timeline_of(&state, &ids)?;
+    let mut time = None;
+    for (_, value) in query_params(&uri, &["timestamp"], "timestamp")? {
+        time = Some(parse_timestamp(&value)?);
+    }
+    let time = time.ok_or_else(|| ApiError::bad_request("timestamp= is required".to_owned()))?;
+    let found = blocking(move || {
+        commit_time::lsn_by_time(&timeline, time)
+            .map_err(|e| ApiError::try_again(format!("reading the WAL for its commit times: {e}")))
+    })
+    .await?;
+    Ok(Json(json!({
+        "kind": found.kind,
+        "lsn": found.lsn.map(|l| l.to_string()),
+        "commit_time": found.commit_time.map(format_timestamp),
+    })))
 }

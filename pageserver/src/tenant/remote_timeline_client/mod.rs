@@ -81,6 +81,7 @@ mod remote_copy;
 mod tests;
 mod upload_plan;
 mod wal_archive;
+mod wal_commits;
 pub mod wal_index;
 
 use index::{
@@ -507,6 +508,7 @@ impl RemoteTimelineClient {
                 first_error.map_or(Ok(()), Err)
             }
             Step::UploadIndex(index) => {
+                let index = *index;
                 if let Some(ancestor) = self.ancestor_behind() {
                     // Not a failure: the step is planned again once the ancestor's next index
                     // is up (or after a while, to see a stop).

@@ -11,7 +11,8 @@ use utils::Lsn;
 use super::index::IndexPart;
 use super::{lock, RemoteTimelineClient, SHUTDOWN_DRAIN_TIMEOUT};
 use crate::tenant::timeline::layer_set::manifest::Manifest;
-use crate::tenant::timeline::{RemoteCopy, TimelineError};
+use crate::tenant::timeline::{ArchivedWalSegments, RemoteCopy, TimelineError};
+use postgres_wal::segment::SegmentName;
 
 impl RemoteCopy for RemoteTimelineClient {
     fn manifest_committed(&self, manifest: &Manifest) {
@@ -102,6 +103,28 @@ impl RemoteCopy for RemoteTimelineClient {
 
     fn fetch_wal(&self, dir: &Path, name: &str) -> Result<bool, String> {
         self.fetch_wal_segment(dir, name)
+    }
+
+    fn archived_wal_segments(&self) -> Option<ArchivedWalSegments> {
+        let wal = self.wal_index();
+        let size = wal.segment_size;
+        let mut segments: Vec<_> = wal
+            .segments
+            .iter()
+            .chain(wal.partial.iter().map(|(n, f)| (n, f)))
+            .filter_map(|(name, f)| {
+                let segment = SegmentName::parse(name, size)?;
+                Some((segment.segno, name.clone(), f.commits))
+            })
+            .collect();
+        if segments.is_empty() {
+            return None;
+        }
+        segments.sort_by_key(|(segno, _, _)| *segno);
+        Some(ArchivedWalSegments {
+            segment_size: size,
+            segments,
+        })
     }
 
     fn retain_wal_from(&self, floor: Lsn) {

@@ -63,7 +63,7 @@ pub(crate) struct UploadPlan {
 pub(crate) enum Step {
     /// Upload these layers (each as an object of this generation).
     UploadLayers(Vec<(String, IndexLayer)>),
-    UploadIndex(IndexPart),
+    UploadIndex(Box<IndexPart>),
     /// Delete these layer objects.
     Delete(Vec<(String, IndexLayer)>),
     /// List the store and delete what no index lists (rule 4).
@@ -234,7 +234,7 @@ impl UploadPlan {
             return Step::Idle;
         }
         if let Some(complete) = self.targets.iter().rev().find(|t| self.is_complete(t)) {
-            return Step::UploadIndex(complete.clone());
+            return Step::UploadIndex(Box::new(complete.clone()));
         }
         if let Some(oldest) = self.targets.front() {
             let missing: Vec<(String, IndexLayer)> = oldest

@@ -22,6 +22,9 @@
 //! section. Every change to the section is made by the task, one round at a time, so a GC
 //! never races an upload into listing a removed segment again.
 //!
+//! Each segment uploaded (and the tail) is decoded as well, for its first and last commit
+//! (`wal_commits.rs`), which the section lists with it: the index of restores by time.
+//!
 //! `archived_lsn` is the durable index's: everything below it survives the local disk.
 //!
 //! Restores and `GET .../wal/{file}` fetch what the local disk lacks (`fetch_wal_segment`):
@@ -33,11 +36,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use postgres_wal::segment::{segno_of, SegmentName};
+use postgres_wal::segment::{segment_start, segno_of, SegmentName};
+use postgres_wal::xact::CommitRange;
 use remote_storage::Transferred;
 use utils::Lsn;
 
 use super::upload_plan::UploadPlan;
+use super::wal_commits::CommitScan;
 use super::wal_index::{ArchivedFile, WalIndex, PARTIAL_SUFFIX};
 use super::{count, lock, RemoteClientError, RemoteTimelineClient};
 use crate::io::transfer_file::TransferFile;
@@ -63,6 +68,8 @@ pub(super) struct WalArchiveState {
     pub(super) last_error: Option<String>,
     /// WAL below it serves no restore (the timeline's GC says so): its whole segments go.
     floor: Lsn,
+    /// The commit times of what was uploaded (`wal_commits.rs`); taken out during a round.
+    scan: Option<CommitScan>,
 }
 
 impl RemoteTimelineClient {
@@ -194,9 +201,14 @@ impl RemoteTimelineClient {
             let path = feed.dir.join(&name);
             let key = WalIndex::object_name(&name, false, self.generation);
             // Gone since the listing: removed by the WAL's garbage collection.
-            let Some(file) = self.upload_wal_file(&path, &key, None).await? else {
+            let Some(mut file) = self.upload_wal_file(&path, &key, None).await? else {
                 continue;
             };
+            if let Some(segment) = SegmentName::parse(&name, size) {
+                file.commits = self
+                    .scan_commits(&path, segment.segno, file.len, size)
+                    .await;
+            }
             if file.len != u64::from(size) {
                 return Err(RemoteClientError::Local(format!(
                     "{}: {} bytes, not a whole segment",
@@ -229,7 +241,8 @@ impl RemoteTimelineClient {
             let key = WalIndex::object_name(&tail_name, true, self.generation);
             // `None`: filled up and renamed since the feed was read; the next round uploads it
             // whole.
-            if let Some(file) = self.upload_wal_file(&path, &key, Some(offset)).await? {
+            if let Some(mut file) = self.upload_wal_file(&path, &key, Some(offset)).await? {
+                file.commits = self.scan_commits(&path, tail.segno, offset, size).await;
                 if let Some((old, f)) = wal.partial.take() {
                     let old_key = WalIndex::object_name(&old, true, f.generation);
                     if old_key != key {
@@ -349,7 +362,50 @@ impl RemoteTimelineClient {
             len: expected.len,
             crc32c: expected.crc32c,
             generation: self.generation,
+            commits: None,
         }))
+    }
+
+    /// The commits of segment `segno` (`wal_commits.rs`), its file `path` fed to the scan up
+    /// to `len` bytes; `None` if it has none, or its WAL does not decode (logged: a search by
+    /// time then decodes more, nothing else is lost).
+    async fn scan_commits(
+        &self,
+        path: &Path,
+        segno: u64,
+        len: u64,
+        size: u32,
+    ) -> Option<CommitRange> {
+        let start = segment_start(segno, size);
+        let kept = lock(&self.wal).scan.take();
+        let mut scan = kept
+            .filter(|s| s.next() >= start && s.next().0 <= start.0 + len)
+            .unwrap_or_else(|| CommitScan::new(segno, size));
+        let path = path.to_owned();
+        let fed = blocking(move || {
+            // A tail that filled up since it was uploaded has its final name now.
+            let whole = path.to_str().and_then(|p| p.strip_suffix(PARTIAL_SUFFIX));
+            let path = match whole {
+                Some(whole) if !path.exists() => PathBuf::from(whole),
+                _ => path,
+            };
+            let result = scan.feed_file(&path, segno, len);
+            Ok((scan, result))
+        })
+        .await;
+        match fed {
+            Ok((mut scan, Ok(()))) => {
+                let range = scan.range_of(segno);
+                scan.forget_before(segno);
+                lock(&self.wal).scan = Some(scan);
+                range
+            }
+            Ok((_, Err(e))) | Err(e) => {
+                tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                    "reading the commit times of WAL segment {segno:X}: {e}; the scan starts again at the next segment");
+                None
+            }
+        }
     }
 
     fn publish(&self, wal: &WalIndex) {

@@ -6,7 +6,9 @@
 //! "wal": {
 //!   "segment_size": 16777216,
 //!   "segments": {
-//!     "000000010000000000000003": { "len": 16777216, "crc32c": 3735928559, "generation": 2 }
+//!     "000000010000000000000003": { "len": 16777216, "crc32c": 3735928559, "generation": 2,
+//!       "commits": { "first_lsn": "0/3000148", "first_time": 1795737600000000,
+//!                    "last_lsn": "0/3FFF0A0", "last_time": 1795737612345678 } }
 //!   },
 //!   "partial": { "name": "000000010000000000000004", "len": 2301952, "crc32c": 1234, "generation": 2 },
 //!   "receiver": { "connstr": "host=…", "slot_name": "…", "application_name": "…" }
@@ -22,12 +24,17 @@
 //! The receiver's settings include its connection string, password and all: the store that
 //! holds every page of the cluster is trusted with what lets a replica read them.
 //!
+//! `commits` (optional) is the first and last commit whose record ends in the segment (end LSN,
+//! and time in microseconds since the Unix epoch): the index a search by time starts from
+//! (`wal_commits.rs`).
+//!
 //! `archived_lsn` is where the section's WAL ends: everything below it can be fetched from the
 //! store alone.
 
 use std::collections::BTreeMap;
 
 use postgres_wal::segment::{is_valid_segment_size, SegmentName};
+use postgres_wal::xact::CommitRange;
 use serde::{Deserialize, Serialize};
 use utils::{Generation, Lsn};
 
@@ -47,6 +54,8 @@ pub struct ArchivedFile {
     pub crc32c: u32,
     /// The generation whose object holds it.
     pub generation: Generation,
+    /// Its first and last commit (`wal_commits.rs`), when it has any and they were read.
+    pub commits: Option<CommitRange>,
 }
 
 /// See the module documentation.
@@ -78,6 +87,8 @@ struct RawFile {
     len: u64,
     crc32c: u32,
     generation: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    commits: Option<RawCommits>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -87,6 +98,54 @@ struct RawPartial {
     len: u64,
     crc32c: u32,
     generation: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    commits: Option<RawCommits>,
+}
+
+/// A segment's first and last commit: end LSNs, and times in microseconds since the Unix
+/// epoch.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCommits {
+    first_lsn: String,
+    first_time: i64,
+    last_lsn: String,
+    last_time: i64,
+}
+
+impl RawCommits {
+    fn of(range: &CommitRange) -> RawCommits {
+        RawCommits {
+            first_lsn: range.first_end.to_string(),
+            first_time: range.first_time,
+            last_lsn: range.last_end.to_string(),
+            last_time: range.last_time,
+        }
+    }
+
+    /// The range, checked to lie in segment `segment` (its commits end in it, in order).
+    fn check(&self, name: &str, segment: SegmentName, size: u32) -> Result<CommitRange, String> {
+        let lsn = |text: &str| {
+            text.parse::<Lsn>()
+                .map_err(|e| format!("WAL file {name:?}: commits: {text:?}: {e}"))
+        };
+        let range = CommitRange {
+            first_end: lsn(&self.first_lsn)?,
+            first_time: self.first_time,
+            last_end: lsn(&self.last_lsn)?,
+            last_time: self.last_time,
+        };
+        let start = segment.start(size);
+        let end = Lsn(start.0 + u64::from(size));
+        let inside = |l: Lsn| l > start && l <= end;
+        if !(inside(range.first_end) && inside(range.last_end)) || range.first_end > range.last_end
+        {
+            return Err(format!(
+                "WAL file {name:?}: its commits' LSNs are not in order within the segment"
+            ));
+        }
+        Ok(range)
+    }
 }
 
 impl WalIndex {
@@ -134,6 +193,7 @@ impl WalIndex {
             len: f.len,
             crc32c: f.crc32c,
             generation: f.generation.get(),
+            commits: f.commits.as_ref().map(RawCommits::of),
         };
         RawWal {
             segment_size: self.segment_size,
@@ -147,6 +207,7 @@ impl WalIndex {
                 len: f.len,
                 crc32c: f.crc32c,
                 generation: f.generation.get(),
+                commits: f.commits.as_ref().map(RawCommits::of),
             }),
             receiver: self.receiver.clone(),
         }
@@ -189,12 +250,18 @@ impl WalIndex {
             }
             newest = newest.max(Some((parsed.segno, parsed.tli)));
             let generation = file_generation(&name, f.generation)?;
+            let commits = f
+                .commits
+                .as_ref()
+                .map(|c| c.check(&name, parsed, size))
+                .transpose()?;
             segments.insert(
                 name,
                 ArchivedFile {
                     len: f.len,
                     crc32c: f.crc32c,
                     generation,
+                    commits,
                 },
             );
         }
@@ -215,12 +282,18 @@ impl WalIndex {
                     ));
                 }
                 let generation = file_generation(&p.name, p.generation)?;
+                let commits = p
+                    .commits
+                    .as_ref()
+                    .map(|c| c.check(&p.name, parsed, size))
+                    .transpose()?;
                 Some((
                     p.name,
                     ArchivedFile {
                         len: p.len,
                         crc32c: p.crc32c,
                         generation,
+                        commits,
                     },
                 ))
             }
@@ -266,12 +339,24 @@ mod tests {
             len,
             crc32c: 7,
             generation: g(gen),
+            commits: None,
         };
         WalIndex {
             segment_size: SEG,
             segments: [
                 ("000000010000000000000003".to_owned(), file(SEG.into(), 1)),
-                ("000000010000000000000004".to_owned(), file(SEG.into(), 2)),
+                (
+                    "000000010000000000000004".to_owned(),
+                    ArchivedFile {
+                        commits: Some(CommitRange {
+                            first_end: Lsn(4 * u64::from(SEG) + 100),
+                            first_time: 1_795_737_600_000_000,
+                            last_end: Lsn(5 * u64::from(SEG)),
+                            last_time: 1_795_737_601_000_000,
+                        }),
+                        ..file(SEG.into(), 2)
+                    },
+                ),
             ]
             .into(),
             partial: Some(("000000010000000000000005".to_owned(), file(4096, 2))),
@@ -328,6 +413,14 @@ mod tests {
         assert!(e.contains("below the segment size"), "{e}");
         let e = refused(&|j| j["partial"]["name"] = "../../x".into(), 2);
         assert!(e.contains("not a segment name"), "{e}");
+        let e = refused(
+            &|j| {
+                j["segments"]["000000010000000000000004"]["commits"]["last_lsn"] =
+                    "0/6000000".into()
+            },
+            2,
+        );
+        assert!(e.contains("not in order within the segment"), "{e}");
         let e = refused(&|j| j["receiver"] = "text".into(), 2);
         assert!(e.contains("wal.receiver"), "{e}");
     }

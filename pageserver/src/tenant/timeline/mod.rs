@@ -354,6 +354,11 @@ pub trait RemoteCopy: Send + Sync {
     fn fetch_wal(&self, _dir: &Path, _name: &str) -> Result<bool, String> {
         Ok(false)
     }
+    /// The WAL segments remote storage holds, oldest first, with their commits: the index of
+    /// searches by time (`walreceiver::commit_time`). `None` without WAL.
+    fn archived_wal_segments(&self) -> Option<ArchivedWalSegments> {
+        None
+    }
     /// WAL below `floor` serves no restore any more (`gc/wal_floor.rs`): the archive removes
     /// its whole segments, locally and in the store.
     fn retain_wal_from(&self, _floor: Lsn) {}
@@ -361,6 +366,14 @@ pub trait RemoteCopy: Send + Sync {
     fn fetch_wal_range(&self, _dir: &Path, _from: Lsn, _to: Lsn) -> Result<(), String> {
         Ok(())
     }
+}
+
+/// The WAL segments of a timeline's WAL archive (see [`RemoteCopy::archived_wal_segments`]).
+#[derive(Clone, Debug, Default)]
+pub struct ArchivedWalSegments {
+    pub segment_size: u32,
+    /// Segment number, file name, and the first and last commit ending in it (when read).
+    pub segments: Vec<(u64, String, Option<postgres_wal::xact::CommitRange>)>,
 }
 
 /// What only the writer (the holder of `write_lock`) looks at.

@@ -110,8 +110,8 @@ impl Attachment {
             }
             Step::UploadIndex(index) => {
                 if cut != Some(0) {
-                    store.indexes.insert(self.generation, index.clone());
-                    self.plan.index_uploaded(index);
+                    store.indexes.insert(self.generation, (*index).clone());
+                    self.plan.index_uploaded(*index);
                     store.check(seed, at);
                 }
             }
@@ -281,7 +281,7 @@ fn layers_go_before_their_index_and_deletions_after() {
     }));
     assert_eq!(plan.next(), Step::UploadIndex(first.clone()));
     assert_eq!(plan.remote_consistent_lsn(), Lsn::INVALID);
-    plan.index_uploaded(first);
+    plan.index_uploaded(*first);
     assert_eq!(plan.remote_consistent_lsn(), Lsn(1));
     assert!(matches!(plan.next(), Step::UploadLayers(ref l) if l[0].0 == "b"));
     plan.layer_uploaded("b", layers[0].1.clone());
@@ -289,7 +289,7 @@ fn layers_go_before_their_index_and_deletions_after() {
         panic!()
     };
     assert!(index.layers.contains_key("b") && !index.layers.contains_key("a"));
-    plan.index_uploaded(index);
+    plan.index_uploaded(*index);
     assert_eq!(plan.remote_consistent_lsn(), Lsn(2));
     // Only now may "a" go.
     assert!(matches!(plan.next(), Step::Delete(ref l) if l.len() == 1 && l[0].0 == "a"));
@@ -350,7 +350,7 @@ fn a_layer_counts_as_in_the_store_for_eviction_only_once_an_index_lists_it() {
     let Step::UploadIndex(index) = plan.next() else {
         panic!()
     };
-    plan.index_uploaded(index);
+    plan.index_uploaded(*index);
     assert_eq!(plan.durable_layer("a").map(|l| l.size), Some(10));
 }
 
@@ -372,6 +372,7 @@ fn a_wal_change_reaches_the_store_without_waiting_for_layers_in_flight() {
                 len,
                 crc32c: 0,
                 generation: g,
+                commits: None,
             },
         )),
         ..WalIndex::default()
@@ -387,7 +388,7 @@ fn a_wal_change_reaches_the_store_without_waiting_for_layers_in_flight() {
         panic!()
     };
     assert_eq!(first.wal, wal(100));
-    plan.index_uploaded(first);
+    plan.index_uploaded(*first);
     // A layer in flight, then more WAL: the durable layers with the new WAL go first.
     manifest.add_layer(entry("b"));
     manifest.disk_consistent_lsn = Lsn(2);
@@ -402,7 +403,7 @@ fn a_wal_change_reaches_the_store_without_waiting_for_layers_in_flight() {
     assert_eq!(index.wal, wal(200));
     assert!(!index.layers.contains_key("b"));
     assert_eq!(index.disk_consistent_lsn, Lsn(1));
-    plan.index_uploaded(index);
+    plan.index_uploaded(*index);
     // The layer's index carries the newest WAL too.
     plan.layer_uploaded("b", layers[0].1.clone());
     let Step::UploadIndex(index) = plan.next() else {
