@@ -111,6 +111,9 @@ pub struct PageServerConf {
     /// A WAL receiver whose primary sends nothing for this long connects again.
     #[serde(deserialize_with = "duration")]
     pub wal_receiver_timeout: Duration,
+    /// How long a lease taken with `POST .../lsn_lease` lasts.
+    #[serde(deserialize_with = "duration")]
+    pub lsn_lease_length: Duration,
     #[serde(deserialize_with = "size")]
     pub max_local_layer_bytes: u64,
     pub test_remote_failures: u32,
@@ -163,6 +166,7 @@ impl Default for PageServerConf {
             upload_queue_wait_timeout: Duration::from_secs(30),
             wal_upload_interval: crate::tenant::remote_timeline_client::DEFAULT_WAL_UPLOAD_INTERVAL,
             wal_receiver_timeout: Duration::from_secs(60),
+            lsn_lease_length: Duration::from_secs(600),
             max_local_layer_bytes: 0,
             test_remote_failures: 0,
             timeline: TimelineConf::default(),
@@ -350,6 +354,7 @@ impl PageServerConf {
             ("upload_queue_wait_timeout", self.upload_queue_wait_timeout),
             ("wal_upload_interval", self.wal_upload_interval),
             ("wal_receiver_timeout", self.wal_receiver_timeout),
+            ("lsn_lease_length", self.lsn_lease_length),
         ] {
             in_range_shown(name, value, MIN_REMOTE_DEADLINE..=MAX_REMOTE_DEADLINE, show)?;
         }

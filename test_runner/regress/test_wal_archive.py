@@ -159,9 +159,11 @@ def segno(name: str) -> int:
 def test_gc_removes_the_wal_no_restore_needs_and_keeps_the_rest(
     pg: PgEnv, pageserver_factory: PageserverFactory, remote_store: RemoteStore
 ):
-    """Three snapshots with WAL between them; GC moves its cutoff to the newest: the segments
-    before the snapshot its cutoff restores from leave the local disk, the index and the
-    store, and every LSN at or above the cutoff still restores."""
+    """Three snapshots with WAL between them. With `pitr_interval` (7 days by default) GC keeps
+    all of it; a lease keeps what a restore at its LSN needs; without either GC moves its cutoff
+    to the newest snapshot, and the segments before the snapshot its cutoff restores from leave
+    the local disk, the index and the store, while every LSN at or above the cutoff still
+    restores."""
     ps = pageserver_factory.start({"gc_horizon": 0}, remote=remote_store)
     timeline = TimelineHandle.create(ps)
     primary = primary_with_snapshot(pg, timeline)
@@ -177,15 +179,15 @@ def test_gc_removes_the_wal_no_restore_needs_and_keeps_the_rest(
     wait_archived(timeline, end)
     prefix = remote_store.timeline_prefix(timeline.tenant_id, timeline.timeline_id)
     before = remote_store.check_consistent(timeline.tenant_id, timeline.timeline_id)
-    assert min(segno(n) for n in before["wal"]["segments"]) < segment_of(snapshots[0]), before["wal"]
-
+    first_segment = min(segno(n) for n in before["wal"]["segments"])
+    assert first_segment < segment_of(snapshots[0]), before["wal"]
     ps.http.checkpoint(timeline.tenant_id, timeline.timeline_id)
     ps.http.compact(timeline.tenant_id, timeline.timeline_id)
-    cutoff = Lsn.parse(ps.http.gc(timeline.tenant_id, timeline.timeline_id)["gc"]["cutoff"])
-    assert cutoff >= snapshots[0], (cutoff, snapshots)
-    floor = max(s for s in snapshots if s <= cutoff)
 
-    def trimmed() -> dict:
+    def gc() -> Lsn:
+        return Lsn.parse(ps.http.gc(timeline.tenant_id, timeline.timeline_id)["gc"]["cutoff"])
+
+    def trimmed_to(floor: Lsn) -> dict:
         index = remote_store.check_consistent(timeline.tenant_id, timeline.timeline_id)
         partial = index["wal"].get("partial")
         segnos = [segno(n) for n in index["wal"]["segments"]] + ([segno(partial["name"])] if partial else [])
@@ -196,6 +198,27 @@ def test_gc_removes_the_wal_no_restore_needs_and_keeps_the_rest(
         assert min(segno(n) for n in local) == segment_of(floor), local
         return index
 
-    wait_until(trimmed, timeout=60, what=f"the WAL below the snapshot at {floor} removed")
+    # Everything is younger than pitr_interval: the cutoff stays where the WAL's commits begin.
+    cutoff = gc()
+    assert cutoff < snapshots[0], (cutoff, snapshots)
+    # (Read while the upload queue goes on: a layer GC removed may vanish between the listing
+    # and the read, so each check is tried again.)
+    wait_until(lambda: trimmed_to(Lsn(first_segment * SEGMENT)), timeout=60, what="all of the WAL kept")
+
+    # Retention by time off; a lease at the first snapshot keeps what a restore there needs.
+    ps.restart(overrides={"pitr_interval": "0s"})
+    r = requests.post(f"{timeline.url}/lsn_lease", json={"lsn": str(snapshots[0])}, timeout=60)
+    assert r.status_code == 200 and r.json()["lsn"] == str(snapshots[0]), r.text
+    assert gc() == snapshots[0]
+    wait_until(lambda: trimmed_to(snapshots[0]), timeout=60, what=f"the WAL below the leased snapshot at {snapshots[0]} removed")
+    r = requests.post(f"{timeline.url}/lsn_lease", json={"lsn": str(first_segment * SEGMENT)}, timeout=60)
+    assert r.status_code == 410, r.text
+
+    # Leases end with the server: the cutoff moves on.
+    ps.restart(overrides={"pitr_interval": "0s"})
+    cutoff = gc()
+    assert cutoff > snapshots[0], (cutoff, snapshots)
+    floor = max(s for s in snapshots if s <= cutoff)
+    wait_until(lambda: trimmed_to(floor), timeout=60, what=f"the WAL below the snapshot at {floor} removed")
     # Restorable as before: the end, replayed from the snapshot GC kept.
     assert restored_figures(pg, timeline, "after_gc", end) == figures

@@ -159,6 +159,10 @@ pub const ROUTES: &[(&str, &str)] = &[
         "GET",
         "/v1/tenant/{tenant_id}/timeline/{timeline_id}/lsn_by_timestamp",
     ),
+    (
+        "POST",
+        "/v1/tenant/{tenant_id}/timeline/{timeline_id}/lsn_lease",
+    ),
     ("GET", "/v1/page_cache"),
     ("POST", "/v1/page_cache/drop"),
     ("GET", "/metrics"),
@@ -235,6 +239,10 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/tenant/{tenant_id}/timeline/{timeline_id}/lsn_by_timestamp",
             get(lsn_by_timestamp),
+        )
+        .route(
+            "/v1/tenant/{tenant_id}/timeline/{timeline_id}/lsn_lease",
+            post(lsn_lease),
         )
         .route("/v1/page_cache", get(page_cache_stats))
         .route("/v1/page_cache/drop", post(page_cache_drop))

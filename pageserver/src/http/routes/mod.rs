@@ -50,7 +50,9 @@ pub use maintenance::{checkpoint, compact, failpoints, gc, page_cache_drop, page
 pub use page::{get_page, ingest};
 pub use scan::scan_keys;
 pub use tenant::*;
-pub use timeline::{layer_list, timeline_create, timeline_delete, timeline_info, timeline_list};
+pub use timeline::{
+    layer_list, lsn_lease, timeline_create, timeline_delete, timeline_info, timeline_list,
+};
 pub use wal::{
     lsn_by_timestamp, wal_file, wal_receiver_delete, wal_receiver_get, wal_receiver_put,
 };

@@ -174,3 +174,34 @@ pub async fn layer_list(
     let layers: Vec<JsonValue> = timeline.layers().iter().map(layer_json).collect();
     Ok(Json(json!({ "layers": layers })))
 }
+
+/// The body of `POST .../lsn_lease`.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LsnLeaseRequest {
+    lsn: Option<String>,
+}
+
+/// `POST .../lsn_lease {"lsn": X}`: GC keeps what a restore or a branch at `X` needs for
+/// `lsn_lease_length` (`timeline::lsn_lease`); taken again, the lease is extended.
+pub async fn lsn_lease(
+    State(state): State<SharedState>,
+    Path(ids): Path<(String, String)>,
+    body: Body,
+) -> ApiResult<Json<JsonValue>> {
+    let request: LsnLeaseRequest = json_body(body).await?;
+    let timeline = timeline_of(&state, &ids)?;
+    let lsn: Lsn = request
+        .lsn
+        .ok_or_else(|| ApiError::bad_request("the body must be {\"lsn\": \"X/X\"}"))?
+        .parse()
+        .map_err(|e| ApiError::bad_request(format!("lsn: {e}")))?;
+    let length = state.conf.lsn_lease_length;
+    let until = std::time::Instant::now() + length;
+    timeline.lease_lsn_until(lsn, until)?;
+    let valid_until = std::time::SystemTime::now() + length;
+    Ok(Json(json!({
+        "lsn": lsn.to_string(),
+        "valid_until": humantime::format_rfc3339_millis(valid_until).to_string(),
+    })))
+}

@@ -127,6 +127,25 @@ impl RemoteCopy for RemoteTimelineClient {
         })
     }
 
+    fn lsn_floor_at_time(&self, unix_micros: i64) -> Option<Lsn> {
+        let segments = self.archived_wal_segments()?;
+        let size = segments.segment_size;
+        let with_commits: Vec<_> = segments
+            .segments
+            .iter()
+            .filter_map(|(segno, _, c)| c.map(|c| (*segno, c)))
+            .collect();
+        // The first segment with a commit at or after the time: the state then is at or
+        // after its start. With none, the state then is the one after the last commit.
+        match with_commits
+            .iter()
+            .find(|(_, c)| c.last_time >= unix_micros)
+        {
+            Some((segno, _)) => Some(postgres_wal::segment::segment_start(*segno, size)),
+            None => with_commits.last().map(|(_, c)| c.last_end),
+        }
+    }
+
     fn retain_wal_from(&self, floor: Lsn) {
         self.set_wal_floor(floor);
     }

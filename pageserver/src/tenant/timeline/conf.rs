@@ -42,6 +42,10 @@ pub struct TimelineConf {
     /// The LSN distance of history GC keeps below the last ingested LSN.
     #[serde(deserialize_with = "size")]
     pub gc_horizon: u64,
+    /// GC keeps every LSN of this last stretch of time restorable (snapshots, layers and WAL),
+    /// as far as the WAL archive's commit times tell; 0: off.
+    #[serde(deserialize_with = "duration")]
+    pub pitr_interval: Duration,
 }
 
 impl Default for TimelineConf {
@@ -59,6 +63,7 @@ impl Default for TimelineConf {
             image_creation_threshold: 3,
             image_creation_delta_percent: 100,
             gc_horizon: 64 * 1024 * 1024,
+            pitr_interval: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }

@@ -68,19 +68,23 @@ impl Timeline {
         retain.extend(self.branch_points());
         let retain = &retain[..];
         // Held until the new cutoff is in the map: no lease slips in below it meanwhile.
-        let leases = self.leases();
+        let mut leases = self.leases();
+        let leased = leases.current();
+        // Retention by time: no cutoff past the state `pitr_interval` ago, as far as the
+        // commit times of the WAL archive know it (a timeline without them keeps none).
+        let pitr = self.pitr_floor();
         let map = self.layer_map();
         let old = map.gc_cutoff;
         let cutoff = policy::gc_cutoff(
             &map,
             self.last_record_lsn(),
             self.conf.gc_horizon,
-            leases.iter().min().copied(),
+            leased.iter().copied().chain(pitr).min(),
         );
         let removed = policy::gc_removable(&map, cutoff, retain);
         drop(map);
         // What restores at retained and leased LSNs replay, as well as at the cutoff and up.
-        let kept: Vec<Lsn> = retain.iter().chain(leases.iter()).copied().collect();
+        let kept: Vec<Lsn> = retain.iter().chain(leased.iter()).copied().collect();
         let mut outcome = GcOutcome {
             cutoff,
             ..GcOutcome::default()
@@ -112,6 +116,24 @@ impl Timeline {
         }
         self.retain_wal(cutoff, &kept);
         Ok(outcome)
+    }
+}
+
+impl Timeline {
+    /// The oldest LSN `pitr_interval` keeps restorable: at or below the state that long ago,
+    /// from the WAL archive's commit times. `None` when retention by time is off (0) or the
+    /// timeline has no commit times.
+    fn pitr_floor(&self) -> Option<Lsn> {
+        if self.conf.pitr_interval.is_zero() {
+            return None;
+        }
+        let since = std::time::SystemTime::now()
+            .checked_sub(self.conf.pitr_interval)?
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?;
+        self.remote
+            .get()?
+            .lsn_floor_at_time(i64::try_from(since.as_micros()).ok()?)
     }
 }
 

@@ -165,7 +165,7 @@ impl Timeline {
             l0_stop_waiters: std::sync::atomic::AtomicUsize::new(0),
             ancestor: OnceLock::new(),
             branch_points: Mutex::new(Vec::new()),
-            lsn_leases: Mutex::new(Vec::new()),
+            lsn_leases: Mutex::new(Default::default()),
             import_lock: Mutex::new(()),
             lifecycle: LifecycleCell::new(),
             last_record_lsn: AtomicU64::new(durable.0),

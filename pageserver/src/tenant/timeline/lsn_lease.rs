@@ -21,12 +21,42 @@
 //!
 //! Leases live in memory: a restart ends the reads that held them. They are for reads that end
 //! by themselves; a branch, which lasts, holds a branch point instead (`ancestry.rs`).
+//!
+//! A client can also take a lease until a time (`POST .../lsn_lease`, for `lsn_lease_length`):
+//! for a restore or a branch it is about to make at that LSN. Those are in memory too, so a
+//! restart ends them: a client renews its lease after one, as it renews it anyway.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Instant;
 
 use utils::Lsn;
 
 use super::{Timeline, TimelineError};
+
+/// A timeline's leases: those reads in progress hold ([`LsnLease`]), and those taken until a
+/// time (`POST .../lsn_lease`: a restore or a branch about to be made at that LSN), each
+/// LSN's latest expiry.
+#[derive(Default)]
+pub(super) struct Leases {
+    held: Vec<Lsn>,
+    until: BTreeMap<Lsn, Instant>,
+}
+
+impl Leases {
+    /// Forgets the leases that expired by `now`.
+    fn expire(&mut self, now: Instant) {
+        self.until.retain(|_, until| *until > now);
+    }
+
+    /// Every LSN leased now (expired ones are gone first).
+    pub(super) fn current(&mut self) -> Vec<Lsn> {
+        self.expire(Instant::now());
+        let mut all: Vec<Lsn> = self.held.to_vec();
+        all.extend(self.until.keys().copied());
+        all
+    }
+}
 
 /// A lease on an LSN of a timeline, and on the LSN its reads reach in each ancestor, until
 /// dropped (see the module documentation).
@@ -47,8 +77,8 @@ impl Drop for LsnLease {
     fn drop(&mut self) {
         for (timeline, lsn) in &self.held {
             let mut leases = timeline.leases();
-            if let Some(i) = leases.iter().position(|l| l == lsn) {
-                leases.swap_remove(i);
+            if let Some(i) = leases.held.iter().position(|l| l == lsn) {
+                leases.held.swap_remove(i);
             }
         }
     }
@@ -88,13 +118,36 @@ impl Timeline {
         if lsn < cutoff {
             return Err(TimelineError::BelowGcCutoff { lsn, cutoff });
         }
-        leases.push(lsn);
+        leases.held.push(lsn);
         Ok(())
+    }
+
+    /// Leases `lsn` until `until` (or later, if it is leased longer already): for a restore or
+    /// a branch at `lsn` that a client is about to make. Refused below the cutoff. A branch's
+    /// reads below its branch point reach its ancestors at the branch point, which they retain
+    /// anyway, so the lease is this timeline's alone.
+    pub fn lease_lsn_until(&self, lsn: Lsn, until: Instant) -> Result<(), TimelineError> {
+        let mut leases = self.leases();
+        let cutoff = self.gc_cutoff_lsn();
+        if lsn < cutoff {
+            return Err(TimelineError::BelowGcCutoff { lsn, cutoff });
+        }
+        leases.expire(Instant::now());
+        let entry = leases.until.entry(lsn).or_insert(until);
+        *entry = (*entry).max(until);
+        Ok(())
+    }
+
+    /// The leases taken until a time, and until when.
+    pub fn timed_leases(&self) -> Vec<(Lsn, Instant)> {
+        let mut leases = self.leases();
+        leases.expire(Instant::now());
+        leases.until.iter().map(|(l, u)| (*l, *u)).collect()
     }
 
     /// The leases, locked: a GC pass holds them from reading the oldest until its cutoff is in
     /// the layer map (see the module documentation).
-    pub(super) fn leases(&self) -> std::sync::MutexGuard<'_, Vec<Lsn>> {
+    pub(super) fn leases(&self) -> std::sync::MutexGuard<'_, Leases> {
         self.lsn_leases.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -359,6 +359,11 @@ pub trait RemoteCopy: Send + Sync {
     fn archived_wal_segments(&self) -> Option<ArchivedWalSegments> {
         None
     }
+    /// An LSN at or below the state at `unix_micros` (microseconds since the Unix epoch), from
+    /// the commit times of the WAL archive; `None` when it has none.
+    fn lsn_floor_at_time(&self, _unix_micros: i64) -> Option<Lsn> {
+        None
+    }
     /// WAL below `floor` serves no restore any more (`gc/wal_floor.rs`): the archive removes
     /// its whole segments, locally and in the store.
     fn retain_wal_from(&self, _floor: Lsn) {}
@@ -424,7 +429,7 @@ pub struct Timeline {
     branch_points: Mutex<Vec<Lsn>>,
     /// The LSNs leased by reads in progress (`lsn_lease.rs`): GC's cutoff stays at or below
     /// the oldest.
-    lsn_leases: Mutex<Vec<Lsn>>,
+    lsn_leases: Mutex<lsn_lease::Leases>,
     /// Held by an import (`import.rs`): one at a time.
     import_lock: Mutex<()>,
     /// Active, importing, shutting down or stopped (`lifecycle.rs`).

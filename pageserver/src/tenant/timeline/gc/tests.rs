@@ -188,3 +188,48 @@ fn a_leased_lsn_holds_the_cutoff_until_the_lease_is_dropped() {
     }
     check_all(&tl, &model);
 }
+
+/// A lease taken until a time (`POST .../lsn_lease`) holds the cutoff until then, is extended
+/// by taking it again, and holds nothing once it has expired.
+#[test]
+fn a_lease_until_a_time_holds_the_cutoff_until_it_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let tl = Arc::new(
+        Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(256), conf_gc(0)).unwrap(),
+    );
+    let mut model = Model::new();
+    ingest(&tl, &mut model, 1);
+    let early = tl.last_record_lsn();
+    let now = std::time::Instant::now();
+    tl.lease_lsn_until(early, now + std::time::Duration::from_secs(3600))
+        .unwrap();
+    // A shorter lease of the same LSN does not shorten it.
+    tl.lease_lsn_until(early, now).unwrap();
+    assert_eq!(tl.timed_leases().len(), 1);
+    let images_at = two_runs_and_images(&tl, &mut model);
+    assert!(early < images_at);
+    assert_eq!(tl.gc(&[]).unwrap().cutoff, early);
+
+    // One that has expired holds nothing.
+    std::fs::create_dir(dir.path().join("other")).unwrap();
+    let other = Arc::new(
+        Timeline::create(
+            &dir.path().join("other"),
+            TENANT,
+            TIMELINE,
+            small_cache(256),
+            conf_gc(0),
+        )
+        .unwrap(),
+    );
+    let mut other_model = Model::new();
+    ingest(&other, &mut other_model, 1);
+    let early = other.last_record_lsn();
+    other
+        .lease_lsn_until(early, std::time::Instant::now())
+        .unwrap();
+    let images_at_other = two_runs_and_images(&other, &mut other_model);
+    assert!(other.timed_leases().is_empty());
+    assert_eq!(other.gc(&[]).unwrap().cutoff, images_at_other);
+    check_all(&tl, &model);
+}
