@@ -81,3 +81,33 @@ def test_any_time_after_the_snapshot_comes_back_as_a_cluster(pg: PgEnv, pageserv
     start_promoted(restored)
     assert restored.psql(FIGURES) == figures
     restored.stop("immediate")
+
+
+def test_a_branch_between_two_snapshots_starts_as_the_cluster_was_there(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
+    """A branch made at an LSN between two snapshots of a timeline that streams its WAL: its
+    basebackup is the snapshot below the branch point with the ancestor's WAL up to it, and
+    PostgreSQL starts from it as the primary was at that LSN."""
+    primary = primary_with_snapshot(pg, timeline)
+    r = requests.put(f"{timeline.url}/wal_receiver", json={"connstr": connstr(primary)}, timeout=60)
+    assert r.status_code == 200, r.text
+    primary.pgbench("-c", "2", "-t", "60")
+    figures = primary.psql(FIGURES)
+    between = Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()"))
+    primary.pgbench("-c", "2", "-t", "60")
+    second = Lsn.parse(pg.import_process(timeline.url, primary.basebackup_process())["lsn"])
+    assert between < second
+    wait_flushed(timeline, second)
+
+    branch = timeline.branch(between)
+    assert Lsn.parse(branch.info()["last_record_lsn"]) == between
+    restored, snapshot = pg.restore(branch.url, "branch")
+    assert snapshot < between
+    start_promoted(restored)
+    assert restored.psql(FIGURES) == figures
+    # Its own cluster from there: it takes writes, and the ancestor is as it was.
+    restored.psql("CREATE TABLE on_the_branch AS SELECT 1 AS x")
+    restored.stop("immediate")
+    again, _ = pg.restore(timeline.url, "ancestor_again", between)
+    start_promoted(again)
+    assert again.psql(FIGURES) == figures
+    again.stop("immediate")

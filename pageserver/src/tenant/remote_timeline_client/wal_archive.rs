@@ -408,8 +408,14 @@ impl RemoteTimelineClient {
         }
     }
 
+    /// Makes `wal` (the round's copy) the section the next index has. The receiver's settings
+    /// are not the round's to change: they stay as `store_receiver_settings` last set them.
     fn publish(&self, wal: &WalIndex) {
-        self.state().plan.set_wal(wal.clone());
+        let mut state = self.state();
+        let mut wal = wal.clone();
+        wal.receiver = state.plan.wal().receiver.clone();
+        state.plan.set_wal(wal);
+        drop(state);
         self.wakeup.notify_one();
     }
 
