@@ -120,18 +120,33 @@ def test_refusals_say_what_is_wrong(pg: PgEnv, pageserver: Pageserver, timeline:
 
 
 def test_any_lsn_after_the_snapshot_comes_back_as_a_cluster(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
-    """Restores at LSNs taken while pgbench wrote (the last one at the very end of the WAL
-    received), each from the snapshot plus the WAL streamed since: PostgreSQL replays to the
-    LSN and promotes, and has exactly what the primary had there."""
+    """Restores at 20 LSNs taken while pgbench wrote with 4 clients (the last one at the very
+    end of the WAL received), each from the snapshot plus the WAL streamed since: PostgreSQL
+    replays to the LSN and promotes, and has exactly what the primary had there."""
     primary = primary_with_snapshot(pg, timeline)
     r = requests.put(f"{timeline.url}/wal_receiver", json={"connstr": connstr(primary)}, timeout=60)
     assert r.status_code == 200, r.text
-    figures = "SELECT (SELECT count(*) FROM pgbench_history), (SELECT sum(abalance) FROM pgbench_accounts), pg_current_wal_insert_lsn()"
+    # The figures and the LSN with no pgbench transaction in between: the locks wait for those
+    # in progress (each updates pgbench_accounts first) and keep new ones out until all three
+    # are read.
+    figures = (
+        "BEGIN; LOCK pgbench_accounts, pgbench_history IN SHARE MODE;"
+        " SELECT (SELECT count(*) FROM pgbench_history), (SELECT sum(abalance) FROM pgbench_accounts), pg_current_wal_insert_lsn();"
+        " COMMIT"
+    )
+    bench = primary.pgbench_background("-c", "4", "-j", "2", "-T", "15")
     points = []
-    for round_ in range(4):
-        primary.pgbench("-c", "2", "-t", str(40 + 20 * round_))
-        count, total, lsn = primary.psql(figures).split("|")
-        points.append((int(count), int(total), Lsn.parse(lsn)))
+    try:
+        while len(points) < 20 and bench.poll() is None:
+            count, total, lsn = primary.psql(figures).split("|")
+            points.append((int(count), int(total), Lsn.parse(lsn)))
+            threading.Event().wait(0.5)  # spread over the run
+    finally:
+        bench.wait(timeout=120)
+    assert len(points) >= 15, len(points)
+    assert len({p[0] for p in points}) == len(points), "every point saw new commits"
+    count, total, lsn = primary.psql(figures).split("|")
+    points.append((int(count), int(total), Lsn.parse(lsn)))
     wait_flushed(timeline, points[-1][2])
     snapshot = Lsn.parse(timeline.info()["last_record_lsn"])
     for i, (count, total, lsn) in enumerate(points):
@@ -141,8 +156,9 @@ def test_any_lsn_after_the_snapshot_comes_back_as_a_cluster(pg: PgEnv, pageserve
         start_promoted(restored)
         got = restored.psql("SELECT (SELECT count(*) FROM pgbench_history), (SELECT sum(abalance) FROM pgbench_accounts)")
         assert got == f"{count}|{total}", (i, lsn, got)
-        # Promoted to a timeline of its own: it takes writes.
-        restored.psql("CREATE TABLE after_restore AS SELECT 1 AS x")
+        if i % 5 == 0:
+            # Promoted to a timeline of its own: it takes writes.
+            restored.psql("CREATE TABLE after_restore AS SELECT 1 AS x")
         restored.stop("immediate")
     # Beyond the WAL received: refused, saying where the WAL ends.
     r = requests.get(f"{timeline.url}/basebackup", params={"lsn": "F/0"}, timeout=60)

@@ -56,6 +56,8 @@ pub struct ReplicationConnection {
     /// answers at its address) that trickles bytes, or sends notices without end, cannot keep
     /// the receiver in its setup, where it does not look at its stop flag.
     setup_deadline: Instant,
+    /// ...and each read of the setup waits at most this long (`connect`'s timeout).
+    step_timeout: Duration,
 }
 
 impl ReplicationConnection {
@@ -84,6 +86,7 @@ impl ReplicationConnection {
             read_buf: BytesMut::with_capacity(64 << 10),
             write_buf: BytesMut::new(),
             setup_deadline: Instant::now() + SETUP_DEADLINE,
+            step_timeout: timeout,
         };
         let mut params = vec![
             ("user", conn.user.as_str()),
@@ -362,10 +365,23 @@ impl ReplicationConnection {
                     "the primary did not get through the setup within {SETUP_DEADLINE:?}"
                 )));
             }
+            let wait = left.min(self.step_timeout);
             self.stream
-                .set_read_timeout(Some(left))
+                .set_read_timeout(Some(wait))
                 .map_err(ReceiverError::io)?;
-            self.fill()?;
+            match self.fill() {
+                Err(ReceiverError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(ReceiverError::Connect(format!(
+                        "the primary sent nothing for {wait:?} while setting up"
+                    )))
+                }
+                filled => filled?,
+            }
         }
     }
 

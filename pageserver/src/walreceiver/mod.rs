@@ -32,6 +32,8 @@ pub mod commit_time;
 mod connection;
 pub mod connstr;
 mod receiver;
+#[cfg(test)]
+mod tests;
 pub mod wal_store;
 
 pub use receiver::{ReceiverConf, ReceiverState, Receivers, StateName};
