@@ -369,19 +369,13 @@ impl ReplicationConnection {
             self.stream
                 .set_read_timeout(Some(wait))
                 .map_err(ReceiverError::io)?;
-            match self.fill() {
-                Err(ReceiverError::Io(e))
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(ReceiverError::Connect(format!(
-                        "the primary sent nothing for {wait:?} while setting up"
-                    )))
-                }
-                filled => filled?,
+            let filled = self.fill();
+            if timed_out(&filled) {
+                return Err(ReceiverError::Connect(format!(
+                    "the primary sent nothing for {wait:?} while setting up"
+                )));
             }
+            filled?;
         }
     }
 
@@ -401,19 +395,13 @@ impl ReplicationConnection {
             if let Some(m) = self.parse_buffered()? {
                 return Ok(m);
             }
-            match self.fill() {
-                Err(ReceiverError::Io(e))
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(ReceiverError::Connect(format!(
-                        "the primary sent nothing for {idle:?}"
-                    )))
-                }
-                filled => filled?,
+            let filled = self.fill();
+            if timed_out(&filled) {
+                return Err(ReceiverError::Connect(format!(
+                    "the primary sent nothing for {idle:?}"
+                )));
             }
+            filled?;
         }
     }
 
@@ -440,18 +428,11 @@ impl ReplicationConnection {
                 .set_nonblocking(false)
                 .map_err(ReceiverError::io)?;
         }
-        match filled {
-            Err(ReceiverError::Io(e))
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(e),
-            Ok(()) => self.parse_buffered(),
+        if timed_out(&filled) {
+            return Ok(None);
         }
+        filled?;
+        self.parse_buffered()
     }
 
     fn fill(&mut self) -> Result<(), ReceiverError> {
@@ -502,6 +483,13 @@ pub(super) fn fallible_next<I: fallible_iterator::FallibleIterator<Error = io::E
     iter: &mut I,
 ) -> Result<Option<I::Item>, ReceiverError> {
     iter.next().map_err(|e| protocol(&e.to_string()))
+}
+
+/// Whether a read came back empty because its timeout passed (or, non-blocking, because the
+/// socket held nothing).
+fn timed_out(result: &Result<(), ReceiverError>) -> bool {
+    matches!(result, Err(ReceiverError::Io(e))
+        if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
 }
 
 /// The name of a message, for errors.
