@@ -532,6 +532,8 @@ impl RemoteTimelineClient {
                         reason: "failpoint remote-before-index-upload".to_owned(),
                     })
                 ));
+                // From here the store may hold this index, whatever the answer says.
+                self.state().plan.index_attempted(&index);
                 let json = Bytes::from(index.to_json());
                 // The first index of this generation claims it: created only if no index of
                 // the generation exists, so two attachments given one generation cannot both

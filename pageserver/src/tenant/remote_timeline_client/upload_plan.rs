@@ -56,6 +56,10 @@ pub(crate) struct UploadPlan {
     /// The WAL section every target gets: what the WAL archive has put in the store
     /// (`wal_archive.rs`), which changes apart from manifests.
     wal: WalIndex,
+    /// The WAL objects listed by indexes whose upload began since the last one that is known
+    /// durable: one in flight, or one whose answer was an error, may be the store's index
+    /// now, so none of them is deleted.
+    attempted_wal: std::collections::BTreeSet<String>,
 }
 
 /// What to do next.
@@ -83,6 +87,7 @@ impl UploadPlan {
                 .map(|i| i.layers.clone())
                 .unwrap_or_default(),
             wal: durable.as_ref().map(|i| i.wal.clone()).unwrap_or_default(),
+            attempted_wal: Default::default(),
             uploaded: durable,
             swept: false,
             fenced: false,
@@ -148,12 +153,14 @@ impl UploadPlan {
     /// Whether an index the store holds, or will, lists WAL object `key` (under the timeline's
     /// prefix).
     pub(crate) fn lists_wal_object(&self, key: &str) -> bool {
-        self.uploaded
-            .iter()
-            .chain(self.targets.iter())
-            .map(|i| &i.wal)
-            .chain(std::iter::once(&self.wal))
-            .any(|w| w.object_names().iter().any(|k| k == key))
+        self.attempted_wal.contains(key)
+            || self
+                .uploaded
+                .iter()
+                .chain(self.targets.iter())
+                .map(|i| &i.wal)
+                .chain(std::iter::once(&self.wal))
+                .any(|w| w.object_names().iter().any(|k| k == key))
     }
 
     /// Whether the sweep may delete WAL object `key` (under the timeline's prefix) of
@@ -162,6 +169,7 @@ impl UploadPlan {
     /// index lists them).
     pub(crate) fn is_unlisted_wal_object(&self, key: &str, generation: Generation) -> bool {
         generation < self.generation
+            && !self.attempted_wal.contains(key)
             && !self
                 .uploaded
                 .iter()
@@ -307,11 +315,34 @@ impl UploadPlan {
 
     /// `index` is durable in the store: it and the targets before it leave the queue.
     pub(crate) fn index_uploaded(&mut self, index: IndexPart) {
-        if let Some(at) = self.targets.iter().position(|t| *t == index) {
+        // Matched without the WAL section: the archive may have changed it in the queued
+        // targets while this one was uploaded.
+        let same = |t: &IndexPart| {
+            IndexPart {
+                wal: index.wal.clone(),
+                ..t.clone()
+            } == index
+        };
+        if let Some(at) = self.targets.iter().rposition(same) {
             self.targets.drain(..=at);
         }
+        let wal_behind = index.wal != self.wal;
         self.uploaded = Some(index);
+        self.attempted_wal.clear();
+        // A WAL change made during the upload still has to reach the store.
+        if wal_behind && self.targets.is_empty() {
+            if let Some(mut target) = self.uploaded.clone() {
+                target.wal = self.wal.clone();
+                target.generation = self.generation;
+                self.targets.push_back(target);
+            }
+        }
         self.prune();
+    }
+
+    /// The upload of `index` begins: until an index is known durable, its WAL objects stay.
+    pub(crate) fn index_attempted(&mut self, index: &IndexPart) {
+        self.attempted_wal.extend(index.wal.object_names());
     }
 
     /// Layer `name`'s object is gone from the store.

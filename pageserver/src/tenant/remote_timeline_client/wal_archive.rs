@@ -188,6 +188,21 @@ impl RemoteTimelineClient {
                 feed.segment_size, wal.segment_size
             )));
         }
+        // A timeline switch on the primary is not followed yet: refused here, before an index
+        // lists segments of two timelines side by side.
+        let archived_tli = wal
+            .segments
+            .keys()
+            .chain(wal.partial.iter().map(|(n, _)| n))
+            .filter_map(|n| SegmentName::parse(n, size))
+            .max_by_key(|s| s.segno)
+            .map(|s| s.tli);
+        if let Some(tli) = archived_tli.filter(|t| *t != feed.tli) {
+            return Err(RemoteClientError::Local(format!(
+                "the primary is on timeline {}, the archive's WAL on {tli}: following a timeline switch is not supported yet",
+                feed.tli
+            )));
+        }
         let dir = feed.dir.clone();
         let whole = blocking(move || whole_segments(&dir, size))
             .await
@@ -199,6 +214,15 @@ impl RemoteTimelineClient {
                 continue;
             }
             let path = feed.dir.join(&name);
+            // Not a whole segment (a file someone put there): left alone, and logged.
+            match std::fs::metadata(&path) {
+                Ok(m) if m.len() != u64::from(size) => {
+                    tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
+                        "{}: {} bytes, not a whole segment of {size}: not archived", path.display(), m.len());
+                    continue;
+                }
+                _ => {}
+            }
             let key = WalIndex::object_name(&name, false, self.generation);
             // Gone since the listing: removed by the WAL's garbage collection.
             let Some(mut file) = self.upload_wal_file(&path, &key, None).await? else {
@@ -462,7 +486,10 @@ impl RemoteTimelineClient {
         let key = WalIndex::object_name(name, partial, file.generation);
         let remote = self.remote_dir.join(&key).map_err(|e| e.to_string())?;
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let temp = dir.join(format!("{name}.download"));
+        // A name of its own: two fetches of one segment must not share a file.
+        static FETCHES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = FETCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let temp = dir.join(format!("{name}.download-{n}"));
         let dest = if partial { partial_path } else { whole };
         let local = |e: io::Error| format!("{}: {e}", temp.display());
         let download = Arc::new(TransferFile::create(&temp).map_err(local)?);
@@ -517,7 +544,7 @@ impl RemoteTimelineClient {
             .filter(|name| {
                 SegmentName::parse(name, size).is_some_and(|s| {
                     let start = s.start(size);
-                    start <= to && Lsn(start.0 + u64::from(size)) > from
+                    start <= to && Lsn(start.0.saturating_add(u64::from(size))) > from
                 })
             })
             .cloned()

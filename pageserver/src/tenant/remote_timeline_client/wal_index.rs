@@ -136,7 +136,7 @@ impl RawCommits {
             last_time: self.last_time,
         };
         let start = segment.start(size);
-        let end = Lsn(start.0 + u64::from(size));
+        let end = Lsn(start.0.saturating_add(u64::from(size)));
         let inside = |l: Lsn| l > start && l <= end;
         if !(inside(range.first_end) && inside(range.last_end)) || range.first_end > range.last_end
         {
@@ -160,10 +160,10 @@ impl WalIndex {
             .segments
             .keys()
             .filter_map(|n| SegmentName::parse(n, size))
-            .map(|s| Lsn(s.start(size).0 + u64::from(size)))
+            .map(|s| Lsn(s.start(size).0.saturating_add(u64::from(size))))
             .max();
         let partial = self.partial.as_ref().and_then(|(name, f)| {
-            SegmentName::parse(name, size).map(|s| Lsn(s.start(size).0 + f.len))
+            SegmentName::parse(name, size).map(|s| Lsn(s.start(size).0.saturating_add(f.len)))
         });
         whole.max(partial)
     }
@@ -234,9 +234,12 @@ impl WalIndex {
                 })
         };
         let segment = |name: &str| {
-            SegmentName::parse(name, size).ok_or_else(|| {
-                format!("WAL file {name:?} is not a segment name for segment size {size}")
-            })
+            SegmentName::parse(name, size)
+                // The last segment of the LSN space would end past it.
+                .filter(|s| s.start(size).0.checked_add(u64::from(size)).is_some())
+                .ok_or_else(|| {
+                    format!("WAL file {name:?} is not a segment name for segment size {size}")
+                })
         };
         let mut segments = BTreeMap::new();
         let mut newest = None;
@@ -421,6 +424,14 @@ mod tests {
             2,
         );
         assert!(e.contains("not in order within the segment"), "{e}");
+        let e = refused(
+            &|j| {
+                let f = j["segments"]["000000010000000000000003"].clone();
+                j["segments"]["00000001FFFFFFFF000000FF"] = f;
+            },
+            2,
+        );
+        assert!(e.contains("not a segment name"), "{e}");
         let e = refused(&|j| j["receiver"] = "text".into(), 2);
         assert!(e.contains("wal.receiver"), "{e}");
     }

@@ -414,3 +414,52 @@ fn a_wal_change_reaches_the_store_without_waiting_for_layers_in_flight() {
     assert!(plan.lists_wal_object("wal/000000010000000000000001.partial-00000001"));
     assert!(!plan.is_unlisted_wal_object("wal/000000010000000000000001.partial-00000001", g));
 }
+
+#[test]
+fn a_wal_object_stays_while_an_index_that_lists_it_may_be_landing() {
+    use crate::tenant::remote_timeline_client::wal_index::{ArchivedFile, WalIndex};
+    let (tenant, timeline) = (TenantId::generate(), TimelineId::generate());
+    let g = Generation::FIRST;
+    let mut manifest = Manifest::empty(tenant, timeline);
+    manifest.add_layer(entry("a"));
+    manifest.disk_consistent_lsn = Lsn(1);
+    let mut plan = UploadPlan::new(g, None);
+    let file = ArchivedFile {
+        len: 100,
+        crc32c: 0,
+        generation: g,
+        commits: None,
+    };
+    let tail = |name: &str| WalIndex {
+        segment_size: 16 << 20,
+        partial: Some((name.to_owned(), file)),
+        ..WalIndex::default()
+    };
+    let old_key = "wal/000000010000000000000001.partial-00000001";
+    plan.set_wal(tail("000000010000000000000001"));
+    plan.set_target(IndexPart::from_manifest(&manifest, g, |_| g));
+    let Step::UploadLayers(layers) = plan.next() else {
+        panic!("{:?}", plan.next())
+    };
+    plan.layer_uploaded("a", layers[0].1.clone());
+    let Step::UploadIndex(in_flight) = plan.next() else {
+        panic!()
+    };
+    plan.index_attempted(&in_flight);
+    // The archive moves on while that index is in flight: its tail is no longer the section's.
+    plan.set_wal(tail("000000010000000000000002"));
+    assert!(
+        plan.lists_wal_object(old_key),
+        "deleted under an index in flight"
+    );
+    plan.index_uploaded(*in_flight);
+    assert!(plan.lists_wal_object(old_key));
+    // The change made meanwhile is queued again, and once it is durable the old tail may go.
+    let Step::UploadIndex(next) = plan.next() else {
+        panic!("{:?}", plan.next())
+    };
+    assert_eq!(next.wal, tail("000000010000000000000002"));
+    plan.index_attempted(&next);
+    plan.index_uploaded(*next);
+    assert!(!plan.lists_wal_object(old_key));
+}
