@@ -2,6 +2,7 @@
 //!
 //! - [`segment`]: WAL file names (`000000010000000000000003`, `00000002.history`) and the
 //!   arithmetic between LSNs and segments;
+//! - [`history`]: timeline history files, the line of timelines a timeline descends from;
 //! - [`page`]: the header every 8 KiB WAL page starts with;
 //! - [`decoder`]: [`WalDecoder`], fed the WAL in order in chunks of any size (a replication
 //!   stream, a segment file) and handing back whole records, each checked: every page's
@@ -15,6 +16,7 @@
 //! refused with its magic named, not misread.
 
 pub mod decoder;
+pub mod history;
 pub mod page;
 pub mod record;
 pub mod segment;

@@ -6,8 +6,50 @@
 //! history file is its TLI in 8 hex digits and `.history`.
 
 use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
 
 use utils::Lsn;
+
+/// The suffix of a segment still being filled (`pg_receivewal`'s, and PostgreSQL's for the
+/// last segment of a timeline it left).
+pub const PARTIAL_SUFFIX: &str = ".partial";
+
+/// A segment file found in a directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentFile {
+    pub segment: SegmentName,
+    pub path: PathBuf,
+    /// Named with [`PARTIAL_SUFFIX`].
+    pub partial: bool,
+}
+
+/// The segment files of `segment_size` in `dir`, whole or partial, in no order; nothing for a
+/// directory that does not exist. Other files are left out.
+pub fn segment_files_in(dir: &Path, segment_size: u32) -> io::Result<Vec<SegmentFile>> {
+    let entries = match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        entries => entries?,
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let (base, partial) = match name.strip_suffix(PARTIAL_SUFFIX) {
+            Some(base) => (base, true),
+            None => (name, false),
+        };
+        if let Some(segment) = SegmentName::parse(base, segment_size) {
+            found.push(SegmentFile {
+                segment,
+                path: entry.path(),
+                partial,
+            });
+        }
+    }
+    Ok(found)
+}
 
 /// A WAL segment: the timeline it belongs to and its number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

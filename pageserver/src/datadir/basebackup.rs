@@ -77,6 +77,12 @@ pub fn snapshot_at(timeline: &Timeline, lsn: Lsn) -> Result<Snapshot, Basebackup
 pub struct Replay {
     pub target: Lsn,
     pub end: Lsn,
+    /// The timeline of the WAL at `end`, recovery's target timeline.
+    pub tli: u32,
+    /// That timeline's history file (name, contents), when it is not timeline 1.
+    pub history: Option<(String, Vec<u8>)>,
+    /// Whether the WAL stored goes on past `target`.
+    pub goes_on: bool,
     /// Opened when the replay was planned, so that a rename of a segment (the one being
     /// filled becomes whole) does not pull it away from the archive.
     pub segments: Vec<(String, std::fs::File)>,
@@ -86,10 +92,12 @@ pub struct Replay {
 fn recovery_settings(replay: &Replay) -> String {
     format!(
         "\n# Added by the pageserver: replay the WAL in pg_wal/, which ends at {} (the last \
-         record at or before {}), then promote to a new timeline. Recovery needs a \
-         restore_command; this one finds nothing, as the WAL is all in pg_wal/ already.\n\
-         restore_command = 'false'\n",
-        replay.end, replay.target
+         record at or before {}) on timeline {}, then promote to a new timeline. Recovery \
+         needs a restore_command; this one finds nothing, as the WAL is all in pg_wal/ \
+         already.\n\
+         restore_command = 'false'\n\
+         recovery_target_timeline = '{}'\n",
+        replay.end, replay.target, replay.tli, replay.tli
     )
 }
 
@@ -178,6 +186,9 @@ pub fn write_basebackup(
         conf.extend_from_slice(recovery_settings(replay).as_bytes());
         append_file(&mut tar, AUTO_CONF, mode, mtime, &conf)?;
         append_file(&mut tar, "recovery.signal", 0o600, mtime, b"")?;
+        if let Some((name, contents)) = &replay.history {
+            append_file(&mut tar, &format!("pg_wal/{name}"), 0o600, mtime, contents)?;
+        }
         for (i, (name, file)) in replay.segments.iter().enumerate() {
             let len = file.metadata()?.len();
             // The last segment is given up to the replay's end, zeros after it.

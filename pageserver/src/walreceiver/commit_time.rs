@@ -18,12 +18,13 @@
 use std::io::Read;
 
 use postgres_wal::record::RM_XACT_ID;
-use postgres_wal::segment::{segment_start, SegmentName};
+use postgres_wal::segment::segment_start;
 use postgres_wal::xact::commit_of;
 use postgres_wal::WalDecoder;
 use serde::Serialize;
 use utils::Lsn;
 
+use super::replay_plan::latest_segment_file;
 use super::wal_store::{find_file, WAL_DIR};
 use crate::tenant::timeline::Timeline;
 
@@ -103,18 +104,24 @@ pub fn lsn_by_time(timeline: &Timeline, time: i64) -> Result<LsnByTime, String> 
         .keeping_records_up_to(0)
         .keeping_records_of(RM_XACT_ID, MAX_XACT_RECORD);
     let dir = timeline.dir().join(WAL_DIR);
-    let tli = archived
-        .segments
-        .last()
-        .and_then(|(_, name, _)| u32::from_str_radix(name.get(..8)?, 16).ok())
-        .unwrap_or(1);
     let mut buf = vec![0u8; CHUNK];
     // On through the segments the archive lists, then those only the local disk has yet (the
-    // archive is up to `wal_upload_interval` behind), to where the WAL ends.
+    // archive is up to `wal_upload_interval` behind), to where the WAL ends; each under the
+    // latest PostgreSQL timeline stored for it (a switch moves its segment to the new name).
     'segments: for segno in from.. {
-        let name = SegmentName { tli, segno }.file_name(size);
-        remote.fetch_wal(&dir, &name)?;
-        let Some(path) = find_file(timeline.dir(), &name) else {
+        let listed = archived
+            .segments
+            .iter()
+            .find(|(s, _, _)| *s == segno)
+            .map(|(_, name, _)| name.clone());
+        if let Some(name) = &listed {
+            remote.fetch_wal(&dir, name)?;
+        }
+        let path = match &listed {
+            Some(name) => find_file(timeline.dir(), name),
+            None => latest_segment_file(timeline.dir(), segno, size),
+        };
+        let Some(path) = path else {
             break;
         };
         let mut file =

@@ -181,8 +181,26 @@ impl ReplicationConnection {
 
     /// Runs `sql` (a replication command); its rows, each column as text or NULL.
     pub fn simple_query(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, ReceiverError> {
+        Ok(self
+            .raw_query(sql)?
+            .into_iter()
+            .map(|row| {
+                row.into_iter()
+                    .map(|v| v.map(|b| String::from_utf8_lossy(&b).into_owned()))
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// Runs `sql`; its rows, each column's bytes as sent, or NULL.
+    fn raw_query(&mut self, sql: &str) -> Result<Vec<Vec<Option<Bytes>>>, ReceiverError> {
         frontend::query(sql, &mut self.write_buf).map_err(ReceiverError::io)?;
         self.send()?;
+        self.read_rows()
+    }
+
+    /// The rows of an answer, up to its ReadyForQuery.
+    fn read_rows(&mut self) -> Result<Vec<Vec<Option<Bytes>>>, ReceiverError> {
         let mut rows = Vec::new();
         let mut error = None;
         loop {
@@ -192,7 +210,7 @@ impl ReplicationConnection {
                     let mut values = Vec::new();
                     let mut ranges = row.ranges();
                     while let Some(range) = fallible_next(&mut ranges)? {
-                        values.push(range.map(|r| String::from_utf8_lossy(&buf[r]).into_owned()));
+                        values.push(range.map(|r| Bytes::copy_from_slice(&buf[r])));
                     }
                     rows.push(values);
                 }
@@ -211,6 +229,57 @@ impl ReplicationConnection {
                 _ => {}
             }
         }
+    }
+
+    /// `TIMELINE_HISTORY`: the history file of timeline `tli`, as the primary has it.
+    pub fn timeline_history(&mut self, tli: u32) -> Result<Bytes, ReceiverError> {
+        let rows = self.raw_query(&format!("TIMELINE_HISTORY {tli}"))?;
+        let row = rows
+            .first()
+            .ok_or_else(|| protocol("TIMELINE_HISTORY answered no row"))?;
+        let expected = postgres_wal::segment::history_file_name(tli);
+        match (row.first(), row.get(1)) {
+            (Some(Some(name)), Some(Some(content))) if name[..] == *expected.as_bytes() => {
+                if content.len() > postgres_wal::history::MAX_HISTORY_LEN {
+                    return Err(protocol(&format!(
+                        "a history file of {} bytes for timeline {tli}",
+                        content.len()
+                    )));
+                }
+                Ok(content.clone())
+            }
+            (Some(Some(name)), Some(Some(_))) => Err(protocol(&format!(
+                "TIMELINE_HISTORY {tli} answered the file {:?}",
+                String::from_utf8_lossy(name)
+            ))),
+            _ => Err(protocol("TIMELINE_HISTORY answered too few columns")),
+        }
+    }
+
+    /// The primary ended the stream of a timeline that is not its newest (it sent CopyDone):
+    /// ends ours, and reads which timeline comes next and where it begins.
+    pub fn end_of_timeline(&mut self) -> Result<(u32, Lsn), ReceiverError> {
+        frontend::copy_done(&mut self.write_buf);
+        self.send()?;
+        // A setup again, as bounded as the first one.
+        self.setup_deadline = Instant::now() + SETUP_DEADLINE;
+        let rows = self.read_rows()?;
+        let row = rows.first().ok_or_else(|| {
+            protocol("the stream of a timeline ended without naming the next timeline")
+        })?;
+        let field = |i: usize| {
+            row.get(i)
+                .and_then(|v| v.as_deref())
+                .and_then(|b| std::str::from_utf8(b).ok())
+                .ok_or_else(|| protocol("the next timeline's row has too few columns"))
+        };
+        let tli = field(0)?
+            .parse()
+            .map_err(|_| protocol("the next timeline is not a number"))?;
+        let start = field(1)?
+            .parse()
+            .map_err(|_| protocol("the next timeline's start is not an LSN"))?;
+        Ok((tli, start))
     }
 
     pub fn identify_system(&mut self) -> Result<SystemIdentity, ReceiverError> {
@@ -307,6 +376,10 @@ impl ReplicationConnection {
                 }
             }
             Backend::Parsed(backend::Message::CopyDone) => Ok(Some(StreamMessage::CopyDone)),
+            // A walsender that shuts down ends the command at once, with no CopyDone.
+            Backend::Parsed(backend::Message::CommandComplete(_)) => Err(ReceiverError::Connect(
+                "the primary ended the stream: it shuts down".to_owned(),
+            )),
             Backend::Parsed(backend::Message::ErrorResponse(e)) => Err(server_error(&e)),
             // Asynchronous: a notice, or a setting the server reports changed (a reload).
             Backend::Parsed(

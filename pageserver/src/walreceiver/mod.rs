@@ -24,16 +24,23 @@
 //!
 //! What is checked before streaming: the primary's system identifier is the one of the
 //! timeline's snapshots (and of the WAL stored before); the timeline must have a snapshot (one
-//! without takes a base backup over the connection first); the primary must still have the
-//! WAL where streaming resumes.
+//! without takes a base backup over the connection first); the WAL the timeline holds must be
+//! on the primary's line of PostgreSQL timelines (`timelines.rs`, which also follows the
+//! switches from one to the next while streaming); the primary must still have the WAL where
+//! streaming resumes.
+//!
+//! Restores read the WAL back through `replay_plan.rs`: the timeline's own, then its
+//! ancestors' up to their branch points.
 
 mod base_backup;
 pub mod commit_time;
 mod connection;
 pub mod connstr;
 mod receiver;
+pub mod replay_plan;
 #[cfg(test)]
 mod tests;
+mod timelines;
 pub mod wal_store;
 
 pub use receiver::{ReceiverConf, ReceiverState, Receivers, StateName};

@@ -16,6 +16,7 @@ use utils::{Lsn, TenantId, TimelineId};
 use super::base_backup;
 use super::connection::{ReplicationConnection, StreamMessage};
 use super::connstr::ConnString;
+use super::timelines;
 use super::wal_store::WalStore;
 use super::ReceiverError;
 use crate::io::crashsafe::{StagedFile, TEMP_SUFFIX};
@@ -376,12 +377,14 @@ struct Session {
     segment_size: u32,
     store: WalStore,
     decoder: WalDecoder,
+    /// The timeline streamed (PostgreSQL's TLI).
     tli: u32,
+    slot: String,
 }
 
 impl Session {
     fn establish(
-        timeline: &Timeline,
+        timeline: &Arc<Timeline>,
         conf: &ReceiverConf,
         conn_string: &ConnString,
         shared: &Shared,
@@ -443,11 +446,26 @@ impl Session {
             .map_or(Lsn(0), |a| {
                 segment::segment_start(segment::segno_of(a, segment_size), segment_size)
             });
+        // The primary's line of timelines, its history files stored; the WAL held here must
+        // be on it (`timelines.rs`).
+        let line = timelines::primary_line(&mut conn, ident.timeline, &store)?;
+        let known = timelines::known_wal(timeline, stored, segment_size)?;
+        if let Some(known) = &known {
+            timelines::check_line(&line, known)?;
+        }
+        // A branch with no WAL of its own: from the segment its ancestor's WAL ends in at the
+        // branch point (the primary started from the branch has it, and nothing older).
+        let branch_start = known
+            .filter(|k| k.branch_lsn.is_some())
+            .map_or(Lsn(0), |k| {
+                segment::segment_start(segment::segno_of(k.end, segment_size), segment_size)
+            });
         let start = match stored {
             Some(stored) => stored.segment.start(segment_size).max(snapshot_start),
             None => snapshot_start,
         }
-        .max(archived_start);
+        .max(archived_start)
+        .max(branch_start);
         if start > ident.xlogpos {
             return Err(ReceiverError::Refused(format!(
                 "the primary's WAL ends at {}, before {start} where the timeline's WAL goes on: a \
@@ -456,7 +474,10 @@ impl Session {
             )));
         }
         conn.create_slot(&conf.slot_name)?;
-        conn.start_replication(&conf.slot_name, start, ident.timeline).map_err(|e| match e {
+        // On the timeline the primary's line holds at the start, as a standby would: the
+        // primary ends its stream where the line goes on to the next one.
+        let tli = line.tli_of(start);
+        conn.start_replication(&conf.slot_name, start, tli).map_err(|e| match e {
             ReceiverError::Server { code, message } if message.contains("has already been removed") => {
                 ReceiverError::Refused(format!(
                     "the primary no longer has the WAL at {start} ({code}: {message}); the WAL between the timeline's newest snapshot and now is lost: import a new base backup"
@@ -470,7 +491,7 @@ impl Session {
             let mut s = shared.state();
             s.state = StateName::Streaming;
             s.system_id = Some(ident.system_id.to_string());
-            s.timeline = Some(ident.timeline);
+            s.timeline = Some(tli);
             s.received_lsn = Some(start);
             s.flushed_lsn = Some(stored.map_or(start, |s| s.valid_end).max(start));
             s.archived_lsn = timeline.remote_copy().and_then(|r| r.archived_lsn());
@@ -484,7 +505,8 @@ impl Session {
             // Records are only checked here, never kept: a record's header at most is held,
             // whatever length the primary's WAL claims for it.
             decoder: WalDecoder::new(start, segment_size).keeping_records_up_to(0),
-            tli: ident.timeline,
+            tli,
+            slot: conf.slot_name.clone(),
         })
     }
 
@@ -566,9 +588,14 @@ impl Session {
                     }
                 }
                 Some(StreamMessage::CopyDone) => {
-                    return Err(ReceiverError::Connect(
-                        "the primary ended the stream (a timeline switch or a shutdown)".to_owned(),
-                    ))
+                    // The end of a timeline that is not the primary's newest (or a shutdown,
+                    // which closes the connection while the next timeline is asked for).
+                    self.store.flush().map_err(ReceiverError::Io)?;
+                    self.status(timeline, shared, false)?;
+                    let (next, at) = self.conn.end_of_timeline()?;
+                    self.follow_switch(timeline, shared, next, at)?;
+                    unflushed = false;
+                    last_status = Instant::now();
                 }
                 None => {
                     if unflushed || last_status.elapsed() >= STATUS_INTERVAL {
@@ -580,6 +607,42 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// The primary's WAL goes on as timeline `next` from `at`: its history stored and checked,
+    /// the store moved to it, and streaming started again there.
+    fn follow_switch(
+        &mut self,
+        timeline: &Timeline,
+        shared: &Shared,
+        next: u32,
+        at: Lsn,
+    ) -> Result<(), ReceiverError> {
+        let written = self.store.written();
+        if at != written {
+            // The primary sent WAL of the old timeline past where the new one begins (which
+            // is not this line's: dropped), or less than up to it. Streamed again from the
+            // segment's start.
+            if at < written {
+                self.store.truncate_to(at).map_err(ReceiverError::Io)?;
+            }
+            return Err(ReceiverError::Connect(format!(
+                "the primary switched to timeline {next} at {at}, and its stream of timeline {} \
+                 ended at {written}: streaming again from the segment's start",
+                self.tli
+            )));
+        }
+        let history = timelines::fetch_history(&mut self.conn, next, &self.store)?;
+        timelines::check_switch(&history, self.tli, at)?;
+        self.store
+            .switch_timeline(next, at)
+            .map_err(ReceiverError::Io)?;
+        tracing::info!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+            "the primary's WAL goes on as timeline {next} from {at}");
+        self.conn.start_replication(&self.slot, at, next)?;
+        self.tli = next;
+        shared.state().timeline = Some(next);
+        Ok(())
     }
 
     fn status(

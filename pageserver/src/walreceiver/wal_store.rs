@@ -18,14 +18,14 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use postgres_wal::segment::segment_files_in;
 use postgres_wal::{SegmentName, WalDecoder};
 use utils::Lsn;
 
-use crate::datadir::Replay;
 use crate::io::crashsafe;
 
 pub use crate::tenant::timeline::WAL_DIR;
-pub const PARTIAL_SUFFIX: &str = ".partial";
+pub use postgres_wal::segment::PARTIAL_SUFFIX;
 
 /// See the module documentation.
 pub struct WalStore {
@@ -141,7 +141,15 @@ impl WalStore {
     }
 
     fn file_for(&mut self, segment: SegmentName) -> io::Result<&File> {
-        if self.current.as_ref().is_none_or(|(s, _)| *s != segment) {
+        if self
+            .current
+            .as_ref()
+            .is_none_or(|(s, _)| s.segno != segment.segno || s.tli < segment.tli)
+        {
+            // A segment stored under a later timeline (the switch was in it, and streaming
+            // resumed before the switch point): the same bytes below the switch, written
+            // into that file.
+            let segment = self.later_file_of(segment)?.unwrap_or(segment);
             let name = segment.file_name(self.segment_size);
             let whole = self.dir.join(&name);
             let partial = self.dir.join(format!("{name}{PARTIAL_SUFFIX}"));
@@ -177,6 +185,93 @@ impl WalStore {
         Ok(&self.current.as_ref().expect("just set").1)
     }
 
+    /// The file of `segment`'s position under the latest timeline after `segment`'s, if any.
+    fn later_file_of(&self, segment: SegmentName) -> io::Result<Option<SegmentName>> {
+        Ok(segment_files_in(&self.dir, self.segment_size)?
+            .into_iter()
+            .map(|f| f.segment)
+            .filter(|s| s.segno == segment.segno && s.tli > segment.tli)
+            .max_by_key(|s| s.tli))
+    }
+
+    /// The primary's WAL goes on as timeline `tli` from `at` (where the last write ended): the
+    /// segment holding `at`, when the switch is inside it, moves to the new timeline's name
+    /// (its bytes below the switch are the new timeline's too, as PostgreSQL copies them).
+    /// Durable before it returns, with everything written.
+    pub fn switch_timeline(&mut self, tli: u32, at: Lsn) -> io::Result<()> {
+        if at != self.written {
+            return Err(io::Error::other(format!(
+                "a timeline switch at {at} where the WAL written ends at {}",
+                self.written
+            )));
+        }
+        self.flush()?;
+        let Some((segment, file)) = self.current.take() else {
+            return Ok(());
+        };
+        if segment.tli >= tli {
+            self.current = Some((segment, file));
+            return Ok(());
+        }
+        let renamed = SegmentName {
+            tli,
+            segno: segment.segno,
+        };
+        let from = self.dir.join(format!(
+            "{}{PARTIAL_SUFFIX}",
+            segment.file_name(self.segment_size)
+        ));
+        let to = self.dir.join(format!(
+            "{}{PARTIAL_SUFFIX}",
+            renamed.file_name(self.segment_size)
+        ));
+        crashsafe::rename_durably(&from, &to).map_err(|e| io::Error::other(e.to_string()))?;
+        self.current = Some((renamed, file));
+        Ok(())
+    }
+
+    /// Drops what was written past `at` (WAL of a timeline the primary left before it sent
+    /// it: not this line's), zeroed in the file of the segment being filled, durably.
+    /// Refused when that WAL reaches back into an earlier segment.
+    pub fn truncate_to(&mut self, at: Lsn) -> io::Result<()> {
+        if at >= self.written {
+            return Ok(());
+        }
+        let size = u64::from(self.segment_size);
+        let Some((segment, file)) = &self.current else {
+            return Err(io::Error::other(format!(
+                "WAL written to {} is to end at {at}, and no segment is being filled",
+                self.written
+            )));
+        };
+        if at < segment.start(self.segment_size) {
+            return Err(io::Error::other(format!(
+                "WAL written to {} is to end at {at}, in an earlier segment than {segment}",
+                self.written
+            )));
+        }
+        let from = at.0 % size;
+        let to = (self.written.0 - segment.start(self.segment_size).0).min(size);
+        file.write_all_at(&vec![0u8; (to - from) as usize], from)?;
+        file.sync_data()?;
+        self.written = at;
+        self.flushed = at;
+        Ok(())
+    }
+
+    /// Stores timeline `tli`'s history file, durably, unless the same one is stored.
+    pub fn store_history(&self, tli: u32, contents: &[u8]) -> io::Result<()> {
+        let name = postgres_wal::segment::history_file_name(tli);
+        let path = self.dir.join(&name);
+        if std::fs::read(&path).is_ok_and(|stored| stored == contents) {
+            return Ok(());
+        }
+        let tmp = self.dir.join(format!("{name}.tmp"));
+        std::fs::write(&tmp, contents)?;
+        File::open(&tmp)?.sync_all()?;
+        crashsafe::rename_durably(&tmp, &path).map_err(|e| io::Error::other(e.to_string()))
+    }
+
     /// The segment being filled is whole: durable under its final name.
     fn finish_segment(&mut self) -> io::Result<()> {
         let Some((segment, file)) = self.current.take() else {
@@ -195,21 +290,10 @@ impl WalStore {
 
 /// The newest segment file in `dir` (whole or `.partial`), by position, then timeline.
 fn newest_segment(dir: &Path, segment_size: u32) -> io::Result<Option<(SegmentName, PathBuf)>> {
-    let mut newest: Option<(SegmentName, PathBuf)> = None;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let base = name.strip_suffix(PARTIAL_SUFFIX).unwrap_or(name);
-        let Some(segment) = SegmentName::parse(base, segment_size) else {
-            continue;
-        };
-        let key = |s: &SegmentName| (s.segno, s.tli);
-        if newest.as_ref().is_none_or(|(n, _)| key(&segment) > key(n)) {
-            newest = Some((segment, entry.path()));
-        }
-    }
-    Ok(newest)
+    Ok(segment_files_in(dir, segment_size)?
+        .into_iter()
+        .max_by_key(|f| (f.segment.segno, f.segment.tli))
+        .map(|f| (f.segment, f.path)))
 }
 
 /// The path of WAL file `name` (a segment or a history file) in `timeline_dir`, whole or
@@ -219,123 +303,6 @@ pub fn find_file(timeline_dir: &Path, name: &str) -> Option<PathBuf> {
     [dir.join(name), dir.join(format!("{name}{PARTIAL_SUFFIX}"))]
         .into_iter()
         .find(|p| p.is_file())
-}
-
-/// The WAL that replays `from..to` ([`Replay`]): every segment from the one holding `from` to the one
-/// holding `to`, of the newest timeline stored, each present, and the stored WAL reaching `to`;
-/// and where to cut the last one: the end of the last record that ends at or before `to`
-/// (what a replay of everything given stops at). `Ok(None)` when the timeline has no WAL at
-/// all; an error says what is missing.
-pub fn replay_segments(timeline_dir: &Path, from: Lsn, to: Lsn) -> Result<Option<Replay>, String> {
-    let dir = timeline_dir.join(WAL_DIR);
-    if !dir.exists() {
-        return Ok(None);
-    }
-    // The segment size, from a whole-size file's long page header (a file still being
-    // zero-filled, or cut short by a crash then, says nothing).
-    let mut size = None;
-    for entry in std::fs::read_dir(&dir).map_err(|e| e.to_string())? {
-        let entry = entry.map_err(|e| e.to_string())?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let base = name.strip_suffix(PARTIAL_SUFFIX).unwrap_or(&name);
-        if !(base.len() == 24 && base.bytes().all(|b| b.is_ascii_hexdigit())) {
-            continue;
-        }
-        let Ok(file) = File::open(entry.path()) else {
-            continue;
-        };
-        let mut header = [0u8; postgres_wal::page::LONG_HEADER_LEN];
-        if file.read_exact_at(&mut header, 0).is_err() {
-            continue;
-        }
-        let claimed = u32::from_le_bytes(header[32..36].try_into().expect("4 bytes"));
-        let len = file.metadata().map_err(|e| e.to_string())?.len();
-        if postgres_wal::segment::is_valid_segment_size(claimed) && len == u64::from(claimed) {
-            size = Some(claimed);
-            break;
-        }
-    }
-    let Some(size) = size else {
-        return Ok(None);
-    };
-    // The newest segment's name gives the timeline, and bounds what can be asked for; the
-    // WAL's exact end is found below, in the segments read anyway.
-    let Some((newest, _)) = newest_segment(&dir, size).map_err(|e| e.to_string())? else {
-        return Ok(None);
-    };
-    if postgres_wal::segment::segno_of(to, size) > newest.segno {
-        return Err(format!(
-            "the timeline's WAL ends at segment {}, before {to}",
-            newest.file_name(size)
-        ));
-    }
-    let tli = newest.tli;
-    // Opened now: a segment that fills up and is renamed while the archive is written is
-    // still the file opened.
-    let mut segments: Vec<(String, File)> = Vec::new();
-    for segno in
-        postgres_wal::segment::segno_of(from, size)..=postgres_wal::segment::segno_of(to, size)
-    {
-        let name = SegmentName { tli, segno }.file_name(size);
-        let missing = || {
-            format!("the timeline has no WAL segment {name}: its WAL does not reach back to {from}")
-        };
-        // Looked up twice: a rename between the lookup and the open moves it once.
-        let file = find_file(timeline_dir, &name)
-            .and_then(|path| File::open(path).ok())
-            .or_else(|| find_file(timeline_dir, &name).and_then(|path| File::open(path).ok()))
-            .ok_or_else(missing)?;
-        segments.push((name, file));
-    }
-    // Where the WAL given is cut: the end of the last record that ends at or before `to`,
-    // decoded from the segment before the last one when there is one, so that a record that
-    // began there and ends in the last one counts.
-    let tail = &segments[segments.len().saturating_sub(2)..];
-    let first = postgres_wal::segment::segno_of(to, size) + 1 - tail.len() as u64;
-    let mut decoder = WalDecoder::new(postgres_wal::segment::segment_start(first, size), size)
-        .keeping_records_up_to(0);
-    let mut cut = from;
-    // Whether the WAL reaches past `to`: a later segment is stored, or a record ends past it.
-    let mut reached = postgres_wal::segment::segno_of(to, size) < newest.segno;
-    let mut buf = vec![0u8; size as usize];
-    'files: for (_, file) in tail {
-        file.read_exact_at(&mut buf, 0).map_err(|e| e.to_string())?;
-        decoder.feed(&buf);
-        loop {
-            match decoder.next_record() {
-                Ok(Some(record)) if record.end <= to => cut = cut.max(record.end),
-                Ok(Some(_)) => {
-                    reached = true;
-                    break 'files;
-                }
-                Ok(None) => break,
-                Err(_) => break 'files,
-            }
-        }
-    }
-    if !reached {
-        // The WAL ends at or before `to`: `to` may still be where the next record would
-        // start, past the padding and a page header at a page boundary
-        // (`pg_current_wal_insert_lsn()` says so, for one).
-        let end = decoder.valid_end();
-        let mut next = end.0.next_multiple_of(postgres_wal::RECORD_ALIGN);
-        if next.is_multiple_of(postgres_wal::XLOG_BLCKSZ as u64) {
-            next += if next.is_multiple_of(u64::from(size)) {
-                postgres_wal::page::LONG_HEADER_LEN
-            } else {
-                postgres_wal::page::SHORT_HEADER_LEN
-            } as u64;
-        }
-        if to.0 > next {
-            return Err(format!("the timeline's WAL ends at {end}, before {to}"));
-        }
-    }
-    Ok(Some(Replay {
-        target: to,
-        end: cut,
-        segments,
-    }))
 }
 
 #[cfg(test)]
@@ -400,45 +367,6 @@ mod tests {
     }
 
     #[test]
-    fn a_replay_is_cut_after_the_last_record_at_or_before_its_lsn_even_one_from_the_segment_before()
-    {
-        let dir = tempfile::tempdir().unwrap();
-        let start = Lsn(4 * SEG as u64);
-        let mut wal = WalBuilder::new(start, SEG);
-        wal.main_data_record(RM_HEAP_ID, 0, 1, &[1; 100]);
-        // Records up to just before the segment's end, then one that crosses into the next.
-        while wal.end().0 < start.0 + SEG as u64 - 30_000 {
-            wal.main_data_record(RM_HEAP_ID, 0, 2, &[2; 10_000]);
-        }
-        wal.main_data_record(RM_HEAP_ID, 0, 3, &[3; 50_000]);
-        let crossing_end = wal.end();
-        assert!(crossing_end.0 > start.0 + SEG as u64);
-        wal.main_data_record(RM_HEAP_ID, 0, 4, &[4; 100]);
-        let last_end = wal.end();
-        let (mut store, _) = WalStore::open(dir.path(), SEG).unwrap();
-        store.start_at(start);
-        store.write(1, start, wal.bytes()).unwrap();
-        store.flush().unwrap();
-        let from = Lsn(start.0 + 100);
-        for (to, end) in [
-            (crossing_end, crossing_end),
-            (Lsn(crossing_end.0 + 4), crossing_end),
-            (last_end, last_end),
-        ] {
-            let replay = replay_segments(dir.path(), from, to).unwrap().unwrap();
-            assert_eq!(replay.end, end, "to {to}");
-            assert_eq!(replay.segments.len(), 2);
-        }
-        assert!(
-            replay_segments(dir.path(), from, Lsn(last_end.0 + (64 << 10)))
-                .unwrap_err()
-                .contains("WAL ends at")
-        );
-        let before = replay_segments(dir.path(), Lsn(start.0 - 8), last_end).unwrap_err();
-        assert!(before.contains("does not reach back"), "{before}");
-    }
-
-    #[test]
     fn a_torn_tail_ends_the_stored_wal_at_the_last_whole_record() {
         let dir = tempfile::tempdir().unwrap();
         let start = Lsn(2 * SEG as u64);
@@ -456,5 +384,92 @@ mod tests {
         store.flush().unwrap();
         let (_, stored) = WalStore::open(dir.path(), SEG).unwrap();
         assert_eq!(stored.unwrap().valid_end, first_end);
+    }
+
+    #[test]
+    fn a_switch_inside_a_segment_moves_it_to_the_new_timeline_and_a_restream_writes_into_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = Lsn(4 * SEG as u64);
+        let mut wal = WalBuilder::new(start, SEG);
+        for i in 0..10u32 {
+            wal.main_data_record(RM_HEAP_ID, 0, i, &vec![i as u8; 30_000]);
+        }
+        let switch = wal.end();
+        for i in 10..50u32 {
+            wal.main_data_record(RM_HEAP_ID, 0, i, &vec![i as u8; 30_000]);
+        }
+        assert!(
+            wal.end().0 > start.0 + SEG as u64,
+            "past the switch's segment"
+        );
+        let split = (switch.0 - start.0) as usize;
+        let name = |tli, lsn| SegmentName::of(tli, lsn, SEG).file_name(SEG);
+        let wal_dir = dir.path().join(WAL_DIR);
+
+        let (mut store, _) = WalStore::open(dir.path(), SEG).unwrap();
+        store.start_at(start);
+        store.write(1, start, &wal.bytes()[..split]).unwrap();
+        store.store_history(2, b"1\t0/4049DC0\tpromoted\n").unwrap();
+        store.switch_timeline(2, switch).unwrap();
+        // Written with the history again: nothing changes.
+        store.store_history(2, b"1\t0/4049DC0\tpromoted\n").unwrap();
+        store.write(2, switch, &wal.bytes()[split..]).unwrap();
+        store.flush().unwrap();
+        assert!(!wal_dir
+            .join(format!("{}{PARTIAL_SUFFIX}", name(1, start)))
+            .exists());
+        assert!(
+            wal_dir.join(name(2, start)).is_file(),
+            "whole, under the new timeline"
+        );
+        assert!(wal_dir
+            .join(format!("{}{PARTIAL_SUFFIX}", name(2, wal.end())))
+            .is_file());
+        assert!(wal_dir.join("00000002.history").is_file());
+        // A switch anywhere but where the WAL written ends is refused.
+        assert!(store.switch_timeline(3, start).is_err());
+        drop(store);
+
+        let (mut store, stored) = WalStore::open(dir.path(), SEG).unwrap();
+        let stored = stored.unwrap();
+        assert_eq!(stored.segment.tli, 2);
+        assert_eq!(stored.valid_end, wal.end());
+        // Streamed again from the switch's segment, on the old timeline first (as the
+        // primary's line says for its start): the same bytes land in the new timeline's file.
+        store.start_at(start);
+        store.write(1, start, &wal.bytes()[..split]).unwrap();
+        store.switch_timeline(2, switch).unwrap();
+        store.write(2, switch, &wal.bytes()[split..]).unwrap();
+        store.flush().unwrap();
+        let names: Vec<String> = std::fs::read_dir(&wal_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert!(
+            names.iter().all(|n| !n.starts_with("00000001")),
+            "{names:?}"
+        );
+        let first = std::fs::read(wal_dir.join(name(2, start))).unwrap();
+        assert_eq!(&first[..], &wal.bytes()[..SEG as usize]);
+    }
+
+    #[test]
+    fn wal_past_a_switch_point_is_dropped_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = Lsn(2 * SEG as u64);
+        let mut wal = WalBuilder::new(start, SEG);
+        wal.main_data_record(RM_HEAP_ID, 0, 1, &[1; 5000]);
+        let switch = wal.end();
+        wal.main_data_record(RM_HEAP_ID, 0, 2, &[2; 5000]);
+        let (mut store, _) = WalStore::open(dir.path(), SEG).unwrap();
+        store.start_at(start);
+        store.write(1, start, wal.bytes()).unwrap();
+        store.flush().unwrap();
+        store.truncate_to(switch).unwrap();
+        assert_eq!((store.written(), store.flushed()), (switch, switch));
+        assert!(store.truncate_to(Lsn(start.0 - 8)).is_err());
+        drop(store);
+        let (_, stored) = WalStore::open(dir.path(), SEG).unwrap();
+        assert_eq!(stored.unwrap().valid_end, switch);
     }
 }

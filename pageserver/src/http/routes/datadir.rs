@@ -23,7 +23,7 @@ use crate::datadir::{import_archive, snapshot_at, write_basebackup, BasebackupEr
 use crate::http::error::ApiError;
 use crate::http::{blocking, on_own_thread, SharedState};
 use crate::walreceiver::commit_time::{self, Found};
-use crate::walreceiver::wal_store::{replay_segments, WAL_DIR};
+use crate::walreceiver::replay_plan::{replay_of, ReplayError};
 
 /// Bytes of archive handed to the client at a time, and how many such pieces may wait.
 const BASEBACKUP_PIECE: usize = 256 * 1024;
@@ -211,20 +211,7 @@ pub async fn basebackup(
         let last = timeline.last_record_lsn();
         let snapshot = snapshot_at(&timeline, lsn.min(last)).map_err(basebackup_error)?;
         let replay = if lsn > snapshot.lsn {
-            let source = wal_source(&timeline, lsn);
-            // What the local disk lacks of that WAL (lost, or attached from elsewhere) comes
-            // from the WAL archive.
-            if let Some(remote) = source.remote_copy() {
-                remote
-                    .fetch_wal_range(&source.dir().join(WAL_DIR), snapshot.lsn, lsn)
-                    .map_err(|e| {
-                        ApiError::try_again(format!(
-                            "fetching the WAL from {} to {lsn} from remote storage: {e}",
-                            snapshot.lsn
-                        ))
-                    })?;
-            }
-            match replay_segments(source.dir(), snapshot.lsn, lsn) {
+            match replay_of(&timeline, snapshot.lsn, lsn) {
                 Ok(Some(replay)) => Some(replay),
                 Ok(None) if lsn > last => {
                     // As before there was WAL: nothing is known beyond the last record.
@@ -232,7 +219,8 @@ pub async fn basebackup(
                     None
                 }
                 Ok(None) => None,
-                Err(e) => {
+                Err(ReplayError::Fetch(e)) => return Err(ApiError::try_again(e)),
+                Err(ReplayError::Missing(e)) => {
                     return Err(ApiError::not_found(format!(
                     "no basebackup at {lsn}: the newest snapshot at or below it is at {}, and {e}",
                     snapshot.lsn
@@ -302,27 +290,6 @@ pub async fn basebackup(
         );
     }
     Ok(response)
-}
-
-/// The timeline whose WAL replays `timeline` up to `lsn`: its own, or for a branch that has none
-/// and `lsn` at or below its branch point, its ancestor's (a branch made between two snapshots
-/// starts from the snapshot below its branch point and the WAL its ancestor received after it).
-fn wal_source(
-    timeline: &Arc<crate::tenant::timeline::Timeline>,
-    lsn: Lsn,
-) -> Arc<crate::tenant::timeline::Timeline> {
-    let mut source = timeline.clone();
-    loop {
-        let has_wal = source.dir().join(WAL_DIR).exists()
-            || source
-                .remote_copy()
-                .is_some_and(|r| r.archived_wal_segments().is_some());
-        let next = match source.ancestor() {
-            Some((ancestor, branch_lsn)) if !has_wal && lsn <= branch_lsn => ancestor.clone(),
-            _ => return source,
-        };
-        source = next;
-    }
 }
 
 /// The LSN a restore at `time` goes to (the state after the last commit at or before it), and

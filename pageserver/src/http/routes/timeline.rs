@@ -18,6 +18,7 @@ use crate::serving::error::redact_paths;
 use crate::tenant::mgr::TenantState;
 use crate::tenant::timeline::layer_set::manifest::LayerLevel;
 use crate::tenant::timeline::{LayerDescription, LayerKind, Timeline};
+use crate::walreceiver::replay_plan;
 
 fn layer_json(layer: &LayerDescription) -> JsonValue {
     json!({
@@ -135,7 +136,18 @@ pub async fn timeline_create(
     };
     let timeline = blocking(move || {
         Ok(match ancestor {
-            Some(ancestor) => tenant.create_branch(id, ancestor, start_lsn)?,
+            Some(ancestor) => {
+                // Past the ancestor's last record: as far as its WAL streamed in is durable.
+                let wal_end = match start_lsn {
+                    Some(lsn) => tenant
+                        .get_timeline(ancestor)
+                        .ok()
+                        .filter(|t| lsn > t.last_record_lsn())
+                        .and_then(|t| replay_plan::durable_end(&t)),
+                    None => None,
+                };
+                tenant.create_branch_within(id, ancestor, start_lsn, wal_end)?
+            }
             None => tenant.create_timeline(id)?,
         })
     })

@@ -4,6 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use pageserver_api::datadir::snapshot_list_key;
+use pageserver_api::ingest::PutRecord;
+use pageserver_api::Value;
 use utils::{Lsn, TimelineId};
 
 use super::{create_dir_atomically, lock, remote, Tenant, TenantError, TIMELINES_DIR};
@@ -96,6 +99,20 @@ impl Tenant {
         ancestor_id: TimelineId,
         lsn: Option<Lsn>,
     ) -> Result<Arc<Timeline>, TenantError> {
+        self.create_branch_within(id, ancestor_id, lsn, None)
+    }
+
+    /// [`Self::create_branch`], also at an LSN past the ancestor's last record up to
+    /// `wal_end`, where its WAL streamed in is durable: the branch then starts from the
+    /// ancestor's newest snapshot below it and that WAL, and the ancestor takes no versions at
+    /// or below the branch point from then on.
+    pub fn create_branch_within(
+        &self,
+        id: Option<TimelineId>,
+        ancestor_id: TimelineId,
+        lsn: Option<Lsn>,
+        wal_end: Option<Lsn>,
+    ) -> Result<Arc<Timeline>, TenantError> {
         let ancestor = self.get_timeline(ancestor_id)?;
         let last_record = ancestor.last_record_lsn();
         let lsn = lsn.unwrap_or(last_record);
@@ -104,10 +121,14 @@ impl Tenant {
             lsn,
             reason,
         };
-        if lsn > last_record {
-            return Err(invalid(format!(
-                "the ancestor's last record LSN is {last_record}"
-            )));
+        let known_up_to = wal_end.map_or(last_record, |w| w.max(last_record));
+        if lsn > known_up_to {
+            return Err(invalid(match wal_end {
+                Some(w) => format!(
+                    "the ancestor's last record LSN is {last_record}, and its durable WAL ends at {w}"
+                ),
+                None => format!("the ancestor's last record LSN is {last_record}"),
+            }));
         }
         if lsn == Lsn::INVALID {
             return Err(invalid("a branch starts above LSN 0".to_owned()));
@@ -121,6 +142,22 @@ impl Tenant {
             e => e.into(),
         })?;
         let created = (|| {
+            if lsn > ancestor.last_record_lsn() {
+                // In the WAL streamed in past the newest snapshot: the ancestor's history is
+                // fixed up to the branch point as it is. Its snapshot list, written again
+                // there, is a version at the branch point that the checkpoint below makes
+                // durable; no batch or import lands at or below it from then on.
+                let last = ancestor.last_record_lsn();
+                let list = ancestor
+                    .get_page(snapshot_list_key(), last)?
+                    .ok_or_else(|| invalid(format!("the ancestor has no snapshot at {last}")))?;
+                ancestor.put_batch(&[PutRecord {
+                    key: snapshot_list_key(),
+                    lsn,
+                    value: Value::Image(list),
+                }])?;
+            }
+            // (Also when a batch passed the branch point meanwhile.)
             if ancestor.disk_consistent_lsn() < lsn {
                 ancestor.checkpoint()?;
             }

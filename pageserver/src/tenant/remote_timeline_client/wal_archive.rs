@@ -36,7 +36,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use postgres_wal::segment::{segment_start, segno_of, SegmentName};
+use postgres_wal::segment::{segment_files_in, segment_start, segno_of, SegmentName};
 use postgres_wal::xact::CommitRange;
 use remote_storage::Transferred;
 use utils::Lsn;
@@ -188,20 +188,20 @@ impl RemoteTimelineClient {
                 feed.segment_size, wal.segment_size
             )));
         }
-        // A timeline switch on the primary is not followed yet: refused here, before an index
-        // lists segments of two timelines side by side.
-        let archived_tli = wal
-            .segments
-            .keys()
-            .chain(wal.partial.iter().map(|(n, _)| n))
-            .filter_map(|n| SegmentName::parse(n, size))
-            .max_by_key(|s| s.segno)
-            .map(|s| s.tli);
-        if let Some(tli) = archived_tli.filter(|t| *t != feed.tli) {
-            return Err(RemoteClientError::Local(format!(
-                "the primary is on timeline {}, the archive's WAL on {tli}: following a timeline switch is not supported yet",
-                feed.tli
-            )));
+        // The history files of the timelines the WAL went through (small: listed whole).
+        let dir = feed.dir.clone();
+        let histories = blocking(move || history_files(&dir))
+            .await
+            .map_err(|e| RemoteClientError::Local(format!("{}: {e}", feed.dir.display())))?;
+        let mut new_history = false;
+        for (name, contents) in histories {
+            if wal.history.get(&name) != Some(&contents) {
+                wal.history.insert(name, contents);
+                new_history = true;
+            }
+        }
+        if new_history {
+            self.publish(&wal);
         }
         let dir = feed.dir.clone();
         let whole = blocking(move || whole_segments(&dir, size))
@@ -257,7 +257,9 @@ impl RemoteTimelineClient {
             .max();
         let grew = match &wal.partial {
             Some((name, f)) if *name == tail_name => offset > f.len,
-            Some((name, _)) => SegmentName::parse(name, size).is_some_and(|s| s.segno < tail.segno),
+            // An older segment's, or this one's under the timeline before a switch in it.
+            Some((name, _)) => SegmentName::parse(name, size)
+                .is_some_and(|s| (s.segno, s.tli) < (tail.segno, tail.tli)),
             None => true,
         };
         if offset > 0 && grew && newest_whole.is_none_or(|n| n < tail.segno) {
@@ -291,17 +293,9 @@ impl RemoteTimelineClient {
         let dir = self.local_dir.join(WAL_DIR);
         let removed = blocking(move || {
             let mut removed = 0;
-            let entries = match std::fs::read_dir(&dir) {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-                entries => entries?,
-            };
-            for entry in entries {
-                let entry = entry?;
-                let name = entry.file_name();
-                let Some(name) = name.to_str() else { continue };
-                let base = name.strip_suffix(PARTIAL_SUFFIX).unwrap_or(name);
-                if SegmentName::parse(base, size).is_some_and(|s| s.segno < floor_segno) {
-                    std::fs::remove_file(entry.path())?;
+            for file in segment_files_in(&dir, size)? {
+                if file.segment.segno < floor_segno {
+                    std::fs::remove_file(&file.path)?;
                     removed += 1;
                 }
             }
@@ -478,6 +472,10 @@ impl RemoteTimelineClient {
             return Ok(true);
         }
         let wal = self.state().plan.wal().clone();
+        if let Some(contents) = wal.history.get(name) {
+            write_history(dir, name, contents).map_err(|e| format!("{}: {e}", dir.display()))?;
+            return Ok(true);
+        }
         let (file, partial) = match (wal.segments.get(name), &wal.partial) {
             (Some(f), _) => (*f, false),
             (None, Some((p, f))) if p == name => (*f, true),
@@ -552,6 +550,12 @@ impl RemoteTimelineClient {
         for name in wanted {
             self.fetch_wal_segment(dir, &name)?;
         }
+        for (name, contents) in &wal.history {
+            if !dir.join(name).is_file() {
+                write_history(dir, name, contents)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?;
+            }
+        }
         Ok(())
     }
 
@@ -568,17 +572,52 @@ impl RemoteTimelineClient {
     }
 }
 
-/// The whole segments in `dir` (names of `segment_size`), oldest first.
-fn whole_segments(dir: &Path, segment_size: u32) -> io::Result<Vec<String>> {
+/// The timeline history files in `dir`, by name, with their contents (those that are not
+/// text, or not a history, are left out and logged: the archive lists only what restores can
+/// use).
+fn history_files(dir: &Path) -> io::Result<Vec<(String, String)>> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if let Some(segment) = SegmentName::parse(name, segment_size) {
-            found.push((segment.segno, segment.tli, name.to_owned()));
+        let Some(tli) = postgres_wal::segment::parse_history_file_name(name) else {
+            continue;
+        };
+        let bytes = std::fs::read(entry.path())?;
+        match postgres_wal::history::TimelineHistory::parse(tli, &bytes) {
+            Ok(_) => found.push((
+                name.to_owned(),
+                String::from_utf8(bytes).expect("a parsed history is text"),
+            )),
+            Err(e) => tracing::warn!("{}: {e}: not archived", entry.path().display()),
         }
     }
+    Ok(found)
+}
+
+/// Writes history file `name` into `dir`, durably (its contents come from the index).
+fn write_history(dir: &Path, name: &str, contents: &str) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!("{name}.download"));
+    std::fs::write(&tmp, contents)?;
+    std::fs::File::open(&tmp)?.sync_all()?;
+    crate::io::crashsafe::rename_durably(&tmp, &dir.join(name)).map_err(io::Error::other)
+}
+
+/// The whole segments in `dir` (names of `segment_size`), oldest first.
+fn whole_segments(dir: &Path, segment_size: u32) -> io::Result<Vec<String>> {
+    let mut found: Vec<_> = segment_files_in(dir, segment_size)?
+        .into_iter()
+        .filter(|f| !f.partial)
+        .map(|f| {
+            (
+                f.segment.segno,
+                f.segment.tli,
+                f.segment.file_name(segment_size),
+            )
+        })
+        .collect();
     found.sort();
     Ok(found.into_iter().map(|(_, _, name)| name).collect())
 }

@@ -11,9 +11,14 @@
 //!                    "last_lsn": "0/3FFF0A0", "last_time": 1795737612345678 } }
 //!   },
 //!   "partial": { "name": "000000010000000000000004", "len": 2301952, "crc32c": 1234, "generation": 2 },
-//!   "receiver": { "connstr": "host=…", "slot_name": "…", "application_name": "…" }
+//!   "receiver": { "connstr": "host=…", "slot_name": "…", "application_name": "…" },
+//!   "history": { "00000002.history": "1\t0/5000100\tno recovery target specified\n" }
 //! }
 //! ```
+//!
+//! `history` holds the timeline history files of the PostgreSQL timelines the WAL went
+//! through, whole (each a line per promotion: small), checked as PostgreSQL's own reader
+//! would ([`postgres_wal::history`]).
 //!
 //! A whole segment is the object `wal/<name>-<generation>`, exactly `len` bytes of that
 //! CRC-32C. The partial tail (at most one, newer than every whole segment) is the object
@@ -33,7 +38,8 @@
 
 use std::collections::BTreeMap;
 
-use postgres_wal::segment::{is_valid_segment_size, SegmentName};
+use postgres_wal::history::TimelineHistory;
+use postgres_wal::segment::{is_valid_segment_size, parse_history_file_name, SegmentName};
 use postgres_wal::xact::CommitRange;
 use serde::{Deserialize, Serialize};
 use utils::{Generation, Lsn};
@@ -44,6 +50,9 @@ pub const PARTIAL_SUFFIX: &str = ".partial";
 pub const WAL_PREFIX: &str = "wal";
 /// Far beyond a connection string and two names.
 const MAX_RECEIVER_SETTINGS_BYTES: usize = 16 << 10;
+/// History files: each at most this long, and at most this many, in an index.
+const MAX_HISTORY_BYTES: usize = 64 << 10;
+const MAX_HISTORY_FILES: usize = 1024;
 
 /// One WAL object the section lists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +76,8 @@ pub struct WalIndex {
     pub partial: Option<(String, ArchivedFile)>,
     /// The WAL receiver's settings, as `walreceiver` stores them.
     pub receiver: Option<serde_json::Value>,
+    /// Timeline history files by name (`00000002.history`).
+    pub history: BTreeMap<String, String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -79,6 +90,8 @@ pub(super) struct RawWal {
     partial: Option<RawPartial>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     receiver: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    history: BTreeMap<String, String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -150,7 +163,10 @@ impl RawCommits {
 
 impl WalIndex {
     pub fn is_empty(&self) -> bool {
-        self.segments.is_empty() && self.partial.is_none() && self.receiver.is_none()
+        self.segments.is_empty()
+            && self.partial.is_none()
+            && self.receiver.is_none()
+            && self.history.is_empty()
     }
 
     /// Just past the last byte of WAL the section lists; `None` when it lists none.
@@ -210,6 +226,7 @@ impl WalIndex {
                 commits: f.commits.as_ref().map(RawCommits::of),
             }),
             receiver: self.receiver.clone(),
+            history: self.history.clone(),
         }
     }
 
@@ -308,11 +325,31 @@ impl WalIndex {
                 ));
             }
         }
+        if raw.history.len() > MAX_HISTORY_FILES {
+            return Err(format!(
+                "wal.history: {} files, more than {MAX_HISTORY_FILES}",
+                raw.history.len()
+            ));
+        }
+        for (name, contents) in &raw.history {
+            let tli = parse_history_file_name(name).ok_or_else(|| {
+                format!("wal.history: {name:?} is not a history file name (00000002.history)")
+            })?;
+            if contents.len() > MAX_HISTORY_BYTES {
+                return Err(format!(
+                    "wal.history: {name}: {} bytes, more than {MAX_HISTORY_BYTES}",
+                    contents.len()
+                ));
+            }
+            TimelineHistory::parse(tli, contents.as_bytes())
+                .map_err(|e| format!("wal.history: {e}"))?;
+        }
         Ok(WalIndex {
             segment_size: size,
             segments,
             partial,
             receiver: raw.receiver,
+            history: raw.history,
         })
     }
 }
@@ -364,6 +401,11 @@ mod tests {
             .into(),
             partial: Some(("000000010000000000000005".to_owned(), file(4096, 2))),
             receiver: Some(serde_json::json!({"connstr": "host=127.0.0.1"})),
+            history: [(
+                "00000002.history".to_owned(),
+                "1\t0/3000100\tno recovery target specified\n".to_owned(),
+            )]
+            .into(),
         }
     }
 
@@ -416,6 +458,18 @@ mod tests {
         assert!(e.contains("below the segment size"), "{e}");
         let e = refused(&|j| j["partial"]["name"] = "../../x".into(), 2);
         assert!(e.contains("not a segment name"), "{e}");
+        let e = refused(&|j| j["history"]["../00000002.history"] = "".into(), 2);
+        assert!(e.contains("not a history file name"), "{e}");
+        let e = refused(
+            &|j| j["history"]["00000002.history"] = "2\t0/3000100\tx\n".into(),
+            2,
+        );
+        assert!(e.contains("not an ancestor"), "{e}");
+        let e = refused(
+            &|j| j["history"]["00000002.history"] = "#".repeat(65 << 10).into(),
+            2,
+        );
+        assert!(e.contains("more than"), "{e}");
         let e = refused(
             &|j| {
                 j["segments"]["000000010000000000000004"]["commits"]["last_lsn"] =
