@@ -92,7 +92,7 @@ def test_refusals_say_what_is_wrong(pg: PgEnv, pageserver: Pageserver, timeline:
         ({}, "needs connstr"),
         ({"connstr": "host=127.0.0.1"}, "needs user="),
         ({"connstr": connstr(primary), "slot_name": "Bad-Name"}, "slot_name"),
-        ({"connstr": connstr(primary, "sslmode=require")}, "not supported yet"),
+        ({"connstr": connstr(primary, "sslmode=verify-full")}, "needs sslrootcert"),
         ({"connstr": connstr(primary), "colour": "blue"}, "unknown field"),
     ]:
         r = requests.put(url, json=body, timeout=60)

@@ -17,6 +17,7 @@ use postgres_protocol::message::{backend, frontend};
 use utils::Lsn;
 
 use super::connstr::ConnString;
+use super::tls::{self, Transport};
 use super::ReceiverError;
 
 /// The longest the setup (login and the commands before streaming) may take.
@@ -49,7 +50,7 @@ pub enum StreamMessage {
 }
 
 pub struct ReplicationConnection {
-    stream: TcpStream,
+    stream: Transport,
     read_buf: BytesMut,
     write_buf: BytesMut,
     /// Until streaming starts, every answer must come before this: a primary (or whatever
@@ -72,15 +73,14 @@ impl ReplicationConnection {
             .map_err(|e| ReceiverError::Connect(format!("{}:{}: {e}", conn.host, conn.port)))?
             .next()
             .ok_or_else(|| ReceiverError::Connect(format!("{} has no address", conn.host)))?;
-        let stream = TcpStream::connect_timeout(&addr, timeout)
+        let tcp = TcpStream::connect_timeout(&addr, timeout)
             .map_err(|e| ReceiverError::Connect(format!("{addr}: {e}")))?;
-        stream.set_nodelay(true).map_err(ReceiverError::io)?;
-        stream
-            .set_read_timeout(Some(timeout))
+        tcp.set_nodelay(true).map_err(ReceiverError::io)?;
+        tcp.set_read_timeout(Some(timeout))
             .map_err(ReceiverError::io)?;
-        stream
-            .set_write_timeout(Some(timeout))
+        tcp.set_write_timeout(Some(timeout))
             .map_err(ReceiverError::io)?;
+        let stream = tls::negotiate(tcp, conn)?;
         let mut c = ReplicationConnection {
             stream,
             read_buf: BytesMut::with_capacity(64 << 10),
@@ -229,6 +229,11 @@ impl ReplicationConnection {
                 _ => {}
             }
         }
+    }
+
+    /// Whether the connection is encrypted.
+    pub fn is_tls(&self) -> bool {
+        self.stream.is_tls()
     }
 
     /// `TIMELINE_HISTORY`: the history file of timeline `tli`, as the primary has it.
@@ -420,6 +425,7 @@ impl ReplicationConnection {
     fn send(&mut self) -> Result<(), ReceiverError> {
         self.stream
             .write_all(&self.write_buf)
+            .and_then(|()| self.stream.flush())
             .map_err(ReceiverError::io)?;
         self.write_buf.clear();
         Ok(())
@@ -440,6 +446,7 @@ impl ReplicationConnection {
             }
             let wait = left.min(self.step_timeout);
             self.stream
+                .tcp()
                 .set_read_timeout(Some(wait))
                 .map_err(ReceiverError::io)?;
             let filled = self.fill();
@@ -462,6 +469,7 @@ impl ReplicationConnection {
     /// longer than `idle` (a base backup: the primary sends as it reads its files).
     pub(super) fn next_message_idle(&mut self, idle: Duration) -> Result<Backend, ReceiverError> {
         self.stream
+            .tcp()
             .set_read_timeout(Some(idle))
             .map_err(ReceiverError::io)?;
         loop {
@@ -488,16 +496,19 @@ impl ReplicationConnection {
         let nonblocking = wait.is_zero();
         if nonblocking {
             self.stream
+                .tcp()
                 .set_nonblocking(true)
                 .map_err(ReceiverError::io)?;
         } else {
             self.stream
+                .tcp()
                 .set_read_timeout(Some(wait))
                 .map_err(ReceiverError::io)?;
         }
         let filled = self.fill();
         if nonblocking {
             self.stream
+                .tcp()
                 .set_nonblocking(false)
                 .map_err(ReceiverError::io)?;
         }

@@ -4,6 +4,44 @@
 
 use std::fmt;
 
+/// libpq's `sslmode` (what each asks and checks: `tls.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Allow,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+impl SslMode {
+    fn parse(text: &str) -> Option<SslMode> {
+        Some(match text {
+            "disable" => SslMode::Disable,
+            "allow" => SslMode::Allow,
+            "prefer" => SslMode::Prefer,
+            "require" => SslMode::Require,
+            "verify-ca" => SslMode::VerifyCa,
+            "verify-full" => SslMode::VerifyFull,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for SslMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SslMode::Disable => "disable",
+            SslMode::Allow => "allow",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        })
+    }
+}
+
 /// Where the primary is and who we are to it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ConnString {
@@ -12,9 +50,10 @@ pub struct ConnString {
     pub user: String,
     pub password: Option<String>,
     pub dbname: Option<String>,
-    /// `disable`, `allow` or `prefer` (TLS is not spoken yet, so these connect in the clear);
-    /// `require` and stronger are refused rather than silently downgraded.
-    pub sslmode: String,
+    pub sslmode: SslMode,
+    /// A PEM file of the CA certificates `verify-ca` and `verify-full` (and `require`, when
+    /// given) check the primary's certificate against, on the pageserver's machine.
+    pub sslrootcert: Option<String>,
     pub connect_timeout_secs: Option<u64>,
 }
 
@@ -26,7 +65,8 @@ impl ConnString {
             user: String::new(),
             password: None,
             dbname: None,
-            sslmode: "prefer".to_owned(),
+            sslmode: SslMode::Prefer,
+            sslrootcert: None,
             connect_timeout_secs: None,
         };
         let mut chars = text.chars().peekable();
@@ -77,25 +117,21 @@ impl ConnString {
                 "user" => conn.user = value,
                 "password" => conn.password = Some(value),
                 "dbname" => conn.dbname = Some(value),
-                "sslmode" => match value.as_str() {
-                    "disable" | "allow" | "prefer" => conn.sslmode = value,
-                    "require" | "verify-ca" | "verify-full" => {
-                        return Err(format!(
-                            "sslmode={value}: TLS to the primary is not supported yet; use sslmode=disable on a trusted network"
-                        ))
-                    }
-                    _ => return Err(format!("sslmode `{value}` is not one of libpq's")),
-                },
+                "sslmode" => {
+                    conn.sslmode = SslMode::parse(&value)
+                        .ok_or_else(|| format!("sslmode `{value}` is not one of libpq's"))?
+                }
+                "sslrootcert" => conn.sslrootcert = Some(value),
                 "connect_timeout" => {
-                    conn.connect_timeout_secs = Some(
-                        value
-                            .parse()
-                            .map_err(|_| format!("connect_timeout `{value}` is not a number of seconds"))?,
-                    )
+                    conn.connect_timeout_secs = Some(value.parse().map_err(|_| {
+                        format!("connect_timeout `{value}` is not a number of seconds")
+                    })?)
                 }
                 // Set by the receiver itself.
                 "application_name" | "replication" => {
-                    return Err(format!("`{key}` is set by the receiver, not the connection string"))
+                    return Err(format!(
+                        "`{key}` is set by the receiver, not the connection string"
+                    ))
                 }
                 _ => return Err(format!("unknown connection option `{key}`")),
             }
@@ -105,6 +141,14 @@ impl ConnString {
         }
         if conn.user.is_empty() {
             return Err("the connection string needs user=".to_owned());
+        }
+        if matches!(conn.sslmode, SslMode::VerifyCa | SslMode::VerifyFull)
+            && conn.sslrootcert.is_none()
+        {
+            return Err(format!(
+                "sslmode={} needs sslrootcert=<a PEM file of the CA certificates to trust>",
+                conn.sslmode
+            ));
         }
         Ok(conn)
     }
@@ -122,6 +166,9 @@ impl fmt::Display for ConnString {
             write!(f, " dbname={db}")?;
         }
         write!(f, " sslmode={}", self.sslmode)?;
+        if let Some(root) = &self.sslrootcert {
+            write!(f, " sslrootcert={root}")?;
+        }
         if self.password.is_some() {
             write!(f, " password=********")?;
         }
@@ -155,11 +202,23 @@ mod tests {
             "host=127.0.0.1 port=5433 user=rep sslmode=disable password=********"
         );
         assert!(!format!("{c:?}").contains("a b"));
+        let tls =
+            ConnString::parse("host=db user=r sslmode=verify-ca sslrootcert=/etc/ca.pem").unwrap();
+        assert_eq!(tls.sslmode, SslMode::VerifyCa);
+        assert_eq!(
+            tls.to_string(),
+            "host=db port=5432 user=r sslmode=verify-ca sslrootcert=/etc/ca.pem"
+        );
+        assert_eq!(
+            ConnString::parse("host=db user=r").unwrap().sslmode,
+            SslMode::Prefer
+        );
         for (bad, says) in [
             ("host=x", "user="),
             ("user=x", "host="),
             ("host=x user=y port=z", "not a port"),
-            ("host=x user=y sslmode=require", "not supported yet"),
+            ("host=x user=y sslmode=verify-full", "needs sslrootcert"),
+            ("host=x user=y sslmode=secure", "not one of libpq's"),
             ("host=x user=y hots=z", "unknown connection option `hots`"),
             ("host=x user=y password='open", "not closed"),
             ("host=x user=y application_name=z", "set by the receiver"),

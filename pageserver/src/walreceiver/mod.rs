@@ -41,6 +41,7 @@ pub mod replay_plan;
 #[cfg(test)]
 mod tests;
 mod timelines;
+mod tls;
 pub mod wal_store;
 
 pub use receiver::{ReceiverConf, ReceiverState, Receivers, StateName};

@@ -96,8 +96,10 @@ pub struct ReceiverState {
     pub slot_name: String,
     pub application_name: String,
     pub system_id: Option<String>,
-    /// The primary's timeline (TLI).
+    /// The PostgreSQL timeline (TLI) being streamed.
     pub timeline: Option<u32>,
+    /// Whether the connection to the primary is encrypted (TLS).
+    pub tls: Option<bool>,
     /// Just past the last byte received.
     #[serde(serialize_with = "lsn_text")]
     pub received_lsn: Option<Lsn>,
@@ -329,6 +331,7 @@ fn initial_state(conf: &ReceiverConf, conn: &ConnString) -> ReceiverState {
         application_name: conf.application_name.clone(),
         system_id: None,
         timeline: None,
+        tls: None,
         received_lsn: None,
         flushed_lsn: None,
         archived_lsn: None,
@@ -492,6 +495,7 @@ impl Session {
             s.state = StateName::Streaming;
             s.system_id = Some(ident.system_id.to_string());
             s.timeline = Some(tli);
+            s.tls = Some(conn.is_tls());
             s.received_lsn = Some(start);
             s.flushed_lsn = Some(stored.map_or(start, |s| s.valid_end).max(start));
             s.archived_lsn = timeline.remote_copy().and_then(|r| r.archived_lsn());

@@ -30,12 +30,64 @@ fn auth_ok_and_ready() -> Vec<u8> {
     out
 }
 
-/// Reads the client's startup message (a length, then that many bytes less four).
+/// Reads the client's startup message (a length, then that many bytes less four), after
+/// declining its request for TLS (`sslmode=prefer`, the default, asks first).
 fn read_startup(stream: &mut TcpStream) {
-    let mut len = [0u8; 4];
-    stream.read_exact(&mut len).unwrap();
-    let mut rest = vec![0u8; u32::from_be_bytes(len) as usize - 4];
-    stream.read_exact(&mut rest).unwrap();
+    loop {
+        let mut len = [0u8; 4];
+        stream.read_exact(&mut len).unwrap();
+        let mut rest = vec![0u8; u32::from_be_bytes(len) as usize - 4];
+        stream.read_exact(&mut rest).unwrap();
+        if rest != [0x04, 0xd2, 0x16, 0x2f] {
+            return;
+        }
+        stream.write_all(b"N").unwrap();
+    }
+}
+
+/// A fake primary that answers the client's request for TLS with `answer`, then runs `then`.
+fn tls_answer(
+    answer: &'static [u8],
+    sslmode: &str,
+) -> Result<ReplicationConnection, ReceiverError> {
+    let conn = fake_primary(move |mut s| {
+        let mut request = [0u8; 8];
+        s.read_exact(&mut request).unwrap();
+        assert_eq!(request, [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]);
+        let _ = s.write_all(answer);
+        std::thread::sleep(Duration::from_secs(3));
+    });
+    let conn = ConnString::parse(&format!("{conn} sslmode={sslmode}")).unwrap();
+    ReplicationConnection::connect(&conn, "test", Duration::from_secs(2))
+}
+
+#[test]
+fn tls_is_asked_for_and_a_refusal_or_a_lie_is_an_error_not_the_clear() {
+    // sslmode=require: a primary without TLS is refused, never spoken to in the clear.
+    let Err(e) = tls_answer(b"N", "require") else {
+        panic!("went on without TLS");
+    };
+    assert!(e.to_string().contains("does not accept TLS"), "{e}");
+    assert!(e.is_permanent());
+    // An answer that is neither S nor N.
+    let Err(e) = tls_answer(b"E", "prefer") else {
+        panic!("took a wrong answer");
+    };
+    assert!(matches!(e, ReceiverError::Protocol(_)), "{e}");
+    // S, then bytes that are no TLS: the handshake fails at once, whatever they claim.
+    let started = Instant::now();
+    let Err(e) = tls_answer(
+        b"SR\x00\x00\x00\x08\x00\x00\x00\x00Z\x00\x00\x00\x05I",
+        "require",
+    ) else {
+        panic!("handshook with plaintext");
+    };
+    assert!(e.to_string().contains("TLS handshake"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 /// Reads one frontend message (a query).
