@@ -5,10 +5,14 @@ across a switch start as the cluster was."""
 
 from __future__ import annotations
 
+import shutil
+
 import requests
 
 from fixtures.pageserver import Pageserver
+from fixtures.plugin import PageserverFactory
 from fixtures.postgres import PgCluster, PgEnv
+from fixtures.remote_storage import RemoteStore
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
 from fixtures.wal_stream import connstr, primary_with_snapshot, receiver, wait_flushed
@@ -39,15 +43,21 @@ def check_restore(pg: PgEnv, timeline: TimelineHandle, name: str, lsn: Lsn, figu
     return restored
 
 
-def stream_then_write(timeline: TimelineHandle, cluster: PgCluster) -> tuple[str, Lsn]:
-    """Points `timeline`'s receiver at `cluster` (on PostgreSQL timeline 2), runs pgbench
-    there, and waits until its WAL is flushed on timeline 2; the figures and their LSN."""
+def _stopped(timeline: TimelineHandle) -> dict:
+    state = receiver(timeline).json()
+    assert state["state"] == "stopped", state
+    return state
+
+
+def stream_then_write(timeline: TimelineHandle, cluster: PgCluster, tli: int = 2) -> tuple[str, Lsn]:
+    """Points `timeline`'s receiver at `cluster` (on PostgreSQL timeline `tli`), runs pgbench
+    there, and waits until its WAL is flushed on that timeline; the figures and their LSN."""
     r = requests.put(f"{timeline.url}/wal_receiver", json={"connstr": connstr(cluster)}, timeout=60)
     assert r.status_code == 200, r.text
     cluster.pgbench("-c", "2", "-t", "40")
     figures, lsn = figures_and_lsn(cluster)
     state = wait_flushed(timeline, lsn)
-    assert state["timeline"] == 2, state
+    assert state["timeline"] == tli, state
     return figures, lsn
 
 
@@ -103,14 +113,38 @@ def test_a_branch_started_from_its_basebackup_streams_its_timeline_back_into_the
     wait_flushed(branch, branch_end, timeout=90)
     check_restore(pg, branch, "branch_later", branch_end, branch_figures).stop("immediate")
 
+    # A second PostgreSQL from the same point (restored from the ancestor there): promoted to
+    # timeline 2 at the same LSN, with the same history file, and WAL of its own after it.
+    # Streaming it over the branch's would change the branch's history: the first byte that
+    # differs from the WAL stored stops the receiver, and nothing is written.
+    twin = check_restore(pg, timeline, "twin", between, at_branch)
+    assert (twin.datadir / "pg_wal" / "00000002.history").read_bytes() == history
+    twin.psql("CREATE TABLE only_on_the_twin AS SELECT 1 AS x")
+    r = requests.put(f"{branch.url}/wal_receiver", json={"connstr": connstr(twin)}, timeout=60)
+    if r.status_code == 409:
+        assert "differs from the WAL stored" in r.text, r.text
+    else:
+        assert r.status_code == 200, r.text
+        state = wait_until(lambda: _stopped(branch), timeout=60, what="the receiver stopped on the twin's WAL")
+        assert "differs from the WAL stored" in state["last_error"], state
+    check_restore(pg, branch, "branch_kept", branch_end, branch_figures).stop("immediate")
 
-def test_the_receiver_follows_a_standby_promoted_in_a_failover(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
-    # The primary stops, and the old primary is refused.
-    pageserver.allowed_errors.append("WAL receiver: ")
+
+def wait_archived(timeline: TimelineHandle, lsn: Lsn) -> None:
+    wait_until(
+        lambda: Lsn.parse(receiver(timeline).json()["archived_lsn"] or "0/0") >= lsn,
+        timeout=30,
+        what=f"the WAL archived to {lsn}",
+    )
+
+
+def fail_over(pg: PgEnv, timeline: TimelineHandle) -> tuple[PgCluster, PgCluster, str, Lsn]:
+    """A primary streaming into `timeline` and a stock standby of it; pgbench; then the
+    failover: the primary stops (its last WAL reaches both) and the standby is promoted to
+    timeline 2. The old primary, the new one, and the figures before the switch with their LSN."""
     primary = primary_with_snapshot(pg, timeline)
     r = requests.put(f"{timeline.url}/wal_receiver", json={"connstr": connstr(primary)}, timeout=60)
     assert r.status_code == 200, r.text
-    # A stock streaming standby of the same primary.
     standby_dir = pg.base / "standby"
     primary.run(
         "pg_basebackup", *primary.conn_args(), "-D", str(standby_dir), "-R", "-X", "stream", "-c", "fast",
@@ -124,27 +158,70 @@ def test_the_receiver_follows_a_standby_promoted_in_a_failover(pg: PgEnv, pagese
         timeout=60,
         what="the standby replayed the primary's WAL",
     )
-
-    # The failover: the primary stops (its last WAL reaches both), the standby is promoted to
-    # timeline 2, and the receiver is pointed at it.
     primary.stop("fast")
     standby.run("pg_ctl", "-D", str(standby.datadir), "-w", "promote")
     wait_until(lambda: standby.psql("SELECT pg_is_in_recovery()") == "f", timeout=60, what="the promotion")
+    return primary, standby, before_figures, before
+
+
+def test_the_receiver_follows_a_standby_promoted_in_a_failover(pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle):
+    # The primary stops, and the old primary is refused.
+    pageserver.allowed_errors.append("WAL receiver: ")
+    primary, standby, before_figures, before = fail_over(pg, timeline)
+    # The receiver, pointed at the new primary, follows the switch.
     after_figures, after = stream_then_write(timeline, standby)
-    wait_until(
-        lambda: Lsn.parse(receiver(timeline).json()["archived_lsn"] or "0/0") >= after,
-        timeout=30,
-        what="the WAL of timeline 2 archived",
-    )
+    wait_archived(timeline, after)
     r = requests.get(f"{timeline.url}/wal/00000002.history", timeout=30)
     assert r.status_code == 200 and r.content == (standby.datadir / "pg_wal" / "00000002.history").read_bytes()
 
     # Restores on both sides of the switch.
     check_restore(pg, timeline, "before_switch", before, before_figures).stop("immediate")
-    check_restore(pg, timeline, "after_switch", after, after_figures).stop("immediate")
+    after_switch = check_restore(pg, timeline, "after_switch", after, after_figures)
+
+    # That restored cluster is promoted once more, to timeline 3, with the line's history files
+    # (1 to 2 at the failover, 2 to 3 at the restore): it streams into a branch made there.
+    assert after_switch.psql("SELECT timeline_id FROM pg_control_checkpoint()") == "3"
+    branch = timeline.branch(after)
+    third_figures, third = stream_then_write(branch, after_switch, tli=3)
+    check_restore(pg, branch, "third", third, third_figures).stop("immediate")
+    after_switch.stop("immediate")
 
     # The old primary, started again, is on timeline 1 past the switch: refused, clearly.
     primary.start("listen_addresses=127.0.0.1")
     primary.pgbench("-c", "1", "-t", "10")
     r = requests.put(f"{timeline.url}/wal_receiver", json={"connstr": connstr(primary)}, timeout=60)
     assert r.status_code == 409 and "timeline" in r.text, r.text
+
+
+def test_after_a_failover_a_lost_disk_restores_across_the_switch_from_the_store(
+    pg: PgEnv, pageserver_factory: PageserverFactory, remote_store: RemoteStore
+):
+    first = pageserver_factory.start(remote=remote_store)
+    first.allowed_errors.append("WAL receiver: ")
+    timeline = TimelineHandle.create(first)
+    _, standby, before_figures, before = fail_over(pg, timeline)
+    after_figures, after = stream_then_write(timeline, standby)
+    wait_archived(timeline, after)
+    history = (standby.datadir / "pg_wal" / "00000002.history").read_bytes()
+    index = remote_store.check_consistent(timeline.tenant_id, timeline.timeline_id)
+    assert index["wal"]["history"] == {"00000002.history": history.decode()}, index["wal"]
+    # The tail is timeline 2's: the switch's segment moved there, and its old name is gone.
+    tail = index["wal"]["partial"]
+    assert tail is None or tail["name"].startswith("00000002"), index["wal"]
+
+    # The machine and its disk are gone; another attaches the tenant and streams on, on
+    # timeline 2, from where the archive ends.
+    first.kill()
+    shutil.rmtree(first.workdir)
+    second = pageserver_factory.start(remote=remote_store, name="second")
+    second.http.tenant_attach(timeline.tenant_id, generation=2)
+    moved = TimelineHandle(second, timeline.tenant_id, timeline.timeline_id, timeline.model)
+    wait_flushed(moved, after)
+    assert receiver(moved).json()["timeline"] == 2
+    r = requests.get(f"{moved.url}/wal/00000002.history", timeout=30)
+    assert r.status_code == 200 and r.content == history
+    # Both sides of the switch restore from the store.
+    check_restore(pg, moved, "moved_before", before, before_figures).stop("immediate")
+    check_restore(pg, moved, "moved_after", after, after_figures).stop("immediate")
+    more_figures, more = stream_then_write(moved, standby)
+    check_restore(pg, moved, "moved_more", more, more_figures).stop("immediate")

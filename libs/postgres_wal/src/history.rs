@@ -8,14 +8,17 @@
 //! same point, though both live under the same LSNs.
 //!
 //! A history file comes from a primary (`TIMELINE_HISTORY`) or a store: it is parsed as
-//! untrusted text. Timelines must increase and switch points must not go back, as
-//! PostgreSQL's own reader requires; a file over [`MAX_HISTORY_LEN`] is refused.
+//! untrusted text, by PostgreSQL's own reader's rules: blank and comment lines are skipped,
+//! every other line starts with a timeline and a switch point, timelines increase and are all
+//! below the file's own. Switch points may go back (a cluster restored to a point before a
+//! later switch of its parent's line writes them so); [`TimelineHistory::tli_of`] reads them
+//! as PostgreSQL does. A file over [`MAX_HISTORY_LEN`] is refused.
 
 use utils::Lsn;
 
 /// The most bytes a history file may have here: a line per promotion, so a history of this
-/// size has tens of thousands of them.
-pub const MAX_HISTORY_LEN: usize = 1 << 20;
+/// size has about a thousand of them.
+pub const MAX_HISTORY_LEN: usize = 64 << 10;
 
 /// One earlier timeline of a history: its WAL is this line's below `switch`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,9 +64,10 @@ impl TimelineHistory {
             .map_err(|_| err("it is not text (invalid UTF-8)".to_owned()))?;
         let mut ancestors: Vec<HistoryEntry> = Vec::new();
         for (i, line) in text.lines().enumerate() {
-            // PostgreSQL skips comments and lines that start with white space.
-            let trimmed = line.trim_start();
-            if trimmed.is_empty() || trimmed.starts_with('#') || trimmed.len() != line.len() {
+            // PostgreSQL skips blank and comment lines, and reads the others from their first
+            // non-blank character.
+            let line = line.trim_start();
+            if line.is_empty() || line.starts_with('#') {
                 continue;
             }
             let mut fields = line.split(['\t', ' ']).filter(|f| !f.is_empty());
@@ -76,13 +80,8 @@ impl TimelineHistory {
                 .next()
                 .and_then(|f| f.parse().ok())
                 .ok_or_else(|| line_err("the switch point is not an LSN"))?;
-            if let Some(last) = ancestors.last() {
-                if id <= last.tli {
-                    return Err(line_err("the timelines do not increase"));
-                }
-                if switch < last.switch {
-                    return Err(line_err("the switch points go back"));
-                }
+            if ancestors.last().is_some_and(|last| id <= last.tli) {
+                return Err(line_err("the timelines do not increase"));
             }
             if id >= tli {
                 return Err(line_err(&format!(
@@ -94,13 +93,27 @@ impl TimelineHistory {
         Ok(TimelineHistory { tli, ancestors })
     }
 
-    /// The timeline whose WAL this line holds at `lsn` (PostgreSQL's `tliOfPointInHistory`:
-    /// a switch point belongs to the timeline after it).
+    /// The timeline whose WAL this line holds at `lsn`, as PostgreSQL's `tliOfPointInHistory`
+    /// reads a history: each timeline spans from the switch point before it (0 for the first)
+    /// to its own, the line's own from the last one on, newest first (a switch point belongs to
+    /// the timeline after it).
     pub fn tli_of(&self, lsn: Lsn) -> u32 {
-        self.ancestors
-            .iter()
-            .find(|e| lsn < e.switch)
-            .map_or(self.tli, |e| e.tli)
+        if self.ancestors.last().is_none_or(|last| lsn >= last.switch) {
+            return self.tli;
+        }
+        for (i, entry) in self.ancestors.iter().enumerate().rev() {
+            let begin = if i == 0 {
+                Lsn(0)
+            } else {
+                self.ancestors[i - 1].switch
+            };
+            if begin <= lsn && lsn < entry.switch {
+                return entry.tli;
+            }
+        }
+        // A point no span holds (switch points that went back leave such gaps): PostgreSQL
+        // answers the first timeline then.
+        self.ancestors.first().map_or(self.tli, |e| e.tli)
     }
 
     /// Where timeline `tli` stops being this line's: `Some(None)` for the line's own timeline
@@ -160,7 +173,6 @@ mod tests {
     fn a_file_that_breaks_the_rules_is_refused_with_its_line() {
         for (file, what) in [
             (&b"2\t0/100\tx\n1\t0/200\tx\n"[..], "do not increase"),
-            (b"1\t0/200\tx\n2\t0/100\tx\n", "go back"),
             (b"one\t0/200\n", "not a number"),
             (b"1\tsoon\n", "not an LSN"),
             (b"1\n", "not an LSN"),
@@ -174,11 +186,24 @@ mod tests {
         assert!(TimelineHistory::parse(3, &huge).is_err());
     }
 
+    #[test]
+    fn a_restore_before_its_parents_switch_reads_as_postgres_reads_it() {
+        // Timeline 2 left 1 at 0/5000100; a restore of timeline 2's line at 0/5000080 (before
+        // that switch: on timeline 1 still) was promoted to 3.
+        let h = TimelineHistory::parse(3, b"1\t0/5000100\tx\n  2\t0/5000080\ty\n").unwrap();
+        assert_eq!(h.tli_of(Lsn(0x5000000)), 1);
+        assert_eq!(h.tli_of(Lsn(0x5000080)), 3);
+        assert_eq!(h.tli_of(Lsn(0x5000100)), 3);
+    }
+
     proptest! {
         #[test]
         fn any_bytes_parse_or_fail_without_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             if let Ok(h) = TimelineHistory::parse(9, &bytes) {
-                prop_assert!(h.ancestors.windows(2).all(|w| w[0].tli < w[1].tli && w[0].switch <= w[1].switch));
+                prop_assert!(h.ancestors.windows(2).all(|w| w[0].tli < w[1].tli));
+                for lsn in [0u64, 1, 0x100, u64::MAX] {
+                    prop_assert!(h.timelines().any(|t| t == h.tli_of(Lsn(lsn))));
+                }
                 prop_assert!(h.ancestors.iter().all(|e| e.tli < 9));
             }
         }

@@ -79,8 +79,8 @@ pub struct Replay {
     pub end: Lsn,
     /// The timeline of the WAL at `end`, recovery's target timeline.
     pub tli: u32,
-    /// That timeline's history file (name, contents), when it is not timeline 1.
-    pub history: Option<(String, Vec<u8>)>,
+    /// The history files (name, contents) of that timeline's line past timeline 1.
+    pub history: Vec<(String, Vec<u8>)>,
     /// Whether the WAL stored goes on past `target`.
     pub goes_on: bool,
     /// Opened when the replay was planned, so that a rename of a segment (the one being
@@ -186,7 +186,7 @@ pub fn write_basebackup(
         conf.extend_from_slice(recovery_settings(replay).as_bytes());
         append_file(&mut tar, AUTO_CONF, mode, mtime, &conf)?;
         append_file(&mut tar, "recovery.signal", 0o600, mtime, b"")?;
-        if let Some((name, contents)) = &replay.history {
+        for (name, contents) in &replay.history {
             append_file(&mut tar, &format!("pg_wal/{name}"), 0o600, mtime, contents)?;
         }
         for (i, (name, file)) in replay.segments.iter().enumerate() {

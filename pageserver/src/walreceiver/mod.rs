@@ -1,7 +1,7 @@
 //! A stock PostgreSQL's WAL, streamed in as a replica's would be.
 //!
 //! Per timeline, at most one receiver: a thread of its own that holds a physical replication
-//! connection to the primary (`connection.rs`), decodes every byte it receives as it arrives
+//! connection to the primary (`connection.rs`, over TLS as `sslmode` asks: `tls.rs`), decodes every byte it receives as it arrives
 //! (`postgres_wal`: a stream that does not check is an error, never stored as WAL; records are
 //! checked as their bytes pass, none held whole), writes it into the timeline's WAL files
 //! (`wal_store.rs`) and reports back, after each batch of messages, what it received (write),

@@ -451,11 +451,16 @@ impl Session {
             });
         // The primary's line of timelines, its history files stored; the WAL held here must
         // be on it (`timelines.rs`).
-        let line = timelines::primary_line(&mut conn, ident.timeline, &store)?;
+        let (line, history_files) = timelines::primary_line(&mut conn, ident.timeline)?;
         let known = timelines::known_wal(timeline, stored, segment_size)?;
         if let Some(known) = &known {
-            timelines::check_line(&line, known)?;
+            // Its branches read its WAL up to their branch points: those must be on the
+            // primary's line too. (Not its snapshots: one imported from the new primary after
+            // a failover is on the new line, and its WAL up to it is the old line's.)
+            let fixed = timeline.branch_points().into_iter().max().unwrap_or(Lsn(0));
+            timelines::check_line(&line, known, fixed)?;
         }
+        timelines::store_history(&store, &history_files)?;
         // A branch with no WAL of its own: from the segment its ancestor's WAL ends in at the
         // branch point (the primary started from the branch has it, and nothing older).
         let branch_start = known
@@ -490,6 +495,9 @@ impl Session {
         })?;
         let mut store = store;
         store.start_at(start);
+        if let Some(stored) = stored {
+            store.verify_up_to(stored.valid_end);
+        }
         {
             let mut s = shared.state();
             s.state = StateName::Streaming;
@@ -560,7 +568,13 @@ impl Session {
                     while self.decoder.next_record()?.is_some() {}
                     self.store
                         .write(self.tli, start, &data)
-                        .map_err(ReceiverError::Io)?;
+                        .map_err(|e| match e.kind() {
+                            // Another history than the WAL stored: no retry changes it.
+                            std::io::ErrorKind::InvalidData => {
+                                ReceiverError::Refused(e.to_string())
+                            }
+                            _ => ReceiverError::Io(e),
+                        })?;
                     unflushed = true;
                     // A primary that sends faster than this drains would otherwise never see
                     // its WAL flushed while it sends.
@@ -624,20 +638,16 @@ impl Session {
     ) -> Result<(), ReceiverError> {
         let written = self.store.written();
         if at != written {
-            // The primary sent WAL of the old timeline past where the new one begins (which
-            // is not this line's: dropped), or less than up to it. Streamed again from the
-            // segment's start.
-            if at < written {
-                self.store.truncate_to(at).map_err(ReceiverError::Io)?;
-            }
-            return Err(ReceiverError::Connect(format!(
+            // PostgreSQL streams a timeline exactly to where the next one begins.
+            return Err(ReceiverError::Protocol(format!(
                 "the primary switched to timeline {next} at {at}, and its stream of timeline {} \
-                 ended at {written}: streaming again from the segment's start",
+                 ended at {written}",
                 self.tli
             )));
         }
-        let history = timelines::fetch_history(&mut self.conn, next, &self.store)?;
+        let (history, bytes) = timelines::fetch_history(&mut self.conn, next)?;
         timelines::check_switch(&history, self.tli, at)?;
+        timelines::store_history(&self.store, &[(next, bytes)])?;
         self.store
             .switch_timeline(next, at)
             .map_err(ReceiverError::Io)?;

@@ -140,9 +140,15 @@ fn segment_size_of(dir: &Path) -> Result<Option<u32>, String> {
     Ok(None)
 }
 
-/// Where `timeline`'s durable WAL ends: the end of the last whole record of its newest local
-/// segment, or where its WAL archive ends, the later; `None` when it has no WAL.
-pub fn durable_end(timeline: &Timeline) -> Option<Lsn> {
+/// Where `timeline`'s durable WAL ends: `flushed`, what its running receiver reported to the
+/// primary as fsynced, or, with none running, the end of the last whole record of its newest
+/// local segment (what a receiver started now resumes after); or where its WAL archive ends,
+/// if later. `None` when it has no WAL.
+pub fn durable_end(timeline: &Timeline, flushed: Option<Lsn>) -> Option<Lsn> {
+    let archived = timeline.remote_copy().and_then(|r| r.archived_lsn());
+    if flushed.is_some() {
+        return flushed.max(archived);
+    }
     let dir = timeline.dir().join(WAL_DIR);
     let local = segment_size_of(&dir).ok().flatten().and_then(|size| {
         let (segno, segment) = segment_files(&dir, size).ok()?.pop_last()?;
@@ -154,8 +160,20 @@ pub fn durable_end(timeline: &Timeline) -> Option<Lsn> {
         while let Ok(Some(_)) = decoder.next_record() {}
         Some(decoder.valid_end())
     });
-    let archived = timeline.remote_copy().and_then(|r| r.archived_lsn());
     local.max(archived)
+}
+
+/// The history file of PostgreSQL timeline `tli`, from the first of `sources` that has it.
+fn find_history(sources: &[WalSource], tli: u32) -> Result<Vec<u8>, String> {
+    let name = postgres_wal::segment::history_file_name(tli);
+    sources
+        .iter()
+        .find_map(|s| std::fs::read(s.timeline_dir.join(WAL_DIR).join(&name)).ok())
+        .ok_or_else(|| {
+            format!(
+                "the WAL is of PostgreSQL timeline {tli}, and its history file {name} is missing"
+            )
+        })
 }
 
 /// The file of segment `segno` in `timeline_dir`'s WAL, under the latest timeline stored for it.
@@ -216,7 +234,6 @@ pub fn replay_segments(
     // still the file opened.
     let mut segments: Vec<(String, File)> = Vec::new();
     let mut last_tli = 1;
-    let mut last_dir = PathBuf::new();
     for segno in segno_of(from)..=segno_of(to) {
         let found = listings
             .iter()
@@ -227,18 +244,27 @@ pub fn replay_segments(
                 postgres_wal::segment::segment_start(segno, size)
             ));
         };
-        let name = segment.file_name(size);
-        let missing = || format!("the WAL segment {name} went away while a restore read it");
-        // Looked up twice: a rename between the lookup and the open moves it once.
-        let file = find_file(&source.timeline_dir, &name)
-            .and_then(|path| File::open(path).ok())
-            .or_else(|| {
-                find_file(&source.timeline_dir, &name).and_then(|path| File::open(path).ok())
-            })
-            .ok_or_else(missing)?;
-        segments.push((name, file));
+        // Listed again if it went away: a segment that fills up is renamed once, one that a
+        // timeline switch moves as well.
+        let open = |segment: SegmentName| {
+            find_file(&source.timeline_dir, &segment.file_name(size))
+                .and_then(|path| File::open(path).ok())
+                .map(|file| (segment, file))
+        };
+        let relisted = || {
+            segment_files(&source.timeline_dir.join(WAL_DIR), size)
+                .ok()
+                .and_then(|files| files.get(&segno).copied())
+                .and_then(open)
+        };
+        let (segment, file) = open(segment).or_else(relisted).ok_or_else(|| {
+            format!(
+                "the WAL segment {} went away while a restore read it",
+                segment.file_name(size)
+            )
+        })?;
+        segments.push((segment.file_name(size), file));
         last_tli = segment.tli;
-        last_dir = source.timeline_dir.clone();
     }
     // Where the WAL given is cut: the end of the last record that ends at or before `to`,
     // decoded from the segment before the last one when there is one, so that a record that
@@ -283,22 +309,42 @@ pub fn replay_segments(
             return Err(format!("the timeline's WAL ends at {end}, before {to}"));
         }
     }
-    // A later timeline than the first: recovery follows the line its history file names.
-    let history = if last_tli > 1 {
-        let name = postgres_wal::segment::history_file_name(last_tli);
-        let path = last_dir.join(WAL_DIR).join(&name);
-        let bytes = std::fs::read(&path).map_err(|e| {
-            format!("the WAL is of timeline {last_tli}, and its history file {name}: {e}")
-        })?;
-        TimelineHistory::parse(last_tli, &bytes).map_err(|e| e.to_string())?;
-        Some((name, bytes))
-    } else {
-        None
-    };
+    // Recovery targets the PostgreSQL timeline the line holds at the cut (the last segment's
+    // file may be under a later one, when the cut is before a switch inside it: its bytes
+    // there are the earlier timeline's too, and it is named so), and follows the line its
+    // history file names; the history files of the line go with it.
+    let mut tli = last_tli;
+    if last_tli > 1 {
+        let bytes = find_history(sources, last_tli)?;
+        let line = TimelineHistory::parse(last_tli, &bytes).map_err(|e| e.to_string())?;
+        tli = line.tli_of(cut);
+    }
+    if tli != last_tli {
+        if let Some(last) = segments.last_mut() {
+            last.0 = SegmentName {
+                tli,
+                segno: segno_of(to),
+            }
+            .file_name(size);
+        }
+    }
+    let mut history = Vec::new();
+    if tli > 1 {
+        let bytes = find_history(sources, tli)?;
+        let line = TimelineHistory::parse(tli, &bytes).map_err(|e| e.to_string())?;
+        history.push((postgres_wal::segment::history_file_name(tli), bytes));
+        for earlier in line.timelines().filter(|t| *t > 1 && *t < tli) {
+            // Not needed by recovery (the target's file names the whole line), but by a
+            // `recovery_target_timeline = 'latest'` that looks for them in turn.
+            if let Ok(bytes) = find_history(sources, earlier) {
+                history.push((postgres_wal::segment::history_file_name(earlier), bytes));
+            }
+        }
+    }
     Ok(Some(Replay {
         target: to,
         end: cut,
-        tli: last_tli,
+        tli,
         history,
         goes_on: reached,
         segments,
@@ -400,8 +446,8 @@ mod tests {
         // No history file for timeline 2: refused, by name.
         let e = replay_segments(&sources(branch_point), from, branch_point).unwrap_err();
         assert!(e.contains("00000002.history"), "{e}");
-        let history = b"1\t0/5030D40\tno recovery target specified\n";
-        store.store_history(2, history).unwrap();
+        let history = format!("1\t{branch_point}\tno recovery target specified\n").into_bytes();
+        store.store_history(2, &history).unwrap();
         let replay = replay_segments(&sources(branch_point), from, branch_point)
             .unwrap()
             .unwrap();
@@ -413,8 +459,20 @@ mod tests {
         assert_eq!((replay.tli, replay.end), (2, branch_point));
         assert_eq!(
             replay.history,
-            Some(("00000002.history".to_owned(), history.to_vec()))
+            vec![("00000002.history".to_owned(), history.clone())]
         );
+        // Before the switch, in its segment: timeline 1's WAL, named so, and nothing of 2.
+        let before = Lsn(second.0 + 100_000);
+        let replay = replay_segments(&sources(branch_point), from, before)
+            .unwrap()
+            .unwrap();
+        let names: Vec<&str> = replay.segments.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            ["000000010000000000000004", "000000010000000000000005"]
+        );
+        assert_eq!(replay.tli, 1);
+        assert!(replay.end <= before && replay.history.is_empty());
         // Without the branch's own WAL, the ancestor's stops at the branch point's segment.
         let ancestor_only = &sources(Lsn(start.0 + 1000))[1..];
         let e = replay_segments(ancestor_only, from, branch_point).unwrap_err();

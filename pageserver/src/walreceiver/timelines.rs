@@ -21,6 +21,7 @@
 //! streams on. The WAL decoder goes on across the switch: the new timeline's first record
 //! names the old one's last.
 
+use bytes::Bytes;
 use postgres_wal::history::TimelineHistory;
 use postgres_wal::segment;
 use utils::Lsn;
@@ -43,35 +44,61 @@ pub(super) struct KnownWal {
     pub ancestor_goes_on: bool,
 }
 
-/// The history of the primary's timeline `tli`, with the history files of its line stored.
+/// The history of the primary's timeline `tli` (which names the whole line), with the history
+/// files of the line it could read: its own, required, and its ancestors', where the primary
+/// still has them (a cluster restored from a basebackup has its target's alone). Stored only
+/// once checked ([`store_history`]).
 pub(super) fn primary_line(
     conn: &mut ReplicationConnection,
     tli: u32,
-    store: &WalStore,
-) -> Result<TimelineHistory, ReceiverError> {
+) -> Result<(TimelineHistory, Vec<(u32, Bytes)>), ReceiverError> {
     if tli <= 1 {
-        return Ok(TimelineHistory::first(tli));
+        return Ok((TimelineHistory::first(tli), Vec::new()));
     }
-    let history = fetch_history(conn, tli, store)?;
+    let (history, bytes) = fetch_history(conn, tli)?;
+    let mut files = vec![(tli, bytes)];
     for earlier in history.timelines().filter(|t| *t > 1 && *t < tli) {
-        fetch_history(conn, earlier, store)?;
+        // One the primary no longer has answers an error, and the connection goes on.
+        if let Ok((_, bytes)) = fetch_history(conn, earlier) {
+            files.push((earlier, bytes));
+        }
     }
-    Ok(history)
+    Ok((history, files))
 }
 
-/// Timeline `tli`'s history file from the primary, checked, and stored.
+/// Timeline `tli`'s history file from the primary, checked.
 pub(super) fn fetch_history(
     conn: &mut ReplicationConnection,
     tli: u32,
-    store: &WalStore,
-) -> Result<TimelineHistory, ReceiverError> {
+) -> Result<(TimelineHistory, Bytes), ReceiverError> {
     let bytes = conn.timeline_history(tli)?;
     let history = TimelineHistory::parse(tli, &bytes)
         .map_err(|e| ReceiverError::Protocol(format!("TIMELINE_HISTORY {tli}: {e}")))?;
-    store
-        .store_history(tli, &bytes)
-        .map_err(ReceiverError::io)?;
-    Ok(history)
+    Ok((history, bytes))
+}
+
+/// Stores history files from the primary with the WAL. One stored already must be the same:
+/// two histories of one timeline are two clusters (each restored from the same point and
+/// promoted), and the WAL here is the other's.
+pub(super) fn store_history(store: &WalStore, files: &[(u32, Bytes)]) -> Result<(), ReceiverError> {
+    for (tli, bytes) in files {
+        let name = segment::history_file_name(*tli);
+        match std::fs::read(store.dir().join(&name)) {
+            Ok(stored) if stored[..] != bytes[..] => {
+                return Err(ReceiverError::Refused(format!(
+                    "the primary's history file {name} differs from the one stored with this \
+                     timeline's WAL: the primary is another cluster promoted to the same \
+                     timeline"
+                )))
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => store
+                .store_history(*tli, bytes)
+                .map_err(ReceiverError::io)?,
+            Err(e) => return Err(ReceiverError::Io(e)),
+        }
+    }
+    Ok(())
 }
 
 /// What the timeline holds already (see [`KnownWal`]): its own stored WAL, else its archive,
@@ -129,9 +156,22 @@ pub(super) fn known_wal(
     }
 }
 
-/// Checks that `known` is on the primary's line `primary` (see the module documentation).
-pub(super) fn check_line(primary: &TimelineHistory, known: &KnownWal) -> Result<(), ReceiverError> {
+/// Checks that `known` is on the primary's line `primary` (see the module documentation), and
+/// so is `fixed`, the newest point the timeline's WAL is read to besides (a branch point).
+pub(super) fn check_line(
+    primary: &TimelineHistory,
+    known: &KnownWal,
+    fixed: Lsn,
+) -> Result<(), ReceiverError> {
     let refuse = |why: String| Err(ReceiverError::Refused(why));
+    let known = &KnownWal {
+        end: if known.branch_lsn.is_none() {
+            known.end.max(fixed)
+        } else {
+            known.end
+        },
+        ..*known
+    };
     match (primary.end_of(known.tli), known.branch_lsn) {
         (None, _) => refuse(format!(
             "the primary is on timeline {}, which does not descend from timeline {} that this \
@@ -199,13 +239,16 @@ mod tests {
             branch_lsn: None,
             ancestor_goes_on: false,
         };
-        check_line(&primary, &known(1, 0x5000100)).unwrap();
-        check_line(&primary, &known(1, 0x4000000)).unwrap();
-        check_line(&primary, &known(2, 0x6000000)).unwrap();
-        let e = check_line(&primary, &known(1, 0x5000200)).unwrap_err();
+        check_line(&primary, &known(1, 0x5000100), Lsn(0)).unwrap();
+        check_line(&primary, &known(1, 0x4000000), Lsn(0)).unwrap();
+        check_line(&primary, &known(2, 0x6000000), Lsn(0)).unwrap();
+        let e = check_line(&primary, &known(1, 0x5000200), Lsn(0)).unwrap_err();
         assert!(e.to_string().contains("without all of that WAL"), "{e}");
-        let e = check_line(&primary, &known(3, 0x5000200)).unwrap_err();
+        let e = check_line(&primary, &known(3, 0x5000200), Lsn(0)).unwrap_err();
         assert!(e.to_string().contains("does not descend"), "{e}");
+        // A branch point past the switch: the branch read another history there.
+        let e = check_line(&primary, &known(1, 0x4000000), Lsn(0x5000108)).unwrap_err();
+        assert!(e.to_string().contains("without all of that WAL"), "{e}");
         assert!(e.is_permanent());
     }
 
@@ -218,11 +261,21 @@ mod tests {
             ancestor_goes_on: true,
         };
         let promoted_at = |s: &str| line(2, &format!("1\t{s}\tno recovery target specified\n"));
-        check_line(&promoted_at("0/5000100"), &branch(0x5000100, 0x5000118)).unwrap();
-        check_line(&promoted_at("0/5000118"), &branch(0x5000100, 0x5000118)).unwrap();
+        check_line(
+            &promoted_at("0/5000100"),
+            &branch(0x5000100, 0x5000118),
+            Lsn(0),
+        )
+        .unwrap();
+        check_line(
+            &promoted_at("0/5000118"),
+            &branch(0x5000100, 0x5000118),
+            Lsn(0),
+        )
+        .unwrap();
         // Left before the branch's WAL ends, or after the branch point: another history.
         for s in ["0/50000F0", "0/5000120"] {
-            let e = check_line(&promoted_at(s), &branch(0x5000100, 0x5000118)).unwrap_err();
+            let e = check_line(&promoted_at(s), &branch(0x5000100, 0x5000118), Lsn(0)).unwrap_err();
             assert!(
                 e.to_string().contains("not started from this branch"),
                 "{e}"
@@ -230,14 +283,19 @@ mod tests {
         }
         // On the ancestor's timeline, which went on past the branch point: the ancestor's
         // primary itself, or a copy never promoted.
-        let e = check_line(&TimelineHistory::first(1), &branch(0x5000100, 0x5000118)).unwrap_err();
+        let e = check_line(
+            &TimelineHistory::first(1),
+            &branch(0x5000100, 0x5000118),
+            Lsn(0),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("not promoted"), "{e}");
         // The ancestor's WAL ends at the branch point: nothing tells the two apart.
         let at_the_end = KnownWal {
             ancestor_goes_on: false,
             ..branch(0x5000100, 0x5000118)
         };
-        check_line(&TimelineHistory::first(1), &at_the_end).unwrap();
+        check_line(&TimelineHistory::first(1), &at_the_end, Lsn(0)).unwrap();
     }
 
     #[test]

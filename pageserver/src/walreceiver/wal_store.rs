@@ -11,7 +11,14 @@
 //! (`postgres_wal`): every byte up to the end of the last whole, checked record is WAL as the
 //! primary wrote it. Streaming resumes from the start of that segment, so the file is written
 //! again from its first byte with the same bytes, and nothing depends on whether the last
-//! write before a crash reached the disk.
+//! write before a crash reached the disk. The same bytes: up to that end each one is compared
+//! with the byte stored first ([`WalStore::verify_up_to`]), so a primary with another history
+//! under the same timeline never overwrites this one.
+//!
+//! A switch of PostgreSQL timeline inside a segment moves the segment to the new timeline's
+//! name ([`WalStore::switch_timeline`]): its bytes before the switch are the new timeline's
+//! too, as PostgreSQL copies them, and a stream of the old timeline over it later writes into
+//! that file.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -37,6 +44,9 @@ pub struct WalStore {
     written: Lsn,
     /// Just past the last byte fsynced.
     flushed: Lsn,
+    /// WAL stored before, which the stream goes over again: every byte below it must be the
+    /// byte stored (see [`WalStore::verify_up_to`]).
+    verify_below: Lsn,
 }
 
 /// What a store found on disk when it opened.
@@ -80,6 +90,7 @@ impl WalStore {
             current: None,
             written: Lsn(0),
             flushed: Lsn(0),
+            verify_below: Lsn(0),
         };
         Ok((store, stored))
     }
@@ -94,6 +105,14 @@ impl WalStore {
         self.current = None;
         self.written = lsn;
         self.flushed = lsn;
+    }
+
+    /// The stream goes over WAL stored before, up to `end` (its last whole record's end): the
+    /// bytes must be those stored, or the primary's history is another one than the WAL's here
+    /// (a cluster forked from the same point, with the same timeline), and writing would
+    /// change it. A write that differs fails with [`io::ErrorKind::InvalidData`].
+    pub fn verify_up_to(&mut self, end: Lsn) {
+        self.verify_below = end;
     }
 
     pub fn written(&self) -> Lsn {
@@ -118,7 +137,24 @@ impl WalStore {
             let segment = SegmentName::of(tli, self.written, self.segment_size);
             let offset = self.written.0 % size;
             let n = bytes.len().min((size - offset) as usize);
+            let verify = self.verify_below;
+            let written = self.written;
             let file = self.file_for(segment)?;
+            if written < verify {
+                let len = n.min((verify.0 - written.0) as usize);
+                let mut stored = vec![0u8; len];
+                file.read_exact_at(&mut stored, offset)?;
+                if let Some(i) = stored.iter().zip(&bytes[..len]).position(|(a, b)| a != b) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "the primary's WAL at {} differs from the WAL stored there: its \
+                             history is another one (a cluster forked from the same point)",
+                            Lsn(written.0 + i as u64)
+                        ),
+                    ));
+                }
+            }
             file.write_all_at(&bytes[..n], offset)?;
             self.written = Lsn(self.written.0 + n as u64);
             bytes = &bytes[n..];
@@ -160,6 +196,7 @@ impl WalStore {
             }
             let file = OpenOptions::new()
                 .create(true)
+                .read(true)
                 .write(true)
                 .truncate(false)
                 .open(&partial)?;
@@ -227,35 +264,6 @@ impl WalStore {
         ));
         crashsafe::rename_durably(&from, &to).map_err(|e| io::Error::other(e.to_string()))?;
         self.current = Some((renamed, file));
-        Ok(())
-    }
-
-    /// Drops what was written past `at` (WAL of a timeline the primary left before it sent
-    /// it: not this line's), zeroed in the file of the segment being filled, durably.
-    /// Refused when that WAL reaches back into an earlier segment.
-    pub fn truncate_to(&mut self, at: Lsn) -> io::Result<()> {
-        if at >= self.written {
-            return Ok(());
-        }
-        let size = u64::from(self.segment_size);
-        let Some((segment, file)) = &self.current else {
-            return Err(io::Error::other(format!(
-                "WAL written to {} is to end at {at}, and no segment is being filled",
-                self.written
-            )));
-        };
-        if at < segment.start(self.segment_size) {
-            return Err(io::Error::other(format!(
-                "WAL written to {} is to end at {at}, in an earlier segment than {segment}",
-                self.written
-            )));
-        }
-        let from = at.0 % size;
-        let to = (self.written.0 - segment.start(self.segment_size).0).min(size);
-        file.write_all_at(&vec![0u8; (to - from) as usize], from)?;
-        file.sync_data()?;
-        self.written = at;
-        self.flushed = at;
         Ok(())
     }
 
@@ -451,25 +459,5 @@ mod tests {
         );
         let first = std::fs::read(wal_dir.join(name(2, start))).unwrap();
         assert_eq!(&first[..], &wal.bytes()[..SEG as usize]);
-    }
-
-    #[test]
-    fn wal_past_a_switch_point_is_dropped_durably() {
-        let dir = tempfile::tempdir().unwrap();
-        let start = Lsn(2 * SEG as u64);
-        let mut wal = WalBuilder::new(start, SEG);
-        wal.main_data_record(RM_HEAP_ID, 0, 1, &[1; 5000]);
-        let switch = wal.end();
-        wal.main_data_record(RM_HEAP_ID, 0, 2, &[2; 5000]);
-        let (mut store, _) = WalStore::open(dir.path(), SEG).unwrap();
-        store.start_at(start);
-        store.write(1, start, wal.bytes()).unwrap();
-        store.flush().unwrap();
-        store.truncate_to(switch).unwrap();
-        assert_eq!((store.written(), store.flushed()), (switch, switch));
-        assert!(store.truncate_to(Lsn(start.0 - 8)).is_err());
-        drop(store);
-        let (_, stored) = WalStore::open(dir.path(), SEG).unwrap();
-        assert_eq!(stored.unwrap().valid_end, switch);
     }
 }

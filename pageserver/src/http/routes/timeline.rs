@@ -134,6 +134,7 @@ pub async fn timeline_create(
                 .map_err(|e| ApiError::bad_request(format!("ancestor_start_lsn {text:?}: {e}")))?,
         ),
     };
+    let receivers = state.receivers.clone();
     let timeline = blocking(move || {
         Ok(match ancestor {
             Some(ancestor) => {
@@ -143,7 +144,12 @@ pub async fn timeline_create(
                         .get_timeline(ancestor)
                         .ok()
                         .filter(|t| lsn > t.last_record_lsn())
-                        .and_then(|t| replay_plan::durable_end(&t)),
+                        .and_then(|t| {
+                            let flushed = receivers
+                                .state(t.tenant_id(), t.timeline_id())
+                                .and_then(|s| s.flushed_lsn);
+                            replay_plan::durable_end(&t, flushed)
+                        }),
                     None => None,
                 };
                 tenant.create_branch_within(id, ancestor, start_lsn, wal_end)?

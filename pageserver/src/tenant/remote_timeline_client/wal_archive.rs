@@ -43,7 +43,7 @@ use utils::Lsn;
 
 use super::upload_plan::UploadPlan;
 use super::wal_commits::CommitScan;
-use super::wal_index::{ArchivedFile, WalIndex, PARTIAL_SUFFIX};
+use super::wal_index::{ArchivedFile, WalIndex, MAX_HISTORY_FILES, PARTIAL_SUFFIX};
 use super::{count, lock, RemoteClientError, RemoteTimelineClient};
 use crate::io::transfer_file::TransferFile;
 use crate::tenant::timeline::WAL_DIR;
@@ -584,7 +584,16 @@ fn history_files(dir: &Path) -> io::Result<Vec<(String, String)>> {
         let Some(tli) = postgres_wal::segment::parse_history_file_name(name) else {
             continue;
         };
+        if found.len() == MAX_HISTORY_FILES {
+            tracing::warn!(
+                "{}: more than {MAX_HISTORY_FILES} history files: the rest are not archived",
+                dir.display()
+            );
+            break;
+        }
         let bytes = std::fs::read(entry.path())?;
+        // Checked as the index's reader checks it (its length too), so that no index
+        // published is one a later load refuses.
         match postgres_wal::history::TimelineHistory::parse(tli, &bytes) {
             Ok(_) => found.push((
                 name.to_owned(),
@@ -599,7 +608,10 @@ fn history_files(dir: &Path) -> io::Result<Vec<(String, String)>> {
 /// Writes history file `name` into `dir`, durably (its contents come from the index).
 fn write_history(dir: &Path, name: &str, contents: &str) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!("{name}.download"));
+    // A name of its own: two restores may fetch the same file at once.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{name}.download-{n}"));
     std::fs::write(&tmp, contents)?;
     std::fs::File::open(&tmp)?.sync_all()?;
     crate::io::crashsafe::rename_durably(&tmp, &dir.join(name)).map_err(io::Error::other)

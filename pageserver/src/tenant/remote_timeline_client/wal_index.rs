@@ -50,9 +50,9 @@ pub const PARTIAL_SUFFIX: &str = ".partial";
 pub const WAL_PREFIX: &str = "wal";
 /// Far beyond a connection string and two names.
 const MAX_RECEIVER_SETTINGS_BYTES: usize = 16 << 10;
-/// History files: each at most this long, and at most this many, in an index.
-const MAX_HISTORY_BYTES: usize = 64 << 10;
-const MAX_HISTORY_FILES: usize = 1024;
+/// History files: each at most `postgres_wal::history::MAX_HISTORY_LEN` long (the parser
+/// refuses longer ones), and at most this many in an index.
+pub const MAX_HISTORY_FILES: usize = 1024;
 
 /// One WAL object the section lists.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -335,12 +335,6 @@ impl WalIndex {
             let tli = parse_history_file_name(name).ok_or_else(|| {
                 format!("wal.history: {name:?} is not a history file name (00000002.history)")
             })?;
-            if contents.len() > MAX_HISTORY_BYTES {
-                return Err(format!(
-                    "wal.history: {name}: {} bytes, more than {MAX_HISTORY_BYTES}",
-                    contents.len()
-                ));
-            }
             TimelineHistory::parse(tli, contents.as_bytes())
                 .map_err(|e| format!("wal.history: {e}"))?;
         }
