@@ -1,11 +1,13 @@
 //! The WAL decoder (`postgres_wal`), fed what a primary or a file could hold: never panics,
 //! decodes the same records with the same error whatever the chunks the bytes arrive in, hands
-//! back only records whose CRC-32C and length check, and their parts never point outside them.
+//! back only records whose CRC-32C and length check, and their parts never point outside them;
+//! their full-page images restore to pages or fail, never read or write out of bounds.
 //!
 //! The input's first byte picks the chunk size; the rest is WAL from its first page's address
 //! with its segment size when its first page has a long header that says both, else from the
 //! start of segment 1 of 1 MiB segments.
 
+use postgres_wal::image::restore_page;
 use postgres_wal::page::{PageHeader, LONG_HEADER_LEN};
 use postgres_wal::record::{parse_parts, RECORD_HEADER_LEN};
 use postgres_wal::segment::is_valid_segment_size;
@@ -37,6 +39,10 @@ pub fn check(input: &[u8]) {
             for block in &parts.blocks {
                 assert!(block.image_range.end <= record.bytes.len());
                 assert!(block.data_range.end <= record.bytes.len());
+                // An image restores to a page or fails, whatever its bytes and compression.
+                if let Some(image) = &block.image {
+                    let _ = restore_page(image, &record.bytes[block.image_range.clone()]);
+                }
             }
             assert_eq!(parts.main_data.end, record.bytes.len());
         }

@@ -3,6 +3,7 @@
 //! - [`segment`]: WAL file names (`000000010000000000000003`, `00000002.history`) and the
 //!   arithmetic between LSNs and segments;
 //! - [`history`]: timeline history files, the line of timelines a timeline descends from;
+//! - [`image`]: full-page images back to their pages (pglz, LZ4 and Zstandard, the hole);
 //! - [`page`]: the header every 8 KiB WAL page starts with;
 //! - [`decoder`]: [`WalDecoder`], fed the WAL in order in chunks of any size (a replication
 //!   stream, a segment file) and handing back whole records, each checked: every page's
@@ -17,6 +18,7 @@
 
 pub mod decoder;
 pub mod history;
+pub mod image;
 pub mod page;
 pub mod record;
 pub mod segment;

@@ -1,13 +1,16 @@
 //! `pagectl wal`: the records of WAL segment files, one line each, as the page server's decoder
 //! reads and checks them (`postgres_wal`), in the fields `pg_waldump` prints, so the two can be
-//! compared line by line.
+//! compared line by line. With `--blocks`, each record's block references follow it, one line
+//! each in `pg_waldump --bkp-details`'s words; every full-page image is restored to its page
+//! (decompressed, its hole filled) and checked against the page header it carries.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
+use postgres_wal::image::{restore_page, Compression};
 use postgres_wal::page::{PageHeader, LONG_HEADER_LEN};
-use postgres_wal::record::{parse_parts, rmgr_name};
+use postgres_wal::record::{parse_parts, rmgr_name, BlockRef};
 use postgres_wal::xact::xact_end;
 use postgres_wal::{segment, Lsn, WalDecoder, XLOG_PAGE_MAGIC};
 
@@ -18,6 +21,9 @@ pub struct WalArgs {
     /// Segment files, consecutive, in order (as `pg_wal/` holds them).
     #[arg(required = true)]
     files: Vec<PathBuf>,
+    /// Each record's block references too, and every full-page image restored and checked.
+    #[arg(long)]
+    blocks: bool,
 }
 
 /// Prints every record of `args.files`, then where the WAL ends and why.
@@ -82,6 +88,16 @@ pub fn wal(args: WalArgs, out: &mut impl Write) -> Result<(), Error> {
                         ));
                     }
                     writeln!(out, "{line}")?;
+                    if args.blocks {
+                        for block in &parts.blocks {
+                            let line =
+                                block_line(block, &record.bytes).map_err(|e| Error::Path {
+                                    path: path.clone(),
+                                    message: format!("the record at {}: {e}", record.start),
+                                })?;
+                            writeln!(out, "{line}")?;
+                        }
+                    }
                 }
                 Ok(None) => break,
                 Err(e) => {
@@ -95,4 +111,61 @@ pub fn wal(args: WalArgs, out: &mut impl Write) -> Result<(), Error> {
         writeln!(out, "end={} (the end of the files)", decoder.valid_end())?;
     }
     Ok(())
+}
+
+/// PostgreSQL's fork names.
+const FORKS: [&str; 4] = ["main", "fsm", "vm", "init"];
+
+/// A block reference as `pg_waldump --bkp-details` prints it; its image restored and checked.
+fn block_line(block: &BlockRef, record: &[u8]) -> Result<String, String> {
+    let fork = FORKS
+        .get(usize::from(block.fork))
+        .ok_or_else(|| format!("block reference {}: fork {}", block.id, block.fork))?;
+    let rel = block.rel;
+    let mut line = format!(
+        "\tblkref #{}: rel {}/{}/{} fork {fork} blk {}",
+        block.id, rel.spcnode, rel.dbnode, rel.relnode, block.block
+    );
+    let Some(image) = block.image else {
+        return Ok(line);
+    };
+    let bytes = record.get(block.image_range.clone()).ok_or_else(|| {
+        format!(
+            "block reference {}: its image is outside the record",
+            block.id
+        )
+    })?;
+    let page =
+        restore_page(&image, bytes).map_err(|e| format!("block reference {}: {e}", block.id))?;
+    // A standard page's hole is its free space: the header says where it is.
+    let lower = u16::from_le_bytes([page[12], page[13]]);
+    let upper = u16::from_le_bytes([page[14], page[15]]);
+    if image.hole_len > 0
+        && (lower, upper) != (image.hole_offset, image.hole_offset + image.hole_len)
+    {
+        return Err(format!(
+            "block reference {}: the restored page's free space is {lower}..{upper}, the image's hole {}..{}",
+            block.id,
+            image.hole_offset,
+            image.hole_offset + image.hole_len
+        ));
+    }
+    let verification = if image.apply() {
+        ""
+    } else {
+        " for WAL verification"
+    };
+    line.push_str(&format!(
+        " (FPW{verification}); hole: offset: {}, length: {}",
+        image.hole_offset, image.hole_len
+    ));
+    let method = Compression::of(&image);
+    if method != Compression::None {
+        let saved = postgres_wal::BLCKSZ - usize::from(image.hole_len) - usize::from(image.len);
+        line.push_str(&format!(
+            ", compression saved: {saved}, method: {}",
+            method.name()
+        ));
+    }
+    Ok(line)
 }
