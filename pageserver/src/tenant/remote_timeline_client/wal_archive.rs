@@ -401,11 +401,17 @@ impl RemoteTimelineClient {
             .unwrap_or_else(|| CommitScan::new(segno, size));
         let path = path.to_owned();
         let fed = blocking(move || {
-            // A tail that filled up since it was uploaded has its final name now.
-            let whole = path.to_str().and_then(|p| p.strip_suffix(PARTIAL_SUFFIX));
-            let path = match whole {
-                Some(whole) if !path.exists() => PathBuf::from(whole),
-                _ => path,
+            // A tail that filled up since it was uploaded has its final name now, and one a
+            // timeline switch moved has a later timeline's (its first `len` bytes the same).
+            let path = if path.exists() {
+                path
+            } else {
+                let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+                segment_files_in(&dir, size)?
+                    .into_iter()
+                    .filter(|f| f.segment.segno == segno)
+                    .max_by_key(|f| (f.segment.tli, !f.partial))
+                    .map_or(path, |f| f.path)
             };
             let result = scan.feed_file(&path, segno, len);
             Ok((scan, result))
