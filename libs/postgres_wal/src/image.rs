@@ -162,17 +162,26 @@ fn zstd_decompress(input: &[u8], out: &mut [u8]) -> Result<(), String> {
     let bad = |e: ruzstd::decoding::errors::FrameDecoderError| {
         format!("the Zstandard image does not decompress: {e}")
     };
-    let mut decoder = ruzstd::decoding::FrameDecoder::new();
+    // One decoder per thread, reset for each frame: a new one allocates its tables and
+    // buffers anew, which costs more than decoding a page.
+    thread_local! {
+        static DECODER: std::cell::RefCell<ruzstd::decoding::FrameDecoder> =
+            std::cell::RefCell::new(ruzstd::decoding::FrameDecoder::new());
+    }
     let mut source = input;
-    decoder.init(&mut source).map_err(bad)?;
-    decoder
-        .decode_blocks(
-            &mut source,
-            ruzstd::decoding::BlockDecodingStrategy::UptoBytes(out.len() + 1),
-        )
-        .map_err(bad)?;
-    let got = decoder.collect().unwrap_or_default();
-    if !decoder.is_finished() || got.len() != out.len() || !source.is_empty() {
+    let (got, finished) = DECODER.with(|decoder| {
+        let mut decoder = decoder.borrow_mut();
+        decoder.reset(&mut source).map_err(bad)?;
+        decoder
+            .decode_blocks(
+                &mut source,
+                ruzstd::decoding::BlockDecodingStrategy::UptoBytes(out.len() + 1),
+            )
+            .map_err(bad)?;
+        let got = decoder.collect().unwrap_or_default();
+        Ok::<_, String>((got, decoder.is_finished()))
+    })?;
+    if !finished || got.len() != out.len() || !source.is_empty() {
         return Err(format!(
             "the Zstandard image makes {} bytes from its {}, not the {} of the page less its hole",
             got.len(),
