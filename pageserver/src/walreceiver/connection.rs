@@ -80,12 +80,13 @@ impl ReplicationConnection {
             .map_err(ReceiverError::io)?;
         tcp.set_write_timeout(Some(timeout))
             .map_err(ReceiverError::io)?;
-        let stream = tls::negotiate(tcp, conn)?;
+        let setup_deadline = Instant::now() + SETUP_DEADLINE;
+        let stream = tls::negotiate(tcp, conn, setup_deadline)?;
         let mut c = ReplicationConnection {
             stream,
             read_buf: BytesMut::with_capacity(64 << 10),
             write_buf: BytesMut::new(),
-            setup_deadline: Instant::now() + SETUP_DEADLINE,
+            setup_deadline,
             step_timeout: timeout,
         };
         let mut params = vec![

@@ -62,6 +62,35 @@ fn tls_answer(
 }
 
 #[test]
+fn a_primary_that_trickles_its_tls_handshake_is_given_up_at_the_deadline() {
+    let conn = fake_primary(|mut s| {
+        let mut request = [0u8; 8];
+        s.read_exact(&mut request).unwrap();
+        // S, then the head of a 16 KiB handshake record, then a byte at a time.
+        let _ = s.write_all(b"S\x16\x03\x03\x40\x00");
+        for _ in 0..100 {
+            std::thread::sleep(Duration::from_millis(100));
+            if s.write_all(b"\x02").is_err() {
+                return;
+            }
+        }
+    });
+    let conn = ConnString::parse(&format!("{conn} sslmode=require")).unwrap();
+    let tcp = TcpStream::connect((conn.host.as_str(), conn.port)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let started = Instant::now();
+    let Err(e) = super::tls::negotiate(tcp, &conn, started + Duration::from_secs(2)) else {
+        panic!("a handshake that never ends ended");
+    };
+    assert!(e.to_string().contains("deadline"), "{e}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
 fn tls_is_asked_for_and_a_refusal_or_a_lie_is_an_error_not_the_clear() {
     // sslmode=require: a primary without TLS is refused, never spoken to in the clear.
     let Err(e) = tls_answer(b"N", "require") else {

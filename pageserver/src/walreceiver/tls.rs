@@ -13,12 +13,14 @@
 //!
 //! The one byte of the answer is read from the socket before the handshake, and nothing
 //! else: bytes a server (or a man in the middle) sends after it are TLS records to rustls,
-//! never protocol messages read in the clear. The socket keeps its timeouts; every read and
-//! write of the handshake is bounded by them.
+//! never protocol messages read in the clear. Every read and write of the handshake waits at
+//! most the socket's timeouts, and the whole of it ends by the setup's deadline: a primary that
+//! trickles its handshake cannot hold the receiver.
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
+use std::time::Instant;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
@@ -80,8 +82,13 @@ impl Write for Transport {
     }
 }
 
-/// Asks for TLS on `tcp` as `conn.sslmode` says, and shakes hands if the primary agrees.
-pub(super) fn negotiate(mut tcp: TcpStream, conn: &ConnString) -> Result<Transport, ReceiverError> {
+/// Asks for TLS on `tcp` as `conn.sslmode` says, and shakes hands if the primary agrees, by
+/// `deadline`.
+pub(super) fn negotiate(
+    mut tcp: TcpStream,
+    conn: &ConnString,
+    deadline: Instant,
+) -> Result<Transport, ReceiverError> {
     if matches!(conn.sslmode, SslMode::Disable | SslMode::Allow) {
         return Ok(Transport::Plain(tcp));
     }
@@ -111,10 +118,66 @@ pub(super) fn negotiate(mut tcp: TcpStream, conn: &ConnString) -> Result<Transpo
     }
     let mut tls = ClientConnection::new(Arc::new(config), server_name)
         .map_err(|e| ReceiverError::Settings(format!("TLS: {e}")))?;
+    // Driven a read at a time (rustls' own `complete_io` would go on reading for as long as
+    // bytes trickle in), each read within the socket's timeout and the setup's deadline.
+    let step = tcp.read_timeout().ok().flatten();
     while tls.is_handshaking() {
-        tls.complete_io(&mut tcp)
+        while tls.wants_write() {
+            tls.write_tls(&mut tcp)
+                .map_err(|e| handshake_error(e, conn))?;
+        }
+        if !tls.is_handshaking() {
+            break;
+        }
+        if !tls.wants_read() {
+            // Neither to send nor to read while the handshake is not done: nothing would
+            // move it on.
+            return Err(ReceiverError::Protocol(
+                "the TLS handshake stalled with nothing to send or read".to_owned(),
+            ));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ReceiverError::Connect(
+                "the primary did not finish the TLS handshake by the setup's deadline".to_owned(),
+            ));
+        }
+        let wait = step.map_or(left, |s| s.min(left));
+        tcp.set_read_timeout(Some(wait))
+            .map_err(ReceiverError::io)?;
+        let read = match tls.read_tls(&mut tcp) {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(ReceiverError::Connect(if Instant::now() >= deadline {
+                    "the primary did not finish the TLS handshake by the setup's deadline"
+                        .to_owned()
+                } else {
+                    format!("the primary sent nothing for {wait:?} during the TLS handshake")
+                }))
+            }
+            read => read.map_err(|e| handshake_error(e, conn))?,
+        };
+        if read == 0 {
+            return Err(ReceiverError::Connect(
+                "the primary closed the connection during the TLS handshake".to_owned(),
+            ));
+        }
+        tls.process_new_packets().map_err(|e| {
+            ReceiverError::Refused(format!(
+                "the TLS handshake with the primary failed (sslmode={}): {e}",
+                conn.sslmode
+            ))
+        })?;
+    }
+    while tls.wants_write() {
+        tls.write_tls(&mut tcp)
             .map_err(|e| handshake_error(e, conn))?;
     }
+    tcp.set_read_timeout(step).map_err(ReceiverError::io)?;
     Ok(Transport::Tls(Box::new(StreamOwned::new(tls, tcp))))
 }
 
