@@ -5,8 +5,8 @@
 //! by pglz, LZ4 or Zstandard. [`restore_page`] undoes both, as PostgreSQL's
 //! `RestoreBlockImage` does, and checks what it is given: the decompressed bytes must be
 //! exactly the page less its hole, whatever the stream claims, and no method reads or writes
-//! outside its buffers (pglz is decoded here with every reference checked; LZ4 and Zstandard
-//! by pure-Rust decoders bounded by the output size).
+//! outside its buffers or makes more than a page (pglz is decoded here with every reference
+//! checked; LZ4 by `lz4_flex` and Zstandard by libzstd, each into a page-sized buffer).
 
 use crate::record::{
     BlockImage, BKPIMAGE_COMPRESS_LZ4, BKPIMAGE_COMPRESS_PGLZ, BKPIMAGE_COMPRESS_ZSTD,
@@ -149,8 +149,8 @@ pub fn pglz_decompress(input: &[u8], out: &mut [u8]) -> Result<(), String> {
 
 /// One Zstandard frame, into exactly `out`. PostgreSQL's `ZSTD_compress` of a page writes a
 /// single-segment frame that names its content size; only such a frame is taken, and its size
-/// must be `out`'s, so the decoder's window is at most a page. Blocks are decoded only until
-/// more than `out` would come out: a frame of blocks that expand without end stops there.
+/// must be `out`'s. libzstd decompresses it straight into `out` (a frame that would make more
+/// fails there, whatever its blocks claim), its window bounded to a page's.
 fn zstd_decompress(input: &[u8], out: &mut [u8]) -> Result<(), String> {
     let size = zstd_content_size(input)?;
     if size != out.len() as u64 {
@@ -159,37 +159,33 @@ fn zstd_decompress(input: &[u8], out: &mut [u8]) -> Result<(), String> {
             out.len()
         ));
     }
-    let bad = |e: ruzstd::decoding::errors::FrameDecoderError| {
-        format!("the Zstandard image does not decompress: {e}")
-    };
-    // One decoder per thread, reset for each frame: a new one allocates its tables and
-    // buffers anew, which costs more than decoding a page.
+    // One context per thread: a new one allocates its tables anew, which costs more than
+    // decompressing a page.
     thread_local! {
-        static DECODER: std::cell::RefCell<ruzstd::decoding::FrameDecoder> =
-            std::cell::RefCell::new(ruzstd::decoding::FrameDecoder::new());
+        static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+            const { std::cell::RefCell::new(None) };
     }
-    let mut source = input;
-    let (got, finished) = DECODER.with(|decoder| {
-        let mut decoder = decoder.borrow_mut();
-        decoder.reset(&mut source).map_err(bad)?;
-        decoder
-            .decode_blocks(
-                &mut source,
-                ruzstd::decoding::BlockDecodingStrategy::UptoBytes(out.len() + 1),
-            )
-            .map_err(bad)?;
-        let got = decoder.collect().unwrap_or_default();
-        Ok::<_, String>((got, decoder.is_finished()))
+    let bad = |e: std::io::Error| format!("the Zstandard image does not decompress: {e}");
+    let written = DECOMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let decompressor = match &mut *cell {
+            Some(d) => d,
+            None => {
+                let mut d = zstd::bulk::Decompressor::new().map_err(bad)?;
+                // A page's window (2^13), with room: a frame asking for more is refused.
+                d.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(14))
+                    .map_err(bad)?;
+                cell.insert(d)
+            }
+        };
+        decompressor.decompress_to_buffer(input, out).map_err(bad)
     })?;
-    if !finished || got.len() != out.len() || !source.is_empty() {
+    if written != out.len() {
         return Err(format!(
-            "the Zstandard image makes {} bytes from its {}, not the {} of the page less its hole",
-            got.len(),
-            input.len(),
+            "the Zstandard image makes {written} bytes, not the {} of the page less its hole",
             out.len()
         ));
     }
-    out.copy_from_slice(&got);
     Ok(())
 }
 
@@ -305,10 +301,13 @@ mod tests {
         let mut out = [0u8; 5];
         zstd_decompress(&zstd_frame(5, &[(0, 5, b"hello")]), &mut out).unwrap();
         assert_eq!(&out, b"hello");
-        // Blocks of one byte repeated 128 KiB times, again and again: stopped after the first.
+        // Blocks of one byte repeated 128 KiB times, again and again: stopped at the page.
         let rle = (1, 128 << 10, &b"x"[..]);
         let e = zstd_decompress(&zstd_frame(5, &[rle; 64]), &mut out).unwrap_err();
-        assert!(e.contains("makes"), "{e}");
+        assert!(e.contains("does not decompress"), "{e}");
+        // The same context, reused after a failure, decodes the next frame.
+        zstd_decompress(&zstd_frame(5, &[(0, 5, b"world")]), &mut out).unwrap();
+        assert_eq!(&out, b"world");
         // A content size other than the page's, or no single segment: refused before decoding.
         assert!(zstd_decompress(&zstd_frame(4, &[(0, 4, b"hell")]), &mut out).is_err());
         let mut windowed = zstd_frame(5, &[(0, 5, b"hello")]);

@@ -7,7 +7,7 @@
 //! ([`MAX_MESSAGE_LEN`]): a primary (or whatever answers at its address) cannot make us hold
 //! more. `postgres-protocol` encodes what we send and runs SCRAM.
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -521,14 +521,15 @@ impl ReplicationConnection {
     }
 
     fn fill(&mut self) -> Result<(), ReceiverError> {
-        let mut chunk = [0u8; 64 << 10];
-        let n = self.stream.read(&mut chunk).map_err(ReceiverError::Io)?;
-        if n == 0 {
+        if !self
+            .stream
+            .fill_into(&mut self.read_buf)
+            .map_err(ReceiverError::Io)?
+        {
             return Err(ReceiverError::Connect(
                 "the primary closed the connection".to_owned(),
             ));
         }
-        self.read_buf.extend_from_slice(&chunk[..n]);
         Ok(())
     }
 

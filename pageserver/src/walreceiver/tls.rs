@@ -22,6 +22,8 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::BytesMut;
+
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::CryptoProvider;
@@ -57,11 +59,65 @@ impl Transport {
     }
 }
 
-impl Read for Transport {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+impl Transport {
+    /// Appends what the connection has to `buf`, after at most one read of the socket (which
+    /// waits at most its timeout): over TLS, a record that is not whole yet gives nothing now,
+    /// and the caller's loop, with its deadlines and its stop flag, goes on (rustls' own reader
+    /// would wait for the whole record, a read timeout at a time). `Ok(false)` at the end of
+    /// the stream.
+    pub(super) fn fill_into(&mut self, buf: &mut BytesMut) -> io::Result<bool> {
         match self {
-            Transport::Plain(s) => s.read(buf),
-            Transport::Tls(s) => s.read(buf),
+            Transport::Plain(s) => {
+                let mut chunk = [0u8; 64 << 10];
+                let n = s.read(&mut chunk)?;
+                buf.extend_from_slice(&chunk[..n]);
+                Ok(n > 0)
+            }
+            Transport::Tls(s) => {
+                let StreamOwned { conn, sock } = &mut **s;
+                // Plaintext decrypted before: no read of the socket needed.
+                match drain_plaintext(conn, buf)? {
+                    Drained::Some => return Ok(true),
+                    Drained::Closed => return Ok(false),
+                    Drained::Nothing => {}
+                }
+                if conn.read_tls(sock)? == 0 {
+                    return Ok(false);
+                }
+                conn.process_new_packets()
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                // Alerts, key updates: what reading asked to send.
+                while conn.wants_write() {
+                    conn.write_tls(sock)?;
+                }
+                Ok(drain_plaintext(conn, buf)? != Drained::Closed)
+            }
+        }
+    }
+}
+
+#[derive(PartialEq, Eq)]
+enum Drained {
+    Some,
+    Nothing,
+    Closed,
+}
+
+/// Moves the plaintext rustls holds into `buf`.
+fn drain_plaintext(conn: &mut ClientConnection, buf: &mut BytesMut) -> io::Result<Drained> {
+    let mut chunk = [0u8; 16 << 10];
+    let mut drained = Drained::Nothing;
+    loop {
+        match conn.reader().read(&mut chunk) {
+            // The peer's close_notify: the end, once what came before it is taken.
+            Ok(0) if drained == Drained::Nothing => return Ok(Drained::Closed),
+            Ok(0) => return Ok(drained),
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                drained = Drained::Some;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(drained),
+            Err(e) => return Err(e),
         }
     }
 }
@@ -167,10 +223,18 @@ pub(super) fn negotiate(
             ));
         }
         tls.process_new_packets().map_err(|e| {
-            ReceiverError::Refused(format!(
+            let what = format!(
                 "the TLS handshake with the primary failed (sslmode={}): {e}",
                 conn.sslmode
-            ))
+            );
+            match e {
+                // A certificate refused stays refused until the settings or the primary's
+                // certificate change; anything else (a damaged record, an alert) is retried.
+                rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
+                    ReceiverError::Refused(what)
+                }
+                _ => ReceiverError::Connect(what),
+            }
         })?;
     }
     while tls.wants_write() {
@@ -181,16 +245,12 @@ pub(super) fn negotiate(
     Ok(Transport::Tls(Box::new(StreamOwned::new(tls, tcp))))
 }
 
-/// A handshake that failed: a certificate or protocol refusal no retry changes, or the
-/// connection lost.
+/// The socket failed during the handshake: retried, as any lost connection.
 fn handshake_error(e: io::Error, conn: &ConnString) -> ReceiverError {
-    match e.kind() {
-        io::ErrorKind::InvalidData => ReceiverError::Refused(format!(
-            "the TLS handshake with the primary failed (sslmode={}): {e}",
-            conn.sslmode
-        )),
-        _ => ReceiverError::Connect(format!("the TLS handshake with the primary: {e}")),
-    }
+    ReceiverError::Connect(format!(
+        "the TLS handshake with the primary (sslmode={}): {e}",
+        conn.sslmode
+    ))
 }
 
 fn client_config(conn: &ConnString) -> Result<ClientConfig, ReceiverError> {

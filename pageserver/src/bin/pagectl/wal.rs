@@ -161,7 +161,10 @@ fn block_line(block: &BlockRef, record: &[u8]) -> Result<String, String> {
     ));
     let method = Compression::of(&image);
     if method != Compression::None {
-        let saved = postgres_wal::BLCKSZ - usize::from(image.hole_len) - usize::from(image.len);
+        // As PostgreSQL computes it, in 32 bits: an image that saved nothing wraps.
+        let saved = (postgres_wal::BLCKSZ as u32)
+            .wrapping_sub(u32::from(image.hole_len))
+            .wrapping_sub(u32::from(image.len));
         line.push_str(&format!(
             ", compression saved: {saved}, method: {}",
             method.name()

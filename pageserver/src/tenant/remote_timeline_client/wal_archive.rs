@@ -407,9 +407,15 @@ impl RemoteTimelineClient {
                 path
             } else {
                 let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+                // Not an older timeline's: its bytes after its own switch are another history.
+                let tli = path
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .and_then(|n| SegmentName::parse(n.get(..24)?, size))
+                    .map_or(0, |s| s.tli);
                 segment_files_in(&dir, size)?
                     .into_iter()
-                    .filter(|f| f.segment.segno == segno)
+                    .filter(|f| f.segment.segno == segno && f.segment.tli >= tli)
                     .max_by_key(|f| (f.segment.tli, !f.partial))
                     .map_or(path, |f| f.path)
             };
