@@ -24,6 +24,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
+use benches::thread_cpu_time;
 use criterion::Bencher;
 
 use bytes::Bytes;
@@ -97,18 +98,6 @@ fn state_with(dir: &std::path::Path, timelines: usize) -> Arc<AppState> {
         timeline.put_batch(&[put(0x30, 3)]).expect("ingest");
     }
     Arc::new(AppState::new(conf, Arc::new(tenants), cache, None))
-}
-
-/// The CPU time this thread has used.
-fn thread_cpu_time() -> Duration {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid timespec for the call to fill.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// Runs `render` as criterion asks, reporting the CPU time it took on this thread.

@@ -24,6 +24,7 @@ use std::hint::black_box;
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
+use benches::thread_cpu_time;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pageserver::walreceiver::wal_store::WalStore;
 use postgres_wal::record::RM_HEAP_ID;
@@ -66,17 +67,6 @@ fn stream() -> Vec<u8> {
     let mut bytes = wal.bytes().to_vec();
     bytes.truncate(STREAM);
     bytes
-}
-
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec it is given.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Runs `f` `iters` times; the thread CPU time it took.
