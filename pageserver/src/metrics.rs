@@ -66,6 +66,27 @@ fn counter(name: &str, help: &str) -> IntCounter {
     register_int_counter!(name, help).expect("metric names are unique")
 }
 
+pub static WAL_INGEST_RECORDS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_wal_ingest_records_total",
+        "WAL records decoded into page versions by page ingest",
+    )
+});
+
+pub static WAL_INGEST_IMAGES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_wal_ingest_images_total",
+        "Page images page ingest stored from the WAL's full-page images",
+    )
+});
+
+pub static WAL_INGEST_WAL_RECORD_VERSIONS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_wal_ingest_wal_record_versions_total",
+        "Page versions page ingest stored as WAL records for PostgreSQL's redo",
+    )
+});
+
 pub static EPHEMERAL_BYTES_WRITTEN: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "pageserver_ephemeral_bytes_written_total",

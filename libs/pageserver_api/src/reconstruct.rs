@@ -13,6 +13,14 @@
 //! - if the records run out without a base, the page does not exist as of
 //!   L ("not found"), which is `Ok(None)`, not an error.
 //!
+//! A PostgreSQL WAL record ([`Value::WalRecord`]) is a version only
+//! PostgreSQL's redo can apply. A history that holds one between the base and
+//! L is not redone here: [`RedoErrorKind::NeedsWalRedo`] says which record is
+//! the oldest that would have to be redone, and which version below it the
+//! page is materialized at (so a reader can name the nearest LSN that
+//! answers). A WAL record below the base is never looked at, like any record
+//! there.
+//!
 //! Records after the base are never looked at, so a walk may hand over more
 //! history than needed without changing the result.
 //!
@@ -101,6 +109,18 @@ pub enum RedoErrorKind {
     /// the records are not newest first (or an LSN is repeated).
     #[error("its LSN is not below the previous record's; records must be newest first with distinct LSNs")]
     LsnNotDecreasing,
+    /// The history holds PostgreSQL WAL records above its base: the page at
+    /// this LSN needs PostgreSQL's redo. [`RedoError::record`] is the oldest
+    /// of them.
+    #[error("it is one of {wal_records} PostgreSQL WAL records only PostgreSQL's redo applies (the oldest of them)")]
+    NeedsWalRedo {
+        /// WAL records between the base and the LSN read at.
+        wal_records: usize,
+        /// The record just older than the oldest WAL record, if the history
+        /// holds one that leads down to a base: the page is materialized as
+        /// of its LSN.
+        materialized: Option<usize>,
+    },
 }
 
 /// The start of a [`RedoError`] message: where the error happened.
@@ -231,12 +251,24 @@ where
     // Deltas newer than the base, newest first, with their record index.
     let mut deltas: Vec<(usize, &[Patch])> = Vec::new();
     let mut previous_lsn: Option<&L> = None;
+    // WAL records seen so far, and the index of the oldest of them.
+    let mut wal_records = 0;
+    let mut oldest_wal_record = 0;
 
     for (index, (lsn, value)) in records_newest_first.into_iter().enumerate() {
         if previous_lsn.is_some_and(|previous| lsn >= previous) {
             return Err(RedoError::in_record(index, RedoErrorKind::LsnNotDecreasing));
         }
         previous_lsn = Some(lsn);
+        if wal_records > 0 && value.will_init() && !value.is_wal_record() {
+            // The base below the WAL records: the page is materialized up to the version
+            // below the oldest of them (the base itself, or a delta above it).
+            return Err(needs_wal_redo(
+                wal_records,
+                oldest_wal_record,
+                Some(oldest_wal_record + 1),
+            ));
+        }
 
         match value {
             Value::Image(image) => {
@@ -274,9 +306,31 @@ where
                 will_init: false,
                 patches,
             } => deltas.push((index, patches)),
+            Value::WalRecord { will_init, .. } => {
+                wal_records += 1;
+                oldest_wal_record = index;
+                if *will_init {
+                    // Built from nothing by PostgreSQL's redo: no version below answers.
+                    return Err(needs_wal_redo(wal_records, index, None));
+                }
+            }
         }
     }
+    if wal_records > 0 {
+        // No base below: a page that does not exist yet is not materialized either.
+        return Err(needs_wal_redo(wal_records, oldest_wal_record, None));
+    }
     Ok(None)
+}
+
+fn needs_wal_redo(wal_records: usize, oldest: usize, materialized: Option<usize>) -> RedoError {
+    RedoError::in_record(
+        oldest,
+        RedoErrorKind::NeedsWalRedo {
+            wal_records,
+            materialized,
+        },
+    )
 }
 
 /// Applies `deltas_newest_first` to `page`, oldest first. The caller has
@@ -620,12 +674,81 @@ mod tests {
                         page[start..end].copy_from_slice(&p.data);
                     }
                 }
+                Value::WalRecord { .. } => unreachable!("reference_wal answers first"),
             }
             if page.len() > max_page_size {
                 return Err(index);
             }
         }
         Ok(Some(page))
+    }
+
+    /// The reference model's answer for histories with WAL records between
+    /// the base and the top: the oldest of them, and the version below it.
+    fn reference_wal(records_newest_first: &[(u64, Value)]) -> Option<RedoError> {
+        let base = records_newest_first.iter().position(|(_, v)| v.will_init());
+        let end = base.map_or(records_newest_first.len(), |b| b + 1);
+        let wal: Vec<usize> = (0..end)
+            .filter(|i| records_newest_first[*i].1.is_wal_record())
+            .collect();
+        let oldest = *wal.last()?;
+        let materialized = match base {
+            Some(base) if base > oldest => Some(oldest + 1),
+            _ => None,
+        };
+        Some(RedoError {
+            record: Some(oldest),
+            kind: RedoErrorKind::NeedsWalRedo {
+                wal_records: wal.len(),
+                materialized,
+            },
+        })
+    }
+
+    #[test]
+    fn wal_records_above_the_base_name_where_the_page_is_materialized() {
+        let wal = |will_init| Value::WalRecord {
+            will_init,
+            record: Bytes::from_static(b"r"),
+        };
+        // image@10, delta@20, WAL@30, delta@40, WAL@50: materialized as of 20.
+        let records = [
+            (50u64, wal(false)),
+            (40, delta(false, vec![patch(0, b"x")])),
+            (30, wal(false)),
+            (20, delta(false, vec![patch(1, b"y")])),
+            (10, image(b"ab")),
+        ];
+        let err = reconstruct_page(&records, MAX).unwrap_err();
+        assert_eq!(
+            err.kind,
+            RedoErrorKind::NeedsWalRedo {
+                wal_records: 2,
+                materialized: Some(3)
+            }
+        );
+        assert_eq!(err.record, Some(2));
+        // Read below the first WAL record: an ordinary page.
+        assert_eq!(
+            reconstruct_page(&records[3..], MAX).unwrap().unwrap(),
+            Bytes::from_static(b"ay")
+        );
+        // A WAL record that builds the page: nothing below answers.
+        let records = [(30u64, wal(true)), (10, image(b"ab"))];
+        let err = reconstruct_page(&records, MAX).unwrap_err();
+        assert_eq!(
+            err.kind,
+            RedoErrorKind::NeedsWalRedo {
+                wal_records: 1,
+                materialized: None
+            }
+        );
+        // Below an image, a WAL record is history no read needs.
+        let records = [(30u64, image(b"c")), (20, wal(false))];
+        assert_eq!(
+            reconstruct_page(&records, MAX).unwrap().unwrap(),
+            Bytes::from_static(b"c")
+        );
     }
 
     fn any_patch() -> impl Strategy<Value = Patch> {
@@ -644,6 +767,10 @@ mod tests {
                 .prop_map(|patches| Value::Delta { will_init: true, patches }),
             4 => proptest::collection::vec(any_patch(), 0..6)
                 .prop_map(|patches| Value::Delta { will_init: false, patches }),
+            1 => any::<bool>().prop_map(|will_init| Value::WalRecord {
+                will_init,
+                record: Bytes::from_static(b"record"),
+            }),
         ]
     }
 
@@ -677,6 +804,10 @@ mod tests {
         #[test]
         fn matches_reference_model(records in any_records(), limit in any_limit()) {
             let ours = reconstruct_page(&records, limit);
+            if let Some(expected) = reference_wal(&records) {
+                prop_assert_eq!(ours, Err(expected));
+                return Ok(());
+            }
             match reference(&records, limit) {
                 Ok(expected) => {
                     prop_assert_eq!(ours.map(|page| page.map(|p| p.to_vec())), Ok(expected));

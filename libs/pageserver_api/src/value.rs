@@ -11,7 +11,13 @@
 //!   offset", to be applied in order onto the previous version of the page.
 //!   A delta with `will_init` set does not need a previous version: it is
 //!   applied onto a page of 8192 zero bytes, so history older than it is
-//!   never read.
+//!   never read; or
+//! - a **WAL record**: a PostgreSQL WAL record, whole (its header included),
+//!   that changed the page and that only PostgreSQL's redo can apply. The
+//!   page server stores it so the page's history is complete, and answers a
+//!   read that would need it with the nearest LSN where the page is
+//!   materialized (see [`crate::reconstruct`]). `will_init` as for a delta:
+//!   the record builds the page from nothing (`BKPBLOCK_WILL_INIT`).
 //!
 //! Turning a history into a page is [`crate::reconstruct`]'s job; this
 //! module only defines the values and how they are written down.
@@ -42,15 +48,22 @@
 //!   | offset     | dlen       | data[dlen]       |
 //!   +------------+------------+------------------+
 //!     u32 BE       u32 BE       dlen bytes
+//!
+//! WAL record (kind 2):
+//!   +------+-----------+------------------------------------------+
+//!   | 0x02 | will_init | the record's bytes (the rest of buffer)  |
+//!   +------+-----------+------------------------------------------+
+//!     1 B     1 B (0/1)  at least one byte
 //! ```
 //!
 //! | byte offset | size | field | meaning |
 //! |---|---|---|---|
-//! | 0 | 1 | `kind` | [`KIND_IMAGE`] (0) or [`KIND_DELTA`] (1); anything else is rejected |
+//! | 0 | 1 | `kind` | [`KIND_IMAGE`] (0), [`KIND_DELTA`] (1) or [`KIND_WAL_RECORD`] (2); anything else is rejected |
 //! | 1 | rest | image bytes | (image) the page; the value ends where the buffer ends |
-//! | 1 | 1 | `will_init` | (delta) 0 = false, 1 = true; anything else is rejected |
+//! | 1 | 1 | `will_init` | (delta, WAL record) 0 = false, 1 = true; anything else is rejected |
 //! | 2 | 2 | `count` | (delta) number of patches, 0 to [`MAX_PATCHES`] |
 //! | 4 | 8 + dlen each | patches | (delta) `count` patches back to back |
+//! | 2 | rest | record | (WAL record) the record; empty is rejected |
 //!
 //! Within a patch: `offset` (u32) is the page offset the data is written
 //! at, `dlen` (u32) the number of data bytes that follow. The delta must end
@@ -91,6 +104,9 @@ pub const KIND_IMAGE: u8 = 0;
 /// The `kind` byte of a delta.
 pub const KIND_DELTA: u8 = 1;
 
+/// The `kind` byte of a WAL record.
+pub const KIND_WAL_RECORD: u8 = 2;
+
 /// The most patches one delta can hold: the largest value of its `count`
 /// field.
 pub const MAX_PATCHES: u16 = u16::MAX;
@@ -115,6 +131,8 @@ const PATCH_DLEN_LEN: usize = size_of::<u32>();
 const IMAGE_HEADER_LEN: usize = KIND_LEN;
 /// Bytes before a delta's first patch.
 const DELTA_HEADER_LEN: usize = KIND_LEN + WILL_INIT_LEN + COUNT_LEN;
+/// Bytes before a WAL record's bytes.
+const WAL_RECORD_HEADER_LEN: usize = KIND_LEN + WILL_INIT_LEN;
 /// Bytes before a patch's data.
 const PATCH_HEADER_LEN: usize = PATCH_OFFSET_LEN + PATCH_DLEN_LEN;
 
@@ -127,8 +145,8 @@ const _: () = assert!(PATCH_HEADER_LEN == 8);
 const WILL_INIT_FALSE: u8 = 0;
 const WILL_INIT_TRUE: u8 = 1;
 
-/// One version of a page: a full image, or a delta against the version
-/// before it.
+/// One version of a page: a full image, a delta against the version before
+/// it, or a PostgreSQL WAL record to be redone onto it.
 ///
 /// See the [module documentation](self) for the meaning and the byte format.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,6 +162,15 @@ pub enum Value {
         /// they overlap. At most [`MAX_PATCHES`] for the value to be
         /// serializable.
         patches: Vec<Patch>,
+    },
+    /// A PostgreSQL WAL record that changed the page; only PostgreSQL's redo
+    /// applies it.
+    WalRecord {
+        /// If set, the record builds the page from nothing: no older version
+        /// is read.
+        will_init: bool,
+        /// The whole record, header included; never empty.
+        record: Bytes,
     },
 }
 
@@ -223,9 +250,9 @@ pub enum ValueDecodeError {
         /// How many bytes were left from `offset` on.
         available: usize,
     },
-    /// The kind byte is neither [`KIND_IMAGE`] nor [`KIND_DELTA`].
+    /// The kind byte is not [`KIND_IMAGE`], [`KIND_DELTA`] or [`KIND_WAL_RECORD`].
     #[error(
-        "unknown value kind {kind} at byte {offset} (expected {KIND_IMAGE} for an image or {KIND_DELTA} for a delta)"
+        "unknown value kind {kind} at byte {offset} (expected {KIND_IMAGE} for an image, {KIND_DELTA} for a delta or {KIND_WAL_RECORD} for a WAL record)"
     )]
     UnknownKind {
         /// The kind byte found.
@@ -233,7 +260,7 @@ pub enum ValueDecodeError {
         /// Where it is (always 0).
         offset: usize,
     },
-    /// A delta's `will_init` byte is neither 0 nor 1.
+    /// A delta's or WAL record's `will_init` byte is neither 0 nor 1.
     #[error("invalid will_init byte {found} at byte {offset} (expected 0 or 1)")]
     InvalidWillInit {
         /// The byte found.
@@ -252,6 +279,12 @@ pub enum ValueDecodeError {
         count: usize,
         /// How many patches the delta declared (and had).
         patches: u16,
+    },
+    /// A WAL record value holds no record bytes.
+    #[error("a WAL record value without a record at byte {offset}")]
+    EmptyWalRecord {
+        /// Where the record should have started (always 2).
+        offset: usize,
     },
 }
 
@@ -272,6 +305,9 @@ pub enum ValueEncodeError {
         /// Its data length.
         len: usize,
     },
+    /// A WAL record value with no record bytes.
+    #[error("a WAL record value must hold the record's bytes")]
+    EmptyWalRecord,
 }
 
 impl Value {
@@ -281,8 +317,13 @@ impl Value {
     pub fn will_init(&self) -> bool {
         match self {
             Value::Image(_) => true,
-            Value::Delta { will_init, .. } => *will_init,
+            Value::Delta { will_init, .. } | Value::WalRecord { will_init, .. } => *will_init,
         }
+    }
+
+    /// True for a WAL record: a version only PostgreSQL's redo applies.
+    pub fn is_wal_record(&self) -> bool {
+        matches!(self, Value::WalRecord { .. })
     }
 
     /// How many bytes [`Value::serialize_into`] appends for this value.
@@ -296,6 +337,7 @@ impl Value {
                 len.saturating_add(PATCH_HEADER_LEN)
                     .saturating_add(patch.data.len())
             }),
+            Value::WalRecord { record, .. } => WAL_RECORD_HEADER_LEN.saturating_add(record.len()),
         }
     }
 
@@ -303,11 +345,17 @@ impl Value {
     /// serializing: lets a caller validate a whole batch before storing any
     /// of it.
     pub fn check_encodable(&self) -> Result<(), ValueEncodeError> {
-        if let Value::Delta { patches, .. } = self {
-            encodable_count(patches.len())?;
-            for (index, patch) in patches.iter().enumerate() {
-                encodable_data_len(index, patch.data.len())?;
+        match self {
+            Value::Delta { patches, .. } => {
+                encodable_count(patches.len())?;
+                for (index, patch) in patches.iter().enumerate() {
+                    encodable_data_len(index, patch.data.len())?;
+                }
             }
+            Value::WalRecord { record, .. } if record.is_empty() => {
+                return Err(ValueEncodeError::EmptyWalRecord)
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -337,17 +385,22 @@ impl Value {
 
                 out.reserve(self.serialized_len());
                 out.push(KIND_DELTA);
-                out.push(if *will_init {
-                    WILL_INIT_TRUE
-                } else {
-                    WILL_INIT_FALSE
-                });
+                out.push(will_init_byte(*will_init));
                 out.extend_from_slice(&count.to_be_bytes());
                 for (patch, dlen) in patches.iter().zip(dlens) {
                     out.extend_from_slice(&patch.offset.to_be_bytes());
                     out.extend_from_slice(&dlen.to_be_bytes());
                     out.extend_from_slice(&patch.data);
                 }
+            }
+            Value::WalRecord { will_init, record } => {
+                if record.is_empty() {
+                    return Err(ValueEncodeError::EmptyWalRecord);
+                }
+                out.reserve(self.serialized_len());
+                out.push(KIND_WAL_RECORD);
+                out.push(will_init_byte(*will_init));
+                out.extend_from_slice(record);
             }
         }
         Ok(())
@@ -379,7 +432,7 @@ impl Value {
     pub fn check_serialized(buf: &[u8]) -> Result<bool, ValueDecodeError> {
         Ok(match parse(buf)? {
             Layout::Image { .. } => true,
-            Layout::Delta { will_init, .. } => will_init,
+            Layout::Delta { will_init, .. } | Layout::WalRecord { will_init, .. } => will_init,
         })
     }
 
@@ -396,6 +449,15 @@ impl Value {
 // field's type is the whole check.
 const _: () = assert!(MAX_PATCHES == u16::MAX);
 const _: () = assert!(MAX_PATCH_DATA_LEN == u32::MAX);
+
+/// `will_init` as stored.
+fn will_init_byte(will_init: bool) -> u8 {
+    if will_init {
+        WILL_INIT_TRUE
+    } else {
+        WILL_INIT_FALSE
+    }
+}
 
 /// `len` as the `count` field, or why it does not fit.
 fn encodable_count(len: usize) -> Result<u16, ValueEncodeError> {
@@ -416,6 +478,10 @@ enum Layout {
         will_init: bool,
         patches: Vec<(u32, std::ops::Range<usize>)>,
     },
+    WalRecord {
+        will_init: bool,
+        record: std::ops::Range<usize>,
+    },
 }
 
 impl Layout {
@@ -434,6 +500,10 @@ impl Layout {
                     })
                     .collect(),
             },
+            Layout::WalRecord { will_init, record } => Value::WalRecord {
+                will_init,
+                record: buf.slice(record),
+            },
         }
     }
 }
@@ -448,18 +518,18 @@ fn parse(buf: &[u8]) -> Result<Layout, ValueDecodeError> {
         KIND_IMAGE => Ok(Layout::Image {
             page: reader.rest(),
         }),
+        KIND_WAL_RECORD => {
+            let will_init = reader.will_init()?;
+            let record = reader.rest();
+            if record.is_empty() {
+                return Err(ValueDecodeError::EmptyWalRecord {
+                    offset: record.start,
+                });
+            }
+            Ok(Layout::WalRecord { will_init, record })
+        }
         KIND_DELTA => {
-            let will_init_offset = reader.pos;
-            let will_init = match reader.array(ValueField::WillInit)? {
-                [WILL_INIT_FALSE] => false,
-                [WILL_INIT_TRUE] => true,
-                [found] => {
-                    return Err(ValueDecodeError::InvalidWillInit {
-                        found,
-                        offset: will_init_offset,
-                    })
-                }
-            };
+            let will_init = reader.will_init()?;
             let count = u16::from_be_bytes(reader.array(ValueField::PatchCount)?);
 
             // `count` is untrusted: reserve no more entries than the
@@ -543,6 +613,16 @@ impl Reader<'_> {
         // `take` returned an in-bounds range of exactly N bytes.
         out.copy_from_slice(&self.buf[range]);
         Ok(out)
+    }
+
+    /// A `will_init` byte; moves past it.
+    fn will_init(&mut self) -> Result<bool, ValueDecodeError> {
+        let offset = self.pos;
+        match self.array(ValueField::WillInit)? {
+            [WILL_INIT_FALSE] => Ok(false),
+            [WILL_INIT_TRUE] => Ok(true),
+            [found] => Err(ValueDecodeError::InvalidWillInit { found, offset }),
+        }
     }
 
     /// Everything after `pos`; moves to the end.

@@ -42,7 +42,8 @@ pub struct WalError {
 pub struct DecodedRecord {
     /// The LSN of its first byte.
     pub start: Lsn,
-    /// The LSN just past its last byte (PostgreSQL's `EndRecPtr`).
+    /// The LSN just past its last byte. PostgreSQL's `EndRecPtr`, the LSN redo stamps on the
+    /// pages the record changes, is this aligned: [`DecodedRecord::end_rec_ptr`].
     pub end: Lsn,
     pub header: RecordHeader,
     /// All of it, header included, without the page headers it spanned; its header alone for
@@ -66,8 +67,15 @@ impl fmt::Debug for DecodedRecord {
 }
 
 impl DecodedRecord {
-    /// Where the record after it starts (its end, aligned).
+    /// Where the record after it starts (its end, aligned; past a page header if that lands
+    /// on a page's start).
     pub fn next_start(&self) -> Lsn {
+        self.end_rec_ptr()
+    }
+
+    /// PostgreSQL's `EndRecPtr` for it: its end aligned to 8 bytes, what `XLogInsert` returns
+    /// and redo sets as the `pd_lsn` of the pages it changes.
+    pub fn end_rec_ptr(&self) -> Lsn {
         Lsn(self.end.0.next_multiple_of(RECORD_ALIGN))
     }
 }

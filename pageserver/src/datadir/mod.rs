@@ -11,7 +11,9 @@
 //! - `import/`: a tar stream into a timeline as one snapshot, storing only what changed,
 //!   applied whole or not at all;
 //! - `basebackup.rs`: the snapshot at or below an LSN as a tar stream a stock PostgreSQL
-//!   starts from.
+//!   starts from;
+//! - `wal_versions.rs`: a decoded WAL record as the versions it makes in that key space (page
+//!   images, WAL records to redo, sizes, relation directories).
 //!
 //! Limits: only the `pg_default` and `pg_global` tablespaces, regular files and directories (no
 //! symlinks: a `pg_wal` elsewhere), permission bits only (setuid, setgid and sticky refused,
@@ -24,6 +26,7 @@ mod import;
 mod path;
 pub mod pg_control;
 mod wal_end;
+pub mod wal_versions;
 
 pub use basebackup::{snapshot_at, write_basebackup, BasebackupError, Replay};
 pub use import::{import_archive, ImportError, ImportReport};

@@ -14,6 +14,8 @@
 //!   24    i64  time
 //!   32    u64  checkPoint (the latest checkpoint record's LSN)
 //!  136    u64  minRecoveryPoint (a standby's replay position when it stopped)
+//!  176    bool wal_log_hints
+//!  252    u32  data_checksum_version (0: no checksums)
 //!  288    u32  crc (CRC-32C of bytes 0..288)
 //! ```
 
@@ -36,10 +38,18 @@ pub struct ControlFile {
     pub state: u32,
     pub checkpoint: Lsn,
     pub min_recovery_point: Lsn,
+    pub wal_log_hints: bool,
+    pub data_checksum_version: u32,
 }
 
 impl ControlFile {
     /// Whether the cluster was shut down cleanly (it starts without recovery).
+    /// Whether changes of hint bits are WAL-logged (`XLogHintBitIsNeeded`): with data
+    /// checksums or `wal_log_hints`.
+    pub fn hint_bits_logged(&self) -> bool {
+        self.wal_log_hints || self.data_checksum_version != 0
+    }
+
     pub fn is_shut_down(&self) -> bool {
         matches!(self.state, DB_SHUTDOWNED | DB_SHUTDOWNED_IN_RECOVERY)
     }
@@ -102,5 +112,7 @@ pub fn parse(bytes: &[u8]) -> Result<ControlFile, ControlFileError> {
         state: u32_at(16),
         checkpoint: Lsn(u64_at(32)),
         min_recovery_point: Lsn(u64_at(136)),
+        wal_log_hints: bytes[176] != 0,
+        data_checksum_version: u32_at(252),
     })
 }

@@ -148,6 +148,8 @@ pub fn status_of(e: ServeError) -> tonic::Status {
         ErrorKind::Conflict => Code::FailedPrecondition,
         // History below the GC cutoff: gone for good, unlike a state that may change.
         ErrorKind::Gone => Code::OutOfRange,
+        // The page is stored as WAL records at that LSN; an earlier LSN answers.
+        ErrorKind::Unprocessable => Code::FailedPrecondition,
         ErrorKind::TryAgain | ErrorKind::Upstream => Code::Unavailable,
         ErrorKind::Internal => Code::Internal,
     };
@@ -171,6 +173,7 @@ mod tests {
             (ErrorKind::NotFound, Code::NotFound),
             (ErrorKind::Conflict, Code::FailedPrecondition),
             (ErrorKind::Gone, Code::OutOfRange),
+            (ErrorKind::Unprocessable, Code::FailedPrecondition),
             (ErrorKind::TryAgain, Code::Unavailable),
             (ErrorKind::Upstream, Code::Unavailable),
             (ErrorKind::Internal, Code::Internal),

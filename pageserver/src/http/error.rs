@@ -95,6 +95,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::Conflict => StatusCode::CONFLICT,
         ErrorKind::Gone => StatusCode::GONE,
+        ErrorKind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::TryAgain => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Upstream => StatusCode::BAD_GATEWAY,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,

@@ -6,6 +6,7 @@
 //! The storage layers' errors become kinds here, once: [`TimelineError`], [`TenantError`],
 //! and the admission bounds' [`Busy`] and [`DownloadError`].
 
+use crate::io::read_cost::ReadCost;
 use crate::tenant::admission::{Busy, DownloadError};
 use crate::tenant::mgr::TenantError;
 use crate::tenant::timeline::TimelineError;
@@ -25,6 +26,9 @@ pub enum ErrorKind {
     Conflict,
     /// History below the GC cutoff: gone for good, unlike a state that may change.
     Gone,
+    /// A valid request the stored history cannot answer as asked: a page that needs
+    /// PostgreSQL's redo at that LSN (the message names an LSN that answers).
+    Unprocessable,
     /// A bound or a passing state refuses it now; it may work shortly (HTTP says when).
     TryAgain,
     /// The object store failed or answered with something we cannot use.
@@ -38,6 +42,9 @@ pub enum ErrorKind {
 pub struct ServeError {
     pub kind: ErrorKind,
     pub msg: String,
+    /// What the read cost, for a read that found what it reports (a page that needs
+    /// PostgreSQL's redo): HTTP sends it in `X-Read-Cost`, as for a page.
+    pub cost: Option<ReadCost>,
 }
 
 impl ServeError {
@@ -45,6 +52,15 @@ impl ServeError {
         ServeError {
             kind,
             msg: msg.into(),
+            cost: None,
+        }
+    }
+
+    /// The error of a read that cost `cost`.
+    pub fn with_cost(self, cost: ReadCost) -> ServeError {
+        ServeError {
+            cost: Some(cost),
+            ..self
         }
     }
 
@@ -104,6 +120,8 @@ fn timeline_kind(e: &TimelineError) -> ErrorKind {
         | BatchSpanTooWide { .. } => ErrorKind::BadRequest,
         // That history is gone for good.
         BelowGcCutoff { .. } => ErrorKind::Gone,
+        // Stored, but only PostgreSQL's redo makes the page at that LSN.
+        NeedsWalRedo { .. } => ErrorKind::Unprocessable,
         // Retrying later may succeed.
         LsnNotYetIngested { .. }
         | WaitLsnTimeout { .. }

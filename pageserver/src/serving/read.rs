@@ -111,7 +111,7 @@ impl PageReads {
             .await?;
         read_cost::record(&cost, 1);
         Ok(PageAnswer {
-            page: page?,
+            page: page.map_err(|e| ServeError::from(e).with_cost(cost))?,
             lsn,
             cost,
         })

@@ -31,20 +31,28 @@
 //!
 //! Restores read the WAL back through `replay_plan.rs`: the timeline's own, then its
 //! ancestors' up to their branch points.
+//!
+//! With `ingest_pages` in the settings, a second thread (`page_ingest.rs`) turns the stored
+//! WAL into the timeline's page versions, reading the files behind the flushed LSN, so the
+//! stream never waits for it. The two threads share `state.rs`: the state the API shows, the
+//! stop flag, the segment size.
 
 mod base_backup;
 pub mod commit_time;
 mod connection;
 pub mod connstr;
+mod page_ingest;
 mod receiver;
 pub mod replay_plan;
+mod state;
 #[cfg(test)]
 mod tests;
 mod timelines;
 mod tls;
 pub mod wal_store;
 
-pub use receiver::{ReceiverConf, ReceiverState, Receivers, StateName};
+pub use receiver::{ReceiverConf, Receivers};
+pub use state::{ReceiverState, StateName};
 
 /// What went wrong with a receiver.
 #[derive(Debug, thiserror::Error)]

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -16,6 +16,7 @@ use utils::{Lsn, TenantId, TimelineId};
 use super::base_backup;
 use super::connection::{ReplicationConnection, StreamMessage};
 use super::connstr::ConnString;
+use super::state::{ReceiverState, Shared, StateName};
 use super::timelines;
 use super::wal_store::WalStore;
 use super::ReceiverError;
@@ -45,6 +46,9 @@ pub struct ReceiverConf {
     pub connstr: String,
     pub slot_name: String,
     pub application_name: String,
+    /// Whether the WAL's records also become the timeline's page versions (`page_ingest.rs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ingest_pages: bool,
 }
 
 impl ReceiverConf {
@@ -76,73 +80,24 @@ impl ReceiverConf {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StateName {
-    Connecting,
-    /// Taking a base backup of the primary into a timeline that had no snapshot.
-    BaseBackup,
-    Streaming,
-    WaitingRetry,
-    Stopped,
-}
-
-/// What `GET .../wal_receiver` answers.
-#[derive(Clone, Debug, Serialize)]
-pub struct ReceiverState {
-    pub state: StateName,
-    /// Without its password.
-    pub connstr: String,
-    pub slot_name: String,
-    pub application_name: String,
-    pub system_id: Option<String>,
-    /// The PostgreSQL timeline (TLI) being streamed.
-    pub timeline: Option<u32>,
-    /// Whether the connection to the primary is encrypted (TLS).
-    pub tls: Option<bool>,
-    /// Just past the last byte received.
-    #[serde(serialize_with = "lsn_text")]
-    pub received_lsn: Option<Lsn>,
-    /// Just past the last byte durable here (what the primary is told is flushed).
-    #[serde(serialize_with = "lsn_text")]
-    pub flushed_lsn: Option<Lsn>,
-    /// Just past the last byte in the object store (listed by its durable index).
-    #[serde(serialize_with = "lsn_text")]
-    pub archived_lsn: Option<Lsn>,
-    /// The end of the primary's WAL, as it last said.
-    #[serde(serialize_with = "lsn_text")]
-    pub primary_wal_end: Option<Lsn>,
-    /// `primary_wal_end - flushed_lsn`.
-    pub lag_bytes: Option<u64>,
-    /// Unix milliseconds of the last message from the primary.
-    pub last_message_ms: Option<u64>,
-    pub last_error: Option<String>,
-}
-
-/// An LSN as `X/X` text, as the rest of the API writes LSNs.
-fn lsn_text<S: serde::Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::Error> {
-    match lsn {
-        Some(lsn) => s.serialize_str(&lsn.to_string()),
-        None => s.serialize_none(),
-    }
-}
-
-struct Shared {
-    state: Mutex<ReceiverState>,
-    stop: AtomicBool,
-    /// See [`Receivers`]'s `timeout`.
-    timeout: Duration,
-}
-
-impl Shared {
-    fn state(&self) -> MutexGuard<'_, ReceiverState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
 struct Handle {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
+    /// Page ingest's thread, if the settings ask for it.
+    pages: Option<JoinHandle<()>>,
+}
+
+impl Handle {
+    /// Stops both threads and waits for them.
+    fn stop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        for thread in [self.thread.take(), self.pages.take()]
+            .into_iter()
+            .flatten()
+        {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// Every receiver of the server.
@@ -184,6 +139,7 @@ impl Receivers {
         let shared = Arc::new(Shared {
             state: Mutex::new(initial_state(&conf, &conn)),
             stop: AtomicBool::new(false),
+            segment_size: AtomicU32::new(0),
             timeout: self.timeout,
         });
         let session = match Session::establish(&timeline, &conf, &conn, &shared) {
@@ -217,6 +173,7 @@ impl Receivers {
         let shared = Arc::new(Shared {
             state: Mutex::new(initial_state(&conf, &conn)),
             stop: AtomicBool::new(false),
+            segment_size: AtomicU32::new(0),
             timeout: self.timeout,
         });
         self.spawn(timeline, conf, conn, shared, None);
@@ -232,6 +189,13 @@ impl Receivers {
         session: Option<Session>,
     ) {
         let key = (timeline.tenant_id(), timeline.timeline_id());
+        let pages = conf.ingest_pages.then(|| {
+            let (timeline, shared) = (timeline.clone(), shared.clone());
+            std::thread::Builder::new()
+                .name(format!("pageingest-{}", timeline.timeline_id()))
+                .spawn(move || super::page_ingest::run(timeline, shared))
+                .expect("spawning a thread")
+        });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("walreceiver-{}", timeline.timeline_id()))
@@ -242,13 +206,11 @@ impl Receivers {
             Handle {
                 shared,
                 thread: Some(thread),
+                pages,
             },
         );
         if let Some(mut old) = replaced {
-            old.shared.stop.store(true, Ordering::Release);
-            if let Some(thread) = old.thread.take() {
-                let _ = thread.join();
-            }
+            old.stop();
         }
     }
 
@@ -291,10 +253,7 @@ impl Receivers {
         let Some(mut handle) = handle else {
             return false;
         };
-        handle.shared.stop.store(true, Ordering::Release);
-        if let Some(thread) = handle.thread.take() {
-            let _ = thread.join();
-        }
+        handle.stop();
         true
     }
 
@@ -339,6 +298,9 @@ fn initial_state(conf: &ReceiverConf, conn: &ConnString) -> ReceiverState {
         lag_bytes: None,
         last_message_ms: None,
         last_error: None,
+        ingest_pages: conf.ingest_pages,
+        pages_lsn: None,
+        pages_error: None,
     }
 }
 
@@ -510,6 +472,7 @@ impl Session {
             s.primary_wal_end = Some(ident.xlogpos);
             s.last_error = None;
         }
+        shared.segment_size.store(segment_size, Ordering::Release);
         Ok(Session {
             conn,
             segment_size,

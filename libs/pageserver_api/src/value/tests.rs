@@ -53,6 +53,56 @@ fn delta_format_is_pinned() {
 }
 
 #[test]
+fn wal_record_format_is_pinned() {
+    let value = Value::WalRecord {
+        will_init: true,
+        record: Bytes::from_static(b"\x2a\x00rec"),
+    };
+    let expected = [0x02, 0x01, 0x2a, 0x00, b'r', b'e', b'c'];
+    assert_eq!(ser(&value), expected);
+    assert_eq!(value.serialized_len(), expected.len());
+    assert_eq!(Value::check_serialized(&expected), Ok(true));
+    assert_eq!(Value::deserialize(&expected), Ok(value.clone()));
+    assert!(value.is_wal_record() && value.will_init());
+}
+
+#[test]
+fn a_wal_record_without_bytes_is_refused_both_ways() {
+    assert_eq!(
+        Value::deserialize(&[KIND_WAL_RECORD, 0]),
+        Err(ValueDecodeError::EmptyWalRecord { offset: 2 })
+    );
+    assert!(matches!(
+        Value::deserialize(&[KIND_WAL_RECORD, 2, 7]),
+        Err(ValueDecodeError::InvalidWillInit {
+            found: 2,
+            offset: 1
+        })
+    ));
+    assert!(matches!(
+        Value::deserialize(&[KIND_WAL_RECORD]),
+        Err(ValueDecodeError::Truncated {
+            field: ValueField::WillInit,
+            ..
+        })
+    ));
+    let empty = Value::WalRecord {
+        will_init: false,
+        record: Bytes::new(),
+    };
+    assert_eq!(
+        empty.check_encodable(),
+        Err(ValueEncodeError::EmptyWalRecord)
+    );
+    let mut out = vec![9];
+    assert_eq!(
+        empty.serialize_into(&mut out),
+        Err(ValueEncodeError::EmptyWalRecord)
+    );
+    assert_eq!(out, [9], "a refused value writes nothing");
+}
+
+#[test]
 fn serialize_into_appends() {
     let mut out = vec![0xEE];
     Value::Image(Bytes::from_static(b"p"))
@@ -129,7 +179,7 @@ fn rejects_empty_buffer() {
 
 #[test]
 fn rejects_unknown_kind() {
-    for kind in [2u8, 0x7F, 0xFF] {
+    for kind in [3u8, 0x7F, 0xFF] {
         let err = Value::deserialize(&[kind, 0, 0, 0]).unwrap_err();
         assert_eq!(err, ValueDecodeError::UnknownKind { kind, offset: 0 });
         let msg = err.to_string();
@@ -311,6 +361,14 @@ fn any_value() -> impl Strategy<Value = Value> {
         any_bytes(20_000).prop_map(Value::Image),
         (any::<bool>(), proptest::collection::vec(any_patch(), 0..20))
             .prop_map(|(will_init, patches)| Value::Delta { will_init, patches }),
+        (
+            any::<bool>(),
+            proptest::collection::vec(any::<u8>(), 1..400)
+        )
+            .prop_map(|(will_init, record)| Value::WalRecord {
+                will_init,
+                record: Bytes::from(record)
+            }),
     ]
 }
 

@@ -530,9 +530,9 @@ fn verify(file: &Path, max_value_size: usize, out: &mut impl Write) -> Result<()
             let r = l.verify()?;
             writeln!(
                 out,
-                "{path}: ok: entries={} images={} deltas={} value_bytes={} index_blocks={} \
-                 manifest: {manifest}",
-                r.entries, r.images, r.deltas, r.value_bytes, r.index_blocks
+                "{path}: ok: entries={} images={} deltas={} wal_records={} value_bytes={} \
+                 index_blocks={} manifest: {manifest}",
+                r.entries, r.images, r.deltas, r.wal_records, r.value_bytes, r.index_blocks
             )?;
         }
         LayerFile::Image(l) => {

@@ -360,7 +360,8 @@ fn metadata(path: &Path, out: &mut impl Write) -> Result<(), Error> {
     Ok(())
 }
 
-/// One line describing a value: `image len=.. crc=..` or `delta will_init=.. patches=[..]`.
+/// One line describing a value: `image len=.. crc=..`, `delta will_init=.. patches=[..]` or
+/// `wal-record will_init=.. len=.. rmgr=.. info=..`.
 fn describe(value: &Value) -> String {
     match value {
         Value::Image(page) => format!(
@@ -379,6 +380,19 @@ fn describe(value: &Value) -> String {
                 let _ = write!(s, ",... {} more", patches.len() - MAX_PATCHES_SHOWN);
             }
             s.push(']');
+            s
+        }
+        Value::WalRecord { will_init, record } => {
+            let mut s = format!("wal-record will_init={will_init} len={}", record.len());
+            if record.len() >= postgres_wal::record::RECORD_HEADER_LEN {
+                let header = postgres_wal::record::RecordHeader::decode(record);
+                let _ = write!(
+                    s,
+                    " rmgr={} info={:#04x}",
+                    postgres_wal::record::rmgr_name(header.rmid),
+                    header.info
+                );
+            }
             s
         }
     }

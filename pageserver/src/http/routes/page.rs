@@ -18,6 +18,7 @@ use super::{closing, key_param, lsn_param, next_chunk, query_params, timeline_of
 use crate::http::body_limits::GatheredBody;
 use crate::http::error::ApiError;
 use crate::http::{blocking, SharedState};
+use crate::io::read_cost::ReadCost;
 use crate::serving::error::ServeError;
 use crate::serving::read::PageAnswer;
 use crate::tenant::storage_layer::max_stored_value_len;
@@ -171,8 +172,14 @@ pub async fn get_page(
             let headers = [(X_READ_COST, cost.to_string())];
             ("not_found", (headers, error).into_response())
         }
-        Err(e) if e.status == StatusCode::NOT_FOUND => ("not_found", e.into_response()),
-        Err(e) => ("error", e.into_response()),
+        Err((e, _)) if e.status == StatusCode::NOT_FOUND => ("not_found", e.into_response()),
+        // An error the read itself met (a page that needs PostgreSQL's redo, a layer it could
+        // not read): what the read cost up to there, too.
+        Err((e, Some(cost))) => {
+            let headers = [(X_READ_COST, cost.to_string())];
+            ("error", (headers, e).into_response())
+        }
+        Err((e, None)) => ("error", e.into_response()),
     };
     crate::metrics::GETPAGE_SECONDS
         .with_label_values(&[outcome])
@@ -182,12 +189,17 @@ pub async fn get_page(
 
 const X_READ_COST: header::HeaderName = header::HeaderName::from_static("x-read-cost");
 
+/// The page, or the error with what the read cost if it got as far as a read.
 async fn get_page_inner(
     state: &SharedState,
     ids: &(String, String),
     uri: &Uri,
-) -> ApiResult<(Key, PageAnswer)> {
-    let (key, lsn) = page_query(uri)?;
-    let timeline = timeline_of(state, ids)?;
-    Ok((key, state.reads.page(timeline, key, lsn).await?))
+) -> Result<(Key, PageAnswer), (ApiError, Option<ReadCost>)> {
+    let (key, lsn) = page_query(uri).map_err(|e| (e, None))?;
+    let timeline = timeline_of(state, ids).map_err(|e| (e, None))?;
+    let answer = state.reads.page(timeline, key, lsn).await.map_err(|e| {
+        let cost = e.cost;
+        (ApiError::from(e), cost)
+    })?;
+    Ok((key, answer))
 }

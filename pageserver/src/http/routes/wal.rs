@@ -28,6 +28,7 @@ pub struct ReceiverRequest {
     connstr: Option<String>,
     slot_name: Option<String>,
     application_name: Option<String>,
+    ingest_pages: Option<bool>,
 }
 
 fn receiver_error(e: ReceiverError) -> ApiError {
@@ -59,6 +60,7 @@ pub async fn wal_receiver_put(
             .application_name
             .unwrap_or_else(|| slot_name.clone()),
         slot_name,
+        ingest_pages: request.ingest_pages.unwrap_or(false),
     };
     let receivers = state.receivers.clone();
     let started = blocking(move || Ok(receivers.start(timeline, conf))).await?;

@@ -533,7 +533,7 @@ impl InMemoryLayer {
                 image_parts = [&kind[..], &page[..]];
                 &image_parts
             }
-            Value::Delta { .. } => {
+            Value::Delta { .. } | Value::WalRecord { .. } => {
                 scratch.clear();
                 value
                     .serialize_into(&mut scratch)

@@ -59,6 +59,14 @@
 //!    just before): the commit point.
 //! 3. The layer map takes them (failpoint `image-creation-after-manifest` just before).
 //!
+//! # Pages only PostgreSQL's redo makes
+//!
+//! A piece holding a key whose history at the LSN needs PostgreSQL's redo (a WAL record above
+//! its newest materialized version, `TimelineError::NeedsWalRedo`) gets no images: an image
+//! layer answers for every key of its range, so one without that key would answer "no page".
+//! The files the piece wrote so far are removed, and the piece is counted in
+//! `pieces_needing_redo`; images for it come from a snapshot of its pages.
+//!
 //! Nothing is replaced, so nothing is retired: the layers an image makes unnecessary are GC's
 //! to remove. Image creation and GC take `image_lock` (one at a time); L0 compaction never
 //! waits for either, and ingest and reads go on throughout.
@@ -78,6 +86,9 @@ pub struct ImageCreationOutcome {
     pub pieces: usize,
     /// Pieces that triggered and got new images.
     pub pieces_imaged: usize,
+    /// Pieces that triggered but hold a page only PostgreSQL's redo makes at the LSN: not
+    /// imaged (an image layer answers for every key of its range).
+    pub pieces_needing_redo: usize,
     /// Image layers written.
     pub layers_written: usize,
     pub images: u64,
@@ -122,7 +133,23 @@ impl Timeline {
         let mut written = Vec::new();
         let (result, cost) = crate::io::read_cost::measure(|| {
             for keys in &due {
-                self.image_piece(keys.clone(), lsn, &mut written)?;
+                let before = written.len();
+                match self.image_piece(keys.clone(), lsn, &mut written) {
+                    Ok(()) => outcome.pieces_imaged += 1,
+                    Err(TimelineError::NeedsWalRedo { key, redo_from, .. }) => {
+                        // The piece keeps its history as it is; what it wrote so far goes.
+                        self.remove_uncommitted(written.drain(before..).map(|w| w.path));
+                        outcome.pieces_needing_redo += 1;
+                        tracing::debug!(
+                            tenant = %self.tenant_id,
+                            timeline = %self.timeline_id,
+                            "no images for {}..{}: page {key} needs WAL redo from {redo_from}",
+                            keys.start,
+                            keys.end
+                        );
+                    }
+                    Err(e) => return Err(e),
+                }
             }
             Ok::<_, TimelineError>(())
         });
@@ -138,7 +165,6 @@ impl Timeline {
         let mut change = LayerChange::new(ChangeKind::ImageCreation);
         change.add = written.iter().map(NewLayerFile::image).collect();
         self.commit(change)?;
-        outcome.pieces_imaged = due.len();
         outcome.layers_written = written.len();
         outcome.images = written.iter().map(|w| w.summary.entries).sum();
         outcome.bytes_written = written.iter().map(|w| w.size).sum();

@@ -133,12 +133,17 @@ impl Import<'_> {
         self.base_lsn
     }
 
-    /// The page or value of `key` as of the base LSN; `None` if it has none.
+    /// The page or value of `key` as of the base LSN; `None` if it has none, or if only
+    /// PostgreSQL's redo would make it (a page ingested from WAL records): either way the
+    /// import stores what it has.
     pub fn read_current(&self, key: Key) -> Result<Option<Bytes>, TimelineError> {
         if self.base_lsn == Lsn(0) {
             return Ok(None);
         }
-        self.timeline.get_page(key, self.base_lsn)
+        match self.timeline.get_page(key, self.base_lsn) {
+            Err(TimelineError::NeedsWalRedo { .. }) => Ok(None),
+            other => other,
+        }
     }
 
     fn check_put(&self, key: Key) -> Result<(), TimelineError> {

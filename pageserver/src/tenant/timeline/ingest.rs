@@ -307,6 +307,8 @@ impl Timeline {
                     .map(|p| p.offset as usize + p.data.len())
                     .max()
                     .map(|end| ("a delta", end)),
+                // Not redone here: its size is PostgreSQL's to bound.
+                Value::WalRecord { .. } => None,
             };
             if let Some((what, len)) = page_len.filter(|(_, len)| *len > self.conf.max_value_size) {
                 return Err(TimelineError::PageTooLarge {
@@ -326,6 +328,33 @@ impl Timeline {
                 first,
                 last: previous,
             });
+        }
+        Ok(())
+    }
+
+    /// Moves `last_record_lsn` up to `lsn` with no version: the history up to it (WAL that
+    /// changed no page) holds nothing more, and reads up to it are answered. No move if it is
+    /// there already. Not durable by itself: after a restart `last_record_lsn` is where the
+    /// layers on disk end, and the writer goes on from there.
+    pub fn advance_last_record_lsn_to(&self, lsn: Lsn) -> Result<(), TimelineError> {
+        let _writer = self.writer();
+        if self.is_shutting_down() {
+            return Err(TimelineError::ShuttingDown);
+        }
+        if let Some(reason) = self.broken_reason() {
+            return Err(TimelineError::Broken { reason });
+        }
+        if self.lifecycle.get() == Lifecycle::Importing {
+            return Err(TimelineError::ImportInProgress);
+        }
+        if lsn == Lsn::MAX {
+            return Err(TimelineError::Reserved {
+                index: 0,
+                what: format!("LSN {lsn}"),
+            });
+        }
+        if lsn > self.last_record_lsn() {
+            self.advance_last_record_lsn(lsn);
         }
         Ok(())
     }

@@ -130,7 +130,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 pub use pageserver_api::ingest::PutRecord;
-use pageserver_api::{reconstruct_page, Key, RedoError, Value};
+use pageserver_api::{reconstruct_page, Key, RedoError, RedoErrorKind, Value};
 use utils::{Lsn, TenantId, TimelineId, Wakeup};
 
 use crate::page_cache::{MaterializedPageKey, PageCache};
@@ -245,6 +245,20 @@ pub enum TimelineError {
     LayerDownload { name: String, reason: String },
     #[error("layer file {file} of the timeline: {reason}; the timeline does not serve from a layer set it cannot vouch for")]
     LayerSet { file: String, reason: String },
+    #[error(
+        "page {key} at {lsn} needs PostgreSQL's redo of {wal_records} WAL record(s), the oldest at {redo_from}; {}",
+        materialized_words(*.materialized, *.redo_from)
+    )]
+    NeedsWalRedo {
+        key: Key,
+        lsn: Lsn,
+        wal_records: usize,
+        /// The oldest WAL record the read would need.
+        redo_from: Lsn,
+        /// The newest version below it, if the page exists there: every LSN from it up to
+        /// `redo_from - 1` answers with a page.
+        materialized: Option<Lsn>,
+    },
     #[error("page {key} at {lsn} cannot be reconstructed: {source}")]
     Redo {
         key: Key,
@@ -256,6 +270,47 @@ pub enum TimelineError {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+impl TimelineError {
+    /// The error of a read whose `records` (newest first) did not redo: a page that needs
+    /// PostgreSQL's redo names the LSNs of the records involved.
+    pub(super) fn of_redo(
+        key: Key,
+        lsn: Lsn,
+        records: &[(Lsn, Value)],
+        source: RedoError,
+    ) -> TimelineError {
+        let lsn_of = |index: Option<usize>| index.and_then(|i| records.get(i)).map(|(l, _)| *l);
+        match (source.kind.clone(), lsn_of(source.record)) {
+            (
+                RedoErrorKind::NeedsWalRedo {
+                    wal_records,
+                    materialized,
+                },
+                Some(redo_from),
+            ) => TimelineError::NeedsWalRedo {
+                key,
+                lsn,
+                wal_records,
+                redo_from,
+                materialized: lsn_of(materialized),
+            },
+            _ => TimelineError::Redo { key, lsn, source },
+        }
+    }
+}
+
+/// Where a page that needs WAL redo is materialized, in words.
+fn materialized_words(materialized: Option<Lsn>, redo_from: Lsn) -> String {
+    match materialized {
+        // Versions have distinct LSNs, so the one below the record is at most redo_from - 1.
+        Some(at) => format!(
+            "the nearest LSN where it is materialized is {} (its version of {at})",
+            Lsn(redo_from.0 - 1)
+        ),
+        None => "it is not materialized at any LSN below that".to_owned(),
+    }
 }
 
 impl From<LayerReadError> for TimelineError {

@@ -56,6 +56,8 @@ pub struct VerifyReport {
     pub images: u64,
     /// Values that are deltas.
     pub deltas: u64,
+    /// Values that are PostgreSQL WAL records.
+    pub wal_records: u64,
     /// Blocks of the index, from its first block to its root.
     pub index_blocks: u64,
     /// Bytes of serialized values, without blob headers and checksums.
@@ -159,6 +161,7 @@ impl DeltaLayer {
                 match value {
                     Value::Image(_) => report.images += 1,
                     Value::Delta { .. } => report.deltas += 1,
+                    Value::WalRecord { .. } => report.wal_records += 1,
                 }
                 last_key = Some(key);
             }

@@ -337,7 +337,7 @@ impl ScanCursor {
         self.from = key.next();
         self.last = Some(key);
         let page = reconstruct_page(&records, max_value_size)
-            .map_err(|source| TimelineError::Redo { key, lsn, source })?;
+            .map_err(|source| TimelineError::of_redo(key, lsn, &records, source))?;
         Ok(Some((key, page)))
     }
 }

@@ -1,0 +1,519 @@
+//! PostgreSQL WAL records as page versions, keyed as an import keys a data directory.
+//!
+//! Each record becomes versions at its end LSN (PostgreSQL's `EndRecPtr`: the end aligned to 8
+//! bytes, [`DecodedRecord::end_rec_ptr`], what redo sets as `pd_lsn`: the state after the
+//! record), in the key space of `pageserver_api::datadir`:
+//!
+//! | what the record holds | versions |
+//! |---|---|
+//! | a block reference with a full-page image | the image, restored (hole, compression), `pd_lsn` set to the end LSN as redo sets it |
+//! | any other block reference | the record itself ([`Value::WalRecord`]), `will_init` as the reference says |
+//! | a heap change that clears a page's all-visible bit (`XLH_*_ALL_VISIBLE_CLEARED`, `XLH_LOCK_ALL_FROZEN_CLEARED`) | the record, on the visibility map page of that heap block, which the record does not register |
+//! | a block past a fork's size | the fork's new size, the fork in its database's relation directory, and a zero page (a `will_init` delta without patches: 4 bytes) for every block between the old end and it, as the file reads there |
+//! | `XLOG_SMGR_CREATE` | the fork in its relation directory, size 0 if it had none |
+//! | `XLOG_SMGR_TRUNCATE` | the sizes of the forks it truncates (main, and the visibility map and free space map as their redo computes them), and the record on the map page it clears the tail of |
+//!
+//! An image whose `BKPIMAGE_APPLY` is unset (written for `wal_consistency_checking`) is the page
+//! as the primary held it right after the record: equal to what redo makes, up to what
+//! PostgreSQL's masking ignores (hint bits, unused space), so it is stored as an image too.
+//! That is full-image mode: with `wal_consistency_checking = 'all'` every change of a heap or
+//! index page carries one. Its `pd_lsn` is set as that record's redo sets it: to the end LSN,
+//! except on the heap page of `XLOG_HEAP2_VISIBLE`, which keeps its LSN unless hint bits are
+//! WAL-logged (data checksums or `wal_log_hints`: [`WalVersions::set_hint_bits_logged`], and
+//! `XLOG_PARAMETER_CHANGE` records).
+//!
+//! Not taken from records yet: the commit status pages of `pg_xact/` and `pg_multixact/`,
+//! `pg_filenode.map`, relations a commit drops, databases created by copying a template
+//! (`XLOG_DBASE_CREATE_FILE_COPY`) or dropped, and the free space map pages that redo updates
+//! without a reference (the map is a hint that PostgreSQL corrects itself). So a page at any
+//! LSN is exact where it is an image, while a data directory still comes from a snapshot plus
+//! PostgreSQL's own replay.
+//!
+//! The sizes and relation directories a record changes are read once from the timeline (the
+//! caller's `read`, at its last ingested LSN) and then kept here, so a stream of records into
+//! one relation reads each only once.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use bytes::Bytes;
+use pageserver_api::datadir::{
+    decode_rel_dir, decode_rel_size, encode_rel_dir, encode_rel_size, rel_dir_key, RelTag,
+};
+use pageserver_api::ingest::PutRecord;
+use pageserver_api::{Key, Value};
+use postgres_wal::image::restore_page;
+use postgres_wal::record::{parse_parts, BlockRef, RM_HEAP_ID, RM_SMGR_ID, RM_XLOG_ID};
+use postgres_wal::DecodedRecord;
+use utils::Lsn;
+
+/// Resource manager of `heap_xlog_*2` records (pruning, freezing, multi-inserts, ...).
+pub const RM_HEAP2_ID: u8 = 9;
+
+const MAIN_FORKNUM: u8 = 0;
+const FSM_FORKNUM: u8 = 1;
+const VISIBILITYMAP_FORKNUM: u8 = 2;
+
+/// Heap blocks one visibility map page covers: two bits each in a page less its header.
+pub const HEAPBLOCKS_PER_VM_PAGE: u32 = (8192 - 24) * 4;
+/// The most blocks a reference past a fork's end fills with zero pages: a relation segment
+/// (1 GiB). PostgreSQL extends a relation a few blocks at a time; a record far past the end is
+/// refused rather than made into millions of versions.
+pub const MAX_ZERO_FILL: u32 = 131_072;
+/// Heap blocks one free space map leaf page covers (`SlotsPerFSMPage`).
+const FSM_SLOTS_PER_PAGE: u32 = (8192 - 24 - 4) - (8192 / 2 - 1);
+/// Levels of the free space map's tree (`FSM_TREE_DEPTH`).
+const FSM_TREE_DEPTH: u32 = 3;
+
+const XLOG_SMGR_CREATE: u8 = 0x10;
+const XLOG_SMGR_TRUNCATE: u8 = 0x20;
+const SMGR_TRUNCATE_HEAP: u32 = 0x0001;
+const SMGR_TRUNCATE_VM: u32 = 0x0002;
+const SMGR_TRUNCATE_FSM: u32 = 0x0004;
+
+const XLOG_HEAP_OPMASK: u8 = 0x70;
+const XLOG_HEAP_INSERT: u8 = 0x00;
+const XLOG_HEAP_DELETE: u8 = 0x10;
+const XLOG_HEAP_UPDATE: u8 = 0x20;
+const XLOG_HEAP_HOT_UPDATE: u8 = 0x40;
+const XLOG_HEAP_LOCK: u8 = 0x60;
+const XLOG_HEAP2_VISIBLE: u8 = 0x40;
+const XLOG_HEAP2_MULTI_INSERT: u8 = 0x50;
+const XLOG_PARAMETER_CHANGE: u8 = 0x60;
+const XLOG_HEAP2_LOCK_UPDATED: u8 = 0x60;
+/// `XLH_INSERT_ALL_VISIBLE_CLEARED`, `XLH_DELETE_ALL_VISIBLE_CLEARED`,
+/// `XLH_UPDATE_OLD_ALL_VISIBLE_CLEARED`, `XLH_LOCK_ALL_FROZEN_CLEARED`: all bit 0.
+const XLH_CLEARED: u8 = 0x01;
+const XLH_UPDATE_NEW_ALL_VISIBLE_CLEARED: u8 = 0x02;
+
+/// What a record says, as versions: see the module documentation.
+#[derive(Default)]
+pub struct WalVersions {
+    /// Data checksums are on: hint bits are WAL-logged whatever `wal_log_hints` says.
+    checksums: bool,
+    wal_log_hints: bool,
+    /// Fork sizes known so far (`None`: the fork has no size: it does not exist).
+    sizes: HashMap<RelTag, Option<u32>>,
+    /// Relation directories known so far, by `(spcnode, dbnode)`.
+    dirs: HashMap<(u32, u32), BTreeSet<(u32, u8)>>,
+}
+
+/// The value of a key as of the last ingested LSN (what the timeline holds).
+pub type ReadCurrent<'a> = dyn FnMut(Key) -> Result<Option<Bytes>, String> + 'a;
+
+/// The versions of one record, before they are put in order.
+struct RecordVersions {
+    pages: BTreeMap<Key, Value>,
+    sizes: BTreeSet<RelTag>,
+    dirs: BTreeSet<(u32, u32)>,
+}
+
+impl WalVersions {
+    pub fn new() -> WalVersions {
+        WalVersions::default()
+    }
+
+    /// Whether the cluster has data checksums and `wal_log_hints` (from its `pg_control`).
+    pub fn set_hint_bits_logged(&mut self, checksums: bool, wal_log_hints: bool) {
+        self.checksums = checksums;
+        self.wal_log_hints = wal_log_hints;
+    }
+
+    /// `XLogHintBitIsNeeded()`.
+    fn hint_bits_logged(&self) -> bool {
+        self.checksums || self.wal_log_hints
+    }
+
+    /// Appends the versions `record` makes to `out`, all at its end LSN
+    /// ([`DecodedRecord::end_rec_ptr`]); errors name the record's LSN.
+    pub fn record(
+        &mut self,
+        record: &DecodedRecord,
+        read: &mut ReadCurrent<'_>,
+        out: &mut Vec<PutRecord>,
+    ) -> Result<(), String> {
+        let at = |e: String| format!("the WAL record at {}: {e}", record.start);
+        let parts = parse_parts(&record.bytes).map_err(at)?;
+        let mut versions = RecordVersions {
+            pages: BTreeMap::new(),
+            sizes: BTreeSet::new(),
+            dirs: BTreeSet::new(),
+        };
+        let (rmid, info) = (record.header.rmid, record.header.rm_info());
+        let main = &record.bytes[parts.main_data.clone()];
+        if (rmid, info) == (RM_XLOG_ID, XLOG_PARAMETER_CHANGE) {
+            // xl_parameter_change: six ints, then wal_log_hints.
+            self.wal_log_hints = *main
+                .get(24)
+                .ok_or_else(|| at("a short parameter change".into()))?
+                != 0;
+        }
+        // One copy of the record for every version that holds it.
+        let whole = Bytes::copy_from_slice(&record.bytes);
+        for block in &parts.blocks {
+            let rel = rel_of(block);
+            let value = match &block.image {
+                Some(image) => {
+                    let bytes = &record.bytes[block.image_range.clone()];
+                    let mut page = restore_page(image, bytes)
+                        .map_err(|e| at(format!("block {}: {e}", block.id)))?;
+                    // Redo of a visibility record stamps the heap page (block 1) only when hint
+                    // bits are logged; a restored image is always stamped.
+                    let keeps_lsn = (rmid, info & XLOG_HEAP_OPMASK, block.id)
+                        == (RM_HEAP2_ID, XLOG_HEAP2_VISIBLE, 1)
+                        && !image.apply()
+                        && !self.hint_bits_logged();
+                    if !keeps_lsn {
+                        set_page_lsn(&mut page[..], record.end_rec_ptr());
+                    }
+                    Value::Image(Bytes::copy_from_slice(&page[..]))
+                }
+                None => Value::WalRecord {
+                    will_init: block.will_init,
+                    record: whole.clone(),
+                },
+            };
+            // PostgreSQL registers a block once per record; a second reference adds nothing.
+            versions
+                .pages
+                .entry(rel.block_key(block.block))
+                .or_insert(value);
+            self.grow(rel, block.block, read, &mut versions)
+                .map_err(at)?;
+        }
+        for (rel, heap_block) in visibility_map_clears(rmid, info, main, &parts.blocks) {
+            let vm = RelTag {
+                forknum: VISIBILITYMAP_FORKNUM,
+                ..rel
+            };
+            let vm_block = heap_block / HEAPBLOCKS_PER_VM_PAGE;
+            versions
+                .pages
+                .entry(vm.block_key(vm_block))
+                .or_insert_with(|| Value::WalRecord {
+                    will_init: false,
+                    record: whole.clone(),
+                });
+            self.grow(vm, vm_block, read, &mut versions).map_err(at)?;
+        }
+        if rmid == RM_SMGR_ID {
+            self.smgr(info, main, &whole, read, &mut versions)
+                .map_err(at)?;
+        }
+        self.emit(record.end_rec_ptr(), versions, out);
+        Ok(())
+    }
+
+    /// `XLOG_SMGR_CREATE` and `XLOG_SMGR_TRUNCATE`.
+    fn smgr(
+        &mut self,
+        info: u8,
+        main: &[u8],
+        whole: &Bytes,
+        read: &mut ReadCurrent<'_>,
+        versions: &mut RecordVersions,
+    ) -> Result<(), String> {
+        match info {
+            XLOG_SMGR_CREATE => {
+                // xl_smgr_create: RelFileNode, then ForkNumber (int32).
+                let rel = rel_at(main, 0, u32_at(main, 12)?)?;
+                if self.size(rel, read)?.is_none() {
+                    self.sizes.insert(rel, Some(0));
+                    versions.sizes.insert(rel);
+                }
+                self.list(rel, read, versions)
+            }
+            XLOG_SMGR_TRUNCATE => {
+                // xl_smgr_truncate: BlockNumber, RelFileNode, int flags.
+                let blocks = u32_at(main, 0)?;
+                let flags = u32_at(main, 16)?;
+                let heap = rel_at(main, 4, u32::from(MAIN_FORKNUM))?;
+                if flags & SMGR_TRUNCATE_HEAP != 0 {
+                    self.shrink(heap, blocks, read, versions)?;
+                }
+                if flags & SMGR_TRUNCATE_FSM != 0 {
+                    let fsm = RelTag {
+                        forknum: FSM_FORKNUM,
+                        ..heap
+                    };
+                    let (new_blocks, partial) = fsm_truncation(blocks);
+                    self.truncate_map(fsm, new_blocks, partial, whole, read, versions)?;
+                }
+                if flags & SMGR_TRUNCATE_VM != 0 {
+                    let vm = RelTag {
+                        forknum: VISIBILITYMAP_FORKNUM,
+                        ..heap
+                    };
+                    let partial = !blocks.is_multiple_of(HEAPBLOCKS_PER_VM_PAGE);
+                    let new_blocks = blocks.div_ceil(HEAPBLOCKS_PER_VM_PAGE);
+                    self.truncate_map(vm, new_blocks, partial, whole, read, versions)?;
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A map fork truncated to `new_blocks`, its last page's tail cleared by redo if
+    /// `partial` (only if the fork exists, as redo checks).
+    fn truncate_map(
+        &mut self,
+        map: RelTag,
+        new_blocks: u32,
+        partial: bool,
+        whole: &Bytes,
+        read: &mut ReadCurrent<'_>,
+        versions: &mut RecordVersions,
+    ) -> Result<(), String> {
+        let Some(size) = self.size(map, read)? else {
+            return Ok(());
+        };
+        if partial && new_blocks > 0 && new_blocks <= size {
+            versions
+                .pages
+                .entry(map.block_key(new_blocks - 1))
+                .or_insert_with(|| Value::WalRecord {
+                    will_init: false,
+                    record: whole.clone(),
+                });
+        }
+        self.shrink(map, new_blocks, read, versions)
+    }
+
+    /// `rel` holds at least `block + 1` blocks, and is listed; blocks skipped over read as
+    /// zeros, as a file extended past them does.
+    fn grow(
+        &mut self,
+        rel: RelTag,
+        block: u32,
+        read: &mut ReadCurrent<'_>,
+        versions: &mut RecordVersions,
+    ) -> Result<(), String> {
+        let needed = block.checked_add(1).ok_or("block number 0xFFFFFFFF")?;
+        let size = self.size(rel, read)?.unwrap_or(0);
+        if needed > size {
+            if block - size > MAX_ZERO_FILL {
+                return Err(format!(
+                    "block {block} of relation {}/{}/{} fork {} is {} blocks past its end \
+                     (at most {MAX_ZERO_FILL} are filled with zeros)",
+                    rel.spcnode,
+                    rel.dbnode,
+                    rel.relnode,
+                    rel.forknum,
+                    block - size
+                ));
+            }
+            for gap in size..block {
+                versions
+                    .pages
+                    .entry(rel.block_key(gap))
+                    .or_insert_with(zero_page);
+            }
+            self.sizes.insert(rel, Some(needed));
+            versions.sizes.insert(rel);
+        }
+        self.list(rel, read, versions)
+    }
+
+    /// `rel` holds at most `blocks` blocks.
+    fn shrink(
+        &mut self,
+        rel: RelTag,
+        blocks: u32,
+        read: &mut ReadCurrent<'_>,
+        versions: &mut RecordVersions,
+    ) -> Result<(), String> {
+        if let Some(size) = self.size(rel, read)? {
+            if size > blocks {
+                self.sizes.insert(rel, Some(blocks));
+                versions.sizes.insert(rel);
+            }
+        }
+        Ok(())
+    }
+
+    /// `rel` is in its database's relation directory.
+    fn list(
+        &mut self,
+        rel: RelTag,
+        read: &mut ReadCurrent<'_>,
+        versions: &mut RecordVersions,
+    ) -> Result<(), String> {
+        let db = (rel.spcnode, rel.dbnode);
+        let dir = match self.dirs.entry(db) {
+            std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
+            std::collections::hash_map::Entry::Vacant(unknown) => {
+                let listed = match read(rel_dir_key(db.0, db.1))? {
+                    Some(bytes) => decode_rel_dir(&bytes).map_err(|e| e.to_string())?,
+                    None => Vec::new(),
+                };
+                unknown.insert(listed.into_iter().collect())
+            }
+        };
+        if dir.insert((rel.relnode, rel.forknum)) {
+            versions.dirs.insert(db);
+        }
+        Ok(())
+    }
+
+    fn size(&mut self, rel: RelTag, read: &mut ReadCurrent<'_>) -> Result<Option<u32>, String> {
+        if let Some(size) = self.sizes.get(&rel) {
+            return Ok(*size);
+        }
+        let size = match read(rel.size_key())? {
+            Some(bytes) => Some(decode_rel_size(&bytes).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        self.sizes.insert(rel, size);
+        Ok(size)
+    }
+
+    /// The record's versions, in key order, at `lsn`.
+    fn emit(&self, lsn: Lsn, versions: RecordVersions, out: &mut Vec<PutRecord>) {
+        let mut all: BTreeMap<Key, Value> = versions.pages;
+        for rel in versions.sizes {
+            if let Some(Some(size)) = self.sizes.get(&rel) {
+                all.insert(rel.size_key(), Value::Image(encode_rel_size(*size).into()));
+            }
+        }
+        for db in versions.dirs {
+            if let Some(dir) = self.dirs.get(&db) {
+                let listed: Vec<(u32, u8)> = dir.iter().copied().collect();
+                all.insert(
+                    rel_dir_key(db.0, db.1),
+                    Value::Image(encode_rel_dir(&listed).into()),
+                );
+            }
+        }
+        out.extend(
+            all.into_iter()
+                .map(|(key, value)| PutRecord { key, lsn, value }),
+        );
+    }
+}
+
+/// A page of zeros: a `will_init` delta with no patches.
+fn zero_page() -> Value {
+    Value::Delta {
+        will_init: true,
+        patches: Vec::new(),
+    }
+}
+
+fn rel_of(block: &BlockRef) -> RelTag {
+    RelTag {
+        spcnode: block.rel.spcnode,
+        dbnode: block.rel.dbnode,
+        relnode: block.rel.relnode,
+        forknum: block.fork,
+    }
+}
+
+/// Sets a page's `pd_lsn` (its first 8 bytes: the high and the low half, each little-endian).
+pub fn set_page_lsn(page: &mut [u8], lsn: Lsn) {
+    page[0..4].copy_from_slice(&((lsn.0 >> 32) as u32).to_le_bytes());
+    page[4..8].copy_from_slice(&(lsn.0 as u32).to_le_bytes());
+}
+
+fn u32_at(bytes: &[u8], at: usize) -> Result<u32, String> {
+    bytes
+        .get(at..at + 4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("four bytes")))
+        .ok_or_else(|| {
+            format!(
+                "main data of {} bytes ends before byte {}",
+                bytes.len(),
+                at + 4
+            )
+        })
+}
+
+/// The `RelFileNode` at `at` of `main`, with fork `fork`.
+fn rel_at(main: &[u8], at: usize, fork: u32) -> Result<RelTag, String> {
+    let forknum = u8::try_from(fork)
+        .ok()
+        .filter(|f| *f <= 3)
+        .ok_or_else(|| format!("fork number {fork}"))?;
+    Ok(RelTag {
+        spcnode: u32_at(main, at)?,
+        dbnode: u32_at(main, at + 4)?,
+        relnode: u32_at(main, at + 8)?,
+        forknum,
+    })
+}
+
+/// The heap blocks whose all-visible (or all-frozen) bit a heap record clears in the
+/// visibility map without registering the map's page: `(heap fork, block)`.
+pub fn visibility_map_clears(
+    rmid: u8,
+    info: u8,
+    main: &[u8],
+    blocks: &[BlockRef],
+) -> Vec<(RelTag, u32)> {
+    let flag = |at: usize| main.get(at).copied().unwrap_or(0);
+    let block = |id: u8| {
+        blocks
+            .iter()
+            .find(|b| b.id == id)
+            .map(|b| (rel_of(b), b.block))
+    };
+    let mut cleared = Vec::new();
+    let op = info & XLOG_HEAP_OPMASK;
+    match (rmid, op) {
+        // xl_heap_insert: offnum (2), flags.
+        (RM_HEAP_ID, XLOG_HEAP_INSERT) if flag(2) & XLH_CLEARED != 0 => cleared.extend(block(0)),
+        // xl_heap_delete, xl_heap_lock: xid (4), offnum (2), infobits (1), flags.
+        (RM_HEAP_ID, XLOG_HEAP_DELETE | XLOG_HEAP_LOCK) if flag(7) & XLH_CLEARED != 0 => {
+            cleared.extend(block(0))
+        }
+        // xl_heap_update: old_xmax (4), old_offnum (2), old_infobits (1), flags. The new
+        // tuple's page is block 0, the old one's block 1 (or block 0 if the same page).
+        (RM_HEAP_ID, XLOG_HEAP_UPDATE | XLOG_HEAP_HOT_UPDATE) => {
+            if flag(7) & XLH_CLEARED != 0 {
+                cleared.extend(block(1).or_else(|| block(0)));
+            }
+            if flag(7) & XLH_UPDATE_NEW_ALL_VISIBLE_CLEARED != 0 {
+                cleared.extend(block(0));
+            }
+        }
+        // xl_heap_multi_insert: flags first.
+        (RM_HEAP2_ID, XLOG_HEAP2_MULTI_INSERT) if flag(0) & XLH_CLEARED != 0 => {
+            cleared.extend(block(0))
+        }
+        // xl_heap_lock_updated: xmax (4), offnum (2), infobits (1), flags.
+        (RM_HEAP2_ID, XLOG_HEAP2_LOCK_UPDATED) if flag(7) & XLH_CLEARED != 0 => {
+            cleared.extend(block(0))
+        }
+        _ => {}
+    }
+    cleared.retain(|(rel, _)| rel.forknum == MAIN_FORKNUM);
+    cleared
+}
+
+/// The free space map's size after its heap is truncated to `heap_blocks`, and whether redo
+/// clears the tail of its last page (`FreeSpaceMapPrepareTruncateRel`).
+fn fsm_truncation(heap_blocks: u32) -> (u32, bool) {
+    let logical_page = heap_blocks / FSM_SLOTS_PER_PAGE;
+    let slot = heap_blocks % FSM_SLOTS_PER_PAGE;
+    let physical = fsm_leaf_physical_block(logical_page);
+    if slot > 0 {
+        (physical + 1, true)
+    } else {
+        (physical, false)
+    }
+}
+
+/// The physical block of leaf page `logical` of the free space map
+/// (`fsm_logical_to_physical` at the bottom level): the leaves come after the upper pages
+/// that lead to them.
+fn fsm_leaf_physical_block(logical: u32) -> u32 {
+    let mut leaf = u64::from(logical);
+    let mut pages = 0u64;
+    for _ in 0..FSM_TREE_DEPTH {
+        pages += leaf + 1;
+        leaf /= u64::from(FSM_SLOTS_PER_PAGE);
+    }
+    u32::try_from(pages - 1).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests;

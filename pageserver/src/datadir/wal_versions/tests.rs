@@ -1,0 +1,367 @@
+//! Records built byte by byte as PostgreSQL lays them out, and the versions they become.
+
+use super::*;
+use postgres_wal::record::BKPIMAGE_APPLY;
+use postgres_wal::synthetic::WalBuilder;
+use postgres_wal::WalDecoder;
+
+const SEG: u32 = 1 << 24;
+const REL: (u32, u32, u32) = (1663, 5, 16384);
+
+fn heap(fork: u8) -> RelTag {
+    RelTag {
+        spcnode: REL.0,
+        dbnode: REL.1,
+        relnode: REL.2,
+        forknum: fork,
+    }
+}
+
+/// A block reference's header (and, after every header, what `tail` holds: its image and
+/// data), for `REL`.
+struct Block {
+    id: u8,
+    fork: u8,
+    block: u32,
+    will_init: bool,
+    /// An uncompressed image without a hole, and its bimg_info.
+    image: Option<(Vec<u8>, u8)>,
+    data: Vec<u8>,
+}
+
+fn parts(blocks: &[Block], main: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for b in blocks {
+        let mut flags = b.fork;
+        if b.image.is_some() {
+            flags |= 0x10;
+        }
+        if !b.data.is_empty() {
+            flags |= 0x20;
+        }
+        if b.will_init {
+            flags |= 0x40;
+        }
+        out.extend_from_slice(&[b.id, flags]);
+        out.extend_from_slice(&(b.data.len() as u16).to_le_bytes());
+        if let Some((page, info)) = &b.image {
+            out.extend_from_slice(&(page.len() as u16).to_le_bytes());
+            out.extend_from_slice(&0u16.to_le_bytes());
+            out.push(*info);
+        }
+        for v in [REL.0, REL.1, REL.2, b.block] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+    }
+    if !main.is_empty() {
+        out.extend_from_slice(&[255, main.len() as u8]);
+    }
+    for b in blocks {
+        if let Some((page, _)) = &b.image {
+            out.extend_from_slice(page);
+        }
+        out.extend_from_slice(&b.data);
+    }
+    out.extend_from_slice(main);
+    out
+}
+
+fn decoded(rmid: u8, info: u8, parts: &[u8]) -> DecodedRecord {
+    let mut wal = WalBuilder::new(Lsn(SEG as u64), SEG);
+    wal.record(rmid, info, 7, parts);
+    let mut decoder = WalDecoder::new(Lsn(SEG as u64), SEG);
+    decoder.feed(wal.bytes());
+    decoder.next_record().unwrap().unwrap()
+}
+
+/// A heap insert into block `block` of `REL`'s main fork, without an image.
+fn heap_insert(block: u32, will_init: bool) -> DecodedRecord {
+    let block = Block {
+        id: 0,
+        fork: 0,
+        block,
+        will_init,
+        image: None,
+        data: vec![1, 2, 3],
+    };
+    decoded(RM_HEAP_ID, 0x00, &parts(&[block], &[1, 0, 0]))
+}
+
+/// The versions of `record` over a timeline holding `stored`, and the keys read.
+fn versions(
+    ingest: &mut WalVersions,
+    record: &DecodedRecord,
+    stored: &HashMap<Key, Bytes>,
+) -> (Vec<PutRecord>, Vec<Key>) {
+    let mut reads = Vec::new();
+    let mut out = Vec::new();
+    ingest
+        .record(
+            record,
+            &mut |key| {
+                reads.push(key);
+                Ok(stored.get(&key).cloned())
+            },
+            &mut out,
+        )
+        .unwrap();
+    assert!(out.iter().all(|v| v.lsn == record.end_rec_ptr()));
+    (out, reads)
+}
+
+fn value_of(out: &[PutRecord], key: Key) -> Option<&Value> {
+    out.iter().find(|v| v.key == key).map(|v| &v.value)
+}
+
+#[test]
+fn a_block_without_an_image_is_the_record_and_grows_its_fork() {
+    let record = heap_insert(5, false);
+    let mut ingest = WalVersions::new();
+    let stored = HashMap::from([(heap(0).size_key(), Bytes::from(encode_rel_size(3)))]);
+    let (out, reads) = versions(&mut ingest, &record, &stored);
+    assert_eq!(
+        value_of(&out, heap(0).block_key(5)),
+        Some(&Value::WalRecord {
+            will_init: false,
+            record: Bytes::from(record.bytes.clone())
+        })
+    );
+    assert_eq!(
+        value_of(&out, heap(0).size_key()),
+        Some(&Value::Image(encode_rel_size(6).into()))
+    );
+    assert_eq!(
+        value_of(&out, rel_dir_key(REL.0, REL.1)),
+        Some(&Value::Image(encode_rel_dir(&[(REL.2, 0)]).into()))
+    );
+    // Blocks 3 and 4, skipped over, read as zeros.
+    for block in [3, 4] {
+        assert_eq!(
+            value_of(&out, heap(0).block_key(block)),
+            Some(&zero_page()),
+            "{block}"
+        );
+    }
+    assert_eq!(out.len(), 5);
+    assert_eq!(reads.len(), 2, "the size and the directory: {reads:?}");
+
+    // The same record again: nothing new to size or list, and nothing read again.
+    let (out, reads) = versions(&mut ingest, &record, &stored);
+    assert_eq!(out.len(), 1);
+    assert!(reads.is_empty());
+}
+
+#[test]
+fn an_image_becomes_the_page_with_its_lsn_set_whether_or_not_redo_applies_it() {
+    for info in [BKPIMAGE_APPLY, 0] {
+        let mut page = vec![0xAB; 8192];
+        page[..8].copy_from_slice(&[9; 8]);
+        let record = decoded(
+            0,
+            0xB0,
+            &parts(
+                &[Block {
+                    id: 0,
+                    fork: 0,
+                    block: 0,
+                    will_init: false,
+                    image: Some((page.clone(), info)),
+                    data: vec![],
+                }],
+                &[],
+            ),
+        );
+        let (out, _) = versions(&mut WalVersions::new(), &record, &HashMap::new());
+        let Some(Value::Image(stored)) = value_of(&out, heap(0).block_key(0)) else {
+            panic!("no image: {out:?}");
+        };
+        set_page_lsn(&mut page, record.end_rec_ptr());
+        assert_eq!(&stored[..], &page[..]);
+        let lsn = record.end_rec_ptr().0;
+        assert_eq!(lsn % 8, 0);
+        assert_eq!(&stored[..4], &((lsn >> 32) as u32).to_le_bytes());
+        assert_eq!(&stored[4..8], &(lsn as u32).to_le_bytes());
+        // A fork with no size before: it has one now.
+        assert_eq!(
+            value_of(&out, heap(0).size_key()),
+            Some(&Value::Image(encode_rel_size(1).into()))
+        );
+    }
+}
+
+#[test]
+fn heap_changes_that_clear_all_visible_touch_the_map_page() {
+    // (rmid, info, main data, heap block refs, the heap blocks whose map page changes)
+    let insert_cleared = [0u8, 0, 1];
+    let delete_cleared = [0, 0, 0, 0, 0, 0, 0, 1];
+    let update_both = [0, 0, 0, 0, 0, 0, 0, 3];
+    let update_old = [0, 0, 0, 0, 0, 0, 0, 1];
+    let not_cleared = [0, 0, 0, 0, 0, 0, 0, 0];
+    type Case<'a> = (u8, u8, &'a [u8], &'a [u32], &'a [u32]);
+    let cases: [Case; 7] = [
+        (RM_HEAP_ID, 0x00, &insert_cleared, &[40_000], &[40_000]),
+        (RM_HEAP_ID, 0x10, &delete_cleared, &[7], &[7]),
+        (RM_HEAP_ID, 0x20, &update_both, &[70_000, 3], &[3, 70_000]),
+        (RM_HEAP_ID, 0x40, &update_old, &[9], &[9]),
+        (RM_HEAP_ID, 0x60, &delete_cleared, &[8], &[8]),
+        (RM_HEAP2_ID, 0x50, &[1, 0, 0], &[11], &[11]),
+        (RM_HEAP_ID, 0x10, &not_cleared, &[7], &[]),
+    ];
+    for (rmid, info, main, heap_blocks, cleared) in cases {
+        let blocks: Vec<Block> = heap_blocks
+            .iter()
+            .enumerate()
+            .map(|(id, block)| Block {
+                id: id as u8,
+                fork: 0,
+                block: *block,
+                will_init: false,
+                image: None,
+                data: vec![1],
+            })
+            .collect();
+        let record = decoded(rmid, info, &parts(&blocks, main));
+        let (out, _) = versions(&mut WalVersions::new(), &record, &HashMap::new());
+        let map_pages: BTreeSet<u32> = out
+            .iter()
+            .filter(|v| v.key == heap(2).block_key(v.key.field6) && v.value.is_wal_record())
+            .map(|v| v.key.field6)
+            .collect();
+        let expected: BTreeSet<u32> = cleared.iter().map(|b| b / HEAPBLOCKS_PER_VM_PAGE).collect();
+        assert_eq!(map_pages, expected, "rmid {rmid} info {info:#x}");
+        if let Some(last) = expected.last() {
+            assert_eq!(
+                value_of(&out, heap(2).size_key()),
+                Some(&Value::Image(encode_rel_size(last + 1).into()))
+            );
+        }
+    }
+}
+
+fn smgr_truncate(blocks: u32, flags: u32) -> DecodedRecord {
+    let mut main = Vec::new();
+    for v in [blocks, REL.0, REL.1, REL.2, flags] {
+        main.extend_from_slice(&v.to_le_bytes());
+    }
+    decoded(RM_SMGR_ID, XLOG_SMGR_TRUNCATE, &parts(&[], &main))
+}
+
+#[test]
+fn truncation_shrinks_the_forks_as_redo_does() {
+    let stored = HashMap::from([
+        (heap(0).size_key(), Bytes::from(encode_rel_size(100_000))),
+        (heap(1).size_key(), Bytes::from(encode_rel_size(40))),
+        (heap(2).size_key(), Bytes::from(encode_rel_size(4))),
+    ]);
+    let record = smgr_truncate(
+        40_000,
+        SMGR_TRUNCATE_HEAP | SMGR_TRUNCATE_VM | SMGR_TRUNCATE_FSM,
+    );
+    let (out, _) = versions(&mut WalVersions::new(), &record, &stored);
+    let size = |rel: RelTag| match value_of(&out, rel.size_key()) {
+        Some(Value::Image(b)) => decode_rel_size(b).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(size(heap(0)), 40_000);
+    // 40,000 heap blocks need two map pages, the second one partly: its tail is cleared.
+    assert_eq!(size(heap(2)), 2);
+    assert!(value_of(&out, heap(2).block_key(1)).is_some_and(Value::is_wal_record));
+    // Leaf 9 (blocks from 36,621) is the 12th page: root, one middle page, ten leaves.
+    assert_eq!(size(heap(1)), 12);
+    assert!(value_of(&out, heap(1).block_key(11)).is_some_and(Value::is_wal_record));
+
+    // Truncating at a map page's boundary clears nothing; forks that do not exist stay so.
+    let stored = HashMap::from([(heap(0).size_key(), Bytes::from(encode_rel_size(100_000)))]);
+    let record = smgr_truncate(HEAPBLOCKS_PER_VM_PAGE, 7);
+    let (out, _) = versions(&mut WalVersions::new(), &record, &stored);
+    assert_eq!(out.len(), 1, "{out:?}");
+}
+
+#[test]
+fn free_space_map_pages_are_laid_out_as_postgres_lays_them() {
+    // Root, the first middle page, then the leaves: leaf 0 is block 2.
+    assert_eq!(fsm_leaf_physical_block(0), 2);
+    assert_eq!(fsm_leaf_physical_block(1), 3);
+    // After FSM_SLOTS_PER_PAGE leaves, another middle page comes first.
+    assert_eq!(
+        fsm_leaf_physical_block(FSM_SLOTS_PER_PAGE),
+        FSM_SLOTS_PER_PAGE + 3
+    );
+    assert_eq!(fsm_truncation(0), (2, false));
+    assert_eq!(fsm_truncation(1), (3, true));
+}
+
+#[test]
+fn creation_lists_the_fork_with_size_zero_once() {
+    let mut main = Vec::new();
+    for v in [REL.0, REL.1, REL.2, 2] {
+        main.extend_from_slice(&v.to_le_bytes());
+    }
+    let record = decoded(RM_SMGR_ID, XLOG_SMGR_CREATE, &parts(&[], &main));
+    let stored = HashMap::from([(
+        rel_dir_key(REL.0, REL.1),
+        Bytes::from(encode_rel_dir(&[(REL.2, 0)])),
+    )]);
+    let mut ingest = WalVersions::new();
+    let (out, _) = versions(&mut ingest, &record, &stored);
+    assert_eq!(
+        value_of(&out, heap(2).size_key()),
+        Some(&Value::Image(encode_rel_size(0).into()))
+    );
+    assert_eq!(
+        value_of(&out, rel_dir_key(REL.0, REL.1)),
+        Some(&Value::Image(
+            encode_rel_dir(&[(REL.2, 0), (REL.2, 2)]).into()
+        ))
+    );
+    let (out, _) = versions(&mut ingest, &record, &stored);
+    assert!(out.is_empty(), "{out:?}");
+}
+
+#[test]
+fn a_block_far_past_the_end_is_refused() {
+    let record = heap_insert(MAX_ZERO_FILL + 10, true);
+    let stored = HashMap::from([(heap(0).size_key(), Bytes::from(encode_rel_size(9)))]);
+    let err = WalVersions::new()
+        .record(
+            &record,
+            &mut |k| Ok(stored.get(&k).cloned()),
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+    assert!(err.contains("blocks past its end"), "{err}");
+    // One block fewer past it is filled.
+    let mut out = Vec::new();
+    let stored = HashMap::from([(heap(0).size_key(), Bytes::from(encode_rel_size(10)))]);
+    WalVersions::new()
+        .record(&record, &mut |k| Ok(stored.get(&k).cloned()), &mut out)
+        .unwrap();
+    assert_eq!(out.len(), MAX_ZERO_FILL as usize + 3);
+}
+
+#[test]
+fn damaged_records_are_errors_that_name_the_lsn() {
+    // A truncation whose main data stops short, and a fork number out of range.
+    let short = decoded(RM_SMGR_ID, XLOG_SMGR_TRUNCATE, &parts(&[], &[1, 2, 3]));
+    let mut fork = Vec::new();
+    for v in [REL.0, REL.1, REL.2, 9] {
+        fork.extend_from_slice(&v.to_le_bytes());
+    }
+    let bad_fork = decoded(RM_SMGR_ID, XLOG_SMGR_CREATE, &parts(&[], &fork));
+    for record in [short, bad_fork] {
+        let err = WalVersions::new()
+            .record(&record, &mut |_| Ok(None), &mut Vec::new())
+            .unwrap_err();
+        assert!(err.contains(&record.start.to_string()), "{err}");
+    }
+    // A stored size that is not one.
+    let record = heap_insert(1, true);
+    let err = WalVersions::new()
+        .record(
+            &record,
+            &mut |_| Ok(Some(Bytes::from_static(b"x"))),
+            &mut Vec::new(),
+        )
+        .unwrap_err();
+    assert!(err.contains("relation size"), "{err}");
+}

@@ -1,0 +1,84 @@
+//! What a receiver's threads share: the state `GET .../wal_receiver` answers, the stop flag,
+//! and what the stream learned that page ingest needs (the segment size). The streaming thread
+//! (`receiver.rs`) writes it, page ingest (`page_ingest.rs`) reads it and adds its own part, and
+//! the HTTP handlers read a copy.
+
+use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::Serialize;
+use utils::Lsn;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateName {
+    Connecting,
+    /// Taking a base backup of the primary into a timeline that had no snapshot.
+    BaseBackup,
+    Streaming,
+    WaitingRetry,
+    Stopped,
+}
+
+/// What `GET .../wal_receiver` answers.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReceiverState {
+    pub state: StateName,
+    /// Without its password.
+    pub connstr: String,
+    pub slot_name: String,
+    pub application_name: String,
+    pub system_id: Option<String>,
+    /// The PostgreSQL timeline (TLI) being streamed.
+    pub timeline: Option<u32>,
+    /// Whether the connection to the primary is encrypted (TLS).
+    pub tls: Option<bool>,
+    /// Just past the last byte received.
+    #[serde(serialize_with = "lsn_text")]
+    pub received_lsn: Option<Lsn>,
+    /// Just past the last byte durable here (what the primary is told is flushed).
+    #[serde(serialize_with = "lsn_text")]
+    pub flushed_lsn: Option<Lsn>,
+    /// Just past the last byte in the object store (listed by its durable index).
+    #[serde(serialize_with = "lsn_text")]
+    pub archived_lsn: Option<Lsn>,
+    /// The end of the primary's WAL, as it last said.
+    #[serde(serialize_with = "lsn_text")]
+    pub primary_wal_end: Option<Lsn>,
+    /// `primary_wal_end - flushed_lsn`.
+    pub lag_bytes: Option<u64>,
+    /// Unix milliseconds of the last message from the primary.
+    pub last_message_ms: Option<u64>,
+    pub last_error: Option<String>,
+    /// Whether page ingest runs (`ingest_pages`).
+    pub ingest_pages: bool,
+    /// Where page ingest is: the end of the last record whose versions the timeline holds.
+    #[serde(serialize_with = "lsn_text")]
+    pub pages_lsn: Option<Lsn>,
+    /// Why page ingest does not go on, if it does not (it tries again).
+    pub pages_error: Option<String>,
+}
+
+/// An LSN as `X/X` text, as the rest of the API writes LSNs.
+fn lsn_text<S: serde::Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::Error> {
+    match lsn {
+        Some(lsn) => s.serialize_str(&lsn.to_string()),
+        None => s.serialize_none(),
+    }
+}
+
+pub(super) struct Shared {
+    pub(super) state: Mutex<ReceiverState>,
+    pub(super) stop: AtomicBool,
+    /// The primary's WAL segment size, once connected (0 before).
+    pub(super) segment_size: AtomicU32,
+    /// See `Receivers`' `timeout`.
+    pub(super) timeout: Duration,
+}
+
+impl Shared {
+    pub(super) fn state(&self) -> MutexGuard<'_, ReceiverState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
