@@ -56,6 +56,29 @@ def page_at(timeline: TimelineHandle, key: str, lsn: Lsn) -> requests.Response:
     return requests.get(f"{timeline.url}/page", params={"key": key, "lsn": str(lsn)}, timeout=60)
 
 
+def file_bytes(timeline: TimelineHandle, path: str, lsn: Lsn) -> bytes:
+    """A non-relation file of the data directory as the timeline holds it at `lsn`: its entry
+    in the file directory (key kind 4), then its chunks (kind 3)."""
+    r = page_at(timeline, struct.pack(">BIIIBI", 4, 0, 0, 0, 0, 0).hex(), lsn)
+    assert r.status_code == 200, r.text
+    d = r.content
+    _version, _next_id, count = struct.unpack_from(">BII", d, 0)
+    at = 9
+    for _ in range(count):
+        (length,) = struct.unpack_from(">H", d, at)
+        name = d[at + 2 : at + 2 + length].decode()
+        _kind, _mode, _mtime, size, file_id = struct.unpack_from(">BIQQI", d, at + 2 + length)
+        at += 2 + length + 25
+        if name == path:
+            chunks = []
+            for chunk in range((size + BLCKSZ - 1) // BLCKSZ):
+                r = page_at(timeline, struct.pack(">BIIIBI", 3, file_id, 0, 0, 0, chunk).hex(), lsn)
+                assert r.status_code == 200, r.text
+                chunks.append(r.content)
+            return b"".join(chunks)[:size]
+    raise AssertionError(f"{path} is not in the file directory")
+
+
 def page_lsn(page: bytes) -> Lsn:
     high, low = struct.unpack_from("<II", page, 0)
     return Lsn((high << 32) | low)
@@ -113,6 +136,11 @@ def test_full_page_images_become_the_primarys_pages(pg: PgEnv, pageserver: Pages
             assert masked_heap_page(ours.content) == masked_heap_page(theirs), (table, block)
             compared += 1
     assert compared > 1500, compared
+
+    # pg_xact as the WAL's commits and aborts set it: the primary's own file, byte for byte.
+    xact = file_bytes(timeline, "pg_xact/0000", at)
+    theirs = (Path(primary.datadir) / "pg_xact" / "0000").read_bytes()
+    assert xact == theirs[: len(xact)] and len(xact) >= BLCKSZ, (len(xact), len(theirs))
 
     metrics = requests.get(f"{pageserver.base_url}/metrics", timeout=30).text
     images = re.search(r"^pageserver_wal_ingest_images_total (\d+)", metrics, re.M)

@@ -1,8 +1,12 @@
 //! Transaction end records (`RM_XACT_ID`): which transactions committed or aborted, and when.
 //!
 //! A commit or abort record's main data starts with the time the transaction ended
-//! (`TimestampTz`: microseconds since 2000-01-01 00:00 UTC); what follows (subtransactions,
-//! dropped relations, invalidations, two-phase details) is not read here.
+//! (`TimestampTz`: microseconds since 2000-01-01 00:00 UTC); [`xact_end_details`] reads what
+//! follows as far as the transactions whose status it sets and the relations it drops go
+//! (PostgreSQL 15's `ParseCommitRecord` and `ParseAbortRecord`: with `XLOG_XACT_HAS_INFO`, an
+//! `xinfo` word, then the database, the subtransactions, the relations, the dropped statistics,
+//! the invalidations (commits only) and the two-phase transaction's xid, each there if `xinfo`
+//! says so).
 
 use utils::Lsn;
 
@@ -77,6 +81,126 @@ pub fn xact_end(record: &DecodedRecord) -> Result<Option<XactRecord>, String> {
         kind,
         time: i64::from_le_bytes(time),
     }))
+}
+
+/// `info` bit: an `xinfo` word follows the time.
+const XLOG_XACT_HAS_INFO: u8 = 0x80;
+const XACT_XINFO_HAS_DBINFO: u32 = 1 << 0;
+const XACT_XINFO_HAS_SUBXACTS: u32 = 1 << 1;
+const XACT_XINFO_HAS_RELFILENODES: u32 = 1 << 2;
+const XACT_XINFO_HAS_INVALS: u32 = 1 << 3;
+const XACT_XINFO_HAS_TWOPHASE: u32 = 1 << 4;
+const XACT_XINFO_HAS_DROPPED_STATS: u32 = 1 << 8;
+/// Bytes of one dropped relation (`RelFileNode`), statistics item and invalidation message.
+const RELFILENODE_LEN: usize = 12;
+const STATS_ITEM_LEN: usize = 12;
+const INVAL_MSG_LEN: usize = 16;
+
+/// Which transactions a transaction end record ends, and the relations it drops.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XactEndDetails {
+    pub kind: XactEnd,
+    /// The transaction ended: the record's own, or the prepared one a two-phase end names.
+    pub xid: u32,
+    /// Its subtransactions, which end with it.
+    pub subxacts: Vec<u32>,
+    /// Relations whose files go: `(spcnode, dbnode, relnode)`.
+    pub dropped: Vec<(u32, u32, u32)>,
+}
+
+/// The details of the transaction end `record` records; `Ok(None)` for every other record.
+pub fn xact_end_details(record: &DecodedRecord) -> Result<Option<XactEndDetails>, String> {
+    let Some(end) = xact_end(record)? else {
+        return Ok(None);
+    };
+    let parts = parse_parts(&record.bytes)?;
+    let main = &record.bytes[parts.main_data];
+    let mut r = MainData { main, at: 8 };
+    let xinfo = if record.header.info & XLOG_XACT_HAS_INFO != 0 {
+        r.u32()?
+    } else {
+        0
+    };
+    if xinfo & XACT_XINFO_HAS_DBINFO != 0 {
+        r.skip(8)?;
+    }
+    let mut subxacts = Vec::new();
+    if xinfo & XACT_XINFO_HAS_SUBXACTS != 0 {
+        let n = r.count(4)?;
+        for _ in 0..n {
+            subxacts.push(r.u32()?);
+        }
+    }
+    let mut dropped = Vec::new();
+    if xinfo & XACT_XINFO_HAS_RELFILENODES != 0 {
+        let n = r.count(RELFILENODE_LEN)?;
+        for _ in 0..n {
+            dropped.push((r.u32()?, r.u32()?, r.u32()?));
+        }
+    }
+    if xinfo & XACT_XINFO_HAS_DROPPED_STATS != 0 {
+        let n = r.count(STATS_ITEM_LEN)?;
+        r.skip(n * STATS_ITEM_LEN)?;
+    }
+    let commit = matches!(end.kind, XactEnd::Commit | XactEnd::CommitPrepared);
+    if commit && xinfo & XACT_XINFO_HAS_INVALS != 0 {
+        let n = r.count(INVAL_MSG_LEN)?;
+        r.skip(n * INVAL_MSG_LEN)?;
+    }
+    let xid = if xinfo & XACT_XINFO_HAS_TWOPHASE != 0 {
+        r.u32()?
+    } else {
+        record.header.xid
+    };
+    Ok(Some(XactEndDetails {
+        kind: end.kind,
+        xid,
+        subxacts,
+        dropped,
+    }))
+}
+
+/// A cursor over a transaction record's main data that refuses to read past its end.
+struct MainData<'a> {
+    main: &'a [u8],
+    at: usize,
+}
+
+impl MainData<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], String> {
+        let end = self.at.checked_add(n).filter(|end| *end <= self.main.len());
+        let Some(end) = end else {
+            return Err(format!(
+                "a transaction end record's main data of {} bytes ends inside a field at byte {}",
+                self.main.len(),
+                self.at
+            ));
+        };
+        let bytes = &self.main[self.at..end];
+        self.at = end;
+        Ok(bytes)
+    }
+
+    fn skip(&mut self, n: usize) -> Result<(), String> {
+        self.take(n).map(|_| ())
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("four bytes"),
+        ))
+    }
+
+    /// A count of entries of `len` bytes each, refused if the rest cannot hold them.
+    fn count(&mut self, len: usize) -> Result<usize, String> {
+        let n = self.u32()? as usize;
+        if n.saturating_mul(len) > self.main.len() - self.at {
+            return Err(format!(
+                "a transaction end record counts {n} entries its main data cannot hold"
+            ));
+        }
+        Ok(n)
+    }
 }
 
 /// The first and the last commit of a stretch of WAL: each commit's end LSN (where the state

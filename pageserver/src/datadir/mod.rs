@@ -13,7 +13,8 @@
 //! - `basebackup.rs`: the snapshot at or below an LSN as a tar stream a stock PostgreSQL
 //!   starts from;
 //! - `wal_versions.rs`: a decoded WAL record as the versions it makes in that key space (page
-//!   images, WAL records to redo, sizes, relation directories).
+//!   images, WAL records to redo, sizes, relation directories), with `wal_slru.rs` for the
+//!   commit status pages of `pg_xact/`.
 //!
 //! Limits: only the `pg_default` and `pg_global` tablespaces, regular files and directories (no
 //! symlinks: a `pg_wal` elsewhere), permission bits only (setuid, setgid and sticky refused,
@@ -26,6 +27,7 @@ mod import;
 mod path;
 pub mod pg_control;
 mod wal_end;
+pub mod wal_slru;
 pub mod wal_versions;
 
 pub use basebackup::{snapshot_at, write_basebackup, BasebackupError, Replay};

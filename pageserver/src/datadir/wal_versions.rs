@@ -12,6 +12,8 @@
 //! | a block past a fork's size | the fork's new size, the fork in its database's relation directory, and a zero page (a `will_init` delta without patches: 4 bytes) for every block between the old end and it, as the file reads there |
 //! | `XLOG_SMGR_CREATE` | the fork in its relation directory, size 0 if it had none |
 //! | `XLOG_SMGR_TRUNCATE` | the sizes of the forks it truncates (main, and the visibility map and free space map as their redo computes them), and the record on the map page it clears the tail of |
+//! | a transaction's commit or abort | its status and its subtransactions' on their `pg_xact/` pages (`wal_slru.rs`: deltas of the bytes changed); the relations it drops leave their directory, every fork with size 0 |
+//! | `CLOG_ZEROPAGE`, `CLOG_TRUNCATE` | a new page of `pg_xact/` (and a new segment file in the file directory), segments removed |
 //!
 //! An image whose `BKPIMAGE_APPLY` is unset (written for `wal_consistency_checking`) is the page
 //! as the primary held it right after the record: equal to what redo makes, up to what
@@ -22,10 +24,9 @@
 //! WAL-logged (data checksums or `wal_log_hints`: [`WalVersions::set_hint_bits_logged`], and
 //! `XLOG_PARAMETER_CHANGE` records).
 //!
-//! Not taken from records yet: the commit status pages of `pg_xact/` and `pg_multixact/`,
-//! `pg_filenode.map`, relations a commit drops, databases created by copying a template
-//! (`XLOG_DBASE_CREATE_FILE_COPY`) or dropped, and the free space map pages that redo updates
-//! without a reference (the map is a hint that PostgreSQL corrects itself). So a page at any
+//! Not taken from records yet: `pg_multixact/`, `pg_filenode.map`, databases created by copying
+//! a template (`XLOG_DBASE_CREATE_FILE_COPY`) or dropped, and the free space map pages that
+//! redo updates without a reference (the map is a hint that PostgreSQL corrects itself). So a page at any
 //! LSN is exact where it is an image, while a data directory still comes from a snapshot plus
 //! PostgreSQL's own replay.
 //!
@@ -42,9 +43,13 @@ use pageserver_api::datadir::{
 use pageserver_api::ingest::PutRecord;
 use pageserver_api::{Key, Value};
 use postgres_wal::image::restore_page;
-use postgres_wal::record::{parse_parts, BlockRef, RM_HEAP_ID, RM_SMGR_ID, RM_XLOG_ID};
+use postgres_wal::record::{parse_parts, BlockRef, RM_HEAP_ID, RM_SMGR_ID, RM_XACT_ID, RM_XLOG_ID};
+use postgres_wal::xact::xact_end_details;
 use postgres_wal::DecodedRecord;
 use utils::Lsn;
+
+pub use super::wal_slru::ReadCurrent;
+use super::wal_slru::{CommitStatus, StatusChanges, STATUS_ABORTED, STATUS_COMMITTED};
 
 /// Resource manager of `heap_xlog_*2` records (pruning, freezing, multi-inserts, ...).
 pub const RM_HEAP2_ID: u8 = 9;
@@ -63,6 +68,11 @@ pub const MAX_ZERO_FILL: u32 = 131_072;
 const FSM_SLOTS_PER_PAGE: u32 = (8192 - 24 - 4) - (8192 / 2 - 1);
 /// Levels of the free space map's tree (`FSM_TREE_DEPTH`).
 const FSM_TREE_DEPTH: u32 = 3;
+
+/// Resource manager of `pg_xact/` records.
+const RM_CLOG_ID: u8 = 3;
+const CLOG_ZEROPAGE: u8 = 0x00;
+const CLOG_TRUNCATE: u8 = 0x10;
 
 const XLOG_SMGR_CREATE: u8 = 0x10;
 const XLOG_SMGR_TRUNCATE: u8 = 0x20;
@@ -95,16 +105,16 @@ pub struct WalVersions {
     sizes: HashMap<RelTag, Option<u32>>,
     /// Relation directories known so far, by `(spcnode, dbnode)`.
     dirs: HashMap<(u32, u32), BTreeSet<(u32, u8)>>,
+    /// `pg_xact/`.
+    status: CommitStatus,
 }
-
-/// The value of a key as of the last ingested LSN (what the timeline holds).
-pub type ReadCurrent<'a> = dyn FnMut(Key) -> Result<Option<Bytes>, String> + 'a;
 
 /// The versions of one record, before they are put in order.
 struct RecordVersions {
     pages: BTreeMap<Key, Value>,
     sizes: BTreeSet<RelTag>,
     dirs: BTreeSet<(u32, u32)>,
+    status: StatusChanges,
 }
 
 impl WalVersions {
@@ -137,6 +147,7 @@ impl WalVersions {
             pages: BTreeMap::new(),
             sizes: BTreeSet::new(),
             dirs: BTreeSet::new(),
+            status: StatusChanges::default(),
         };
         let (rmid, info) = (record.header.rmid, record.header.rm_info());
         let main = &record.bytes[parts.main_data.clone()];
@@ -195,10 +206,13 @@ impl WalVersions {
                 });
             self.grow(vm, vm_block, read, &mut versions).map_err(at)?;
         }
-        if rmid == RM_SMGR_ID {
-            self.smgr(info, main, &whole, read, &mut versions)
-                .map_err(at)?;
+        match rmid {
+            RM_SMGR_ID => self.smgr(info, main, &whole, read, &mut versions),
+            RM_CLOG_ID => self.clog(info, main, read, &mut versions),
+            RM_XACT_ID => self.xact_end(record, read, &mut versions),
+            _ => Ok(()),
         }
+        .map_err(at)?;
         self.emit(record.end_rec_ptr(), versions, out);
         Ok(())
     }
@@ -251,6 +265,77 @@ impl WalVersions {
             }
             _ => Ok(()),
         }
+    }
+
+    /// `CLOG_ZEROPAGE` and `CLOG_TRUNCATE`: main data starts with the page number.
+    fn clog(
+        &mut self,
+        info: u8,
+        main: &[u8],
+        read: &mut ReadCurrent<'_>,
+        versions: &mut RecordVersions,
+    ) -> Result<(), String> {
+        let page = u32_at(main, 0)?;
+        match info {
+            CLOG_ZEROPAGE => self.status.zero_page(page, read, &mut versions.status),
+            CLOG_TRUNCATE => self.status.truncate(page, read, &mut versions.status),
+            _ => Ok(()),
+        }
+    }
+
+    /// A commit or an abort: the statuses it sets, the relations it drops.
+    fn xact_end(
+        &mut self,
+        record: &DecodedRecord,
+        read: &mut ReadCurrent<'_>,
+        versions: &mut RecordVersions,
+    ) -> Result<(), String> {
+        let Some(end) = xact_end_details(record)? else {
+            return Ok(());
+        };
+        let status = if end.kind.is_commit() {
+            STATUS_COMMITTED
+        } else {
+            STATUS_ABORTED
+        };
+        let xids = std::iter::once(end.xid).chain(end.subxacts.iter().copied());
+        self.status.set(xids, status, read, &mut versions.status)?;
+        for (spcnode, dbnode, relnode) in end.dropped {
+            self.unlist(spcnode, dbnode, relnode, read, versions)?;
+        }
+        Ok(())
+    }
+
+    /// Every fork of relation `relnode` leaves its directory, with size 0.
+    fn unlist(
+        &mut self,
+        spcnode: u32,
+        dbnode: u32,
+        relnode: u32,
+        read: &mut ReadCurrent<'_>,
+        versions: &mut RecordVersions,
+    ) -> Result<(), String> {
+        let dir = self.dir(spcnode, dbnode, read)?;
+        let forks: Vec<u8> = dir
+            .range((relnode, 0)..=(relnode, u8::MAX))
+            .map(|(_, fork)| *fork)
+            .collect();
+        if forks.is_empty() {
+            return Ok(());
+        }
+        dir.retain(|(rel, _)| *rel != relnode);
+        versions.dirs.insert((spcnode, dbnode));
+        for forknum in forks {
+            let rel = RelTag {
+                spcnode,
+                dbnode,
+                relnode,
+                forknum,
+            };
+            self.sizes.insert(rel, Some(0));
+            versions.sizes.insert(rel);
+        }
+        Ok(())
     }
 
     /// A map fork truncated to `new_blocks`, its last page's tail cleared by redo if
@@ -338,21 +423,32 @@ impl WalVersions {
         read: &mut ReadCurrent<'_>,
         versions: &mut RecordVersions,
     ) -> Result<(), String> {
-        let db = (rel.spcnode, rel.dbnode);
-        let dir = match self.dirs.entry(db) {
+        if self
+            .dir(rel.spcnode, rel.dbnode, read)?
+            .insert((rel.relnode, rel.forknum))
+        {
+            versions.dirs.insert((rel.spcnode, rel.dbnode));
+        }
+        Ok(())
+    }
+
+    /// The relation directory of database `dbnode` in `spcnode`, read once.
+    fn dir(
+        &mut self,
+        spcnode: u32,
+        dbnode: u32,
+        read: &mut ReadCurrent<'_>,
+    ) -> Result<&mut BTreeSet<(u32, u8)>, String> {
+        Ok(match self.dirs.entry((spcnode, dbnode)) {
             std::collections::hash_map::Entry::Occupied(known) => known.into_mut(),
             std::collections::hash_map::Entry::Vacant(unknown) => {
-                let listed = match read(rel_dir_key(db.0, db.1))? {
+                let listed = match read(rel_dir_key(spcnode, dbnode))? {
                     Some(bytes) => decode_rel_dir(&bytes).map_err(|e| e.to_string())?,
                     None => Vec::new(),
                 };
                 unknown.insert(listed.into_iter().collect())
             }
-        };
-        if dir.insert((rel.relnode, rel.forknum)) {
-            versions.dirs.insert(db);
-        }
-        Ok(())
+        })
     }
 
     fn size(&mut self, rel: RelTag, read: &mut ReadCurrent<'_>) -> Result<Option<u32>, String> {
@@ -384,6 +480,7 @@ impl WalVersions {
                 );
             }
         }
+        self.status.versions(versions.status, &mut all);
         out.extend(
             all.into_iter()
                 .map(|(key, value)| PutRecord { key, lsn, value }),

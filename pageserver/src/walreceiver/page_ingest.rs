@@ -16,10 +16,10 @@
 //!                                                       (records up to MAX_RECORD_LEN)
 //! ```
 //!
-//! A record longer than [`MAX_RECORD_LEN`] is decoded (checked) but not kept: one of a
-//! resource manager that never references blocks (transactions, standby, logical messages) is
-//! skipped; any other stops page ingest with an error saying so, rather than losing the pages
-//! it changed. Errors are in `pages_error` of the receiver's state, and ingest tries again.
+//! A record longer than [`MAX_RECORD_LEN`] ([`MAX_XACT_RECORD_LEN`] for a transaction's) is
+//! decoded (checked) but not kept: one of a resource manager whose records change nothing stored
+//! (standby, logical messages) is skipped; any other stops page ingest with an error saying
+//! so, rather than losing what it changed. Errors are in `pages_error` of the receiver's state, and ingest tries again.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -51,9 +51,12 @@ const READ_CHUNK: u64 = 1 << 20;
 const POLL: Duration = Duration::from_millis(50);
 const RETRY: Duration = Duration::from_secs(1);
 
-/// Resource managers whose records never reference a block: transactions, standby
+/// Resource managers whose records change nothing page ingest stores: standby
 /// (`RM_STANDBY_ID`) and logical decoding messages (`RM_LOGICALMSG_ID`).
-const NO_BLOCK_RMGRS: [u8; 3] = [RM_XACT_ID, 8, 21];
+const NO_BLOCK_RMGRS: [u8; 2] = [8, 21];
+/// Transaction records (their subtransactions and dropped relations) are kept whole up to
+/// this; a longer one stops page ingest with an error rather than lose the statuses it sets.
+pub const MAX_XACT_RECORD_LEN: usize = 64 << 20;
 const PG_CONTROL_PATH: &str = "global/pg_control";
 
 /// Where decoding is: what the next read feeds, and the record-to-versions state.
@@ -111,7 +114,9 @@ fn step(timeline: &Timeline, shared: &Shared, cursor: &mut Option<Cursor>) -> Re
         let control = control_file(timeline, ingested)?;
         versions.set_hint_bits_logged(control.data_checksum_version != 0, control.wal_log_hints);
         *cursor = Some(Cursor {
-            decoder: WalDecoder::new(start, segment_size).keeping_records_up_to(MAX_RECORD_LEN),
+            decoder: WalDecoder::new(start, segment_size)
+                .keeping_records_up_to(MAX_RECORD_LEN)
+                .keeping_records_of(RM_XACT_ID, MAX_XACT_RECORD_LEN),
             fed: start,
             ingested,
             versions,
@@ -186,8 +191,9 @@ fn versions_of(
             return Ok(());
         }
         return Err(format!(
-            "the WAL record at {} is {} bytes, longer than page ingest keeps ({MAX_RECORD_LEN}), \
-             and of a resource manager that may change pages: pages are not ingested past it",
+            "the WAL record at {} is {} bytes, longer than page ingest keeps ({MAX_RECORD_LEN}, \
+             {MAX_XACT_RECORD_LEN} for a transaction's), and of a resource manager that may \
+             change pages: pages are not ingested past it",
             record.start, record.header.tot_len
         ));
     }

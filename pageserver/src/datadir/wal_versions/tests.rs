@@ -1,7 +1,7 @@
 //! Records built byte by byte as PostgreSQL lays them out, and the versions they become.
 
 use super::*;
-use postgres_wal::record::BKPIMAGE_APPLY;
+use postgres_wal::record::{BKPIMAGE_APPLY, RM_XACT_ID};
 use postgres_wal::synthetic::WalBuilder;
 use postgres_wal::WalDecoder;
 
@@ -364,4 +364,70 @@ fn damaged_records_are_errors_that_name_the_lsn() {
         )
         .unwrap_err();
     assert!(err.contains("relation size"), "{err}");
+}
+
+#[test]
+fn a_commit_sets_statuses_and_drops_its_relations() {
+    use pageserver_api::datadir::{
+        file_chunk_key, file_dir_key, EntryKind, FileDirectory, FileEntry,
+    };
+    // time, xinfo (subtransactions, relations), 2 subtransactions, 1 relation dropped.
+    let mut main = 0i64.to_le_bytes().to_vec();
+    main.extend_from_slice(&((1u32 << 1) | (1 << 2)).to_le_bytes());
+    for v in [2u32, 1001, 1002, 1, REL.0, REL.1, REL.2] {
+        main.extend_from_slice(&v.to_le_bytes());
+    }
+    let mut wal = WalBuilder::new(Lsn(SEG as u64), SEG);
+    wal.record(
+        RM_XACT_ID,
+        0x80,
+        1000,
+        &postgres_wal::synthetic::main_data_parts(&main),
+    );
+    let mut decoder = WalDecoder::new(Lsn(SEG as u64), SEG);
+    decoder.feed(wal.bytes());
+    let record = decoder.next_record().unwrap().unwrap();
+
+    let dir = FileDirectory {
+        next_id: 2,
+        entries: vec![FileEntry {
+            path: "pg_xact/0000".into(),
+            kind: EntryKind::File,
+            mode: 0o600,
+            mtime: 0,
+            size: 8192,
+            id: 1,
+        }],
+    };
+    let stored = HashMap::from([
+        (file_dir_key(), Bytes::from(dir.encode())),
+        (file_chunk_key(1, 0), Bytes::from(vec![0u8; 8192])),
+        (
+            rel_dir_key(REL.0, REL.1),
+            Bytes::from(encode_rel_dir(&[(REL.2, 0), (REL.2, 2), (REL.2 + 1, 0)])),
+        ),
+        (heap(0).size_key(), Bytes::from(encode_rel_size(9))),
+    ]);
+    let (out, _) = versions(&mut WalVersions::new(), &record, &stored);
+    // 1000..=1002 committed: bits 01 for each, in byte 250 (xids 1000 to 1003).
+    let Some(Value::Delta { patches, .. }) = value_of(&out, file_chunk_key(1, 0)) else {
+        panic!("{out:?}");
+    };
+    assert_eq!(patches.len(), 1);
+    assert_eq!(
+        (patches[0].offset, &patches[0].data[..]),
+        (250, &[0b0001_0101][..])
+    );
+    // Both forks of the dropped relation leave the directory, with size 0; the other stays.
+    assert_eq!(
+        value_of(&out, rel_dir_key(REL.0, REL.1)),
+        Some(&Value::Image(encode_rel_dir(&[(REL.2 + 1, 0)]).into()))
+    );
+    for fork in [0, 2] {
+        assert_eq!(
+            value_of(&out, heap(fork).size_key()),
+            Some(&Value::Image(encode_rel_size(0).into())),
+            "fork {fork}"
+        );
+    }
 }

@@ -1,0 +1,246 @@
+//! Commit status pages (`pg_xact/`) from transaction records, as the page ingest of
+//! `wal_versions` writes them.
+//!
+//! `pg_xact/` is an SLRU: segments of 32 pages of 8 KiB, two bits per transaction (32,768 a
+//! page), named by four hex digits. The timeline stores its files byte for byte, as chunks of
+//! 8 KiB under the file directory's ids (`pageserver_api::datadir`), so a chunk is exactly one
+//! SLRU page. A record that sets statuses becomes, per page it changes, a delta that writes the
+//! changed bytes (a `will_init` one for a page the record creates): a commit costs a few bytes,
+//! not a page. `CLOG_ZEROPAGE` adds a page (and a segment file, in the file directory, when it
+//! is the segment's first); `CLOG_TRUNCATE` removes the segments wholly before its page.
+//!
+//! The pages and the directory are read once from the timeline and then kept here as ingest
+//! changes them (pages in a small cache: a workload writes to the newest one or two).
+
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::Bytes;
+use pageserver_api::datadir::{
+    file_chunk_key, file_dir_key, EntryKind, FileDirectory, FileEntry, FILE_CHUNK_SIZE,
+};
+use pageserver_api::{Key, Patch, Value};
+
+/// The value of a key as of the last ingested LSN (what the timeline holds).
+pub type ReadCurrent<'a> = dyn FnMut(Key) -> Result<Option<Bytes>, String> + 'a;
+
+/// Transactions one commit status page holds.
+pub const XACTS_PER_PAGE: u32 = (FILE_CHUNK_SIZE as u32) * 4;
+/// Pages of one segment file.
+pub const PAGES_PER_SEGMENT: u32 = 32;
+/// `TRANSACTION_STATUS_COMMITTED` and `TRANSACTION_STATUS_ABORTED`.
+pub const STATUS_COMMITTED: u8 = 0x01;
+pub const STATUS_ABORTED: u8 = 0x02;
+/// Pages kept between records; more, and the cache starts again.
+const CACHED_PAGES: usize = 64;
+
+/// The commit status pages as ingest has changed them: see the module documentation.
+#[derive(Default)]
+pub struct CommitStatus {
+    /// The file directory, once read; changed in place.
+    dir: Option<FileDirectory>,
+    /// Pages by `(file id, page in the segment)`.
+    pages: HashMap<(u32, u32), Vec<u8>>,
+}
+
+/// What one record changed: each page's bytes before it (`None`: the record created it), and
+/// whether the file directory changed.
+#[derive(Default)]
+pub struct StatusChanges {
+    before: BTreeMap<(u32, u32), Option<Vec<u8>>>,
+    pub dir_changed: bool,
+}
+
+impl CommitStatus {
+    /// Sets the status of each of `xids` to `status`.
+    pub fn set(
+        &mut self,
+        xids: impl IntoIterator<Item = u32>,
+        status: u8,
+        read: &mut ReadCurrent<'_>,
+        changes: &mut StatusChanges,
+    ) -> Result<(), String> {
+        for xid in xids {
+            let page_no = xid / XACTS_PER_PAGE;
+            let page = self.page(page_no, read, changes)?;
+            let in_page = xid % XACTS_PER_PAGE;
+            let (byte, shift) = ((in_page / 4) as usize, (in_page % 4) * 2);
+            page[byte] = (page[byte] & !(0x03 << shift)) | (status << shift);
+        }
+        Ok(())
+    }
+
+    /// `CLOG_ZEROPAGE`: page `page_no` starts as zeros.
+    pub fn zero_page(
+        &mut self,
+        page_no: u32,
+        read: &mut ReadCurrent<'_>,
+        changes: &mut StatusChanges,
+    ) -> Result<(), String> {
+        self.page(page_no, read, changes)?.fill(0);
+        Ok(())
+    }
+
+    /// `CLOG_TRUNCATE`: the segments wholly before page `page_no` go.
+    pub fn truncate(
+        &mut self,
+        page_no: u32,
+        read: &mut ReadCurrent<'_>,
+        changes: &mut StatusChanges,
+    ) -> Result<(), String> {
+        let cutoff = page_no / PAGES_PER_SEGMENT;
+        let dir = self.dir(read)?;
+        let before = dir.entries.len();
+        dir.entries.retain(|e| match segment_of(&e.path) {
+            Some(segment) => segment >= cutoff,
+            None => true,
+        });
+        if dir.entries.len() != before {
+            changes.dir_changed = true;
+            self.pages.clear();
+        }
+        Ok(())
+    }
+
+    /// The file directory as ingest changed it, once read.
+    pub fn changed_dir(&self) -> Option<&FileDirectory> {
+        self.dir.as_ref()
+    }
+
+    /// The versions of what one record changed, by key.
+    pub fn versions(&self, changes: StatusChanges, out: &mut BTreeMap<Key, Value>) {
+        for ((id, page_no), before) in changes.before {
+            let Some(now) = self.pages.get(&(id, page_no)) else {
+                continue;
+            };
+            let zeros;
+            let old = match &before {
+                Some(old) => old,
+                None => {
+                    zeros = vec![0u8; FILE_CHUNK_SIZE];
+                    &zeros
+                }
+            };
+            let patches = changed_bytes(old, now);
+            if patches.is_empty() && before.is_some() {
+                continue;
+            }
+            out.insert(
+                file_chunk_key(id, page_no),
+                Value::Delta {
+                    will_init: before.is_none(),
+                    patches,
+                },
+            );
+        }
+        if changes.dir_changed {
+            if let Some(dir) = &self.dir {
+                out.insert(file_dir_key(), Value::Image(dir.encode().into()));
+            }
+        }
+    }
+
+    fn dir(&mut self, read: &mut ReadCurrent<'_>) -> Result<&mut FileDirectory, String> {
+        if self.dir.is_none() {
+            let bytes = read(file_dir_key())?.ok_or("the timeline has no file directory")?;
+            self.dir = Some(FileDirectory::decode(&bytes).map_err(|e| e.to_string())?);
+        }
+        Ok(self.dir.as_mut().expect("read above"))
+    }
+
+    /// Page `page_no`, as this record found it noted in `changes`; its segment file and its
+    /// bytes created (as zeros) if the directory does not reach it.
+    fn page(
+        &mut self,
+        page_no: u32,
+        read: &mut ReadCurrent<'_>,
+        changes: &mut StatusChanges,
+    ) -> Result<&mut Vec<u8>, String> {
+        let path = format!("pg_xact/{:04X}", page_no / PAGES_PER_SEGMENT);
+        let in_segment = page_no % PAGES_PER_SEGMENT;
+        let end = (u64::from(in_segment) + 1) * FILE_CHUNK_SIZE as u64;
+        let dir = self.dir(read)?;
+        let (id, exists) = match dir.entries.binary_search_by(|e| e.path.as_str().cmp(&path)) {
+            Ok(at) => {
+                let entry = &mut dir.entries[at];
+                let exists = entry.size >= end;
+                if !exists {
+                    entry.size = end;
+                    changes.dir_changed = true;
+                }
+                (entry.id, exists)
+            }
+            Err(at) => {
+                let id = dir.next_id;
+                dir.next_id = id.checked_add(1).ok_or("the file directory is full")?;
+                let mtime = dir.get("pg_xact").map_or(0, |d| d.mtime);
+                dir.entries.insert(
+                    at,
+                    FileEntry {
+                        path,
+                        kind: EntryKind::File,
+                        mode: 0o600,
+                        mtime,
+                        size: end,
+                        id,
+                    },
+                );
+                changes.dir_changed = true;
+                (id, false)
+            }
+        };
+        let key = (id, in_segment);
+        if !self.pages.contains_key(&key) {
+            if self.pages.len() >= CACHED_PAGES {
+                self.pages.clear();
+            }
+            let mut page = if exists {
+                read(file_chunk_key(id, in_segment))?.map_or_else(Vec::new, |b| b.to_vec())
+            } else {
+                Vec::new()
+            };
+            page.resize(FILE_CHUNK_SIZE, 0);
+            changes
+                .before
+                .entry(key)
+                .or_insert_with(|| exists.then(|| page.clone()));
+            self.pages.insert(key, page);
+        } else if let std::collections::btree_map::Entry::Vacant(first) = changes.before.entry(key)
+        {
+            first.insert(exists.then(|| self.pages[&key].clone()));
+        }
+        Ok(self.pages.get_mut(&key).expect("inserted above"))
+    }
+}
+
+/// The segment number of a `pg_xact/XXXX` path.
+fn segment_of(path: &str) -> Option<u32> {
+    let name = path.strip_prefix("pg_xact/")?;
+    if name.len() != 4 {
+        return None;
+    }
+    u32::from_str_radix(name, 16).ok()
+}
+
+/// Patches that turn `old` into `new` (same length): one per run of changed bytes.
+fn changed_bytes(old: &[u8], new: &[u8]) -> Vec<Patch> {
+    let mut patches = Vec::new();
+    let mut at = 0;
+    while at < new.len() {
+        if old.get(at) == Some(&new[at]) {
+            at += 1;
+            continue;
+        }
+        let start = at;
+        while at < new.len() && old.get(at) != Some(&new[at]) {
+            at += 1;
+        }
+        patches.push(Patch::new(
+            start as u32,
+            Bytes::copy_from_slice(&new[start..at]),
+        ));
+    }
+    patches
+}
+
+#[cfg(test)]
+mod tests;
