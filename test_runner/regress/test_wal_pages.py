@@ -6,8 +6,10 @@ does."""
 
 from __future__ import annotations
 
+import random
 import re
 import struct
+import threading
 from pathlib import Path
 
 import requests
@@ -17,7 +19,7 @@ from fixtures.plugin import PageserverFactory
 from fixtures.postgres import PgCluster, PgEnv
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
-from fixtures.wal_stream import connstr, receiver
+from fixtures.wal_stream import connstr, receiver, start_promoted
 
 BLCKSZ = 8192
 HEAP_TABLES = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history", "grown"]
@@ -86,7 +88,8 @@ def page_lsn(page: bytes) -> Lsn:
 
 def masked_heap_page(page: bytes) -> bytes:
     """A heap page without what PostgreSQL changes without WAL, as its `heap_mask` ignores
-    it: the checksum, the hint flags and `pd_prune_xid`, the unused space, tuples' hint bits."""
+    it: the checksum, the hint flags and `pd_prune_xid`, the unused space, tuples' hint bits and
+    command ids."""
     p = bytearray(page)
     p[8:10] = b"\0\0"
     p[10] &= ~0x07  # PD_HAS_FREE_LINES, PD_PAGE_FULL, PD_ALL_VISIBLE
@@ -101,6 +104,7 @@ def masked_heap_page(page: bytes) -> bytes:
             if flags == 1 and off + 22 <= BLCKSZ:
                 (infomask,) = struct.unpack_from("<H", p, off + 20)
                 struct.pack_into("<H", p, off + 20, infomask & ~0x0F00)
+                p[off + 8 : off + 12] = b"\0\0\0\0"  # t_cid: redo sets FirstCommandId
     return bytes(p)
 
 
@@ -145,6 +149,63 @@ def test_full_page_images_become_the_primarys_pages(pg: PgEnv, pageserver: Pages
     metrics = requests.get(f"{pageserver.base_url}/metrics", timeout=30).text
     images = re.search(r"^pageserver_wal_ingest_images_total (\d+)", metrics, re.M)
     assert images and int(images.group(1)) >= 1000, images
+
+
+def test_pages_at_lsns_between_snapshots_equal_a_cluster_recovered_there(
+    pg: PgEnv, pageserver: Pageserver, timeline: TimelineHandle
+):
+    """At 5 LSNs taken while pgbench writes (full-image mode), 40 random blocks of pgbench's
+    tables each: the page the timeline answers equals the block of a cluster that stock
+    PostgreSQL recovered to that LSN (a basebackup there, replayed and promoted), masked as
+    PostgreSQL masks heap pages, with the same `pd_lsn`; and every fork size is the file's."""
+    primary = start_ingesting(pg, timeline, "wal_consistency_checking=all", "wal_compression=lz4")
+    db = int(primary.psql("SELECT oid FROM pg_database WHERE datname = 'postgres'"))
+    tables = HEAP_TABLES[:4]
+    bench = primary.pgbench_background("-c", "2", "-T", "8")
+    points: list[Lsn] = []
+    try:
+        while len(points) < 5 and bench.poll() is None:
+            threading.Event().wait(1.2)  # spread over the run
+            points.append(Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()")))
+    finally:
+        bench.wait(timeout=120)
+    assert len(points) >= 4, points
+    wait_ingested(timeline, points[-1])
+
+    rng = random.Random(0)
+    compared = 0
+    for i, lsn in enumerate(points):
+        restored, _ = pg.restore(timeline.url, f"at{i}", lsn)
+        start_promoted_quietly(restored)
+        # pgbench's start truncates pgbench_history: its file as of `lsn`.
+        rels = {t: int(restored.psql(f"SELECT pg_relation_filenode('{t}')")) for t in tables}
+        restored.stop()  # every page written, as recovery left it at `lsn`
+        files = {t: (Path(restored.datadir) / "base" / str(db) / str(rel)).read_bytes() for t, rel in rels.items()}
+        for table, rel in rels.items():
+            r = page_at(timeline, rel_key(1663, db, rel, kind=1), lsn)
+            assert r.status_code == 200, r.text
+            assert struct.unpack(">I", r.content)[0] == len(files[table]) // BLCKSZ, (table, lsn)
+        for _ in range(40):
+            table = rng.choice(tables)
+            block = rng.randrange(len(files[table]) // BLCKSZ)
+            ours = page_at(timeline, rel_key(1663, db, rels[table], block=block), lsn)
+            assert ours.status_code == 200, (table, block, lsn, ours.text)
+            theirs = files[table][block * BLCKSZ : (block + 1) * BLCKSZ]
+            assert page_lsn(ours.content) == page_lsn(theirs), (table, block, lsn)
+            a, b = masked_heap_page(ours.content), masked_heap_page(theirs)
+            assert a == b, (table, block, lsn, [i for i in range(BLCKSZ) if a[i] != b[i]][:20])
+            compared += 1
+    assert compared >= 160, compared
+    assert requests.delete(f"{timeline.url}/wal_receiver", timeout=60).status_code == 200
+    primary.stop()
+
+
+def start_promoted_quietly(cluster: PgCluster) -> None:
+    """Starts a restored cluster with nothing of its own that writes to pgbench's tables
+    (no autovacuum) and waits for its promotion."""
+    with (Path(cluster.datadir) / "postgresql.conf").open("a") as conf:
+        conf.write("autovacuum = off\n")
+    start_promoted(cluster)
 
 
 def test_a_page_that_needs_redo_names_the_nearest_lsn_that_answers(

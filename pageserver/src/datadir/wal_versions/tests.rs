@@ -431,3 +431,71 @@ fn a_commit_sets_statuses_and_drops_its_relations() {
         );
     }
 }
+
+mod damaged {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A timeline with a file directory, `pg_xact/0000` and one relation, for records to land on.
+    fn stored() -> HashMap<Key, Bytes> {
+        use pageserver_api::datadir::{
+            file_chunk_key, file_dir_key, EntryKind, FileDirectory, FileEntry,
+        };
+        let dir = FileDirectory {
+            next_id: 2,
+            entries: vec![FileEntry {
+                path: "pg_xact/0000".into(),
+                kind: EntryKind::File,
+                mode: 0o600,
+                mtime: 0,
+                size: 8192,
+                id: 1,
+            }],
+        };
+        HashMap::from([
+            (file_dir_key(), Bytes::from(dir.encode())),
+            (file_chunk_key(1, 0), Bytes::from(vec![0u8; 8192])),
+            (heap(0).size_key(), Bytes::from(encode_rel_size(100))),
+            (heap(2).size_key(), Bytes::from(encode_rel_size(2))),
+        ])
+    }
+
+    proptest! {
+        /// Whatever a record that passes the decoder's checks holds (a primary's bytes are
+        /// untrusted), its versions are made or refused with the record's LSN named: never a
+        /// panic. The resource managers page ingest reads, with any info and main data, with
+        /// or without a block reference (any fork, block, image bytes).
+        #[test]
+        fn any_record_is_versions_or_an_error_naming_its_lsn(
+            rmid in prop::sample::select(vec![0u8, 1, 2, 3, 9, 10, 11]),
+            info in any::<u8>(),
+            main in proptest::collection::vec(any::<u8>(), 0..80),
+            block in proptest::option::of((0u8..4, 0u32..300, any::<bool>(), any::<bool>())),
+            image in proptest::collection::vec(any::<u8>(), 1..200),
+        ) {
+            let blocks: Vec<Block> = block
+                .into_iter()
+                .map(|(fork, block, will_init, with_image)| Block {
+                    id: 0,
+                    fork,
+                    block,
+                    will_init,
+                    image: with_image.then(|| (image.clone(), BKPIMAGE_APPLY)),
+                    data: vec![],
+                })
+                .collect();
+            let record = decoded(rmid, info & 0xF0, &parts(&blocks, &main));
+            let stored = stored();
+            let mut out = Vec::new();
+            let result = WalVersions::new().record(
+                &record,
+                &mut |key| Ok(stored.get(&key).cloned()),
+                &mut out,
+            );
+            match result {
+                Ok(()) => prop_assert!(out.iter().all(|v| v.lsn == record.end_rec_ptr())),
+                Err(e) => prop_assert!(e.contains(&record.start.to_string()), "{}", e),
+            }
+        }
+    }
+}
