@@ -27,7 +27,7 @@ mod import;
 mod path;
 pub mod pg_control;
 mod wal_end;
-pub mod wal_slru;
+pub mod wal_files;
 pub mod wal_versions;
 
 pub use basebackup::{snapshot_at, write_basebackup, BasebackupError, Replay};

@@ -48,8 +48,8 @@ use postgres_wal::xact::xact_end_details;
 use postgres_wal::DecodedRecord;
 use utils::Lsn;
 
-pub use super::wal_slru::ReadCurrent;
-use super::wal_slru::{CommitStatus, StatusChanges, STATUS_ABORTED, STATUS_COMMITTED};
+pub use super::wal_files::ReadCurrent;
+use super::wal_files::{CommitStatus, StatusChanges, STATUS_ABORTED, STATUS_COMMITTED};
 
 /// Resource manager of `heap_xlog_*2` records (pruning, freezing, multi-inserts, ...).
 pub const RM_HEAP2_ID: u8 = 9;
