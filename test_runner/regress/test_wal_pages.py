@@ -58,27 +58,32 @@ def page_at(timeline: TimelineHandle, key: str, lsn: Lsn) -> requests.Response:
     return requests.get(f"{timeline.url}/page", params={"key": key, "lsn": str(lsn)}, timeout=60)
 
 
-def file_bytes(timeline: TimelineHandle, path: str, lsn: Lsn) -> bytes:
-    """A non-relation file of the data directory as the timeline holds it at `lsn`: its entry
-    in the file directory (key kind 4), then its chunks (kind 3)."""
+def file_entries(timeline: TimelineHandle, lsn: Lsn) -> dict[str, tuple[int, int]]:
+    """The file directory (key kind 4) at `lsn`: each path's size and file id."""
     r = page_at(timeline, struct.pack(">BIIIBI", 4, 0, 0, 0, 0, 0).hex(), lsn)
     assert r.status_code == 200, r.text
     d = r.content
     _version, _next_id, count = struct.unpack_from(">BII", d, 0)
-    at = 9
+    at, entries = 9, {}
     for _ in range(count):
         (length,) = struct.unpack_from(">H", d, at)
         name = d[at + 2 : at + 2 + length].decode()
         _kind, _mode, _mtime, size, file_id = struct.unpack_from(">BIQQI", d, at + 2 + length)
         at += 2 + length + 25
-        if name == path:
-            chunks = []
-            for chunk in range((size + BLCKSZ - 1) // BLCKSZ):
-                r = page_at(timeline, struct.pack(">BIIIBI", 3, file_id, 0, 0, 0, chunk).hex(), lsn)
-                assert r.status_code == 200, r.text
-                chunks.append(r.content)
-            return b"".join(chunks)[:size]
-    raise AssertionError(f"{path} is not in the file directory")
+        entries[name] = (size, file_id)
+    return entries
+
+
+def file_bytes(timeline: TimelineHandle, path: str, lsn: Lsn) -> bytes:
+    """A non-relation file of the data directory as the timeline holds it at `lsn`: its entry
+    in the file directory, then its chunks (key kind 3)."""
+    size, file_id = file_entries(timeline, lsn)[path]
+    chunks = []
+    for chunk in range((size + BLCKSZ - 1) // BLCKSZ):
+        r = page_at(timeline, struct.pack(">BIIIBI", 3, file_id, 0, 0, 0, chunk).hex(), lsn)
+        assert r.status_code == 200, r.text
+        chunks.append(r.content)
+    return b"".join(chunks)[:size]
 
 
 def page_lsn(page: bytes) -> Lsn:
@@ -118,6 +123,12 @@ def test_full_page_images_become_the_primarys_pages(pg: PgEnv, pageserver: Pages
     primary.psql("DELETE FROM grown WHERE id > 15000")
     primary.psql("VACUUM grown")
     primary.pgbench("-c", "2", "-t", "100")
+    primary.psql("CREATE DATABASE second")
+    primary.psql("CREATE DATABASE dropped")
+    dropped = int(primary.psql("SELECT oid FROM pg_database WHERE datname = 'dropped'"))
+    primary.psql("DROP DATABASE dropped")
+    primary.psql("CREATE TABLE in_second AS SELECT 1 AS x", db="second")
+    second = int(primary.psql("SELECT oid FROM pg_database WHERE datname = 'second'"))
     db = int(primary.psql("SELECT oid FROM pg_database WHERE datname = 'postgres'"))
     rels = {t: int(primary.psql(f"SELECT pg_relation_filenode('{t}')")) for t in HEAP_TABLES}
     end = Lsn.parse(primary.psql("SELECT pg_current_wal_flush_lsn()"))
@@ -145,6 +156,14 @@ def test_full_page_images_become_the_primarys_pages(pg: PgEnv, pageserver: Pages
     xact = file_bytes(timeline, "pg_xact/0000", at)
     theirs = (Path(primary.datadir) / "pg_xact" / "0000").read_bytes()
     assert xact == theirs[: len(xact)] and len(xact) >= BLCKSZ, (len(xact), len(theirs))
+    # A database created (its files as the primary has them) and one dropped (gone).
+    for name in ["pg_filenode.map", "PG_VERSION"]:
+        ours = file_bytes(timeline, f"base/{second}/{name}", at)
+        assert ours == (Path(primary.datadir) / "base" / str(second) / name).read_bytes(), name
+    assert file_bytes(timeline, "global/pg_filenode.map", at) == (Path(primary.datadir) / "global" / "pg_filenode.map").read_bytes()
+    listed = file_entries(timeline, at)
+    assert not [p for p in listed if p.startswith(f"base/{dropped}")], "the dropped database's files"
+    assert f"base/{second}" in listed
 
     metrics = requests.get(f"{pageserver.base_url}/metrics", timeout=30).text
     images = re.search(r"^pageserver_wal_ingest_images_total (\d+)", metrics, re.M)

@@ -1,5 +1,6 @@
-//! Commit status pages (`pg_xact/`) from transaction records, as the page ingest of
-//! `wal_versions` writes them.
+//! The non-relation files WAL records change, as the page ingest of `wal_versions` writes
+//! them: the commit status pages of `pg_xact/`, the relation maps (`pg_filenode.map`), the
+//! directories of databases created and dropped.
 //!
 //! `pg_xact/` is an SLRU: segments of 32 pages of 8 KiB, two bits per transaction (32,768 a
 //! page), named by four hex digits. The timeline stores its files byte for byte, as chunks of
@@ -8,6 +9,11 @@
 //! changed bytes (a `will_init` one for a page the record creates): a commit costs a few bytes,
 //! not a page. `CLOG_ZEROPAGE` adds a page (and a segment file, in the file directory, when it
 //! is the segment's first); `CLOG_TRUNCATE` removes the segments wholly before its page.
+//!
+//! A relation map update (`XLOG_RELMAP_UPDATE`) holds the whole file (512 bytes): it is stored
+//! as the file's one chunk, an image. A database created by `XLOG_DBASE_CREATE_WAL_LOG` gets its
+//! directory and its `PG_VERSION` (the cluster's own); a dropped one loses its directory and
+//! every file under it.
 //!
 //! The pages and the directory are read once from the timeline and then kept here as ingest
 //! changes them (pages in a small cache: a workload writes to the newest one or two).
@@ -33,31 +39,32 @@ pub const STATUS_ABORTED: u8 = 0x02;
 /// Pages kept between records; more, and the cache starts again.
 const CACHED_PAGES: usize = 64;
 
-/// The commit status pages as ingest has changed them: see the module documentation.
+/// The non-relation files as ingest has changed them: see the module documentation.
 #[derive(Default)]
-pub struct CommitStatus {
+pub struct Files {
     /// The file directory, once read; changed in place.
     dir: Option<FileDirectory>,
     /// Pages by `(file id, page in the segment)`.
     pages: HashMap<(u32, u32), Vec<u8>>,
 }
 
-/// What one record changed: each page's bytes before it (`None`: the record created it), and
-/// whether the file directory changed.
+/// What one record changed: each status page's bytes before it (`None`: the record created
+/// it), files written whole, and whether the file directory changed.
 #[derive(Default)]
-pub struct StatusChanges {
+pub struct FileChanges {
     before: BTreeMap<(u32, u32), Option<Vec<u8>>>,
+    whole: BTreeMap<u32, Bytes>,
     pub dir_changed: bool,
 }
 
-impl CommitStatus {
+impl Files {
     /// Sets the status of each of `xids` to `status`.
-    pub fn set(
+    pub fn set_xact_status(
         &mut self,
         xids: impl IntoIterator<Item = u32>,
         status: u8,
         read: &mut ReadCurrent<'_>,
-        changes: &mut StatusChanges,
+        changes: &mut FileChanges,
     ) -> Result<(), String> {
         for xid in xids {
             let page_no = xid / XACTS_PER_PAGE;
@@ -70,22 +77,22 @@ impl CommitStatus {
     }
 
     /// `CLOG_ZEROPAGE`: page `page_no` starts as zeros.
-    pub fn zero_page(
+    pub fn zero_xact_page(
         &mut self,
         page_no: u32,
         read: &mut ReadCurrent<'_>,
-        changes: &mut StatusChanges,
+        changes: &mut FileChanges,
     ) -> Result<(), String> {
         self.page(page_no, read, changes)?.fill(0);
         Ok(())
     }
 
     /// `CLOG_TRUNCATE`: the segments wholly before page `page_no` go.
-    pub fn truncate(
+    pub fn truncate_xact(
         &mut self,
         page_no: u32,
         read: &mut ReadCurrent<'_>,
-        changes: &mut StatusChanges,
+        changes: &mut FileChanges,
     ) -> Result<(), String> {
         let cutoff = page_no / PAGES_PER_SEGMENT;
         let dir = self.dir(read)?;
@@ -101,13 +108,89 @@ impl CommitStatus {
         Ok(())
     }
 
-    /// The file directory as ingest changed it, once read.
-    pub fn changed_dir(&self) -> Option<&FileDirectory> {
-        self.dir.as_ref()
+    /// Writes the file at `path` whole (at most one chunk), creating it with `mode` if absent.
+    pub fn write_small_file(
+        &mut self,
+        path: &str,
+        contents: &[u8],
+        mode: u32,
+        read: &mut ReadCurrent<'_>,
+        changes: &mut FileChanges,
+    ) -> Result<(), String> {
+        if contents.len() > FILE_CHUNK_SIZE {
+            return Err(format!("{path} of {} bytes", contents.len()));
+        }
+        let dir = self.dir(read)?;
+        let size = contents.len() as u64;
+        let id = match dir.entries.binary_search_by(|e| e.path.as_str().cmp(path)) {
+            Ok(at) => {
+                let entry = &mut dir.entries[at];
+                if entry.kind != EntryKind::File {
+                    return Err(format!("{path} is a directory"));
+                }
+                if entry.size != size {
+                    entry.size = size;
+                    changes.dir_changed = true;
+                }
+                entry.id
+            }
+            Err(at) => {
+                let id = new_entry(dir, at, path, EntryKind::File, mode, size)?;
+                changes.dir_changed = true;
+                id
+            }
+        };
+        changes.whole.insert(id, Bytes::copy_from_slice(contents));
+        Ok(())
+    }
+
+    /// The directory at `path` exists (created with mode 0700 if absent).
+    pub fn add_directory(
+        &mut self,
+        path: &str,
+        read: &mut ReadCurrent<'_>,
+        changes: &mut FileChanges,
+    ) -> Result<(), String> {
+        let dir = self.dir(read)?;
+        if let Err(at) = dir.entries.binary_search_by(|e| e.path.as_str().cmp(path)) {
+            new_entry(dir, at, path, EntryKind::Directory, 0o700, 0)?;
+            changes.dir_changed = true;
+        }
+        Ok(())
+    }
+
+    /// The directory at `path` and everything under it go.
+    pub fn remove_tree(
+        &mut self,
+        path: &str,
+        read: &mut ReadCurrent<'_>,
+        changes: &mut FileChanges,
+    ) -> Result<(), String> {
+        let under = format!("{path}/");
+        let dir = self.dir(read)?;
+        let before = dir.entries.len();
+        dir.entries
+            .retain(|e| e.path != path && !e.path.starts_with(&under));
+        if dir.entries.len() != before {
+            changes.dir_changed = true;
+        }
+        Ok(())
+    }
+
+    /// The bytes of the small file at `path` (its first chunk), if the directory has it.
+    pub fn read_small_file(
+        &mut self,
+        path: &str,
+        read: &mut ReadCurrent<'_>,
+    ) -> Result<Option<Bytes>, String> {
+        let Some(id) = self.dir(read)?.get(path).map(|e| e.id) else {
+            return Ok(None);
+        };
+        read(file_chunk_key(id, 0))
     }
 
     /// The versions of what one record changed, by key.
-    pub fn versions(&self, changes: StatusChanges, out: &mut BTreeMap<Key, Value>) {
+    pub fn versions(&self, changes: FileChanges, out: &mut BTreeMap<Key, Value>) {
         for ((id, page_no), before) in changes.before {
             let Some(now) = self.pages.get(&(id, page_no)) else {
                 continue;
@@ -132,6 +215,9 @@ impl CommitStatus {
                 },
             );
         }
+        for (id, contents) in changes.whole {
+            out.insert(file_chunk_key(id, 0), Value::Image(contents));
+        }
         if changes.dir_changed {
             if let Some(dir) = &self.dir {
                 out.insert(file_dir_key(), Value::Image(dir.encode().into()));
@@ -153,7 +239,7 @@ impl CommitStatus {
         &mut self,
         page_no: u32,
         read: &mut ReadCurrent<'_>,
-        changes: &mut StatusChanges,
+        changes: &mut FileChanges,
     ) -> Result<&mut Vec<u8>, String> {
         let path = format!("pg_xact/{:04X}", page_no / PAGES_PER_SEGMENT);
         let in_segment = page_no % PAGES_PER_SEGMENT;
@@ -170,20 +256,7 @@ impl CommitStatus {
                 (entry.id, exists)
             }
             Err(at) => {
-                let id = dir.next_id;
-                dir.next_id = id.checked_add(1).ok_or("the file directory is full")?;
-                let mtime = dir.get("pg_xact").map_or(0, |d| d.mtime);
-                dir.entries.insert(
-                    at,
-                    FileEntry {
-                        path,
-                        kind: EntryKind::File,
-                        mode: 0o600,
-                        mtime,
-                        size: end,
-                        id,
-                    },
-                );
+                let id = new_entry(dir, at, &path, EntryKind::File, 0o600, end)?;
                 changes.dir_changed = true;
                 (id, false)
             }
@@ -210,6 +283,40 @@ impl CommitStatus {
         }
         Ok(self.pages.get_mut(&key).expect("inserted above"))
     }
+}
+
+/// Adds an entry for `path` at `at` of the directory's entries (where a search said it
+/// belongs), with the modification time of its parent directory; its id (0 for a directory).
+fn new_entry(
+    dir: &mut FileDirectory,
+    at: usize,
+    path: &str,
+    kind: EntryKind,
+    mode: u32,
+    size: u64,
+) -> Result<u32, String> {
+    let id = match kind {
+        EntryKind::Directory => 0,
+        EntryKind::File => {
+            let id = dir.next_id;
+            dir.next_id = id.checked_add(1).ok_or("the file directory is full")?;
+            id
+        }
+    };
+    let parent = path.rsplit_once('/').map_or("", |(parent, _)| parent);
+    let mtime = dir.get(parent).map_or(0, |d| d.mtime);
+    dir.entries.insert(
+        at,
+        FileEntry {
+            path: path.to_owned(),
+            kind,
+            mode,
+            mtime,
+            size,
+            id,
+        },
+    );
+    Ok(id)
 }
 
 /// The segment number of a `pg_xact/XXXX` path.

@@ -14,6 +14,8 @@
 //! | `XLOG_SMGR_TRUNCATE` | the sizes of the forks it truncates (main, and the visibility map and free space map as their redo computes them), and the record on the map page it clears the tail of |
 //! | a transaction's commit or abort | its status and its subtransactions' on their `pg_xact/` pages (`wal_slru.rs`: deltas of the bytes changed); the relations it drops leave their directory, every fork with size 0 |
 //! | `CLOG_ZEROPAGE`, `CLOG_TRUNCATE` | a new page of `pg_xact/` (and a new segment file in the file directory), segments removed |
+//! | `XLOG_RELMAP_UPDATE` | the relation map file (`pg_filenode.map`), whole |
+//! | `XLOG_DBASE_CREATE_WAL_LOG`, `XLOG_DBASE_DROP` | the database's directory and `PG_VERSION`, and an empty relation directory; or its files gone and its relations unlisted |
 //!
 //! An image whose `BKPIMAGE_APPLY` is unset (written for `wal_consistency_checking`) is the page
 //! as the primary held it right after the record: equal to what redo makes, up to what
@@ -24,9 +26,10 @@
 //! WAL-logged (data checksums or `wal_log_hints`: [`WalVersions::set_hint_bits_logged`], and
 //! `XLOG_PARAMETER_CHANGE` records).
 //!
-//! Not taken from records yet: `pg_multixact/`, `pg_filenode.map`, databases created by copying
-//! a template (`XLOG_DBASE_CREATE_FILE_COPY`) or dropped, and the free space map pages that
-//! redo updates without a reference (the map is a hint that PostgreSQL corrects itself). So a page at any
+//! Not taken from records yet: `pg_multixact/`, and the free space map pages that redo updates
+//! without a reference (the map is a hint that PostgreSQL corrects itself). A database created
+//! by copying its template's files (`XLOG_DBASE_CREATE_FILE_COPY`) is an error: its pages would
+//! be the template's, which the record does not carry. So a page at any
 //! LSN is exact where it is an image, while a data directory still comes from a snapshot plus
 //! PostgreSQL's own replay.
 //!
@@ -39,17 +42,20 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use bytes::Bytes;
 use pageserver_api::datadir::{
     decode_rel_dir, decode_rel_size, encode_rel_dir, encode_rel_size, rel_dir_key, RelTag,
+    DEFAULTTABLESPACE_OID, GLOBALTABLESPACE_OID,
 };
 use pageserver_api::ingest::PutRecord;
 use pageserver_api::{Key, Value};
 use postgres_wal::image::restore_page;
-use postgres_wal::record::{parse_parts, BlockRef, RM_HEAP_ID, RM_SMGR_ID, RM_XACT_ID, RM_XLOG_ID};
+use postgres_wal::record::{
+    parse_parts, BlockRef, RM_DBASE_ID, RM_HEAP_ID, RM_SMGR_ID, RM_XACT_ID, RM_XLOG_ID,
+};
 use postgres_wal::xact::xact_end_details;
 use postgres_wal::DecodedRecord;
 use utils::Lsn;
 
 pub use super::wal_files::ReadCurrent;
-use super::wal_files::{CommitStatus, StatusChanges, STATUS_ABORTED, STATUS_COMMITTED};
+use super::wal_files::{FileChanges, Files, STATUS_ABORTED, STATUS_COMMITTED};
 
 /// Resource manager of `heap_xlog_*2` records (pruning, freezing, multi-inserts, ...).
 pub const RM_HEAP2_ID: u8 = 9;
@@ -73,6 +79,13 @@ const FSM_TREE_DEPTH: u32 = 3;
 const RM_CLOG_ID: u8 = 3;
 const CLOG_ZEROPAGE: u8 = 0x00;
 const CLOG_TRUNCATE: u8 = 0x10;
+
+/// Resource manager of relation map records.
+const RM_RELMAP_ID: u8 = 7;
+const XLOG_RELMAP_UPDATE: u8 = 0x00;
+const XLOG_DBASE_CREATE_FILE_COPY: u8 = 0x00;
+const XLOG_DBASE_CREATE_WAL_LOG: u8 = 0x10;
+const XLOG_DBASE_DROP: u8 = 0x20;
 
 const XLOG_SMGR_CREATE: u8 = 0x10;
 const XLOG_SMGR_TRUNCATE: u8 = 0x20;
@@ -105,8 +118,8 @@ pub struct WalVersions {
     sizes: HashMap<RelTag, Option<u32>>,
     /// Relation directories known so far, by `(spcnode, dbnode)`.
     dirs: HashMap<(u32, u32), BTreeSet<(u32, u8)>>,
-    /// `pg_xact/`.
-    status: CommitStatus,
+    /// `pg_xact/`, relation maps, database directories.
+    files: Files,
 }
 
 /// The versions of one record, before they are put in order.
@@ -114,7 +127,7 @@ struct RecordVersions {
     pages: BTreeMap<Key, Value>,
     sizes: BTreeSet<RelTag>,
     dirs: BTreeSet<(u32, u32)>,
-    status: StatusChanges,
+    files: FileChanges,
 }
 
 impl WalVersions {
@@ -147,7 +160,7 @@ impl WalVersions {
             pages: BTreeMap::new(),
             sizes: BTreeSet::new(),
             dirs: BTreeSet::new(),
-            status: StatusChanges::default(),
+            files: FileChanges::default(),
         };
         let (rmid, info) = (record.header.rmid, record.header.rm_info());
         let main = &record.bytes[parts.main_data.clone()];
@@ -210,6 +223,8 @@ impl WalVersions {
             RM_SMGR_ID => self.smgr(info, main, &whole, read, &mut versions),
             RM_CLOG_ID => self.clog(info, main, read, &mut versions),
             RM_XACT_ID => self.xact_end(record, read, &mut versions),
+            RM_RELMAP_ID => self.relmap(info, main, read, &mut versions),
+            RM_DBASE_ID => self.database(info, main, read, &mut versions),
             _ => Ok(()),
         }
         .map_err(at)?;
@@ -277,8 +292,97 @@ impl WalVersions {
     ) -> Result<(), String> {
         let page = u32_at(main, 0)?;
         match info {
-            CLOG_ZEROPAGE => self.status.zero_page(page, read, &mut versions.status),
-            CLOG_TRUNCATE => self.status.truncate(page, read, &mut versions.status),
+            CLOG_ZEROPAGE => self.files.zero_xact_page(page, read, &mut versions.files),
+            CLOG_TRUNCATE => self.files.truncate_xact(page, read, &mut versions.files),
+            _ => Ok(()),
+        }
+    }
+
+    /// `XLOG_RELMAP_UPDATE`: the new contents of a relation map file.
+    fn relmap(
+        &mut self,
+        info: u8,
+        main: &[u8],
+        read: &mut ReadCurrent<'_>,
+        versions: &mut RecordVersions,
+    ) -> Result<(), String> {
+        if info != XLOG_RELMAP_UPDATE {
+            return Ok(());
+        }
+        // xl_relmap_update: dbid, tsid, nbytes, then the file.
+        let (dbid, tsid, len) = (u32_at(main, 0)?, u32_at(main, 4)?, u32_at(main, 8)?);
+        let contents = main
+            .get(12..)
+            .filter(|rest| rest.len() == len as usize)
+            .ok_or_else(|| {
+                format!(
+                    "a relation map update of {len} bytes in {} bytes",
+                    main.len()
+                )
+            })?;
+        let path = database_path(tsid, dbid)?;
+        self.files.write_small_file(
+            &format!("{path}/pg_filenode.map"),
+            contents,
+            0o600,
+            read,
+            &mut versions.files,
+        )
+    }
+
+    /// Databases created (their directory and `PG_VERSION`, an empty relation directory) and
+    /// dropped (their files, and every relation of their directory).
+    fn database(
+        &mut self,
+        info: u8,
+        main: &[u8],
+        read: &mut ReadCurrent<'_>,
+        versions: &mut RecordVersions,
+    ) -> Result<(), String> {
+        match info {
+            XLOG_DBASE_CREATE_FILE_COPY => Err(
+                "CREATE DATABASE with STRATEGY FILE_COPY (a copy of the template's files) is not \
+                 taken into pages: create databases with the default WAL_LOG strategy"
+                    .to_owned(),
+            ),
+            XLOG_DBASE_CREATE_WAL_LOG => {
+                // xl_dbase_create_wal_log_rec: db_id, tablespace_id.
+                let (dbid, tsid) = (u32_at(main, 0)?, u32_at(main, 4)?);
+                let path = database_path(tsid, dbid)?;
+                let version = self
+                    .files
+                    .read_small_file("PG_VERSION", read)?
+                    .ok_or("the timeline has no PG_VERSION")?;
+                self.files.add_directory(&path, read, &mut versions.files)?;
+                self.files.write_small_file(
+                    &format!("{path}/PG_VERSION"),
+                    &version,
+                    0o600,
+                    read,
+                    &mut versions.files,
+                )?;
+                self.dir(tsid, dbid, read)?;
+                versions.dirs.insert((tsid, dbid));
+                Ok(())
+            }
+            XLOG_DBASE_DROP => {
+                // xl_dbase_drop_rec: db_id, ntablespaces, tablespace_ids[].
+                let (dbid, count) = (u32_at(main, 0)?, u32_at(main, 4)?);
+                for i in 0..count as usize {
+                    let tsid = u32_at(main, 8 + 4 * i)?;
+                    let path = database_path(tsid, dbid)?;
+                    self.files.remove_tree(&path, read, &mut versions.files)?;
+                    let rels: BTreeSet<u32> = self
+                        .dir(tsid, dbid, read)?
+                        .iter()
+                        .map(|(rel, _)| *rel)
+                        .collect();
+                    for rel in rels {
+                        self.unlist(tsid, dbid, rel, read, versions)?;
+                    }
+                }
+                Ok(())
+            }
             _ => Ok(()),
         }
     }
@@ -299,7 +403,8 @@ impl WalVersions {
             STATUS_ABORTED
         };
         let xids = std::iter::once(end.xid).chain(end.subxacts.iter().copied());
-        self.status.set(xids, status, read, &mut versions.status)?;
+        self.files
+            .set_xact_status(xids, status, read, &mut versions.files)?;
         for (spcnode, dbnode, relnode) in end.dropped {
             self.unlist(spcnode, dbnode, relnode, read, versions)?;
         }
@@ -480,7 +585,7 @@ impl WalVersions {
                 );
             }
         }
-        self.status.versions(versions.status, &mut all);
+        self.files.versions(versions.files, &mut all);
         out.extend(
             all.into_iter()
                 .map(|(key, value)| PutRecord { key, lsn, value }),
@@ -493,6 +598,17 @@ fn zero_page() -> Value {
     Value::Delta {
         will_init: true,
         patches: Vec::new(),
+    }
+}
+
+/// The directory of database `dbid` in tablespace `tsid` (`global` for the shared catalog).
+fn database_path(tsid: u32, dbid: u32) -> Result<String, String> {
+    match (tsid, dbid) {
+        (GLOBALTABLESPACE_OID, 0) => Ok("global".to_owned()),
+        (DEFAULTTABLESPACE_OID, dbid) if dbid != 0 => Ok(format!("base/{dbid}")),
+        _ => Err(format!(
+            "database {dbid} in tablespace {tsid}: only pg_default and pg_global are supported"
+        )),
     }
 }
 

@@ -39,12 +39,12 @@ fn timeline(pages: u32) -> HashMap<Key, Bytes> {
 
 /// One record's changes made with `change`, as versions.
 fn record(
-    status: &mut CommitStatus,
+    status: &mut Files,
     stored: &HashMap<Key, Bytes>,
-    change: impl FnOnce(&mut CommitStatus, &mut ReadCurrent<'_>, &mut StatusChanges),
+    change: impl FnOnce(&mut Files, &mut ReadCurrent<'_>, &mut FileChanges),
 ) -> BTreeMap<Key, Value> {
     let mut read = |key: Key| Ok(stored.get(&key).cloned());
-    let mut changes = StatusChanges::default();
+    let mut changes = FileChanges::default();
     change(status, &mut read, &mut changes);
     let mut out = BTreeMap::new();
     status.versions(changes, &mut out);
@@ -68,9 +68,9 @@ fn status_of(page: &[u8], xid: u32) -> u8 {
 #[test]
 fn a_commit_writes_the_bits_of_its_transaction_and_subtransactions() {
     let stored = timeline(1);
-    let mut status = CommitStatus::default();
+    let mut status = Files::default();
     let out = record(&mut status, &stored, |s, read, changes| {
-        s.set([1000, 1001, 1003], STATUS_COMMITTED, read, changes)
+        s.set_xact_status([1000, 1001, 1003], STATUS_COMMITTED, read, changes)
             .unwrap();
     });
     let key = file_chunk_key(7, 0);
@@ -92,7 +92,8 @@ fn a_commit_writes_the_bits_of_its_transaction_and_subtransactions() {
 
     // An abort next to them changes its own bits only, on the page as the commit left it.
     let out = record(&mut status, &stored, |s, read, changes| {
-        s.set([1002], STATUS_ABORTED, read, changes).unwrap();
+        s.set_xact_status([1002], STATUS_ABORTED, read, changes)
+            .unwrap();
     });
     let page = apply(&Bytes::from(page), &out[&key]);
     for (xid, expected) in [(1000, 1), (1001, 1), (1002, 2), (1003, 1)] {
@@ -103,10 +104,10 @@ fn a_commit_writes_the_bits_of_its_transaction_and_subtransactions() {
 #[test]
 fn a_new_page_and_a_new_segment_enter_the_file_directory() {
     let stored = timeline(1);
-    let mut status = CommitStatus::default();
+    let mut status = Files::default();
     // Page 1 of segment 0: the file grows.
     let out = record(&mut status, &stored, |s, read, changes| {
-        s.zero_page(1, read, changes).unwrap();
+        s.zero_xact_page(1, read, changes).unwrap();
     });
     assert_eq!(
         out[&file_chunk_key(7, 1)],
@@ -126,8 +127,8 @@ fn a_new_page_and_a_new_segment_enter_the_file_directory() {
 
     // Page 32: segment 0001, a new file with the next id.
     let out = record(&mut status, &stored, |s, read, changes| {
-        s.zero_page(32, read, changes).unwrap();
-        s.set([32 * XACTS_PER_PAGE + 5], STATUS_COMMITTED, read, changes)
+        s.zero_xact_page(32, read, changes).unwrap();
+        s.set_xact_status([32 * XACTS_PER_PAGE + 5], STATUS_COMMITTED, read, changes)
             .unwrap();
     });
     let Value::Image(dir) = &out[&file_dir_key()] else {
@@ -148,7 +149,8 @@ fn a_new_page_and_a_new_segment_enter_the_file_directory() {
 
     // A status on a page that exists already changes no directory.
     let out = record(&mut status, &stored, |s, read, changes| {
-        s.set([7], STATUS_COMMITTED, read, changes).unwrap();
+        s.set_xact_status([7], STATUS_COMMITTED, read, changes)
+            .unwrap();
     });
     assert!(!out.contains_key(&file_dir_key()));
 }
@@ -156,10 +158,10 @@ fn a_new_page_and_a_new_segment_enter_the_file_directory() {
 #[test]
 fn truncation_removes_the_segments_wholly_before_the_page() {
     let mut stored = timeline(1);
-    let mut status = CommitStatus::default();
+    let mut status = Files::default();
     for page in [32, 64] {
         let out = record(&mut status, &stored, |s, read, changes| {
-            s.zero_page(page, read, changes).unwrap();
+            s.zero_xact_page(page, read, changes).unwrap();
         });
         stored.insert(
             file_dir_key(),
@@ -171,7 +173,7 @@ fn truncation_removes_the_segments_wholly_before_the_page() {
     }
     // Page 40 is in segment 0001: segment 0000 goes, 0001 and 0002 stay.
     let out = record(&mut status, &stored, |s, read, changes| {
-        s.truncate(40, read, changes).unwrap();
+        s.truncate_xact(40, read, changes).unwrap();
     });
     let Value::Image(dir) = &out[&file_dir_key()] else {
         panic!("{out:?}");

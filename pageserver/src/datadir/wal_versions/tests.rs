@@ -53,7 +53,10 @@ fn parts(blocks: &[Block], main: &[u8]) -> Vec<u8> {
             out.extend_from_slice(&v.to_le_bytes());
         }
     }
-    if !main.is_empty() {
+    if main.len() >= 256 {
+        out.push(254);
+        out.extend_from_slice(&(main.len() as u32).to_le_bytes());
+    } else if !main.is_empty() {
         out.extend_from_slice(&[255, main.len() as u8]);
     }
     for b in blocks {
@@ -85,6 +88,17 @@ fn heap_insert(block: u32, will_init: bool) -> DecodedRecord {
         data: vec![1, 2, 3],
     };
     decoded(RM_HEAP_ID, 0x00, &parts(&[block], &[1, 0, 0]))
+}
+
+/// Why `record` makes no versions over a timeline holding `stored`.
+fn error_of(record: &DecodedRecord, stored: &HashMap<Key, Bytes>) -> String {
+    WalVersions::new()
+        .record(
+            record,
+            &mut |k| Ok(stored.get(&k).cloned()),
+            &mut Vec::new(),
+        )
+        .unwrap_err()
 }
 
 /// The versions of `record` over a timeline holding `stored`, and the keys read.
@@ -322,13 +336,7 @@ fn creation_lists_the_fork_with_size_zero_once() {
 fn a_block_far_past_the_end_is_refused() {
     let record = heap_insert(MAX_ZERO_FILL + 10, true);
     let stored = HashMap::from([(heap(0).size_key(), Bytes::from(encode_rel_size(9)))]);
-    let err = WalVersions::new()
-        .record(
-            &record,
-            &mut |k| Ok(stored.get(&k).cloned()),
-            &mut Vec::new(),
-        )
-        .unwrap_err();
+    let err = error_of(&record, &stored);
     assert!(err.contains("blocks past its end"), "{err}");
     // One block fewer past it is filled.
     let mut out = Vec::new();
@@ -428,6 +436,92 @@ fn a_commit_sets_statuses_and_drops_its_relations() {
             value_of(&out, heap(fork).size_key()),
             Some(&Value::Image(encode_rel_size(0).into())),
             "fork {fork}"
+        );
+    }
+}
+
+#[test]
+fn databases_and_relation_maps_come_and_go_in_the_file_directory() {
+    use pageserver_api::datadir::{
+        file_chunk_key, file_dir_key, EntryKind, FileDirectory, FileEntry,
+    };
+    let entry = |path: &str, kind, id| FileEntry {
+        path: path.into(),
+        kind,
+        mode: 0o700,
+        mtime: 9,
+        size: if id == 0 { 0 } else { 3 },
+        id,
+    };
+    let dir = FileDirectory {
+        next_id: 2,
+        entries: vec![
+            entry("PG_VERSION", EntryKind::File, 1),
+            entry("base", EntryKind::Directory, 0),
+        ],
+    };
+    let mut stored = HashMap::from([
+        (file_dir_key(), Bytes::from(dir.encode())),
+        (file_chunk_key(1, 0), Bytes::from_static(b"15\n")),
+    ]);
+    let mut ingest = WalVersions::new();
+    let apply =
+        |ingest: &mut WalVersions, stored: &mut HashMap<Key, Bytes>, info, main: Vec<u8>| {
+            let rmid = if info == 0xFF { 7 } else { 4 };
+            let record = decoded(
+                rmid,
+                if info == 0xFF { 0 } else { info },
+                &parts(&[], &main),
+            );
+            let (out, _) = versions(ingest, &record, stored);
+            for v in &out {
+                if let Value::Image(bytes) = &v.value {
+                    stored.insert(v.key, bytes.clone());
+                }
+            }
+            out
+        };
+    let words = |v: &[u32]| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+    // CREATE DATABASE 16400 (WAL_LOG): its directory, PG_VERSION, an empty relation directory.
+    let out = apply(&mut ingest, &mut stored, 0x10, words(&[16400, 1663]));
+    assert_eq!(
+        value_of(&out, rel_dir_key(1663, 16400)),
+        Some(&Value::Image(encode_rel_dir(&[]).into()))
+    );
+    let dir = FileDirectory::decode(&stored[&file_dir_key()]).unwrap();
+    assert_eq!(dir.get("base/16400").unwrap().kind, EntryKind::Directory);
+    let version = dir.get("base/16400/PG_VERSION").unwrap();
+    assert_eq!(&stored[&file_chunk_key(version.id, 0)][..], b"15\n");
+    // Its relation map, 512 bytes, whole.
+    let mut main = words(&[16400, 1663, 512]);
+    main.extend_from_slice(&[7u8; 512]);
+    apply(&mut ingest, &mut stored, 0xFF, main);
+    let dir = FileDirectory::decode(&stored[&file_dir_key()]).unwrap();
+    let map = dir.get("base/16400/pg_filenode.map").unwrap();
+    assert_eq!(
+        (map.size, &stored[&file_chunk_key(map.id, 0)][..]),
+        (512, &[7u8; 512][..])
+    );
+    // DROP DATABASE: everything under it goes.
+    apply(&mut ingest, &mut stored, 0x20, words(&[16400, 1, 1663]));
+    let dir = FileDirectory::decode(&stored[&file_dir_key()]).unwrap();
+    assert!(
+        dir.entries
+            .iter()
+            .all(|e| !e.path.starts_with("base/16400")),
+        "{dir:?}"
+    );
+    assert!(dir.get("base").is_some());
+    // A copy of a template's files is refused by name; a map of another tablespace too.
+    for (rmid, info, main) in [
+        (4, 0x00, words(&[16401, 1663, 1, 1663])),
+        (7, 0, words(&[5, 1700, 0])),
+    ] {
+        let record = decoded(rmid, info, &parts(&[], &main));
+        let err = error_of(&record, &stored);
+        assert!(
+            err.contains("FILE_COPY") || err.contains("tablespace 1700"),
+            "{err}"
         );
     }
 }
