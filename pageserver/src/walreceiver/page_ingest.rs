@@ -33,7 +33,8 @@ use postgres_wal::segment::{segment_files_in, segment_start, segno_of};
 use postgres_wal::{DecodedRecord, WalDecoder, XLOG_BLCKSZ};
 use utils::Lsn;
 
-use pageserver_api::datadir::{file_chunk_key, file_dir_key, FileDirectory};
+use pageserver_api::datadir::{file_chunk_key, file_dir_key, is_rel_block_key, FileDirectory};
+use pageserver_api::Value;
 
 use super::state::Shared;
 use crate::datadir::pg_control::{self, ControlFile};
@@ -214,7 +215,7 @@ fn put(timeline: &Timeline, c: &mut Cursor, batch: Vec<PutRecord>, end: Lsn) -> 
     }
     let images = batch
         .iter()
-        .filter(|v| v.value.will_init() && !v.value.is_wal_record());
+        .filter(|v| matches!(v.value, Value::Image(_)) && is_rel_block_key(&v.key));
     crate::metrics::WAL_INGEST_IMAGES.inc_by(images.count() as u64);
     let records = batch.iter().filter(|v| v.value.is_wal_record()).count();
     crate::metrics::WAL_INGEST_WAL_RECORD_VERSIONS.inc_by(records as u64);
