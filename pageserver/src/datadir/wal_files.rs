@@ -36,7 +36,9 @@ pub const PAGES_PER_SEGMENT: u32 = 32;
 /// `TRANSACTION_STATUS_COMMITTED` and `TRANSACTION_STATUS_ABORTED`.
 pub const STATUS_COMMITTED: u8 = 0x01;
 pub const STATUS_ABORTED: u8 = 0x02;
-/// Pages kept between records; more, and the cache starts again.
+/// Pages kept: past this many, the caller puts what it holds and starts the cache again
+/// ([`Files::cache_full`], [`Files::clear_cache`]). A page is never dropped while a change to it
+/// waits to be put: the next change would be computed over the timeline's older copy.
 const CACHED_PAGES: usize = 64;
 
 /// The non-relation files as ingest has changed them: see the module documentation.
@@ -103,9 +105,22 @@ impl Files {
         });
         if dir.entries.len() != before {
             changes.dir_changed = true;
-            self.pages.clear();
+            // The pages of the files that went; those of the others may wait to be put.
+            let kept: std::collections::HashSet<u32> = dir.entries.iter().map(|e| e.id).collect();
+            self.pages.retain(|(id, _), _| kept.contains(id));
         }
         Ok(())
+    }
+
+    /// Whether the page cache is past its bound: the caller puts the versions it holds, then
+    /// [`Files::clear_cache`].
+    pub fn cache_full(&self) -> bool {
+        self.pages.len() >= CACHED_PAGES
+    }
+
+    /// Drops the cached pages: every change to them is in the timeline now.
+    pub fn clear_cache(&mut self) {
+        self.pages.clear();
     }
 
     /// Writes the file at `path` whole (at most one chunk), creating it with `mode` if absent.
@@ -262,26 +277,24 @@ impl Files {
             }
         };
         let key = (id, in_segment);
-        if !self.pages.contains_key(&key) {
-            if self.pages.len() >= CACHED_PAGES {
-                self.pages.clear();
+        let page = match self.pages.entry(key) {
+            std::collections::hash_map::Entry::Occupied(cached) => cached.into_mut(),
+            std::collections::hash_map::Entry::Vacant(missing) => {
+                let mut page = if exists {
+                    read(file_chunk_key(id, in_segment))?.map_or_else(Vec::new, |b| b.to_vec())
+                } else {
+                    Vec::new()
+                };
+                page.resize(FILE_CHUNK_SIZE, 0);
+                missing.insert(page)
             }
-            let mut page = if exists {
-                read(file_chunk_key(id, in_segment))?.map_or_else(Vec::new, |b| b.to_vec())
-            } else {
-                Vec::new()
-            };
-            page.resize(FILE_CHUNK_SIZE, 0);
-            changes
-                .before
-                .entry(key)
-                .or_insert_with(|| exists.then(|| page.clone()));
-            self.pages.insert(key, page);
-        } else if let std::collections::btree_map::Entry::Vacant(first) = changes.before.entry(key)
-        {
-            first.insert(exists.then(|| self.pages[&key].clone()));
-        }
-        Ok(self.pages.get_mut(&key).expect("inserted above"))
+        };
+        // The page as this record found it, once per record.
+        changes
+            .before
+            .entry(key)
+            .or_insert_with(|| exists.then(|| page.clone()));
+        Ok(page)
     }
 }
 

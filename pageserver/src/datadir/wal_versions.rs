@@ -141,6 +141,17 @@ impl WalVersions {
         self.wal_log_hints = wal_log_hints;
     }
 
+    /// Whether what it keeps between records has grown past its bound: put the versions made
+    /// so far, then [`WalVersions::put_done`].
+    pub fn should_put(&self) -> bool {
+        self.files.cache_full()
+    }
+
+    /// Every version made so far is in the timeline: what is kept for pages only may go.
+    pub fn put_done(&mut self) {
+        self.files.clear_cache();
+    }
+
     /// `XLogHintBitIsNeeded()`.
     fn hint_bits_logged(&self) -> bool {
         self.checksums || self.wal_log_hints

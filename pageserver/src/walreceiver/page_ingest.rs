@@ -155,7 +155,7 @@ fn step(timeline: &Timeline, shared: &Shared, cursor: &mut Option<Cursor>) -> Re
             .sum::<usize>();
         last_end = end;
         crate::metrics::WAL_INGEST_RECORDS.inc();
-        if batch_bytes >= MAX_BATCH_BYTES {
+        if batch_bytes >= MAX_BATCH_BYTES || c.versions.should_put() {
             put(timeline, c, std::mem::take(&mut batch), last_end)?;
             batch_bytes = 0;
         }
@@ -225,6 +225,7 @@ fn put(timeline: &Timeline, c: &mut Cursor, batch: Vec<PutRecord>, end: Lsn) -> 
     match result {
         Ok(()) => {
             c.ingested = end;
+            c.versions.put_done();
             Ok(())
         }
         Err(e @ TimelineError::ImportInProgress) => {

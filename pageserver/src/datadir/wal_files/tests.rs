@@ -188,3 +188,30 @@ fn truncation_removes_the_segments_wholly_before_the_page() {
     assert_eq!(segments, ["pg_xact/0001", "pg_xact/0002"]);
     assert!(dir.get("pg_xact").is_some(), "the directory itself stays");
 }
+
+#[test]
+fn no_page_with_a_change_waiting_to_be_put_leaves_the_cache() {
+    let stored = timeline(1);
+    let mut files = Files::default();
+    // Two transactions in one byte of page 0, with pages enough between them to pass the
+    // cache's bound: the second change is made over the first, not over the stored page.
+    record(&mut files, &stored, |s, read, changes| {
+        s.set_xact_status([1000], STATUS_COMMITTED, read, changes)
+            .unwrap();
+    });
+    for page in 1..=(CACHED_PAGES as u32 + 5) {
+        record(&mut files, &stored, |s, read, changes| {
+            s.zero_xact_page(page, read, changes).unwrap();
+        });
+    }
+    assert!(files.cache_full());
+    let out = record(&mut files, &stored, |s, read, changes| {
+        s.set_xact_status([1001], STATUS_COMMITTED, read, changes)
+            .unwrap();
+    });
+    let page = apply(&stored[&file_chunk_key(7, 0)], &out[&file_chunk_key(7, 0)]);
+    assert_eq!((status_of(&page, 1000), status_of(&page, 1001)), (1, 1));
+    // Once what it made is put, the cache starts again.
+    files.clear_cache();
+    assert!(!files.cache_full());
+}
