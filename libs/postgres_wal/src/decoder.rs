@@ -67,8 +67,8 @@ impl fmt::Debug for DecodedRecord {
 }
 
 impl DecodedRecord {
-    /// Where the record after it starts (its end, aligned; past a page header if that lands
-    /// on a page's start).
+    /// Where the record after it starts: its end, aligned (if that is a page's start, the
+    /// record after it starts past the page's header).
     pub fn next_start(&self) -> Lsn {
         self.end_rec_ptr()
     }

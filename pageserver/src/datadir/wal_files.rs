@@ -33,6 +33,8 @@ pub type ReadCurrent<'a> = dyn FnMut(Key) -> Result<Option<Bytes>, String> + 'a;
 pub const XACTS_PER_PAGE: u32 = (FILE_CHUNK_SIZE as u32) * 4;
 /// Pages of one segment file.
 pub const PAGES_PER_SEGMENT: u32 = 32;
+/// The page of the highest transaction id: 4,096 segment files at most.
+pub const MAX_PAGE: u32 = u32::MAX / XACTS_PER_PAGE;
 /// `TRANSACTION_STATUS_COMMITTED` and `TRANSACTION_STATUS_ABORTED`.
 pub const STATUS_COMMITTED: u8 = 0x01;
 pub const STATUS_ABORTED: u8 = 0x02;
@@ -69,6 +71,7 @@ impl Files {
         changes: &mut FileChanges,
     ) -> Result<(), String> {
         for xid in xids {
+            // At most MAX_PAGE.
             let page_no = xid / XACTS_PER_PAGE;
             let page = self.page(page_no, read, changes)?;
             let in_page = xid % XACTS_PER_PAGE;
@@ -85,6 +88,9 @@ impl Files {
         read: &mut ReadCurrent<'_>,
         changes: &mut FileChanges,
     ) -> Result<(), String> {
+        if page_no > MAX_PAGE {
+            return Err(format!("pg_xact page {page_no}: the last is {MAX_PAGE}"));
+        }
         self.page(page_no, read, changes)?.fill(0);
         Ok(())
     }
@@ -96,11 +102,17 @@ impl Files {
         read: &mut ReadCurrent<'_>,
         changes: &mut FileChanges,
     ) -> Result<(), String> {
-        let cutoff = page_no / PAGES_PER_SEGMENT;
+        // As SimpleLruTruncate: the cutoff rounded down to its segment, and a segment goes if
+        // its first and last pages both precede it in the circular order of transaction ids.
+        let cutoff = page_no - page_no % PAGES_PER_SEGMENT;
         let dir = self.dir(read)?;
         let before = dir.entries.len();
         dir.entries.retain(|e| match segment_of(&e.path) {
-            Some(segment) => segment >= cutoff,
+            Some(segment) => {
+                let first = segment * PAGES_PER_SEGMENT;
+                let last = first + PAGES_PER_SEGMENT - 1;
+                !(page_precedes(first, cutoff) && page_precedes(last, cutoff))
+            }
             None => true,
         });
         if dir.entries.len() != before {
@@ -330,6 +342,19 @@ fn new_entry(
         },
     );
     Ok(id)
+}
+
+/// `CLOGPagePrecedes`: whether page `a` comes before page `b` in the circular order of
+/// transaction ids (every page's first normal id compared, as `TransactionIdPrecedes` does).
+fn page_precedes(a: u32, b: u32) -> bool {
+    const FIRST_NORMAL: u32 = 3;
+    let xid = |page: u32| {
+        page.wrapping_mul(XACTS_PER_PAGE)
+            .wrapping_add(FIRST_NORMAL + 1)
+    };
+    let precedes = |x: u32, y: u32| (x.wrapping_sub(y) as i32) < 0;
+    let (x1, x2) = (xid(a), xid(b));
+    precedes(x1, x2) && precedes(x1, x2.wrapping_add(XACTS_PER_PAGE - 1))
 }
 
 /// The segment number of a `pg_xact/XXXX` path.

@@ -128,6 +128,8 @@ struct RecordVersions {
     sizes: BTreeSet<RelTag>,
     dirs: BTreeSet<(u32, u32)>,
     files: FileChanges,
+    /// Blocks filled with zeros so far.
+    zero_filled: u32,
 }
 
 impl WalVersions {
@@ -147,9 +149,12 @@ impl WalVersions {
         self.files.cache_full()
     }
 
-    /// Every version made so far is in the timeline: what is kept for pages only may go.
+    /// Every version made so far is in the timeline: what is kept of it goes (read again when
+    /// needed), so the caches hold what one batch touched at most.
     pub fn put_done(&mut self) {
         self.files.clear_cache();
+        self.sizes.clear();
+        self.dirs.clear();
     }
 
     /// `XLogHintBitIsNeeded()`.
@@ -172,6 +177,7 @@ impl WalVersions {
             sizes: BTreeSet::new(),
             dirs: BTreeSet::new(),
             files: FileChanges::default(),
+            zero_filled: 0,
         };
         let (rmid, info) = (record.header.rmid, record.header.rm_info());
         let main = &record.bytes[parts.main_data.clone()];
@@ -197,7 +203,10 @@ impl WalVersions {
                         == (RM_HEAP2_ID, XLOG_HEAP2_VISIBLE, 1)
                         && !image.apply()
                         && !self.hint_bits_logged();
-                    if !keeps_lsn {
+                    // Redo stamps no new page (`PageIsNew`: `pd_upper` 0), as it cannot tell it
+                    // from a page of zeros.
+                    let is_new = page[14..16] == [0, 0];
+                    if !keeps_lsn && !is_new {
                         set_page_lsn(&mut page[..], record.end_rec_ptr());
                     }
                     Value::Image(Bytes::copy_from_slice(&page[..]))
@@ -492,10 +501,11 @@ impl WalVersions {
         let needed = block.checked_add(1).ok_or("block number 0xFFFFFFFF")?;
         let size = self.size(rel, read)?.unwrap_or(0);
         if needed > size {
-            if block - size > MAX_ZERO_FILL {
+            versions.zero_filled += block - size;
+            if versions.zero_filled > MAX_ZERO_FILL {
                 return Err(format!(
                     "block {block} of relation {}/{}/{} fork {} is {} blocks past its end \
-                     (at most {MAX_ZERO_FILL} are filled with zeros)",
+                     (at most {MAX_ZERO_FILL} are filled with zeros, for all of a record's blocks)",
                     rel.spcnode,
                     rel.dbnode,
                     rel.relnode,

@@ -109,8 +109,15 @@ fn step(timeline: &Timeline, shared: &Shared, cursor: &mut Option<Cursor>) -> Re
     };
     if cursor.as_ref().is_none_or(|c| c.ingested != ingested) {
         // A first start, or the timeline moved under us (an import): decode again from the
-        // WAL page `ingested` is on, whose header says where the first record on it starts.
-        let start = Lsn(ingested.0 - ingested.0 % XLOG_BLCKSZ as u64);
+        // WAL page `ingested` is on, whose header says where the first record on it starts;
+        // from the page before if `ingested` is a page's start, so that the record ending there
+        // is decoded (skipped) first: after an `XLOG_SWITCH` ending there, the decoder then
+        // knows the rest of the segment is padding. Not before a segment's start, whose file
+        // may be gone.
+        let mut start = Lsn(ingested.0 - ingested.0 % XLOG_BLCKSZ as u64);
+        if start == ingested && !start.0.is_multiple_of(u64::from(segment_size)) {
+            start = Lsn(start.0 - XLOG_BLCKSZ as u64);
+        }
         let mut versions = WalVersions::new();
         let control = control_file(timeline, ingested)?;
         versions.set_hint_bits_logged(control.data_checksum_version != 0, control.wal_log_hints);
@@ -148,7 +155,12 @@ fn step(timeline: &Timeline, shared: &Shared, cursor: &mut Option<Cursor>) -> Re
             continue;
         }
         let before = batch.len();
-        versions_of(timeline, &mut c.versions, &record, &mut batch)?;
+        if let Err(e) = versions_of(timeline, &mut c.versions, &record, &mut batch) {
+            // The records before it are good: they go in, and the error stops ingest there.
+            batch.truncate(before);
+            put(timeline, c, batch, last_end)?;
+            return Err(e);
+        }
         batch_bytes += batch[before..]
             .iter()
             .map(|v| v.value.serialized_len())

@@ -189,6 +189,11 @@ impl Receivers {
         session: Option<Session>,
     ) {
         let key = (timeline.tenant_id(), timeline.timeline_id());
+        // The one it replaces stops first: two page ingests of one timeline would race.
+        let replaced = self.map().remove(&key);
+        if let Some(mut old) = replaced {
+            old.stop();
+        }
         let pages = conf.ingest_pages.then(|| {
             let (timeline, shared) = (timeline.clone(), shared.clone());
             std::thread::Builder::new()
@@ -201,7 +206,7 @@ impl Receivers {
             .name(format!("walreceiver-{}", timeline.timeline_id()))
             .spawn(move || run(timeline, conf, conn, thread_shared, session))
             .expect("spawning a thread");
-        let replaced = self.map().insert(
+        self.map().insert(
             key,
             Handle {
                 shared,
@@ -209,9 +214,6 @@ impl Receivers {
                 pages,
             },
         );
-        if let Some(mut old) = replaced {
-            old.stop();
-        }
     }
 
     pub fn state(&self, tenant: TenantId, timeline: TimelineId) -> Option<ReceiverState> {

@@ -215,3 +215,37 @@ fn no_page_with_a_change_waiting_to_be_put_leaves_the_cache() {
     files.clear_cache();
     assert!(!files.cache_full());
 }
+
+#[test]
+fn truncation_after_wraparound_compares_pages_as_postgres_does() {
+    // Segment 0FFF holds the last transaction ids before the wrap, 0000 the first after it.
+    let mut dir = FileDirectory::decode(&timeline(1)[&file_dir_key()]).unwrap();
+    dir.entries.push(FileEntry {
+        path: "pg_xact/0FFF".into(),
+        kind: EntryKind::File,
+        mode: 0o600,
+        mtime: 0,
+        size: 8192,
+        id: 8,
+    });
+    dir.next_id = 9;
+    let stored = HashMap::from([(file_dir_key(), Bytes::from(dir.encode()))]);
+    let out = record(&mut Files::default(), &stored, |s, read, changes| {
+        s.truncate_xact(16, read, changes).unwrap();
+    });
+    let Value::Image(dir) = &out[&file_dir_key()] else {
+        panic!("{out:?}");
+    };
+    let dir = FileDirectory::decode(dir).unwrap();
+    assert!(dir.get("pg_xact/0FFF").is_none(), "before the wrap: older");
+    assert!(
+        dir.get("pg_xact/0000").is_some(),
+        "after the wrap, the cutoff's own segment"
+    );
+    // A page past the last one is refused.
+    let mut read = |key: Key| Ok(stored.get(&key).cloned());
+    let err = Files::default()
+        .zero_xact_page(MAX_PAGE + 1, &mut read, &mut FileChanges::default())
+        .unwrap_err();
+    assert!(err.contains("the last is"), "{err}");
+}

@@ -90,6 +90,19 @@ fn heap_insert(block: u32, will_init: bool) -> DecodedRecord {
     decoded(RM_HEAP_ID, 0x00, &parts(&[block], &[1, 0, 0]))
 }
 
+/// An `XLOG_FPI` record with `page` as block 0 of `REL`, uncompressed, with `bimg_info`.
+fn full_page_image(page: &[u8], bimg_info: u8) -> DecodedRecord {
+    let block = Block {
+        id: 0,
+        fork: 0,
+        block: 0,
+        will_init: false,
+        image: Some((page.to_vec(), bimg_info)),
+        data: vec![],
+    };
+    decoded(0, 0xB0, &parts(&[block], &[]))
+}
+
 /// Why `record` makes no versions over a timeline holding `stored`.
 fn error_of(record: &DecodedRecord, stored: &HashMap<Key, Bytes>) -> String {
     WalVersions::new()
@@ -170,21 +183,7 @@ fn an_image_becomes_the_page_with_its_lsn_set_whether_or_not_redo_applies_it() {
     for info in [BKPIMAGE_APPLY, 0] {
         let mut page = vec![0xAB; 8192];
         page[..8].copy_from_slice(&[9; 8]);
-        let record = decoded(
-            0,
-            0xB0,
-            &parts(
-                &[Block {
-                    id: 0,
-                    fork: 0,
-                    block: 0,
-                    will_init: false,
-                    image: Some((page.clone(), info)),
-                    data: vec![],
-                }],
-                &[],
-            ),
-        );
+        let record = full_page_image(&page, info);
         let (out, _) = versions(&mut WalVersions::new(), &record, &HashMap::new());
         let Some(Value::Image(stored)) = value_of(&out, heap(0).block_key(0)) else {
             panic!("no image: {out:?}");
@@ -201,6 +200,18 @@ fn an_image_becomes_the_page_with_its_lsn_set_whether_or_not_redo_applies_it() {
             Some(&Value::Image(encode_rel_size(1).into()))
         );
     }
+}
+
+#[test]
+fn an_image_of_a_new_page_keeps_its_lsn_as_redo_leaves_it() {
+    // pd_upper 0: PageIsNew, which redo restores without stamping.
+    let page = vec![0u8; 8192];
+    let record = full_page_image(&page, BKPIMAGE_APPLY);
+    let (out, _) = versions(&mut WalVersions::new(), &record, &HashMap::new());
+    assert_eq!(
+        value_of(&out, heap(0).block_key(0)),
+        Some(&Value::Image(page.into()))
+    );
 }
 
 #[test]
