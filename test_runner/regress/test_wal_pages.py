@@ -86,6 +86,12 @@ def file_bytes(timeline: TimelineHandle, path: str, lsn: Lsn) -> bytes:
     return b"".join(chunks)[:size]
 
 
+def primary_next_multi(primary: PgCluster) -> str:
+    """The next multixact id of a stopped primary, from pg_controldata."""
+    out = primary.run("pg_controldata", "-D", str(primary.datadir)).stdout
+    return re.search(r"Latest checkpoint's NextMultiXactId:\s+(\d+)", out).group(1)
+
+
 def page_lsn(page: bytes) -> Lsn:
     high, low = struct.unpack_from("<II", page, 0)
     return Lsn((high << 32) | low)
@@ -128,6 +134,12 @@ def test_full_page_images_become_the_primarys_pages(pg: PgEnv, pageserver: Pages
     dropped = int(primary.psql("SELECT oid FROM pg_database WHERE datname = 'dropped'"))
     primary.psql("DROP DATABASE dropped")
     primary.psql("CREATE TABLE in_second AS SELECT 1 AS x", db="second")
+    # Multixacts: a row share-locked, then updated in a subtransaction, by each of 20 sessions.
+    for i in range(1, 21):
+        primary.psql(
+            f"BEGIN; SELECT * FROM pgbench_branches WHERE bid = 1 FOR SHARE; SAVEPOINT s;"
+            f" UPDATE pgbench_branches SET filler = 'm{i}' WHERE bid = 1; COMMIT"
+        )
     second = int(primary.psql("SELECT oid FROM pg_database WHERE datname = 'second'"))
     db = int(primary.psql("SELECT oid FROM pg_database WHERE datname = 'postgres'"))
     rels = {t: int(primary.psql(f"SELECT pg_relation_filenode('{t}')")) for t in HEAP_TABLES}
@@ -156,6 +168,12 @@ def test_full_page_images_become_the_primarys_pages(pg: PgEnv, pageserver: Pages
     xact = file_bytes(timeline, "pg_xact/0000", at)
     theirs = (Path(primary.datadir) / "pg_xact" / "0000").read_bytes()
     assert xact == theirs[: len(xact)] and len(xact) >= BLCKSZ, (len(xact), len(theirs))
+    # pg_multixact as the WAL's multixact records make it: the primary's own files.
+    assert int(primary_next_multi(primary)) > 1
+    for name in ["offsets/0000", "members/0000"]:
+        ours = file_bytes(timeline, f"pg_multixact/{name}", at)
+        theirs = (Path(primary.datadir) / "pg_multixact" / name).read_bytes()
+        assert ours == theirs[: len(ours)] and len(ours) >= BLCKSZ, (name, len(ours), len(theirs))
     # A database created (its files as the primary has them) and one dropped (gone).
     for name in ["pg_filenode.map", "PG_VERSION"]:
         ours = file_bytes(timeline, f"base/{second}/{name}", at)

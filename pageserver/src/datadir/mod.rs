@@ -14,7 +14,8 @@
 //!   starts from;
 //! - `wal_versions.rs`: a decoded WAL record as the versions it makes in that key space (page
 //!   images, WAL records to redo, sizes, relation directories), with `wal_slru.rs` for the
-//!   commit status pages of `pg_xact/`.
+//!   non-relation files (`wal_files.rs`: `pg_xact/`, relation maps, database directories;
+//!   `wal_multixact.rs`: `pg_multixact/`).
 //!
 //! Limits: only the `pg_default` and `pg_global` tablespaces, regular files and directories (no
 //! symlinks: a `pg_wal` elsewhere), permission bits only (setuid, setgid and sticky refused,
@@ -28,6 +29,7 @@ mod path;
 pub mod pg_control;
 mod wal_end;
 pub mod wal_files;
+pub mod wal_multixact;
 pub mod wal_versions;
 
 pub use basebackup::{snapshot_at, write_basebackup, BasebackupError, Replay};

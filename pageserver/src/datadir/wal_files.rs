@@ -35,6 +35,19 @@ pub const XACTS_PER_PAGE: u32 = (FILE_CHUNK_SIZE as u32) * 4;
 pub const PAGES_PER_SEGMENT: u32 = 32;
 /// The page of the highest transaction id: 4,096 segment files at most.
 pub const MAX_PAGE: u32 = u32::MAX / XACTS_PER_PAGE;
+
+/// One SLRU directory: where its segment files are, and its last page.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slru {
+    pub dir: &'static str,
+    pub max_page: u32,
+}
+
+/// `pg_xact/`: commit status, two bits a transaction.
+pub const XACT: Slru = Slru {
+    dir: "pg_xact",
+    max_page: MAX_PAGE,
+};
 /// `TRANSACTION_STATUS_COMMITTED` and `TRANSACTION_STATUS_ABORTED`.
 pub const STATUS_COMMITTED: u8 = 0x01;
 pub const STATUS_ABORTED: u8 = 0x02;
@@ -73,7 +86,7 @@ impl Files {
         for xid in xids {
             // At most MAX_PAGE.
             let page_no = xid / XACTS_PER_PAGE;
-            let page = self.page(page_no, read, changes)?;
+            let page = self.slru_page(XACT, page_no, read, changes)?;
             let in_page = xid % XACTS_PER_PAGE;
             let (byte, shift) = ((in_page / 4) as usize, (in_page % 4) * 2);
             page[byte] = (page[byte] & !(0x03 << shift)) | (status << shift);
@@ -88,10 +101,18 @@ impl Files {
         read: &mut ReadCurrent<'_>,
         changes: &mut FileChanges,
     ) -> Result<(), String> {
-        if page_no > MAX_PAGE {
-            return Err(format!("pg_xact page {page_no}: the last is {MAX_PAGE}"));
-        }
-        self.page(page_no, read, changes)?.fill(0);
+        self.zero_slru_page(XACT, page_no, read, changes)
+    }
+
+    /// Page `page_no` of `slru` starts as zeros (`*_ZEROPAGE` records).
+    pub fn zero_slru_page(
+        &mut self,
+        slru: Slru,
+        page_no: u32,
+        read: &mut ReadCurrent<'_>,
+        changes: &mut FileChanges,
+    ) -> Result<(), String> {
+        self.slru_page(slru, page_no, read, changes)?.fill(0);
         Ok(())
     }
 
@@ -102,19 +123,47 @@ impl Files {
         read: &mut ReadCurrent<'_>,
         changes: &mut FileChanges,
     ) -> Result<(), String> {
-        // As SimpleLruTruncate: the cutoff rounded down to its segment, and a segment goes if
-        // its first and last pages both precede it in the circular order of transaction ids.
-        let cutoff = page_no - page_no % PAGES_PER_SEGMENT;
+        // FirstNormalTransactionId is 3.
+        self.truncate_slru(XACT, page_no, XACTS_PER_PAGE, 3, read, changes)
+    }
+
+    /// `SimpleLruTruncate`: the cutoff page rounded down to its segment, and a segment goes if
+    /// its first and last pages both precede it in the circular order of the ids `slru` holds
+    /// `per_page` of, counted from `first` ([`page_precedes`]).
+    pub fn truncate_slru(
+        &mut self,
+        slru: Slru,
+        cutoff_page: u32,
+        per_page: u32,
+        first: u32,
+        read: &mut ReadCurrent<'_>,
+        changes: &mut FileChanges,
+    ) -> Result<(), String> {
+        let cutoff = cutoff_page - cutoff_page % PAGES_PER_SEGMENT;
+        let precedes = |page| page_precedes(page, cutoff, per_page, first);
+        self.remove_slru_segments(
+            slru,
+            |segment| {
+                let start = segment.wrapping_mul(PAGES_PER_SEGMENT);
+                precedes(start) && precedes(start.wrapping_add(PAGES_PER_SEGMENT - 1))
+            },
+            read,
+            changes,
+        )
+    }
+
+    /// Removes the segment files of `slru` that `goes` says go.
+    pub fn remove_slru_segments(
+        &mut self,
+        slru: Slru,
+        goes: impl Fn(u32) -> bool,
+        read: &mut ReadCurrent<'_>,
+        changes: &mut FileChanges,
+    ) -> Result<(), String> {
         let dir = self.dir(read)?;
         let before = dir.entries.len();
-        dir.entries.retain(|e| match segment_of(&e.path) {
-            Some(segment) => {
-                let first = segment * PAGES_PER_SEGMENT;
-                let last = first + PAGES_PER_SEGMENT - 1;
-                !(page_precedes(first, cutoff) && page_precedes(last, cutoff))
-            }
-            None => true,
-        });
+        dir.entries
+            .retain(|e| segment_of(&e.path, slru).is_none_or(|segment| !goes(segment)));
         if dir.entries.len() != before {
             changes.dir_changed = true;
             // The pages of the files that went; those of the others may wait to be put.
@@ -260,15 +309,22 @@ impl Files {
         Ok(self.dir.as_mut().expect("read above"))
     }
 
-    /// Page `page_no`, as this record found it noted in `changes`; its segment file and its
-    /// bytes created (as zeros) if the directory does not reach it.
-    fn page(
+    /// Page `page_no` of `slru`, as this record found it noted in `changes`; its segment file
+    /// and its bytes created (as zeros) if the directory does not reach it.
+    pub fn slru_page(
         &mut self,
+        slru: Slru,
         page_no: u32,
         read: &mut ReadCurrent<'_>,
         changes: &mut FileChanges,
     ) -> Result<&mut Vec<u8>, String> {
-        let path = format!("pg_xact/{:04X}", page_no / PAGES_PER_SEGMENT);
+        if page_no > slru.max_page {
+            return Err(format!(
+                "{} page {page_no}: the last is {}",
+                slru.dir, slru.max_page
+            ));
+        }
+        let path = format!("{}/{:04X}", slru.dir, page_no / PAGES_PER_SEGMENT);
         let in_segment = page_no % PAGES_PER_SEGMENT;
         let end = (u64::from(in_segment) + 1) * FILE_CHUNK_SIZE as u64;
         let dir = self.dir(read)?;
@@ -344,23 +400,34 @@ fn new_entry(
     Ok(id)
 }
 
-/// `CLOGPagePrecedes`: whether page `a` comes before page `b` in the circular order of
-/// transaction ids (every page's first normal id compared, as `TransactionIdPrecedes` does).
-fn page_precedes(a: u32, b: u32) -> bool {
-    const FIRST_NORMAL: u32 = 3;
-    let xid = |page: u32| {
-        page.wrapping_mul(XACTS_PER_PAGE)
-            .wrapping_add(FIRST_NORMAL + 1)
-    };
-    let precedes = |x: u32, y: u32| (x.wrapping_sub(y) as i32) < 0;
-    let (x1, x2) = (xid(a), xid(b));
-    precedes(x1, x2) && precedes(x1, x2.wrapping_add(XACTS_PER_PAGE - 1))
+/// The little-endian `u32` at `at` of a record's main data, or where the data ends.
+pub fn u32_at(bytes: &[u8], at: usize) -> Result<u32, String> {
+    bytes
+        .get(at..at + 4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("four bytes")))
+        .ok_or_else(|| {
+            format!(
+                "main data of {} bytes ends before byte {}",
+                bytes.len(),
+                at + 4
+            )
+        })
 }
 
-/// The segment number of a `pg_xact/XXXX` path.
-fn segment_of(path: &str) -> Option<u32> {
-    let name = path.strip_prefix("pg_xact/")?;
-    if name.len() != 4 {
+/// `CLOGPagePrecedes` and `MultiXactOffsetPagePrecedes`: whether page `a` comes before page
+/// `b` in the circular order of the ids it holds `per_page` of (each page's id `first + 1`
+/// compared as `TransactionIdPrecedes` and `MultiXactIdPrecedes` do).
+pub fn page_precedes(a: u32, b: u32, per_page: u32, first: u32) -> bool {
+    let id = |page: u32| page.wrapping_mul(per_page).wrapping_add(first + 1);
+    let precedes = |x: u32, y: u32| (x.wrapping_sub(y) as i32) < 0;
+    let (x1, x2) = (id(a), id(b));
+    precedes(x1, x2) && precedes(x1, x2.wrapping_add(per_page - 1))
+}
+
+/// The segment number of a path of `slru`'s (`<dir>/XXXX`, four hex digits or more).
+fn segment_of(path: &str, slru: Slru) -> Option<u32> {
+    let name = path.strip_prefix(slru.dir)?.strip_prefix('/')?;
+    if name.len() < 4 || name.contains('/') {
         return None;
     }
     u32::from_str_radix(name, 16).ok()

@@ -15,6 +15,7 @@
 //! | a transaction's commit or abort | its status and its subtransactions' on their `pg_xact/` pages (`wal_slru.rs`: deltas of the bytes changed); the relations it drops leave their directory, every fork with size 0 |
 //! | `CLOG_ZEROPAGE`, `CLOG_TRUNCATE` | a new page of `pg_xact/` (and a new segment file in the file directory), segments removed |
 //! | `XLOG_RELMAP_UPDATE` | the relation map file (`pg_filenode.map`), whole |
+//! | multixact records | `pg_multixact/offsets/` and `members/` (`wal_multixact.rs`) |
 //! | `XLOG_DBASE_CREATE_WAL_LOG`, `XLOG_DBASE_DROP` | the database's directory and `PG_VERSION`, and an empty relation directory; or its files gone and its relations unlisted |
 //!
 //! An image whose `BKPIMAGE_APPLY` is unset (written for `wal_consistency_checking`) is the page
@@ -26,8 +27,8 @@
 //! WAL-logged (data checksums or `wal_log_hints`: [`WalVersions::set_hint_bits_logged`], and
 //! `XLOG_PARAMETER_CHANGE` records).
 //!
-//! Not taken from records yet: `pg_multixact/`, and the free space map pages that redo updates
-//! without a reference (the map is a hint that PostgreSQL corrects itself). A database created
+//! Not taken from records: the free space map pages that redo updates without a reference (the
+//! map is a hint that PostgreSQL corrects itself). A database created
 //! by copying its template's files (`XLOG_DBASE_CREATE_FILE_COPY`) is an error: its pages would
 //! be the template's, which the record does not carry. So a page at any
 //! LSN is exact where it is an image, while a data directory still comes from a snapshot plus
@@ -54,8 +55,10 @@ use postgres_wal::xact::xact_end_details;
 use postgres_wal::DecodedRecord;
 use utils::Lsn;
 
+use super::wal_files::u32_at;
 pub use super::wal_files::ReadCurrent;
 use super::wal_files::{FileChanges, Files, STATUS_ABORTED, STATUS_COMMITTED};
+use super::wal_multixact::multixact_record;
 
 /// Resource manager of `heap_xlog_*2` records (pruning, freezing, multi-inserts, ...).
 pub const RM_HEAP2_ID: u8 = 9;
@@ -80,6 +83,8 @@ const RM_CLOG_ID: u8 = 3;
 const CLOG_ZEROPAGE: u8 = 0x00;
 const CLOG_TRUNCATE: u8 = 0x10;
 
+/// Resource manager of `pg_multixact/` records.
+const RM_MULTIXACT_ID: u8 = 6;
 /// Resource manager of relation map records.
 const RM_RELMAP_ID: u8 = 7;
 const XLOG_RELMAP_UPDATE: u8 = 0x00;
@@ -245,6 +250,9 @@ impl WalVersions {
             RM_XACT_ID => self.xact_end(record, read, &mut versions),
             RM_RELMAP_ID => self.relmap(info, main, read, &mut versions),
             RM_DBASE_ID => self.database(info, main, read, &mut versions),
+            RM_MULTIXACT_ID => {
+                multixact_record(&mut self.files, info, main, read, &mut versions.files)
+            }
             _ => Ok(()),
         }
         .map_err(at)?;
@@ -646,19 +654,6 @@ fn rel_of(block: &BlockRef) -> RelTag {
 pub fn set_page_lsn(page: &mut [u8], lsn: Lsn) {
     page[0..4].copy_from_slice(&((lsn.0 >> 32) as u32).to_le_bytes());
     page[4..8].copy_from_slice(&(lsn.0 as u32).to_le_bytes());
-}
-
-fn u32_at(bytes: &[u8], at: usize) -> Result<u32, String> {
-    bytes
-        .get(at..at + 4)
-        .map(|b| u32::from_le_bytes(b.try_into().expect("four bytes")))
-        .ok_or_else(|| {
-            format!(
-                "main data of {} bytes ends before byte {}",
-                bytes.len(),
-                at + 4
-            )
-        })
 }
 
 /// The `RelFileNode` at `at` of `main`, with fork `fork`.
