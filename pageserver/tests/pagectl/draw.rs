@@ -494,3 +494,79 @@ fn draw_refuses_what_is_not_a_manifest() {
     );
     assert!(err.contains("cannot write the picture"), "{err}");
 }
+
+/// With `--contents`, a delta layer holding PostgreSQL WAL records is hatched and its tooltip
+/// says how many; the WAL the timeline stores is a band beside the LSN axis, with its range.
+#[test]
+fn draw_contents_hatches_wal_records_and_shows_the_stored_wal() {
+    use pageserver::walreceiver::wal_store::WAL_DIR;
+    use postgres_wal::synthetic::WalBuilder;
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut manifest = Manifest::empty(TENANT, TIMELINE);
+    manifest.disk_consistent_lsn = Lsn(0x1_0000_004F);
+    let (plain, entry) = write_delta(dir.path(), 0x1_0000_0010..0x1_0000_0030, 1..5);
+    manifest.add_layer(entry);
+    let mut w = DeltaLayerWriter::new(
+        dir.path(),
+        TENANT,
+        TIMELINE,
+        Lsn(0x1_0000_0030),
+        Lsn(0x1_0000_0050),
+    )
+    .unwrap();
+    w.put_value(key(1), Lsn(0x1_0000_0030), &Value::Image(page(1, 64)))
+        .unwrap();
+    let record = Value::WalRecord {
+        will_init: false,
+        record: bytes::Bytes::from_static(&[0u8; 30]),
+    };
+    w.put_value(key(1), Lsn(0x1_0000_0040), &record).unwrap();
+    let written = w.finish().unwrap();
+    let with_wal = written.summary.file_name();
+    manifest.add_layer(LayerFileEntry {
+        name: with_wal.clone(),
+        size: written.size,
+        crc32c: written.crc32c,
+        level: LayerLevel::L0,
+        group_size: 1,
+    });
+    manifest.store(dir.path()).unwrap();
+    // One segment of WAL (1 MiB segments), its records from 1/0.
+    let segment = 1u32 << 20;
+    let mut wal = WalBuilder::new(Lsn(0x1_0000_0000), segment);
+    let end = wal.main_data_record(postgres_wal::record::RM_HEAP_ID, 0, 1, &[7u8; 100]);
+    std::fs::create_dir(dir.path().join(WAL_DIR)).unwrap();
+    std::fs::write(
+        dir.path().join(WAL_DIR).join("000000010000000100000000"),
+        wal.segment_file(),
+    )
+    .unwrap();
+    assert!(end.0 > 0x1_0000_0000);
+
+    let plain_svg = stdout_of(draw(&[dir.path().as_os_str()]));
+    assert!(!plain_svg.contains("class=\"wal-records\""), "{plain_svg}");
+    let svg = stdout_of(draw(&[dir.path().as_os_str(), OsStr::new("--contents")]));
+    let elements = parse_xml(&svg);
+    let hatched: Vec<&Element> = elements
+        .iter()
+        .filter(|e| e.name == "rect" && e.attr("class") == "wal-records")
+        .collect();
+    assert_eq!(hatched.len(), 1, "{svg}");
+    let rect = layer_rect(&svg, &elements, &with_wal);
+    assert_eq!(hatched[0].num("x"), rect.num("x"));
+    assert_eq!(hatched[0].num("y"), rect.num("y"));
+    assert!(
+        svg.contains("1 of 2 values are PostgreSQL WAL records"),
+        "{svg}"
+    );
+    assert!(
+        svg.contains("0 of 4 values are PostgreSQL WAL records"),
+        "{plain}"
+    );
+    // The band of the stored WAL, and its range in words.
+    assert!(elements
+        .iter()
+        .any(|e| e.name == "rect" && e.attr("class") == "wal"));
+    assert!(svg.contains("WAL stored 1/0.."), "{svg}");
+}

@@ -13,6 +13,9 @@
 //! LSN axis is logarithmic when the thinnest delta layer would otherwise vanish. An image layer
 //! spans one LSN: it is a bar [`IMAGE_BAR`] pixels tall centred on its LSN, and its LSN is
 //! labelled on the axis.
+//!
+//! `--contents` reads the delta layers on the local disk through and hatches those that hold
+//! PostgreSQL WAL records; the WAL the timeline stores (`wal/`) is a band beside the LSN axis.
 
 use std::collections::BTreeSet;
 use std::fmt::Display;
@@ -74,6 +77,8 @@ struct Drawn<'a> {
     keys: Range<Key>,
     /// An image layer's is its LSN to the next.
     lsns: Range<Lsn>,
+    /// With `--contents`, a delta layer's PostgreSQL WAL records and values in all.
+    wal_records: Option<(u64, u64)>,
 }
 
 /// The rectangle of the plot the layers are drawn in, and its two axes.
@@ -131,7 +136,12 @@ fn esc(s: impl Display) -> String {
     out
 }
 
-pub(super) fn draw(path: &Path, output: Option<&Path>, out: &mut impl Write) -> Result<(), Error> {
+pub(super) fn draw(
+    path: &Path,
+    output: Option<&Path>,
+    contents: bool,
+    out: &mut impl Write,
+) -> Result<(), Error> {
     let dir = timeline_dir(path)?;
     let file = dir.join(METADATA_FILE);
     let manifest = match Manifest::load(dir)? {
@@ -153,14 +163,28 @@ pub(super) fn draw(path: &Path, output: Option<&Path>, out: &mut impl Write) -> 
             path: file.clone(),
             message: format!("{e}"),
         })?;
+        let on_disk = dir.join(&entry.name);
+        let wal_records = if contents && entry.level != LayerLevel::Image && on_disk.exists() {
+            match layer::open_layer(&on_disk, DEFAULT_MAX_VALUE_SIZE)? {
+                layer::LayerFile::Delta(l) => {
+                    let r = l.verify()?;
+                    Some((r.wal_records, r.entries))
+                }
+                layer::LayerFile::Image(_) => None,
+            }
+        } else {
+            None
+        };
         layers.push(Drawn {
             name: &entry.name,
             level: entry.level,
             keys: name.key_range().clone(),
             lsns: name.lsn_range(),
+            wal_records,
         });
     }
-    let svg = render(&manifest, &layers);
+    let wal = stored_wal(dir)?;
+    let svg = render(&manifest, &layers, wal);
     match output {
         Some(to) => std::fs::write(to, svg).map_err(|e| Error::Path {
             path: to.to_owned(),
@@ -170,7 +194,47 @@ pub(super) fn draw(path: &Path, output: Option<&Path>, out: &mut impl Write) -> 
     }
 }
 
-fn render(manifest: &Manifest, layers: &[Drawn<'_>]) -> String {
+/// The LSNs of the WAL the timeline stores (`<timeline>/wal/`), if it stores any: from its oldest
+/// segment's start to the end of the last whole record of its newest.
+fn stored_wal(dir: &Path) -> Result<Option<Range<Lsn>>, Error> {
+    let wal = dir.join(pageserver::walreceiver::wal_store::WAL_DIR);
+    if !wal.is_dir() {
+        return Ok(None);
+    }
+    let io = |e: std::io::Error| Error::Path {
+        path: wal.clone(),
+        message: e.to_string(),
+    };
+    // Every segment file has the segment's size (they are created whole).
+    let mut segment_size = None;
+    for entry in std::fs::read_dir(&wal).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let len = entry.metadata().map_err(io)?.len();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let name = name
+            .strip_suffix(postgres_wal::segment::PARTIAL_SUFFIX)
+            .unwrap_or(&name);
+        if name.len() == 24 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            segment_size = u32::try_from(len)
+                .ok()
+                .filter(|s| postgres_wal::segment::is_valid_segment_size(*s));
+            break;
+        }
+    }
+    let Some(segment_size) = segment_size else {
+        return Ok(None);
+    };
+    let files = postgres_wal::segment::segment_files_in(&wal, segment_size).map_err(io)?;
+    let Some(oldest) = files.iter().map(|f| f.segment.segno).min() else {
+        return Ok(None);
+    };
+    let (_, stored) =
+        pageserver::walreceiver::wal_store::WalStore::open(dir, segment_size).map_err(io)?;
+    let start = postgres_wal::segment::segment_start(oldest, segment_size);
+    Ok(stored.map(|s| start..s.valid_end.max(start)))
+}
+
+fn render(manifest: &Manifest, layers: &[Drawn<'_>], wal: Option<Range<Lsn>>) -> String {
     let plot = Plot::new(layers);
     let mut svg = String::new();
     let _ = writeln!(svg, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>");
@@ -196,6 +260,12 @@ fn render(manifest: &Manifest, layers: &[Drawn<'_>]) -> String {
     frame(&mut svg);
     lsn_labels(&mut svg, &plot, layers);
     key_labels(&mut svg, &plot);
+    if layers
+        .iter()
+        .any(|l| l.wal_records.is_some_and(|(wal, _)| wal > 0))
+    {
+        svg.push_str(HATCH);
+    }
     // Deltas first, L1s under L0s, then images over both.
     for level in [LayerLevel::L1, LayerLevel::L0, LayerLevel::Image] {
         for l in layers.iter().filter(|l| l.level == level) {
@@ -203,6 +273,9 @@ fn render(manifest: &Manifest, layers: &[Drawn<'_>]) -> String {
         }
     }
     gap_marks(&mut svg, &plot);
+    if let Some(wal) = wal {
+        wal_band(&mut svg, &plot, wal);
+    }
     svg.push_str("</svg>\n");
     svg
 }
@@ -455,15 +528,56 @@ fn rect(svg: &mut String, plot: &Plot, l: &Drawn<'_>) {
     } else {
         format!("lsns {}..{}", l.lsns.start, l.lsns.end)
     };
+    let wal = match l.wal_records {
+        Some((wal, all)) => format!("&#10;{wal} of {all} values are PostgreSQL WAL records"),
+        None => String::new(),
+    };
     let _ = writeln!(
         svg,
         "<rect class=\"layer {}\" x=\"{x:.1}\" y=\"{y:.1}\" width=\"{width:.1}\" \
          height=\"{height:.1}\" fill=\"{fill}\" fill-opacity=\"{opacity}\" stroke=\"#222222\" \
-         stroke-width=\"0.5\"><title>{} {}&#10;keys {}..{}&#10;{lsns}</title></rect>",
+         stroke-width=\"0.5\"><title>{} {}&#10;keys {}..{}&#10;{lsns}{wal}</title></rect>",
         class(l.level),
         l.level,
         esc(l.name),
         l.keys.start,
         l.keys.end,
+    );
+    if l.wal_records.is_some_and(|(wal, _)| wal > 0) {
+        // Hatched over its colour: what only PostgreSQL's redo makes pages of.
+        let _ = writeln!(
+            svg,
+            "<rect class=\"wal-records\" x=\"{x:.1}\" y=\"{y:.1}\" width=\"{width:.1}\" \
+             height=\"{height:.1}\" fill=\"url(#wal-hatch)\" pointer-events=\"none\"/>"
+        );
+    }
+}
+
+/// The hatching of delta layers that hold WAL records.
+const HATCH: &str = "<defs><pattern id=\"wal-hatch\" width=\"6\" height=\"6\" \
+     patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\"><line x1=\"0\" y1=\"0\" \
+     x2=\"0\" y2=\"6\" stroke=\"#5b2a86\" stroke-width=\"2\"/></pattern></defs>\n";
+
+/// The WAL the timeline stores, as a band beside the LSN axis, clipped to the plot.
+fn wal_band(svg: &mut String, plot: &Plot, wal: Range<Lsn>) {
+    let (lo, hi) = (plot.lsns.lo, plot.lsns.hi);
+    let (start, end) = (wal.start.max(lo), wal.end.min(hi));
+    let x = LEFT + Plot::width() + 8.0;
+    if start < end {
+        let (top, bottom) = (plot.lsns.y(end), plot.lsns.y(start));
+        let _ = writeln!(
+            svg,
+            "<rect class=\"wal\" x=\"{x:.1}\" y=\"{top:.1}\" width=\"8\" \
+             height=\"{:.1}\" fill=\"#5b2a86\" fill-opacity=\"0.6\"/>",
+            (bottom - top).max(MIN_SIZE)
+        );
+    }
+    let _ = writeln!(
+        svg,
+        "<text class=\"wal-label\" x=\"{LEFT}\" y=\"{}\" {FONT}>WAL stored {}..{} \
+         (the band right of the plot, where it meets the layers' LSNs)</text>",
+        HEIGHT - 8.0,
+        wal.start,
+        wal.end
     );
 }

@@ -20,7 +20,7 @@ use pageserver::tenant::timeline::open_listed_layer;
 use super::*;
 
 /// An open layer file of either kind.
-enum LayerFile {
+pub(super) enum LayerFile {
     Delta(Arc<DeltaLayer>),
     Image(Arc<ImageLayer>),
 }
@@ -160,7 +160,7 @@ fn magic_text(magic: u32) -> String {
     String::from_utf8_lossy(&magic.to_be_bytes()).into_owned()
 }
 
-fn open_layer(file: &Path, max_value_size: usize) -> Result<LayerFile, Error> {
+pub(super) fn open_layer(file: &Path, max_value_size: usize) -> Result<LayerFile, Error> {
     check_not_dir(file)?;
     let cache = private_cache()?;
     Ok(match kind_of(file)? {

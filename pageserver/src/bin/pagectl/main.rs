@@ -9,7 +9,10 @@
 //! pagectl layer verify  <file>                         read and check everything, and against
 //!                                                      the manifest beside it if there is one
 //! pagectl metadata <timeline dir | metadata file>      the manifest: disk_consistent_lsn, layers
-//! pagectl draw <timeline dir | metadata file> [-o F]   the manifest's layers as an SVG picture
+//! pagectl draw <timeline dir | metadata file> [-o F] [--contents]
+//!                                                      the manifest's layers as an SVG picture
+//!                                                      (with the layers holding WAL records
+//!                                                      hatched), and the WAL stored
 //! pagectl import --tenant T --timeline TL <PGDATA | -> [--lsn L] [--endpoint URL]
 //!                                                      a data directory (or a tar stream on
 //!                                                      stdin) into a timeline, over HTTP
@@ -100,6 +103,10 @@ enum Command {
         /// Write the SVG to this file instead of stdout.
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Also read every delta layer on the local disk, and hatch those that hold
+        /// PostgreSQL WAL records (their share is in the tooltip).
+        #[arg(long)]
+        contents: bool,
     },
     /// Import a PostgreSQL data directory into a timeline, over the server's HTTP API.
     ///
@@ -261,7 +268,11 @@ fn main() -> ExitCode {
 fn run(cli: Cli, out: &mut impl Write) -> Result<(), Error> {
     match cli.command {
         Command::Metadata { path } => metadata(&path, out),
-        Command::Draw { path, output } => draw::draw(&path, output.as_deref(), out),
+        Command::Draw {
+            path,
+            output,
+            contents,
+        } => draw::draw(&path, output.as_deref(), contents, out),
         Command::Layer(command) => layer::run(command, cli.max_value_size, out),
         Command::Import(args) => datadir::import(args, out).map_err(Error::Datadir),
         Command::Basebackup(args) => datadir::basebackup(args, out).map_err(Error::Datadir),
