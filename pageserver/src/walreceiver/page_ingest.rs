@@ -48,8 +48,8 @@ pub const MAX_RECORD_LEN: usize = 16 << 20;
 pub const MAX_BATCH_BYTES: usize = 8 << 20;
 /// WAL read from a file at a time.
 const READ_CHUNK: u64 = 1 << 20;
-/// How long the thread waits for more flushed WAL, or after an error.
-const POLL: Duration = Duration::from_millis(50);
+/// The longest the thread waits for more flushed WAL, and how long it waits after an error.
+const WAIT: Duration = Duration::from_secs(1);
 const RETRY: Duration = Duration::from_secs(1);
 
 /// Resource managers whose records change nothing page ingest stores: standby
@@ -79,13 +79,16 @@ pub(super) fn run(timeline: Arc<Timeline>, shared: Arc<Shared>) {
         if shared.stop.load(Ordering::Acquire) || timeline.is_shutting_down() {
             return;
         }
+        let seen = shared.state().flushed_lsn;
         match step(&timeline, &shared, &mut cursor) {
             Ok(true) => {
                 let mut s = shared.state();
                 s.pages_lsn = Some(timeline.last_record_lsn());
                 s.pages_error = None;
             }
-            Ok(false) => std::thread::sleep(POLL),
+            // Woken by the next flush; the timeout covers what no flush signals (a snapshot
+            // imported, an import's end).
+            Ok(false) => shared.wait_for_flush(seen, WAIT),
             Err(e) => {
                 tracing::warn!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
                     "page ingest: {e}");

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -90,7 +90,7 @@ struct Handle {
 impl Handle {
     /// Stops both threads and waits for them.
     fn stop(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
+        self.shared.stop();
         for thread in [self.thread.take(), self.pages.take()]
             .into_iter()
             .flatten()
@@ -136,12 +136,7 @@ impl Receivers {
         let conn = conf.check()?;
         let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
         self.stop_thread(timeline.tenant_id(), timeline.timeline_id());
-        let shared = Arc::new(Shared {
-            state: Mutex::new(initial_state(&conf, &conn)),
-            stop: AtomicBool::new(false),
-            segment_size: AtomicU32::new(0),
-            timeout: self.timeout,
-        });
+        let shared = Arc::new(Shared::new(initial_state(&conf, &conn), self.timeout));
         let session = match Session::establish(&timeline, &conf, &conn, &shared) {
             Ok(session) => session,
             Err(e) => {
@@ -170,12 +165,7 @@ impl Receivers {
             return Ok(false);
         };
         let conn = conf.check()?;
-        let shared = Arc::new(Shared {
-            state: Mutex::new(initial_state(&conf, &conn)),
-            stop: AtomicBool::new(false),
-            segment_size: AtomicU32::new(0),
-            timeout: self.timeout,
-        });
+        let shared = Arc::new(Shared::new(initial_state(&conf, &conn), self.timeout));
         self.spawn(timeline, conf, conn, shared, None);
         Ok(true)
     }
@@ -469,7 +459,7 @@ impl Session {
             s.timeline = Some(tli);
             s.tls = Some(conn.is_tls());
             s.received_lsn = Some(start);
-            s.flushed_lsn = Some(stored.map_or(start, |s| s.valid_end).max(start));
+            shared.set_flushed(&mut s, stored.map_or(start, |s| s.valid_end).max(start));
             s.archived_lsn = timeline.remote_copy().and_then(|r| r.archived_lsn());
             s.primary_wal_end = Some(ident.xlogpos);
             s.last_error = None;
@@ -637,7 +627,7 @@ impl Session {
         }
         {
             let mut s = shared.state();
-            s.flushed_lsn = Some(flushed);
+            shared.set_flushed(&mut s, flushed);
             s.archived_lsn = remote.and_then(|r| r.archived_lsn());
             s.lag_bytes = s.primary_wal_end.map(|end| end.0.saturating_sub(flushed.0));
         }

@@ -3,8 +3,8 @@
 //! (`receiver.rs`) writes it, page ingest (`page_ingest.rs`) reads it and adds its own part, and
 //! the HTTP handlers read a copy.
 
-use std::sync::atomic::{AtomicBool, AtomicU32};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -69,7 +69,10 @@ fn lsn_text<S: serde::Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::E
 }
 
 pub(super) struct Shared {
-    pub(super) state: Mutex<ReceiverState>,
+    state: Mutex<ReceiverState>,
+    /// Notified when `flushed_lsn` moves and when the receiver stops: what page ingest waits
+    /// for.
+    flushed: Condvar,
     pub(super) stop: AtomicBool,
     /// The primary's WAL segment size, once connected (0 before).
     pub(super) segment_size: AtomicU32,
@@ -78,7 +81,41 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    pub(super) fn new(state: ReceiverState, timeout: Duration) -> Shared {
+        Shared {
+            state: Mutex::new(state),
+            flushed: Condvar::new(),
+            stop: AtomicBool::new(false),
+            segment_size: AtomicU32::new(0),
+            timeout,
+        }
+    }
+
     pub(super) fn state(&self) -> MutexGuard<'_, ReceiverState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets `flushed_lsn` in `state` (this receiver's, locked) and wakes whoever waits for it.
+    pub(super) fn set_flushed(&self, state: &mut ReceiverState, flushed: Lsn) {
+        state.flushed_lsn = Some(flushed);
+        self.flushed.notify_all();
+    }
+
+    /// Stops the receiver's threads: the flag they look at, and a wake-up for a waiting one.
+    pub(super) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let _state = self.state();
+        self.flushed.notify_all();
+    }
+
+    /// Waits until `flushed_lsn` is other than `seen`, the receiver stops, or `timeout` passes.
+    pub(super) fn wait_for_flush(&self, seen: Option<Lsn>, timeout: Duration) {
+        let state = self.state();
+        let _ = self
+            .flushed
+            .wait_timeout_while(state, timeout, |s| {
+                s.flushed_lsn == seen && !self.stop.load(Ordering::Acquire)
+            })
+            .unwrap_or_else(|e| e.into_inner());
     }
 }
