@@ -103,6 +103,28 @@ fn full_page_image(page: &[u8], bimg_info: u8) -> DecodedRecord {
     decoded(0, 0xB0, &parts(&[block], &[]))
 }
 
+/// A timeline's file directory with `pg_xact/0000` (id 1), one page of zeros.
+fn with_xact_page() -> HashMap<Key, Bytes> {
+    use pageserver_api::datadir::{
+        file_chunk_key, file_dir_key, EntryKind, FileDirectory, FileEntry,
+    };
+    let dir = FileDirectory {
+        next_id: 2,
+        entries: vec![FileEntry {
+            path: "pg_xact/0000".into(),
+            kind: EntryKind::File,
+            mode: 0o600,
+            mtime: 0,
+            size: 8192,
+            id: 1,
+        }],
+    };
+    HashMap::from([
+        (file_dir_key(), Bytes::from(dir.encode())),
+        (file_chunk_key(1, 0), Bytes::from(vec![0u8; 8192])),
+    ])
+}
+
 /// Why `record` makes no versions over a timeline holding `stored`.
 fn error_of(record: &DecodedRecord, stored: &HashMap<Key, Bytes>) -> String {
     WalVersions::new()
@@ -387,9 +409,7 @@ fn damaged_records_are_errors_that_name_the_lsn() {
 
 #[test]
 fn a_commit_sets_statuses_and_drops_its_relations() {
-    use pageserver_api::datadir::{
-        file_chunk_key, file_dir_key, EntryKind, FileDirectory, FileEntry,
-    };
+    use pageserver_api::datadir::file_chunk_key;
     // time, xinfo (subtransactions, relations), 2 subtransactions, 1 relation dropped.
     let mut main = 0i64.to_le_bytes().to_vec();
     main.extend_from_slice(&((1u32 << 1) | (1 << 2)).to_le_bytes());
@@ -407,20 +427,8 @@ fn a_commit_sets_statuses_and_drops_its_relations() {
     decoder.feed(wal.bytes());
     let record = decoder.next_record().unwrap().unwrap();
 
-    let dir = FileDirectory {
-        next_id: 2,
-        entries: vec![FileEntry {
-            path: "pg_xact/0000".into(),
-            kind: EntryKind::File,
-            mode: 0o600,
-            mtime: 0,
-            size: 8192,
-            id: 1,
-        }],
-    };
-    let stored = HashMap::from([
-        (file_dir_key(), Bytes::from(dir.encode())),
-        (file_chunk_key(1, 0), Bytes::from(vec![0u8; 8192])),
+    let mut stored = with_xact_page();
+    stored.extend([
         (
             rel_dir_key(REL.0, REL.1),
             Bytes::from(encode_rel_dir(&[(REL.2, 0), (REL.2, 2), (REL.2 + 1, 0)])),
@@ -477,13 +485,8 @@ fn databases_and_relation_maps_come_and_go_in_the_file_directory() {
     ]);
     let mut ingest = WalVersions::new();
     let apply =
-        |ingest: &mut WalVersions, stored: &mut HashMap<Key, Bytes>, info, main: Vec<u8>| {
-            let rmid = if info == 0xFF { 7 } else { 4 };
-            let record = decoded(
-                rmid,
-                if info == 0xFF { 0 } else { info },
-                &parts(&[], &main),
-            );
+        |ingest: &mut WalVersions, stored: &mut HashMap<Key, Bytes>, rmid, info, main: Vec<u8>| {
+            let record = decoded(rmid, info, &parts(&[], &main));
             let (out, _) = versions(ingest, &record, stored);
             for v in &out {
                 if let Value::Image(bytes) = &v.value {
@@ -494,7 +497,13 @@ fn databases_and_relation_maps_come_and_go_in_the_file_directory() {
         };
     let words = |v: &[u32]| v.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
     // CREATE DATABASE 16400 (WAL_LOG): its directory, PG_VERSION, an empty relation directory.
-    let out = apply(&mut ingest, &mut stored, 0x10, words(&[16400, 1663]));
+    let out = apply(
+        &mut ingest,
+        &mut stored,
+        RM_DBASE_ID,
+        0x10,
+        words(&[16400, 1663]),
+    );
     assert_eq!(
         value_of(&out, rel_dir_key(1663, 16400)),
         Some(&Value::Image(encode_rel_dir(&[]).into()))
@@ -506,7 +515,7 @@ fn databases_and_relation_maps_come_and_go_in_the_file_directory() {
     // Its relation map, 512 bytes, whole.
     let mut main = words(&[16400, 1663, 512]);
     main.extend_from_slice(&[7u8; 512]);
-    apply(&mut ingest, &mut stored, 0xFF, main);
+    apply(&mut ingest, &mut stored, RM_RELMAP_ID, 0, main);
     let dir = FileDirectory::decode(&stored[&file_dir_key()]).unwrap();
     let map = dir.get("base/16400/pg_filenode.map").unwrap();
     assert_eq!(
@@ -514,7 +523,13 @@ fn databases_and_relation_maps_come_and_go_in_the_file_directory() {
         (512, &[7u8; 512][..])
     );
     // DROP DATABASE: everything under it goes.
-    apply(&mut ingest, &mut stored, 0x20, words(&[16400, 1, 1663]));
+    apply(
+        &mut ingest,
+        &mut stored,
+        RM_DBASE_ID,
+        0x20,
+        words(&[16400, 1, 1663]),
+    );
     let dir = FileDirectory::decode(&stored[&file_dir_key()]).unwrap();
     assert!(
         dir.entries
@@ -541,28 +556,14 @@ mod damaged {
     use super::*;
     use proptest::prelude::*;
 
-    /// A timeline with a file directory, `pg_xact/0000` and one relation, for records to land on.
+    /// A timeline with `pg_xact/0000` and one relation, for records to land on.
     fn stored() -> HashMap<Key, Bytes> {
-        use pageserver_api::datadir::{
-            file_chunk_key, file_dir_key, EntryKind, FileDirectory, FileEntry,
-        };
-        let dir = FileDirectory {
-            next_id: 2,
-            entries: vec![FileEntry {
-                path: "pg_xact/0000".into(),
-                kind: EntryKind::File,
-                mode: 0o600,
-                mtime: 0,
-                size: 8192,
-                id: 1,
-            }],
-        };
-        HashMap::from([
-            (file_dir_key(), Bytes::from(dir.encode())),
-            (file_chunk_key(1, 0), Bytes::from(vec![0u8; 8192])),
+        let mut stored = with_xact_page();
+        stored.extend([
             (heap(0).size_key(), Bytes::from(encode_rel_size(100))),
             (heap(2).size_key(), Bytes::from(encode_rel_size(2))),
-        ])
+        ]);
+        stored
     }
 
     proptest! {
