@@ -67,12 +67,6 @@ impl fmt::Debug for DecodedRecord {
 }
 
 impl DecodedRecord {
-    /// Where the record after it starts: its end, aligned (if that is a page's start, the
-    /// record after it starts past the page's header).
-    pub fn next_start(&self) -> Lsn {
-        self.end_rec_ptr()
-    }
-
     /// PostgreSQL's `EndRecPtr` for it: its end aligned to 8 bytes, what `XLogInsert` returns
     /// and redo sets as the `pd_lsn` of the pages it changes.
     pub fn end_rec_ptr(&self) -> Lsn {

@@ -44,12 +44,6 @@ pub struct ControlFile {
 
 impl ControlFile {
     /// Whether the cluster was shut down cleanly (it starts without recovery).
-    /// Whether changes of hint bits are WAL-logged (`XLogHintBitIsNeeded`): with data
-    /// checksums or `wal_log_hints`.
-    pub fn hint_bits_logged(&self) -> bool {
-        self.wal_log_hints || self.data_checksum_version != 0
-    }
-
     pub fn is_shut_down(&self) -> bool {
         matches!(self.state, DB_SHUTDOWNED | DB_SHUTDOWNED_IN_RECOVERY)
     }
