@@ -19,7 +19,7 @@ from fixtures.plugin import PageserverFactory
 from fixtures.postgres import PgCluster, PgEnv
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
-from fixtures.wal_stream import connstr, receiver, start_promoted
+from fixtures.wal_stream import UPLOAD_BACKPRESSURE, connstr, receiver, start_promoted_quietly, wait_ingested
 
 BLCKSZ = 8192
 HEAP_TABLES = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgbench_history", "grown"]
@@ -27,12 +27,6 @@ HEAP_TABLES = ["pgbench_accounts", "pgbench_branches", "pgbench_tellers", "pgben
 
 def rel_key(spc: int, db: int, rel: int, fork: int = 0, block: int = 0, kind: int = 0) -> str:
     return struct.pack(">BIIIBI", kind, spc, db, rel, fork, block).hex()
-
-
-# Full-image mode stores about 4x its WAL in layers (docs/benchmarks.md, "Page ingest"): on a
-# slow machine their upload to the local remote store falls behind, and flushes wait for it,
-# as upload_queue_max_bytes says they should.
-UPLOAD_BACKPRESSURE = "a flush waits for the upload queue"
 
 
 def start_ingesting(pg: PgEnv, timeline: TimelineHandle, *settings: str) -> PgCluster:
@@ -45,19 +39,6 @@ def start_ingesting(pg: PgEnv, timeline: TimelineHandle, *settings: str) -> PgCl
     assert r.status_code == 200, r.text
     assert r.json()["ingest_pages"] is True
     return primary
-
-
-def wait_ingested(timeline: TimelineHandle, lsn: Lsn, timeout: float = 120) -> Lsn:
-    """Waits until page ingest holds every record up to `lsn`; where it is."""
-
-    def ingested() -> Lsn:
-        state = receiver(timeline).json()
-        assert state["pages_error"] is None, state
-        at = Lsn.parse(state["pages_lsn"] or "0/0")
-        assert at >= lsn, state
-        return at
-
-    return wait_until(ingested, timeout=timeout, interval=0.05, what=f"pages ingested up to {lsn}")
 
 
 def page_at(timeline: TimelineHandle, key: str, lsn: Lsn) -> requests.Response:
@@ -216,6 +197,10 @@ def test_pages_at_lsns_between_snapshots_equal_a_cluster_recovered_there(
         bench.wait(timeout=120)
     assert len(points) >= 4, points
     wait_ingested(timeline, points[-1])
+    # Pages a backup copied while they changed are repaired only by the WAL before the
+    # backup's end: no restore without replay above a backup snapshot.
+    r = requests.get(f"{timeline.url}/basebackup", params={"lsn": str(points[0]), "replay": "none"}, timeout=60)
+    assert r.status_code == 422 and "backup of a running cluster" in r.text, r.text
 
     rng = random.Random(0)
     compared = 0
@@ -243,14 +228,6 @@ def test_pages_at_lsns_between_snapshots_equal_a_cluster_recovered_there(
     assert compared >= 160, compared
     assert requests.delete(f"{timeline.url}/wal_receiver", timeout=60).status_code == 200
     primary.stop()
-
-
-def start_promoted_quietly(cluster: PgCluster) -> None:
-    """Starts a restored cluster with nothing of its own that writes to pgbench's tables
-    (no autovacuum) and waits for its promotion."""
-    with (Path(cluster.datadir) / "postgresql.conf").open("a") as conf:
-        conf.write("autovacuum = off\n")
-    start_promoted(cluster)
 
 
 def test_a_page_that_needs_redo_names_the_nearest_lsn_that_answers(

@@ -9,7 +9,7 @@
 use std::sync::{Arc, OnceLock};
 
 use crate::damage::damage;
-use pageserver::datadir::{import_archive, snapshot_at, write_basebackup};
+use pageserver::datadir::{import_archive, snapshot_at, write_basebackup, Restore};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
 use pageserver::tenant::timeline::{Timeline, TimelineConf};
 use pageserver::PAGE_SZ;
@@ -63,7 +63,7 @@ pub fn check(input: &[u8]) {
             );
             let snapshot = snapshot_at(&timeline, lsn).expect("the imported snapshot");
             let mut out = Vec::new();
-            write_basebackup(&timeline, snapshot, None, &mut out)
+            write_basebackup(&timeline, snapshot, Restore::Snapshot, &mut out)
                 .expect("a basebackup of the import");
         }
         Err(_) => {

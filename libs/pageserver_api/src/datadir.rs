@@ -14,6 +14,7 @@
 //!  0x03    file id    0       0         0       chunk      8 KiB of a file (the last: shorter)
 //!  0x04    0          0       0         0       0          the file directory
 //!  0x05    0          0       0         0       0          the snapshot list
+//!  0x06    0          0       0         0       0          the cluster's counters (counters.rs)
 //! ```
 //!
 //! A relation fork is every segment of `base/<dbnode>/<relnode>[_fsm|_vm|_init][.N]` (spcnode
@@ -45,6 +46,9 @@ use utils::Lsn;
 
 use crate::Key;
 
+mod counters;
+pub use counters::ClusterCounters;
+
 /// Tablespace of `base/`: `pg_default`.
 pub const DEFAULTTABLESPACE_OID: u32 = 1663;
 /// Tablespace of `global/`: `pg_global`.
@@ -63,6 +67,7 @@ const REL_DIR_KIND: u8 = 0x02;
 const FILE_CHUNK_KIND: u8 = 0x03;
 const FILE_DIR_KIND: u8 = 0x04;
 const SNAPSHOT_LIST_KIND: u8 = 0x05;
+const COUNTERS_KIND: u8 = 0x06;
 
 const FORMAT_VERSION: u8 = 1;
 
@@ -161,6 +166,14 @@ pub fn file_dir_key() -> Key {
 pub fn snapshot_list_key() -> Key {
     Key {
         field1: SNAPSHOT_LIST_KIND,
+        ..Key::MIN
+    }
+}
+
+/// The key of the cluster's counters ([`ClusterCounters`]).
+pub fn counters_key() -> Key {
+    Key {
+        field1: COUNTERS_KIND,
         ..Key::MIN
     }
 }

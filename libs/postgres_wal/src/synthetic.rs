@@ -1,5 +1,6 @@
 //! WAL written the way PostgreSQL lays records over pages, for tests of everything that reads
-//! it: page headers at every page boundary (the long one at a segment's start), records at
+//! it, and for the one record the page server writes itself (the shutdown checkpoint a restore
+//! without replay starts from): page headers at every page boundary (the long one at a segment's start), records at
 //! 8-byte boundaries that run across pages and segments with their continuation counted in
 //! the next page's header, each naming the one before it, with its CRC-32C.
 
@@ -36,6 +37,14 @@ impl WalBuilder {
         }
     }
 
+    /// The WAL from the start is `bytes` already (page headers and all, as stored): the next
+    /// record goes after them, naming `prev` as the one before it.
+    pub fn resume(mut self, bytes: Vec<u8>, prev: Lsn) -> WalBuilder {
+        self.bytes = bytes;
+        self.prev = prev;
+        self
+    }
+
     pub fn timeline(mut self, tli: u32) -> WalBuilder {
         self.tli = tli;
         self
@@ -67,6 +76,19 @@ impl WalBuilder {
         let end = self.end().0.next_multiple_of(u64::from(self.segment_size));
         file.resize((end - self.start.0) as usize, 0);
         file
+    }
+
+    /// Where the next record will start: the end aligned, past a page header at a page's start.
+    pub fn next_record_start(&self) -> Lsn {
+        let aligned = self.end().0.next_multiple_of(RECORD_ALIGN);
+        let header = if !aligned.is_multiple_of(XLOG_BLCKSZ as u64) {
+            0
+        } else if aligned.is_multiple_of(u64::from(self.segment_size)) {
+            LONG_HEADER_LEN
+        } else {
+            SHORT_HEADER_LEN
+        };
+        Lsn(aligned + header as u64)
     }
 
     /// `len` bytes continuing a record begun before the start (only first).

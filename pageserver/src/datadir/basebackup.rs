@@ -2,7 +2,10 @@
 //!
 //! The snapshot is the newest one at or below the LSN (the snapshot list read at that LSN);
 //! everything is read at the snapshot's own LSN, so the archive is exactly what was imported
-//! then. Members come in the file directory's path order (every directory before what it
+//! then ([`Restore::Snapshot`]), with the WAL that takes it to the LSN when PostgreSQL replays
+//! it ([`Restore::Replay`]); or everything is read at the LSN itself, where page ingest made
+//! every page, with a shutdown checkpoint there of our making ([`Restore::Materialized`],
+//! `materialize.rs`). Members come in the file directory's path order (every directory before what it
 //! holds), then each database's relation forks, segment by segment. Contents are read block by
 //! block as the archive is written: memory stays at a block, whatever the directory's size.
 //! Every value read is checked (a chunk or block of the wrong length, or a missing one, stops
@@ -15,33 +18,27 @@ use std::io::{self, Read, Write};
 use bytes::Bytes;
 use pageserver_api::datadir::{
     decode_rel_dir, decode_rel_size, file_chunk_key, file_dir_key, rel_dir_key, snapshot_list_key,
-    DatadirDecodeError, EntryKind, FileDirectory, RelTag, Snapshot, SnapshotList, BLCKSZ,
-    FILE_CHUNK_SIZE, RELSEG_BLOCKS,
+    EntryKind, FileDirectory, RelTag, Snapshot, SnapshotList, BLCKSZ, FILE_CHUNK_SIZE,
+    RELSEG_BLOCKS,
 };
 use pageserver_api::Key;
 use utils::Lsn;
 
+use super::archive::{append_file, PositionalReader};
+pub use super::archive::{BasebackupError, Replay};
+use super::materialize::Materialized;
 use super::path::{database_dir, database_of_dir};
 use crate::tenant::timeline::{Timeline, TimelineError};
 
-#[derive(Debug, thiserror::Error)]
-pub enum BasebackupError {
-    /// Nothing to give at that LSN (404).
-    #[error("{0}")]
-    NoSnapshot(String),
-    #[error(transparent)]
-    Timeline(#[from] TimelineError),
-    #[error("the timeline's stored data directory is damaged: {0}")]
-    Damaged(String),
-    /// Writing the archive failed (the client went away).
-    #[error("writing the archive failed: {0}")]
-    Write(#[from] io::Error),
-}
-
-impl From<DatadirDecodeError> for BasebackupError {
-    fn from(e: DatadirDecodeError) -> Self {
-        BasebackupError::Damaged(e.to_string())
-    }
+/// What PostgreSQL started on the archive does.
+#[derive(Clone, Copy)]
+pub enum Restore<'a> {
+    /// Starts from the snapshot as it was imported.
+    Snapshot,
+    /// Replays WAL from the snapshot to an LSN, then promotes.
+    Replay(&'a Replay),
+    /// Starts at an LSN with nothing to replay: the pages there, shut down there.
+    Materialized(&'a Materialized),
 }
 
 /// The snapshot a basebackup at `lsn` gives: checks the LSN and finds it.
@@ -70,24 +67,6 @@ pub fn snapshot_at(timeline: &Timeline, lsn: Lsn) -> Result<Snapshot, Basebackup
     })
 }
 
-/// WAL to replay on top of a snapshot: the LSN asked for, the end of the last record at or
-/// before it (where the WAL given is cut: the rest of its segment is zeros, so a replay of
-/// everything given stops exactly there), and the segment files from the snapshot to it.
-#[derive(Debug)]
-pub struct Replay {
-    pub target: Lsn,
-    pub end: Lsn,
-    /// The timeline of the WAL at `end`, recovery's target timeline.
-    pub tli: u32,
-    /// The history files (name, contents) of that timeline's line past timeline 1.
-    pub history: Vec<(String, Vec<u8>)>,
-    /// Whether the WAL stored goes on past `target`.
-    pub goes_on: bool,
-    /// Opened when the replay was planned, so that a rename of a segment (the one being
-    /// filled becomes whole) does not pull it away from the archive.
-    pub segments: Vec<(String, std::fs::File)>,
-}
-
 /// The settings appended to `postgresql.auto.conf` of an archive that replays WAL.
 fn recovery_settings(replay: &Replay) -> String {
     format!(
@@ -103,15 +82,19 @@ fn recovery_settings(replay: &Replay) -> String {
 
 const AUTO_CONF: &str = "postgresql.auto.conf";
 
-/// Writes the data directory of `snapshot` to `out` as a tar archive, set up to replay WAL to
-/// `replay.target` if given.
+/// Writes the data directory of `snapshot` to `out` as a tar archive, set up as `restore` says.
 pub fn write_basebackup(
     timeline: &Timeline,
     snapshot: Snapshot,
-    replay: Option<&Replay>,
+    restore: Restore<'_>,
     out: impl Write,
 ) -> Result<(), BasebackupError> {
-    let at = snapshot.lsn;
+    let (replay, materialized) = match restore {
+        Restore::Snapshot => (None, None),
+        Restore::Replay(replay) => (Some(replay), None),
+        Restore::Materialized(m) => (None, Some(m)),
+    };
+    let at = materialized.map_or(snapshot.lsn, |m| m.at);
     let read =
         |key: Key| -> Result<Option<Bytes>, BasebackupError> { Ok(timeline.get_page(key, at)?) };
     let files = read(file_dir_key())?
@@ -140,6 +123,7 @@ pub fn write_basebackup(
                     databases.push((db, entry.mtime));
                 }
             }
+            EntryKind::File if materialized.is_some_and(|m| m.replaces(&entry.path)) => {}
             EntryKind::File if replay.is_some_and(|r| replaces(r, &entry.path)) => {
                 if entry.path == AUTO_CONF {
                     auto_conf = Some((
@@ -208,17 +192,41 @@ pub fn write_basebackup(
             tar.append_data(&mut header, format!("pg_wal/{name}"), &mut contents)?;
         }
     }
+    if let Some(m) = materialized {
+        m.append_own_files(&mut tar)?;
+    }
     for ((spc, db), mtime) in databases {
         let Some(rels) = read(rel_dir_key(spc, db))? else {
             continue;
         };
         let dir = database_dir(spc, db);
-        for (relnode, forknum) in decode_rel_dir(&rels)? {
-            let rel = RelTag {
+        let mut forks = decode_rel_dir(&rels)?;
+        // Unlogged relations (those with an init fork) start empty, as after a crash: their
+        // changes are in no WAL (their main fork's creation neither), so what the snapshot
+        // held of them is not their state at the LSN. Their main fork is the init fork; their
+        // maps go.
+        let unlogged: std::collections::BTreeSet<u32> = forks
+            .iter()
+            .filter(|(_, fork)| materialized.is_some() && *fork == INIT_FORKNUM)
+            .map(|(relnode, _)| *relnode)
+            .collect();
+        forks.retain(|(relnode, fork)| !unlogged.contains(relnode) || *fork == INIT_FORKNUM);
+        forks.extend(unlogged.iter().map(|relnode| (*relnode, 0)));
+        forks.sort_unstable();
+        for (relnode, forknum) in forks {
+            let file = RelTag {
                 spcnode: spc,
                 dbnode: db,
                 relnode,
                 forknum,
+            };
+            let rel = if unlogged.contains(&relnode) && forknum == 0 {
+                RelTag {
+                    forknum: INIT_FORKNUM,
+                    ..file
+                }
+            } else {
+                file
             };
             let size = read(rel.size_key())?.ok_or_else(|| {
                 BasebackupError::Damaged(format!("relation {rel:?} has no size at {at}"))
@@ -237,10 +245,19 @@ pub fn write_basebackup(
                 header.set_size(u64::from(blocks) * BLCKSZ as u64);
                 let mut pages = ValueReader::new(u64::from(blocks), move |i| {
                     let blknum = first + i as u32;
-                    let value = read(rel.block_key(blknum))?;
+                    let value = match read(rel.block_key(blknum)) {
+                        // A map page that would need redo: empty, which PostgreSQL reads as a
+                        // map that knows nothing (no free space noted, no page all-visible).
+                        Err(BasebackupError::Timeline(TimelineError::NeedsWalRedo { .. }))
+                            if materialized.is_some() && is_map_fork(rel.forknum) =>
+                        {
+                            Some(Bytes::from_static(&[0; BLCKSZ]))
+                        }
+                        value => value?,
+                    };
                     checked_len(value, BLCKSZ, || format!("block {blknum} of {rel:?}"))
                 });
-                let path = format!("{dir}/{}", rel.file_name(segno));
+                let path = format!("{dir}/{}", file.file_name(segno));
                 let result = tar.append_data(&mut header, &path, &mut pages);
                 pages.result(result)?;
             }
@@ -252,20 +269,6 @@ pub fn write_basebackup(
     Ok(())
 }
 
-/// Reads a shared file from its start, positionally (the file's cursor is not ours).
-struct PositionalReader<'a> {
-    file: &'a std::fs::File,
-    at: u64,
-}
-
-impl Read for PositionalReader<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.at)?;
-        self.at += n as u64;
-        Ok(n)
-    }
-}
-
 /// Whether the replay writes a member of this path itself.
 fn replaces(replay: &Replay, path: &str) -> bool {
     path == AUTO_CONF
@@ -274,19 +277,12 @@ fn replaces(replay: &Replay, path: &str) -> bool {
             .is_some_and(|name| replay.segments.iter().any(|(n, _)| n == name))
 }
 
-fn append_file<W: Write>(
-    tar: &mut tar::Builder<W>,
-    path: &str,
-    mode: u32,
-    mtime: u64,
-    bytes: &[u8],
-) -> io::Result<()> {
-    let mut header = tar::Header::new_gnu();
-    header.set_mode(mode);
-    header.set_mtime(mtime);
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_size(bytes.len() as u64);
-    tar.append_data(&mut header, path, bytes)
+const INIT_FORKNUM: u8 = 3;
+
+/// The free space map and the visibility map: hints that PostgreSQL reads as empty when a
+/// page is all zeros, and that clearing never makes wrong.
+fn is_map_fork(forknum: u8) -> bool {
+    matches!(forknum, 1 | 2)
 }
 
 fn checked_len(

@@ -11,11 +11,13 @@
 //! - `import/`: a tar stream into a timeline as one snapshot, storing only what changed,
 //!   applied whole or not at all;
 //! - `basebackup.rs`: the snapshot at or below an LSN as a tar stream a stock PostgreSQL
-//!   starts from;
+//!   starts from (with WAL to replay to the LSN); `materialize.rs`: the pages at the LSN
+//!   themselves, with a shutdown checkpoint there of our making, so nothing is replayed;
 //! - `wal_versions.rs`: a decoded WAL record as the versions it makes in that key space (page
 //!   images, WAL records to redo, sizes, relation directories), with `wal_slru.rs` for the
 //!   non-relation files (`wal_files.rs`: `pg_xact/`, relation maps, database directories;
-//!   `wal_multixact.rs`: `pg_multixact/`).
+//!   `wal_multixact.rs`: `pg_multixact/`; `wal_counters.rs`: the transaction id, OID and
+//!   multixact counters a checkpoint carries).
 //!
 //! Limits: only the `pg_default` and `pg_global` tablespaces, regular files and directories (no
 //! symlinks: a `pg_wal` elsewhere), permission bits only (setuid, setgid and sticky refused,
@@ -23,17 +25,21 @@
 //! (PostgreSQL 13 to 16); a relation's empty trailing segment files (left by a truncation
 //! until the next checkpoint) are not reproduced.
 
+mod archive;
 mod basebackup;
 mod import;
+mod materialize;
 mod path;
 pub mod pg_control;
+pub mod wal_counters;
 mod wal_end;
 pub mod wal_files;
 pub mod wal_multixact;
 pub mod wal_versions;
 
-pub use basebackup::{snapshot_at, write_basebackup, BasebackupError, Replay};
+pub use basebackup::{snapshot_at, write_basebackup, BasebackupError, Replay, Restore};
 pub use import::{import_archive, ImportError, ImportReport};
+pub use materialize::{plan as plan_materialized, Materialized};
 
 #[cfg(test)]
 mod tests;

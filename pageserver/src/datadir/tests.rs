@@ -150,7 +150,7 @@ fn timeline(dir: &std::path::Path) -> Timeline {
 fn basebackup(tl: &Timeline, lsn: Lsn) -> (Lsn, Datadir) {
     let snapshot = snapshot_at(tl, lsn).unwrap();
     let mut out = Vec::new();
-    write_basebackup(tl, snapshot, None, &mut out).unwrap();
+    write_basebackup(tl, snapshot, Restore::Snapshot, &mut out).unwrap();
     (snapshot.lsn, untar(&out))
 }
 

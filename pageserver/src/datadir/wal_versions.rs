@@ -17,6 +17,7 @@
 //! | `XLOG_RELMAP_UPDATE` | the relation map file (`pg_filenode.map`), whole |
 //! | multixact records | `pg_multixact/offsets/` and `members/` (`wal_multixact.rs`) |
 //! | `XLOG_DBASE_CREATE_WAL_LOG`, `XLOG_DBASE_DROP` | the database's directory and `PG_VERSION`, and an empty relation directory; or its files gone and its relations unlisted |
+//! | a record that moves a transaction id, OID or multixact counter (`wal_counters.rs`) | the cluster's counters |
 //!
 //! An image whose `BKPIMAGE_APPLY` is unset (written for `wal_consistency_checking`) is the page
 //! as the primary held it right after the record: equal to what redo makes, up to what
@@ -42,8 +43,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use bytes::Bytes;
 use pageserver_api::datadir::{
-    decode_rel_dir, decode_rel_size, encode_rel_dir, encode_rel_size, rel_dir_key, RelTag,
-    DEFAULTTABLESPACE_OID, GLOBALTABLESPACE_OID,
+    counters_key, decode_rel_dir, decode_rel_size, encode_rel_dir, encode_rel_size, rel_dir_key,
+    ClusterCounters, RelTag, DEFAULTTABLESPACE_OID, GLOBALTABLESPACE_OID,
 };
 use pageserver_api::ingest::PutRecord;
 use pageserver_api::{Key, Value};
@@ -125,6 +126,10 @@ pub struct WalVersions {
     dirs: HashMap<(u32, u32), BTreeSet<(u32, u8)>>,
     /// `pg_xact/`, relation maps, database directories.
     files: Files,
+    /// The cluster's counters, read once (this is their only writer), and what they are if
+    /// the timeline has none yet (from its snapshot's `pg_control`).
+    counters: Option<ClusterCounters>,
+    initial_counters: Option<ClusterCounters>,
 }
 
 /// The versions of one record, before they are put in order.
@@ -135,6 +140,7 @@ struct RecordVersions {
     files: FileChanges,
     /// Blocks filled with zeros so far.
     zero_filled: u32,
+    counters_changed: bool,
 }
 
 impl WalVersions {
@@ -146,6 +152,12 @@ impl WalVersions {
     pub fn set_hint_bits_logged(&mut self, checksums: bool, wal_log_hints: bool) {
         self.checksums = checksums;
         self.wal_log_hints = wal_log_hints;
+    }
+
+    /// The counters to start from when the timeline holds none (a snapshot imported before
+    /// they were kept).
+    pub fn set_initial_counters(&mut self, counters: ClusterCounters) {
+        self.initial_counters = Some(counters);
     }
 
     /// Whether what it keeps between records has grown past its bound: put the versions made
@@ -183,6 +195,7 @@ impl WalVersions {
             dirs: BTreeSet::new(),
             files: FileChanges::default(),
             zero_filled: 0,
+            counters_changed: false,
         };
         let (rmid, info) = (record.header.rmid, record.header.rm_info());
         let main = &record.bytes[parts.main_data.clone()];
@@ -193,6 +206,19 @@ impl WalVersions {
                 .ok_or_else(|| at("a short parameter change".into()))?
                 != 0;
         }
+        let counters = match self.counters.as_mut() {
+            Some(counters) => counters,
+            None => {
+                let stored = match read(counters_key())? {
+                    Some(bytes) => ClusterCounters::decode(&bytes).map_err(|e| e.to_string())?,
+                    // Not exact: what follows only raises them.
+                    None => self.initial_counters.unwrap_or_default(),
+                };
+                self.counters.insert(stored)
+            }
+        };
+        versions.counters_changed =
+            super::wal_counters::follow(counters, record, main).map_err(at)?;
         // One copy of the record for every version that holds it.
         let whole = Bytes::copy_from_slice(&record.bytes);
         for block in &parts.blocks {
@@ -615,6 +641,9 @@ impl WalVersions {
             }
         }
         self.files.versions(versions.files, &mut all);
+        if let Some(counters) = self.counters.filter(|_| versions.counters_changed) {
+            all.insert(counters_key(), Value::Image(counters.encode().into()));
+        }
         out.extend(
             all.into_iter()
                 .map(|(key, value)| PutRecord { key, lsn, value }),

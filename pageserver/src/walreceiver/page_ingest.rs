@@ -124,6 +124,9 @@ fn step(timeline: &Timeline, shared: &Shared, cursor: &mut Option<Cursor>) -> Re
         let mut versions = WalVersions::new();
         let control = control_file(timeline, ingested)?;
         versions.set_hint_bits_logged(control.data_checksum_version != 0, control.wal_log_hints);
+        // Exact only at a stopped primary's snapshot, which is at its shutdown checkpoint.
+        let exact = control.is_primary_shutdown() && ingested == control.checkpoint;
+        versions.set_initial_counters(control.checkpoint_copy.counters(exact));
         *cursor = Some(Cursor {
             decoder: WalDecoder::new(start, segment_size)
                 .keeping_records_up_to(MAX_RECORD_LEN)

@@ -274,6 +274,7 @@ pub fn replay_segments(
     let mut decoder = WalDecoder::new(postgres_wal::segment::segment_start(first, size), size)
         .keeping_records_up_to(0);
     let mut cut = from;
+    let mut last_record = None;
     // Whether the WAL reaches past `to`: a later segment is stored, or a record ends past it.
     let mut reached = segno_of(to) < newest;
     let mut buf = vec![0u8; size as usize];
@@ -282,7 +283,15 @@ pub fn replay_segments(
         decoder.feed(&buf);
         loop {
             match decoder.next_record() {
-                Ok(Some(record)) if record.end <= to => cut = cut.max(record.end),
+                Ok(Some(record)) if record.end <= to => {
+                    cut = cut.max(record.end);
+                    let switch = (record.header.rmid, record.header.rm_info())
+                        == (
+                            postgres_wal::record::RM_XLOG_ID,
+                            postgres_wal::record::XLOG_SWITCH,
+                        );
+                    last_record = Some((record.start, switch));
+                }
                 Ok(Some(_)) => {
                     reached = true;
                     break 'files;
@@ -347,6 +356,7 @@ pub fn replay_segments(
         tli,
         history,
         goes_on: reached,
+        last_record,
         segments,
     }))
 }

@@ -67,6 +67,16 @@ impl Importer<'_> {
         }
         self.store_relations()?;
         self.store_file_directory()?;
+        // The counters page ingest follows from here: exact only for a stopped primary taken
+        // at its shutdown checkpoint (a backup's are of the checkpoint it started from).
+        let exact = kind == SnapshotKind::Stopped
+            && control.is_primary_shutdown()
+            && lsn == control.checkpoint;
+        let counters = control.checkpoint_copy.counters(exact);
+        self.import.put(
+            counters_key(),
+            &Value::Image(Bytes::from(counters.encode())),
+        )?;
         let mut snapshots = self.old_snapshots.take().unwrap_or(SnapshotList {
             system_identifier: control.system_identifier,
             snapshots: Vec::new(),

@@ -36,9 +36,10 @@ use std::io::{self, Read};
 
 use bytes::Bytes;
 use pageserver_api::datadir::{
-    decode_rel_dir, decode_rel_size, encode_rel_dir, encode_rel_size, file_chunk_key, file_dir_key,
-    rel_dir_key, snapshot_list_key, DatadirDecodeError, EntryKind, FileDirectory, FileEntry,
-    RelTag, Snapshot, SnapshotKind, SnapshotList, BLCKSZ, FILE_CHUNK_SIZE, RELSEG_BLOCKS,
+    counters_key, decode_rel_dir, decode_rel_size, encode_rel_dir, encode_rel_size, file_chunk_key,
+    file_dir_key, rel_dir_key, snapshot_list_key, DatadirDecodeError, EntryKind, FileDirectory,
+    FileEntry, RelTag, Snapshot, SnapshotKind, SnapshotList, BLCKSZ, FILE_CHUNK_SIZE,
+    RELSEG_BLOCKS,
 };
 use pageserver_api::{Key, Value};
 use serde::Serialize;

@@ -210,7 +210,7 @@ fn a_basebackup_gives_back_permission_bits_only() {
 
     let mut out = Vec::new();
     let snapshot = snapshot_at(&tl, Lsn(0x2000)).unwrap();
-    write_basebackup(&tl, snapshot, None, &mut out).unwrap();
+    write_basebackup(&tl, snapshot, Restore::Snapshot, &mut out).unwrap();
     let mut archive = tar::Archive::new(&out[..]);
     let mut members = 0;
     for entry in archive.entries().unwrap() {

@@ -155,6 +155,13 @@ fn versions(
         )
         .unwrap();
     assert!(out.iter().all(|v| v.lsn == record.end_rec_ptr()));
+    // The cluster's counters (moved by every record with a transaction id) are
+    // `wal_counters.rs`'s; what is counted here is the rest.
+    let out = out
+        .into_iter()
+        .filter(|v| v.key != counters_key())
+        .collect();
+    let reads = reads.into_iter().filter(|k| *k != counters_key()).collect();
     (out, reads)
 }
 
@@ -377,6 +384,7 @@ fn a_block_far_past_the_end_is_refused() {
     WalVersions::new()
         .record(&record, &mut |k| Ok(stored.get(&k).cloned()), &mut out)
         .unwrap();
+    out.retain(|v| v.key != counters_key());
     assert_eq!(out.len(), MAX_ZERO_FILL as usize + 3);
 }
 
@@ -400,7 +408,7 @@ fn damaged_records_are_errors_that_name_the_lsn() {
     let err = WalVersions::new()
         .record(
             &record,
-            &mut |_| Ok(Some(Bytes::from_static(b"x"))),
+            &mut |k| Ok((k != counters_key()).then(|| Bytes::from_static(b"x"))),
             &mut Vec::new(),
         )
         .unwrap_err();
@@ -604,4 +612,44 @@ mod damaged {
             }
         }
     }
+}
+
+#[test]
+fn the_cluster_counters_are_read_once_and_stored_when_a_record_moves_them() {
+    let stored = HashMap::from([(
+        counters_key(),
+        Bytes::from(
+            ClusterCounters {
+                exact: true,
+                next_xid: 5,
+                ..Default::default()
+            }
+            .encode(),
+        ),
+    )]);
+    let mut ingest = WalVersions::new();
+    let mut reads = 0;
+    let mut out = Vec::new();
+    // The record's transaction id is 7.
+    let record = heap_insert(0, true);
+    for _ in 0..2 {
+        ingest
+            .record(
+                &record,
+                &mut |k| {
+                    reads += usize::from(k == counters_key());
+                    Ok(stored.get(&k).cloned())
+                },
+                &mut out,
+            )
+            .unwrap();
+    }
+    assert_eq!(reads, 1);
+    let counters: Vec<_> = out.iter().filter(|v| v.key == counters_key()).collect();
+    assert_eq!(counters.len(), 1, "the second record moves nothing");
+    let Value::Image(bytes) = &counters[0].value else {
+        panic!("{counters:?}")
+    };
+    let c = ClusterCounters::decode(bytes).unwrap();
+    assert_eq!((c.next_xid, c.exact), (8, true));
 }

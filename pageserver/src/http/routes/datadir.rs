@@ -19,7 +19,10 @@ use tokio::sync::mpsc;
 use utils::Lsn;
 
 use super::{closing, lsn_param, query_params, timeline_of, ApiResult};
-use crate::datadir::{import_archive, snapshot_at, write_basebackup, BasebackupError, ImportError};
+use crate::datadir::{
+    import_archive, plan_materialized, snapshot_at, write_basebackup, BasebackupError, ImportError,
+    Materialized, Restore,
+};
 use crate::http::error::ApiError;
 use crate::http::{blocking, on_own_thread, SharedState};
 use crate::walreceiver::commit_time::{self, Found};
@@ -168,6 +171,7 @@ impl Read for BodyReader {
 fn basebackup_error(e: BasebackupError) -> ApiError {
     match e {
         BasebackupError::NoSnapshot(m) => ApiError::new(StatusCode::NOT_FOUND, m),
+        BasebackupError::NotMaterialized(m) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, m),
         BasebackupError::Timeline(e) => e.into(),
         e => ApiError::internal(e.to_string()),
     }
@@ -181,9 +185,28 @@ pub async fn basebackup(
     let timeline = timeline_of(&state, &ids)?;
     let mut lsn = None;
     let mut time = None;
-    for (name, value) in query_params(&uri, &["lsn", "timestamp"], "lsn or timestamp")? {
+    let mut materialize = false;
+    let params = query_params(
+        &uri,
+        &["lsn", "timestamp", "replay"],
+        "lsn, timestamp or replay",
+    )?;
+    for (name, value) in params {
         match name {
             "lsn" => lsn = lsn_param(&value)?,
+            "replay" => {
+                materialize = match value.as_str() {
+                    "none" => true,
+                    "wal" => false,
+                    other => {
+                        return Err(ApiError::bad_request(format!(
+                            "replay={other}: give replay=wal (the default: the snapshot below \
+                             and the WAL to replay) or replay=none (the pages at the LSN, with \
+                             nothing to replay)"
+                        )))
+                    }
+                }
+            }
             _ => time = Some(super::wal::parse_timestamp(&value)?),
         }
     }
@@ -205,11 +228,18 @@ pub async fn basebackup(
     // The archive is written as the client reads it, for as long as the client takes, on a
     // thread of its own: only so many may run.
     let permit = state.admissions.basebackups.admit(timeline.tenant_id())?;
-    let (snapshot, replay, timeline, lease) = blocking(move || {
+    let (snapshot, replay, materialized, timeline, lease) = blocking(move || {
         // Past the newest snapshot, or between two: the snapshot below, and the WAL received
-        // since, replayed by PostgreSQL when it starts, if the timeline has that WAL.
+        // since, replayed by PostgreSQL when it starts, if the timeline has that WAL; or with
+        // replay=none, the pages at the LSN itself.
         let last = timeline.last_record_lsn();
         let snapshot = snapshot_at(&timeline, lsn.min(last)).map_err(basebackup_error)?;
+        if materialize && lsn > snapshot.lsn {
+            let materialized = materialized_at(&timeline, snapshot, lsn)?;
+            // Held until the archive is written: GC keeps the versions at its LSN.
+            let lease = timeline.lease_lsn(materialized.at)?;
+            return Ok((snapshot, None, Some(materialized), timeline, lease));
+        }
         let replay = if lsn > snapshot.lsn {
             match replay_of(&timeline, snapshot.lsn, lsn) {
                 Ok(Some(replay)) => Some(replay),
@@ -233,10 +263,11 @@ pub async fn basebackup(
         // Held until the archive is written (or its client leaves): GC does not pass the
         // snapshot's LSN half way through.
         let lease = timeline.lease_lsn(snapshot.lsn)?;
-        Ok((snapshot, replay, timeline, lease))
+        Ok((snapshot, replay, None, timeline, lease))
     })
     .await?;
     let replay_to = replay.as_ref().map(|r| r.target);
+    let materialized_at = materialized.as_ref().map(|m| m.at);
     // The archive is written on a thread of its own into a bounded queue the response body
     // drains: a slow client slows the writer down, and one that leaves stops it.
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(BASEBACKUP_PIECES_QUEUED);
@@ -246,12 +277,17 @@ pub async fn basebackup(
             tx: tx.clone(),
             buf: Vec::with_capacity(BASEBACKUP_PIECE),
         };
-        if let Err(e) = write_basebackup(&timeline, snapshot, replay.as_ref(), &mut out) {
+        let restore = match (&replay, &materialized) {
+            (Some(replay), _) => Restore::Replay(replay),
+            (None, Some(m)) => Restore::Materialized(m),
+            (None, None) => Restore::Snapshot,
+        };
+        if let Err(e) = write_basebackup(&timeline, snapshot, restore, &mut out) {
             tracing::warn!(
                 tenant = %timeline.tenant_id(),
                 timeline = %timeline.timeline_id(),
                 "basebackup at {} stopped: {e}",
-                snapshot.lsn
+                materialized_at.unwrap_or(snapshot.lsn)
             );
             // The client sees the transfer fail, never a short archive that looks whole.
             let _ = tx.blocking_send(Err(io::Error::other(e.to_string())));
@@ -283,6 +319,12 @@ pub async fn basebackup(
             HeaderValue::from_str(&super::wal::format_timestamp(at)).expect("ASCII"),
         );
     }
+    if let Some(at) = materialized_at {
+        headers.insert(
+            "x-materialized-lsn",
+            HeaderValue::from_str(&at.to_string()).expect("an LSN is ASCII"),
+        );
+    }
     if let Some(target) = replay_to {
         headers.insert(
             "x-replay-to",
@@ -290,6 +332,44 @@ pub async fn basebackup(
         );
     }
     Ok(response)
+}
+
+/// How far back from the LSN asked for a restore without replay looks for the record that
+/// ends last at or before it: a record is at most a few hundred KiB, and this spans at least
+/// two segments of any size a primary uses by default.
+const LAST_RECORD_LOOKBACK: u64 = 64 << 20;
+
+/// The plan of an archive of the pages at `lsn` (above `snapshot`) with nothing to replay.
+fn materialized_at(
+    timeline: &Arc<crate::tenant::timeline::Timeline>,
+    snapshot: pageserver_api::datadir::Snapshot,
+    lsn: Lsn,
+) -> ApiResult<Materialized> {
+    let from = snapshot
+        .lsn
+        .max(Lsn(lsn.0.saturating_sub(LAST_RECORD_LOOKBACK)));
+    let replay = match replay_of(timeline, from, lsn) {
+        Ok(Some(replay)) => replay,
+        Ok(None) => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("no basebackup without replay at {lsn}: the timeline holds no WAL"),
+            ))
+        }
+        Err(ReplayError::Fetch(e)) => return Err(ApiError::try_again(e)),
+        Err(ReplayError::Missing(e)) => {
+            return Err(ApiError::not_found(format!(
+                "no basebackup without replay at {lsn}: {e}"
+            )))
+        }
+    };
+    plan_materialized(timeline, snapshot, &replay).map_err(|e| match e {
+        BasebackupError::NotMaterialized(m) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("no basebackup without replay at {lsn}: {m}"),
+        ),
+        e => basebackup_error(e),
+    })
 }
 
 /// The LSN a restore at `time` goes to (the state after the last commit at or before it), and
