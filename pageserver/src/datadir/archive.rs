@@ -44,9 +44,10 @@ pub struct Replay {
     pub history: Vec<(String, Vec<u8>)>,
     /// Whether the WAL stored goes on past `target`.
     pub goes_on: bool,
-    /// The record that ends at `end`: where it starts, and whether it is an `XLOG_SWITCH`
-    /// (the rest of its segment is padding). `None` if none ends in the segments decoded.
-    pub last_record: Option<(Lsn, bool)>,
+    /// The last record that ends at or before `target` (at `end`, unless none ends in the
+    /// segments decoded): where it starts and ends, and whether it is an `XLOG_SWITCH` (the
+    /// rest of its segment is padding).
+    pub last_record: Option<(Lsn, Lsn, bool)>,
     /// Opened when the replay was planned, so that a rename of a segment (the one being
     /// filled becomes whole) does not pull it away from the archive.
     pub segments: Vec<(String, std::fs::File)>,

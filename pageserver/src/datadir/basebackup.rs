@@ -115,6 +115,8 @@ pub fn write_basebackup(
         header.set_mode(entry.mode & 0o777);
         header.set_mtime(entry.mtime);
         match entry.kind {
+            // A replication slot's directory, left out with its state file.
+            EntryKind::Directory if materialized.is_some_and(|m| m.replaces(&entry.path)) => {}
             EntryKind::Directory => {
                 header.set_entry_type(tar::EntryType::Directory);
                 header.set_size(0);

@@ -91,12 +91,18 @@ pub fn plan(
             snapshot.lsn
         )));
     }
-    let (last_start, switch) = replay.last_record.ok_or_else(|| {
+    let (last_start, last_end, switch) = replay.last_record.ok_or_else(|| {
         refused(format!(
             "no WAL record ends between {} and {target} in the WAL stored",
             snapshot.lsn
         ))
     })?;
+    if last_end != replay.end {
+        return Err(refused(format!(
+            "the last WAL record that ends at or before {target} is not in the stretch of WAL \
+             looked at before it"
+        )));
+    }
     let at = Lsn(replay.end.0.next_multiple_of(postgres_wal::RECORD_ALIGN));
     if at < snapshot.lsn {
         return Err(refused(format!(
@@ -133,6 +139,13 @@ pub fn plan(
         .ok_or_else(|| BasebackupError::Damaged(format!("{PG_CONTROL_PATH} at {at} is short")))?;
     let control = pg_control::parse(&original)
         .map_err(|e| BasebackupError::Damaged(format!("{PG_CONTROL_PATH}: {e}")))?;
+    if control.track_commit_timestamp {
+        return Err(refused(
+            "the cluster tracks commit timestamps (track_commit_timestamp), whose pg_commit_ts/ \
+             page ingest does not follow: restore with replay"
+                .to_string(),
+        ));
+    }
 
     let (last_name, last_file) = replay
         .segments
@@ -145,57 +158,68 @@ pub fn plan(
         .ok_or_else(|| {
             BasebackupError::Damaged(format!("WAL segment {last_name} is {segment_size} bytes"))
         })?;
-    // Where the builder starts: the page the next record would go on, whose stored bytes up
-    // to the cut it keeps (a switch's padding runs to the end of its segment).
-    let start = if switch {
-        segment_start(segno_of(Lsn(replay.end.0 - 1), size) + 1, size)
+    // Where the checkpoint goes: on the page the next record would go on, after the stored
+    // bytes up to the cut; at the next segment's start after a switch (whose padding runs to
+    // the end of its segment), or when it would not fit in the rest of this one (PostgreSQL
+    // reads the checkpoint record alone, and needs only `xl_prev` below it).
+    let old_tli = replay.tli;
+    let tli = new_timeline(timeline, replay)?;
+    let time = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let next_segment = segment_start(segno_of(Lsn(replay.end.0 - 1), size) + 1, size);
+    let mut start = if switch {
+        next_segment
     } else {
         Lsn(replay.end.0 - replay.end.0 % XLOG_BLCKSZ as u64)
     };
-    let segno = segno_of(start, size);
-    let stored = replay
-        .segments
-        .iter()
-        .find(|(name, _)| SegmentName::parse(name, size).is_some_and(|s| s.segno == segno))
-        .map(|(_, file)| file);
-    let mut kept = vec![0u8; (replay.end.0.max(start.0) - start.0) as usize];
-    let tail_offset = start.0 - segment_start(segno, size).0;
-    if let Some(file) = stored.filter(|_| !kept.is_empty()) {
-        std::os::unix::fs::FileExt::read_exact_at(file, &mut kept, tail_offset)?;
-    }
+    let (checkpoint_at, checkpoint, tail, segno, tail_offset, stored) = loop {
+        let segno = segno_of(start, size);
+        let stored = replay
+            .segments
+            .iter()
+            .find(|(name, _)| SegmentName::parse(name, size).is_some_and(|s| s.segno == segno))
+            .map(|(_, file)| file);
+        let mut kept = vec![0u8; (replay.end.0.max(start.0) - start.0) as usize];
+        let tail_offset = start.0 - segment_start(segno, size).0;
+        if !kept.is_empty() {
+            let file = stored.ok_or_else(|| {
+                BasebackupError::Damaged(format!("the WAL segment holding {start} went away"))
+            })?;
+            std::os::unix::fs::FileExt::read_exact_at(file, &mut kept, tail_offset)?;
+        }
+        let mut wal = WalBuilder::new(start, size)
+            .timeline(tli)
+            .system_id(control.system_identifier)
+            .resume(kept, last_start);
+        // A shutdown checkpoint's redo point is the record itself.
+        let checkpoint_at = wal.next_record_start();
+        let checkpoint =
+            control
+                .checkpoint_copy
+                .shutdown_at(checkpoint_at, tli, old_tli, &counters, time);
+        let laid = wal.main_data_record(
+            RM_XLOG_ID,
+            XLOG_CHECKPOINT_SHUTDOWN,
+            0,
+            &checkpoint.encode(),
+        );
+        assert_eq!(laid, checkpoint_at, "the record goes where it was said to");
+        let tail = wal.bytes().to_vec();
+        if tail_offset + tail.len() as u64 <= segment_size {
+            break (checkpoint_at, checkpoint, tail, segno, tail_offset, stored);
+        }
+        if start == next_segment {
+            return Err(BasebackupError::Damaged(format!(
+                "a checkpoint record does not fit in a WAL segment of {size} bytes"
+            )));
+        }
+        start = next_segment;
+    };
     let prefix = match stored {
         Some(file) if tail_offset > 0 => Some((file.try_clone()?, tail_offset)),
         _ => None,
     };
-
-    let old_tli = replay.tli;
-    let tli = old_tli + 1;
-    let time = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
-    let mut wal = WalBuilder::new(start, size)
-        .timeline(tli)
-        .system_id(control.system_identifier)
-        .resume(kept, last_start);
-    // A shutdown checkpoint's redo point is the record itself.
-    let checkpoint_at = wal.next_record_start();
-    let checkpoint =
-        control
-            .checkpoint_copy
-            .shutdown_at(checkpoint_at, tli, old_tli, &counters, time);
-    let laid = wal.main_data_record(
-        RM_XLOG_ID,
-        XLOG_CHECKPOINT_SHUTDOWN,
-        0,
-        &checkpoint.encode(),
-    );
-    assert_eq!(laid, checkpoint_at, "the record goes where it was said to");
-    let tail = wal.bytes().to_vec();
-    if tail_offset + tail.len() as u64 > segment_size {
-        return Err(refused(format!(
-            "the checkpoint record at {checkpoint_at} would cross into the next WAL segment"
-        )));
-    }
 
     let mut history: Vec<(String, Vec<u8>)> = replay.history.clone();
     let mut line = history
@@ -203,6 +227,10 @@ pub fn plan(
         .find(|(name, _)| *name == history_file_name(old_tli))
         .map(|(_, bytes)| bytes.clone())
         .unwrap_or_default();
+    // As PostgreSQL writes one: the parent's lines, a blank line, the switch.
+    if !line.is_empty() {
+        line.push(b'\n');
+    }
     line.extend_from_slice(
         format!("{old_tli}\t{at}\trestored without replay at {at}\n").as_bytes(),
     );
@@ -222,6 +250,27 @@ pub fn plan(
     })
 }
 
+/// The PostgreSQL timeline the restored cluster goes on: one past every timeline the WAL line
+/// and the timeline's own WAL directory know (PostgreSQL's promotion takes one past the newest
+/// it finds, too).
+fn new_timeline(timeline: &Timeline, replay: &Replay) -> Result<u32, BasebackupError> {
+    let mut newest = replay.tli;
+    let names = replay.history.iter().map(|(name, _)| name.clone());
+    let stored = std::fs::read_dir(timeline.dir().join(crate::tenant::timeline::WAL_DIR))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned());
+    for name in names.chain(stored) {
+        if let Some(tli) = postgres_wal::segment::parse_history_file_name(&name) {
+            newest = newest.max(tli);
+        }
+    }
+    newest
+        .checked_add(1)
+        .ok_or_else(|| refused("the WAL is on the last PostgreSQL timeline there is".to_string()))
+}
+
 impl Materialized {
     /// Whether the archive writes this file itself, or leaves it out: the control file, the
     /// WAL, and what would start a recovery or end a backup.
@@ -236,6 +285,10 @@ impl Materialized {
                 | "postmaster.pid"
                 | "postmaster.opts"
         ) || path.starts_with("pg_wal/")
+            // Statistics of the snapshot's time, which a clean start would keep, and
+            // replication slots holding back WAL of another history.
+            || path.starts_with("pg_stat/")
+            || path.starts_with("pg_replslot/")
     }
 
     /// The control file, the history files and the WAL segment.

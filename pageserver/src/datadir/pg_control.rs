@@ -18,6 +18,7 @@
 //!  144    u32  minRecoveryPointTLI
 //!  152    u64  backupStartPoint, 160 u64 backupEndPoint, 168 bool backupEndRequired
 //!  176    bool wal_log_hints
+//!  200    bool track_commit_timestamp
 //!  252    u32  data_checksum_version (0: no checksums)
 //!  288    u32  crc (CRC-32C of bytes 0..288)
 //!
@@ -54,6 +55,7 @@ pub struct ControlFile {
     pub checkpoint: Lsn,
     pub min_recovery_point: Lsn,
     pub wal_log_hints: bool,
+    pub track_commit_timestamp: bool,
     pub data_checksum_version: u32,
     /// `checkPointCopy`: the latest checkpoint record's contents.
     pub checkpoint_copy: Checkpoint,
@@ -172,8 +174,8 @@ impl Checkpoint {
             oldest_multi: counters.oldest_multi,
             oldest_multi_db: counters.oldest_multi_db,
             time,
-            // No transaction is running after a shutdown.
-            oldest_active_xid: counters.next_xid as u32,
+            // A shutdown checkpoint's, as `CreateCheckPoint` writes it: none.
+            oldest_active_xid: 0,
             ..*self
         }
     }
@@ -268,6 +270,7 @@ pub fn parse(bytes: &[u8]) -> Result<ControlFile, ControlFileError> {
         checkpoint: Lsn(u64_at(32)),
         min_recovery_point: Lsn(u64_at(136)),
         wal_log_hints: bytes[176] != 0,
+        track_commit_timestamp: bytes[200] != 0,
         data_checksum_version: u32_at(252),
         checkpoint_copy: Checkpoint::parse(&bytes[CHECKPOINT_COPY_OFFSET..])
             .expect("the file is 8192 bytes"),
@@ -340,7 +343,10 @@ mod tests {
         let copy = after.checkpoint_copy;
         assert_eq!((copy.redo, copy.tli, copy.prev_tli), (at, 3, 2));
         assert_eq!(copy.counters(true), counters);
-        assert_eq!(copy.oldest_active_xid, 900, "nothing runs after a shutdown");
+        assert_eq!(
+            copy.oldest_active_xid, 0,
+            "a shutdown checkpoint names none"
+        );
         assert!(copy.full_page_writes);
         assert_eq!(bytes[152..169], [0; 17], "no backup to end");
         assert_eq!(bytes[172..176], original[172..176], "the rest is kept");

@@ -11,10 +11,14 @@
 //! | `XLOG_XACT_ASSIGNMENT`, a commit's or abort's subtransactions | the next transaction id past them |
 //! | `XLOG_MULTIXACT_CREATE_ID` | the next multixact and member offset past it, the next transaction id past its members |
 //! | `XLOG_MULTIXACT_TRUNCATE_ID` | the oldest multixact |
+//! | `CLOG_TRUNCATE` | the oldest transaction id, raised to the record's |
 //! | `XLOG_RUNNING_XACTS` | the next transaction id, raised to the record's |
 //!
 //! These are the rules redo follows (`xlog_redo`, `multixact_redo`, `xact_redo`,
-//! `standby_redo`), less everything that only matters while transactions run.
+//! `clog_redo`), less everything that only matters while transactions run, with two on the
+//! safe side: an online checkpoint's next OID and every running-transactions record's next
+//! transaction id raise the counters too (redo ignores the one, and applies the other only
+//! until hot standby has a snapshot), which can only leave them higher.
 
 use pageserver_api::datadir::ClusterCounters;
 use postgres_wal::record::{
@@ -25,12 +29,13 @@ use postgres_wal::DecodedRecord;
 
 use super::pg_control::Checkpoint;
 use super::wal_files::u32_at;
+use super::wal_multixact::{XLOG_MULTIXACT_CREATE_ID, XLOG_MULTIXACT_TRUNCATE_ID};
 
 const XLOG_NEXTOID: u8 = 0x30;
 const XLOG_XACT_ASSIGNMENT: u8 = 0x50;
+const RM_CLOG_ID: u8 = 3;
+const CLOG_TRUNCATE: u8 = 0x10;
 const RM_MULTIXACT_ID: u8 = 6;
-const XLOG_MULTIXACT_CREATE_ID: u8 = 0x30;
-const XLOG_MULTIXACT_TRUNCATE_ID: u8 = 0x40;
 const RM_STANDBY_ID: u8 = 8;
 const XLOG_RUNNING_XACTS: u8 = 0x10;
 /// Members a multixact may have in a record PostgreSQL writes (its main data is at most 1 GiB).
@@ -95,6 +100,14 @@ pub fn follow(
             // xl_multixact_truncate: oldestMultiDB, startTruncOff, endTruncOff, ...
             counters.oldest_multi_db = u32_at(main, 0)?;
             counters.oldest_multi = u32_at(main, 8)?;
+        }
+        (RM_CLOG_ID, CLOG_TRUNCATE) => {
+            // xl_clog_truncate: pageno, oldestXact, oldestXactDb. The same oldest id the
+            // truncating VACUUM set as the limit, which the next checkpoint would carry.
+            let (oldest, db) = (u32_at(main, 4)?, u32_at(main, 8)?);
+            if (oldest.wrapping_sub(counters.oldest_xid) as i32) > 0 {
+                (counters.oldest_xid, counters.oldest_xid_db) = (oldest, db);
+            }
         }
         (RM_STANDBY_ID, XLOG_RUNNING_XACTS) => {
             // xl_running_xacts: xcnt, subxcnt, subxid_overflow (padded to 4), nextXid.
@@ -168,6 +181,16 @@ mod tests {
                 multi.extend_from_slice(&v.to_le_bytes());
             }
             w.main_data_record(RM_MULTIXACT_ID, XLOG_MULTIXACT_CREATE_ID, 0, &multi);
+            let mut truncate = vec![];
+            for v in [5u32, 1, 3, 0, 4] {
+                truncate.extend_from_slice(&v.to_le_bytes());
+            }
+            w.main_data_record(RM_MULTIXACT_ID, XLOG_MULTIXACT_TRUNCATE_ID, 0, &truncate);
+            let mut clog = vec![];
+            for v in [0u32, 750, 5] {
+                clog.extend_from_slice(&v.to_le_bytes());
+            }
+            w.main_data_record(RM_CLOG_ID, CLOG_TRUNCATE, 0, &clog);
             let mut running = vec![0u8; 12];
             running.extend_from_slice(&1800u32.to_le_bytes());
             w.main_data_record(RM_STANDBY_ID, XLOG_RUNNING_XACTS, 0, &running);
@@ -196,8 +219,19 @@ mod tests {
             ),
             (5, 12, 1701)
         );
-        assert_eq!(next[4].next_xid, 1800);
-        let online = next[5];
+        // A truncation's 20 bytes (oldestMultiDB, start and end offsets, start and end
+        // members): the oldest multixact is its end.
+        assert_eq!(
+            (
+                next[4].oldest_multi,
+                next[4].oldest_multi_db,
+                next[4].next_multi
+            ),
+            (3, 5, 5)
+        );
+        assert_eq!((next[5].oldest_xid, next[5].oldest_xid_db), (750, 5));
+        assert_eq!(next[6].next_xid, 1800);
+        let online = next[7];
         assert_eq!(
             (
                 online.next_xid,
@@ -208,7 +242,7 @@ mod tests {
             (1800, 30_000, 7, 800)
         );
         assert!(!online.exact);
-        let shutdown = next[6];
+        let shutdown = next[8];
         assert_eq!(
             (shutdown.next_xid, shutdown.next_oid, shutdown.exact),
             (1900, 26_000, true)

@@ -15,8 +15,8 @@ use super::wal_files::{u32_at, FileChanges, Files, ReadCurrent, Slru, PAGES_PER_
 
 const XLOG_MULTIXACT_ZERO_OFF_PAGE: u8 = 0x00;
 const XLOG_MULTIXACT_ZERO_MEM_PAGE: u8 = 0x10;
-const XLOG_MULTIXACT_CREATE_ID: u8 = 0x20;
-const XLOG_MULTIXACT_TRUNCATE_ID: u8 = 0x30;
+pub const XLOG_MULTIXACT_CREATE_ID: u8 = 0x20;
+pub const XLOG_MULTIXACT_TRUNCATE_ID: u8 = 0x30;
 
 /// Multixacts one offsets page holds.
 pub const OFFSETS_PER_PAGE: u32 = 8192 / 4;

@@ -290,7 +290,7 @@ pub fn replay_segments(
                             postgres_wal::record::RM_XLOG_ID,
                             postgres_wal::record::XLOG_SWITCH,
                         );
-                    last_record = Some((record.start, switch));
+                    last_record = Some((record.start, record.end, switch));
                 }
                 Ok(Some(_)) => {
                     reached = true;

@@ -73,6 +73,10 @@ pub struct BasebackupArgs {
     /// last commit at or before it, found in the WAL streamed in.
     #[arg(long, conflicts_with = "lsn", value_name = "TIME")]
     time: Option<String>,
+    /// The pages at the LSN themselves, shut down there, with no WAL for PostgreSQL to replay
+    /// (`replay=none`: page ingest in full-image mode, from a stopped primary's snapshot).
+    #[arg(long)]
+    no_replay: bool,
 }
 
 /// A request body fed from a channel, piece by piece.
@@ -407,7 +411,8 @@ fn fetch_and_unpack(args: &BasebackupArgs) -> anyhow::Result<String> {
         Some(time) => format!("timestamp={}", time.replace('+', "%2B")),
         None => format!("lsn={}", args.lsn),
     };
-    let path = format!("{}?{point}", route(&args.target, "basebackup"));
+    let replay = if args.no_replay { "&replay=none" } else { "" };
+    let path = format!("{}?{point}{replay}", route(&args.target, "basebackup"));
     let outcome = runtime.block_on(async {
         let (_, empty) = tokio::sync::mpsc::channel(1);
         let response = send(
@@ -433,6 +438,9 @@ fn fetch_and_unpack(args: &BasebackupArgs) -> anyhow::Result<String> {
             snapshot.push_str(&format!(
                 ", with the WAL up to {target} (replayed when PostgreSQL starts)"
             ));
+        }
+        if let Some(at) = header("x-materialized-lsn") {
+            snapshot = format!("{at} (the pages there, nothing to replay)");
         }
         if let Some(at) = header("x-commit-time") {
             snapshot.push_str(&format!(", the last commit at or before the time at {at},"));

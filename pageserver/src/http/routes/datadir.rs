@@ -14,6 +14,7 @@ use axum::http::{header, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http_body_util::BodyExt;
+use pageserver_api::datadir::SnapshotKind;
 use serde_json::Value as JsonValue;
 use tokio::sync::mpsc;
 use utils::Lsn;
@@ -240,6 +241,16 @@ pub async fn basebackup(
             let lease = timeline.lease_lsn(materialized.at)?;
             return Ok((snapshot, None, Some(materialized), timeline, lease));
         }
+        if materialize && snapshot.kind != SnapshotKind::Stopped {
+            // The backup itself would replay the WAL it holds.
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!(
+                    "no basebackup without replay at {lsn}: the snapshot there is a backup of a \
+                     running cluster, which PostgreSQL recovers from its own WAL"
+                ),
+            ));
+        }
         let replay = if lsn > snapshot.lsn {
             match replay_of(&timeline, snapshot.lsn, lsn) {
                 Ok(Some(replay)) => Some(replay),
@@ -267,7 +278,12 @@ pub async fn basebackup(
     })
     .await?;
     let replay_to = replay.as_ref().map(|r| r.target);
-    let materialized_at = materialized.as_ref().map(|m| m.at);
+    // At a stopped cluster's snapshot, the snapshot itself has nothing to replay.
+    let materialized_at = match &materialized {
+        Some(m) => Some(m.at),
+        None if materialize => Some(snapshot.lsn),
+        None => None,
+    };
     // The archive is written on a thread of its own into a bounded queue the response body
     // drains: a slow client slows the writer down, and one that leaves stops it.
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(BASEBACKUP_PIECES_QUEUED);
