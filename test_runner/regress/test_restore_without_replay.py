@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import threading
 from pathlib import Path
 
@@ -107,6 +108,19 @@ def test_a_restore_at_any_lsn_replays_nothing_and_equals_a_replayed_one(
         if i > 0:
             assert theirs_ids[2] > 1, "multixacts were made before this LSN"
         if i == len(points) - 1:
+            # The same from the shell.
+            pagectl = str(pageserver.binary.pagectl)
+            target = ["--endpoint", pageserver.base_url, "--tenant", timeline.tenant_id, "--timeline", timeline.timeline_id]
+            into = pg.base / "by_pagectl"
+            out = subprocess.run([pagectl, "basebackup", *target, "--lsn", str(lsn), "--no-replay", "--into", str(into)],
+                                 capture_output=True, text=True, timeout=300)
+            assert out.returncode == 0 and "nothing to replay" in out.stdout, (out.stdout, out.stderr)
+            if os.geteuid() == 0:
+                subprocess.run(["chown", "-R", "postgres:postgres", str(into)], check=True)
+            by_pagectl = pg.cluster("by_pagectl")
+            start_quietly(by_pagectl)
+            assert dump(by_pagectl) == a
+            by_pagectl.stop()
             # The restored cluster writes, and starts again after a stop as any other does.
             ours.pgbench("-c", "1", "-t", "50", "-n")
             before = ours.psql("SELECT sum(abalance) FROM pgbench_accounts")
