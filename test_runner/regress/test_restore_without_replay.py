@@ -57,6 +57,7 @@ def test_a_restore_at_any_lsn_replays_nothing_and_equals_a_replayed_one(
     # A stopped primary's snapshot: its counters are exact from its shutdown checkpoint on.
     primary = pg.new_cluster("primary").start(*FULL_IMAGES)
     primary.pgbench("-i", "-s", "1", "-q")
+    primary.psql("SELECT pg_create_physical_replication_slot('old_slot')")
     primary.stop()
     pg.import_process(timeline.url, primary.tar_process())
     primary.start(*FULL_IMAGES)
@@ -90,12 +91,17 @@ def test_a_restore_at_any_lsn_replays_nothing_and_equals_a_replayed_one(
         materialized = Lsn.parse(pg.last_headers["x-materialized-lsn"])
         assert materialized <= lsn and "x-replay-to" not in pg.last_headers, pg.last_headers
         assert not (ours.datadir / "recovery.signal").exists()
+        # The snapshot's statistics and slots stay behind; the WAL directory is there.
+        assert not (ours.datadir / "pg_replslot" / "old_slot").exists()
+        assert not (ours.datadir / "pg_stat" / "pgstat.stat").exists()
+        assert (ours.datadir / "pg_wal" / "archive_status").is_dir()
         ours_ids = next_ids(ours)
         start_quietly(ours)
         assert ours.psql("SELECT pg_is_in_recovery()") == "f"
         log = ours.log.read_text()
         assert "database system was shut down at" in log and "redo starts" not in log, log[-2000:]
         theirs, _ = pg.restore(timeline.url, f"with{i}", materialized)
+        assert (theirs.datadir / "pg_replslot" / "old_slot").exists(), "the snapshot has the slot"
         start_promoted_quietly(theirs)
         a, b = dump(ours), dump(theirs)
         assert a == b, (lsn, [line for line in set(a.splitlines()) ^ set(b.splitlines())][:10])

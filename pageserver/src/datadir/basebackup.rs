@@ -5,8 +5,8 @@
 //! then ([`Restore::Snapshot`]), with the WAL that takes it to the LSN when PostgreSQL replays
 //! it ([`Restore::Replay`]); or everything is read at the LSN itself, where page ingest made
 //! every page, with a shutdown checkpoint there of our making ([`Restore::Materialized`],
-//! `materialize.rs`). Members come in the file directory's path order (every directory before what it
-//! holds), then each database's relation forks, segment by segment. Contents are read block by
+//! `materialize.rs`). Members come in the file directory's path order (every directory before
+//! what it holds), then each database's relation forks, segment by segment. Contents are read block by
 //! block as the archive is written: memory stays at a block, whatever the directory's size.
 //! Every value read is checked (a chunk or block of the wrong length, or a missing one, stops
 //! the archive with an error rather than writing a wrong file). Members have their permission
@@ -116,7 +116,8 @@ pub fn write_basebackup(
         header.set_mtime(entry.mtime);
         match entry.kind {
             // A replication slot's directory, left out with its state file.
-            EntryKind::Directory if materialized.is_some_and(|m| m.replaces(&entry.path)) => {}
+            EntryKind::Directory if materialized.is_some_and(|m| m.leaves_out_dir(&entry.path)) => {
+            }
             EntryKind::Directory => {
                 header.set_entry_type(tar::EntryType::Directory);
                 header.set_size(0);

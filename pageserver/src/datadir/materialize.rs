@@ -291,6 +291,12 @@ impl Materialized {
             || path.starts_with("pg_replslot/")
     }
 
+    /// Whether the archive leaves out this directory: a replication slot's, with its state
+    /// file (`pg_wal/` and `pg_wal/archive_status/` stay).
+    pub fn leaves_out_dir(&self, path: &str) -> bool {
+        path.starts_with("pg_replslot/")
+    }
+
     /// The control file, the history files and the WAL segment.
     pub fn append_own_files<W: Write>(
         &self,
