@@ -275,6 +275,25 @@ pub fn import(args: ImportArgs, out: &mut impl Write) -> anyhow::Result<()> {
         path.push_str(&format!("?lsn={lsn}"));
     }
     let outcome = runtime.block_on(async {
+        // Asked first, with no body: a server that refuses the import at once (no such
+        // timeline) may close the connection while the archive is still being sent, and a
+        // client that is still writing then sees a broken pipe rather than the answer.
+        let (_, empty) = tokio::sync::mpsc::channel(1);
+        let timeline = format!(
+            "/v1/tenant/{}/timeline/{}",
+            args.target.tenant, args.target.timeline
+        );
+        let found = send(
+            &args.endpoint,
+            &args.target,
+            Method::GET,
+            timeline,
+            ChannelBody(empty),
+        )
+        .await?;
+        if found.status() != StatusCode::OK {
+            return Err(failure(found).await);
+        }
         let response = send(
             &args.endpoint,
             &args.target,
