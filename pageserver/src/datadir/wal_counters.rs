@@ -24,12 +24,14 @@ use pageserver_api::datadir::ClusterCounters;
 use postgres_wal::record::{
     RM_XACT_ID, RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, XLOG_CHECKPOINT_SHUTDOWN,
 };
-use postgres_wal::xact::xact_end_details;
+use postgres_wal::xact::XactEndDetails;
 use postgres_wal::DecodedRecord;
 
 use super::pg_control::Checkpoint;
 use super::wal_files::u32_at;
-use super::wal_multixact::{XLOG_MULTIXACT_CREATE_ID, XLOG_MULTIXACT_TRUNCATE_ID};
+use super::wal_multixact::{
+    multixact_create, XLOG_MULTIXACT_CREATE_ID, XLOG_MULTIXACT_TRUNCATE_ID,
+};
 
 const XLOG_NEXTOID: u8 = 0x30;
 const XLOG_XACT_ASSIGNMENT: u8 = 0x50;
@@ -38,14 +40,14 @@ const CLOG_TRUNCATE: u8 = 0x10;
 const RM_MULTIXACT_ID: u8 = 6;
 const RM_STANDBY_ID: u8 = 8;
 const XLOG_RUNNING_XACTS: u8 = 0x10;
-/// Members a multixact may have in a record PostgreSQL writes (its main data is at most 1 GiB).
-const MAX_MEMBERS: u32 = 1 << 27;
 
-/// Moves `counters` as `record` (whose main data is `main`) does; whether they changed.
+/// Moves `counters` as `record` (whose main data is `main`, and which ends the transactions
+/// `xact_end` says, if it is a commit or an abort) does; whether they changed.
 pub fn follow(
     counters: &mut ClusterCounters,
     record: &DecodedRecord,
     main: &[u8],
+    xact_end: Option<&XactEndDetails>,
 ) -> Result<bool, String> {
     let before = *counters;
     counters.saw_xid(record.header.xid);
@@ -75,22 +77,16 @@ pub fn follow(
             }
         }
         (RM_XACT_ID, _) => {
-            if let Some(end) = xact_end_details(record)? {
+            if let Some(end) = xact_end {
                 counters.saw_xid(end.xid);
-                for xid in end.subxacts {
-                    counters.saw_xid(xid);
+                for xid in &end.subxacts {
+                    counters.saw_xid(*xid);
                 }
             }
         }
         (RM_MULTIXACT_ID, XLOG_MULTIXACT_CREATE_ID) => {
-            // xl_multixact_create: mid, moff, nmembers, then (xid, status) each.
-            let (multi, offset, count) = (u32_at(main, 0)?, u32_at(main, 4)?, u32_at(main, 8)?);
-            if count > MAX_MEMBERS || main.len() < 12 + 8 * count as usize {
-                return Err(format!(
-                    "a multixact of {count} members in {} bytes",
-                    main.len()
-                ));
-            }
+            // Then (xid, status) for each member.
+            let (multi, offset, count) = multixact_create(main)?;
             counters.saw_multi(multi, offset.wrapping_add(count));
             for i in 0..count as usize {
                 counters.saw_xid(u32_at(main, 12 + 8 * i)?);
@@ -152,7 +148,8 @@ mod tests {
         while let Some(record) = decoder.next_record().unwrap() {
             let parts = postgres_wal::record::parse_parts(&record.bytes).unwrap();
             let main = record.bytes[parts.main_data].to_vec();
-            out.push(follow(&mut c, &record, &main).map(|_| c));
+            let end = postgres_wal::xact::xact_end_details(&record).unwrap();
+            out.push(follow(&mut c, &record, &main, end.as_ref()).map(|_| c));
         }
         out
     }

@@ -42,6 +42,19 @@ pub const MEMBERS: Slru = Slru {
 };
 
 /// What multixact record `info` with main data `main` changes, into `files`.
+/// `xl_multixact_create`: the multixact, its first member's offset and its member count,
+/// checked against the main data holding that many (xid, status) members after them.
+pub fn multixact_create(main: &[u8]) -> Result<(u32, u32, u32), String> {
+    let (multi, offset, count) = (u32_at(main, 0)?, u32_at(main, 4)?, u32_at(main, 8)?);
+    if count > MAX_MEMBERS || main.len() < 12 + 8 * count as usize {
+        return Err(format!(
+            "a multixact of {count} members in {} bytes of main data",
+            main.len()
+        ));
+    }
+    Ok((multi, offset, count))
+}
+
 pub fn multixact_record(
     files: &mut Files,
     info: u8,
@@ -57,14 +70,7 @@ pub fn multixact_record(
             files.zero_slru_page(MEMBERS, u32_at(main, 0)?, read, changes)
         }
         XLOG_MULTIXACT_CREATE_ID => {
-            // xl_multixact_create: mid, moff, nmembers, then (xid, status) each.
-            let (multi, offset, count) = (u32_at(main, 0)?, u32_at(main, 4)?, u32_at(main, 8)?);
-            if count > MAX_MEMBERS || main.len() < 12 + 8 * count as usize {
-                return Err(format!(
-                    "a multixact of {count} members in {} bytes of main data",
-                    main.len()
-                ));
-            }
+            let (multi, offset, count) = multixact_create(main)?;
             set_offset(files, multi, offset, read, changes)?;
             // The next multixact's offset too, where this one's members end (skipping 0), as
             // current minor versions of PostgreSQL 15 write it (older ones left it to the next

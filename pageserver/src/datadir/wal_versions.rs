@@ -52,7 +52,7 @@ use postgres_wal::image::restore_page;
 use postgres_wal::record::{
     parse_parts, BlockRef, RM_DBASE_ID, RM_HEAP_ID, RM_SMGR_ID, RM_XACT_ID, RM_XLOG_ID,
 };
-use postgres_wal::xact::xact_end_details;
+use postgres_wal::xact::{xact_end_details, XactEndDetails};
 use postgres_wal::DecodedRecord;
 use utils::Lsn;
 
@@ -217,8 +217,13 @@ impl WalVersions {
                 self.counters.insert(stored)
             }
         };
+        // A transaction's end, parsed once for its statuses and for the counters.
+        let xact_end = match rmid {
+            RM_XACT_ID => xact_end_details(record).map_err(at)?,
+            _ => None,
+        };
         versions.counters_changed =
-            super::wal_counters::follow(counters, record, main).map_err(at)?;
+            super::wal_counters::follow(counters, record, main, xact_end.as_ref()).map_err(at)?;
         // One copy of the record for every version that holds it.
         let whole = Bytes::copy_from_slice(&record.bytes);
         for block in &parts.blocks {
@@ -273,7 +278,7 @@ impl WalVersions {
         match rmid {
             RM_SMGR_ID => self.smgr(info, main, &whole, read, &mut versions),
             RM_CLOG_ID => self.clog(info, main, read, &mut versions),
-            RM_XACT_ID => self.xact_end(record, read, &mut versions),
+            RM_XACT_ID => self.xact_end(xact_end, read, &mut versions),
             RM_RELMAP_ID => self.relmap(info, main, read, &mut versions),
             RM_DBASE_ID => self.database(info, main, read, &mut versions),
             RM_MULTIXACT_ID => {
@@ -444,11 +449,11 @@ impl WalVersions {
     /// A commit or an abort: the statuses it sets, the relations it drops.
     fn xact_end(
         &mut self,
-        record: &DecodedRecord,
+        end: Option<XactEndDetails>,
         read: &mut ReadCurrent<'_>,
         versions: &mut RecordVersions,
     ) -> Result<(), String> {
-        let Some(end) = xact_end_details(record)? else {
+        let Some(end) = end else {
             return Ok(());
         };
         let status = if end.kind.is_commit() {

@@ -123,10 +123,8 @@ impl ClusterCounters {
     /// records, which name more than any checkpoint does, but a higher one is harmless).
     pub fn saw_online_checkpoint(&mut self, c: &ClusterCounters) -> bool {
         let before = *self;
-        if (c.next_xid as u32) >= FIRST_NORMAL_XID {
-            self.saw_xid((c.next_xid as u32).wrapping_sub(1));
-            self.next_xid = self.next_xid.max(c.next_xid);
-        }
+        // Both carry their epoch: compared whole.
+        self.next_xid = self.next_xid.max(c.next_xid);
         if follows(c.next_oid, self.next_oid) {
             self.next_oid = c.next_oid;
         }
