@@ -110,8 +110,13 @@ BACKGROUND = {
 
 def test_background_compaction_keeps_l0_bounded(pageserver_factory: PageserverFactory):
     """Ingest that flushes by size on its own: the background loop compacts as L0s appear, the
-    L0 count never passes l0_stop_threshold, and every answer stays the model's."""
+    L0 count never passes l0_stop_threshold, and every answer stays the model's.
+
+    On a slow machine compaction can fall behind this writer; then the stop at
+    l0_stop_threshold is what holds the bound, so its WARN is allowed here, and when it fired
+    the held batch must have resumed once compaction ran."""
     ps = pageserver_factory.start(BACKGROUND)
+    ps.allowed_errors.append("ingest stopped: an L0 depth of ")
     timeline = TimelineHandle.create(ps)
     work = Workload(7, KEYS)
     most_l0 = 0
@@ -119,6 +124,8 @@ def test_background_compaction_keeps_l0_bounded(pageserver_factory: PageserverFa
         timeline.ingest(work.batch())
         most_l0 = max(most_l0, timeline.info()["layers"]["l0"])
     assert most_l0 <= BACKGROUND["l0_stop_threshold"], most_l0
+    if ps.log_contains("ingest stopped: an L0 depth of "):
+        assert ps.log_contains("ingest resumed after waiting for compaction")
     info = wait_until(
         lambda: (i := timeline.info())["layers"]["l1"] > 0 and i["layers"]["l0"] < 2 and i,
         what="background compaction below compaction_threshold",
