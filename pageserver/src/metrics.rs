@@ -87,6 +87,40 @@ pub static WAL_INGEST_WAL_RECORD_VERSIONS: LazyLock<IntCounter> = LazyLock::new(
     )
 });
 
+pub static BACKGROUND_SNAPSHOTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register_int_counter_vec!(
+        "pageserver_background_snapshots_total",
+        "Background snapshots, by result: made, or error (a failed attempt, tried again)",
+        &["result"]
+    )
+    .expect("metric names are unique")
+});
+
+pub static BACKGROUND_SNAPSHOT_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    register_histogram!(
+        "pageserver_background_snapshot_seconds",
+        "Time to make one background snapshot: replay by PostgreSQL and import",
+        vec![0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0]
+    )
+    .expect("metric names are unique")
+});
+
+pub static BACKGROUND_SNAPSHOT_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "pageserver_background_snapshot_bytes_stored_total",
+        "Bytes of versions background snapshots stored (what differed from the timeline)",
+    )
+});
+
+pub static BACKGROUND_SNAPSHOT_LAG_BYTES: LazyLock<prometheus::IntGaugeVec> = LazyLock::new(|| {
+    prometheus::register_int_gauge_vec!(
+        "pageserver_background_snapshot_lag_bytes",
+        "WAL flushed past a timeline's newest snapshot",
+        &["tenant_id", "timeline_id"]
+    )
+    .expect("metric names are unique")
+});
+
 pub static EPHEMERAL_BYTES_WRITTEN: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "pageserver_ephemeral_bytes_written_total",

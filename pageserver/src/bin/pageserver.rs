@@ -247,6 +247,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         header_read: conf.http_header_read_timeout,
         response_write: conf.http_response_write_timeout,
     };
+    let mut conf = conf;
+    // Relative to the work directory, where the server's other files are.
+    let replay_dir = workdir.join(
+        conf.snapshot_replay_dir
+            .clone()
+            .unwrap_or_else(|| "snapshot_replay".into()),
+    );
+    conf.snapshot_replay_dir = Some(std::path::absolute(&replay_dir).unwrap_or(replay_dir));
     let state = Arc::new(AppState::new(conf, tenants.clone(), cache, auth));
     // The WAL receivers the loaded timelines had: each connects on its own thread.
     for tenant in tenants.list_tenants() {

@@ -74,7 +74,18 @@ impl AppState {
         auth: Option<JwtAuth>,
     ) -> AppState {
         let admissions = Arc::new(Admissions::new(conf.admission_limits()));
-        let receivers = crate::walreceiver::Receivers::new(conf.wal_receiver_timeout);
+        let receivers = crate::walreceiver::Receivers::new(
+            conf.wal_receiver_timeout,
+            crate::walreceiver::SnapshotSettings {
+                distance: conf.snapshot_wal_distance,
+                pg_bin_dir: conf.pg_bin_dir.clone(),
+                pg_user: conf.pg_user.clone(),
+                replay_dir: conf
+                    .snapshot_replay_dir
+                    .clone()
+                    .unwrap_or_else(|| "snapshot_replay".into()),
+            },
+        );
         let reads = Arc::new(PageReads::new(
             tenants.clone(),
             admissions.clone(),

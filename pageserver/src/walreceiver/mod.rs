@@ -36,14 +36,21 @@
 //! WAL into the timeline's page versions, reading the files behind the flushed LSN, so the
 //! stream never waits for it. The two threads share `state.rs`: the state the API shows, the
 //! stop flag, the segment size.
+//!
+//! With `snapshot_wal_distance` (the receiver's, else the server's), a third thread
+//! (`snapshots.rs`) has stock PostgreSQL (`pg_replay.rs`) replay the newest snapshot to the
+//! primary's first checkpoint past that much WAL, and imports what it shuts down with as a new
+//! snapshot there; page ingest waits before that checkpoint record meanwhile.
 
 mod base_backup;
 pub mod commit_time;
 mod connection;
 pub mod connstr;
 mod page_ingest;
+mod pg_replay;
 mod receiver;
 pub mod replay_plan;
+mod snapshots;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -51,7 +58,7 @@ mod timelines;
 mod tls;
 pub mod wal_store;
 
-pub use receiver::{ReceiverConf, Receivers};
+pub use receiver::{ReceiverConf, Receivers, SnapshotSettings};
 pub use state::{ReceiverState, StateName};
 
 /// What went wrong with a receiver.

@@ -80,7 +80,11 @@ pub(super) fn run(timeline: Arc<Timeline>, shared: Arc<Shared>) {
             return;
         }
         let seen = shared.state().flushed_lsn;
-        match step(&timeline, &shared, &mut cursor) {
+        let stepped = {
+            let _step = shared.ingest_step.lock().unwrap_or_else(|e| e.into_inner());
+            step(&timeline, &shared, &mut cursor)
+        };
+        match stepped {
             Ok(true) => {
                 let mut s = shared.state();
                 s.pages_lsn = Some(timeline.last_record_lsn());
@@ -138,7 +142,11 @@ fn step(timeline: &Timeline, shared: &Shared, cursor: &mut Option<Cursor>) -> Re
         });
     }
     let c = cursor.as_mut().expect("set above");
-    if c.fed >= flushed {
+    let at_limit = shared
+        .ingest_limit()
+        .before
+        .is_some_and(|before| c.ingested >= before);
+    if c.fed >= flushed || at_limit {
         return Ok(false);
     }
     let segno = segno_of(c.fed, segment_size);
@@ -152,6 +160,8 @@ fn step(timeline: &Timeline, shared: &Shared, cursor: &mut Option<Cursor>) -> Re
     c.decoder.feed(&bytes);
     c.fed = end;
 
+    let limit = shared.ingest_limit();
+    let mut held = false;
     let mut batch: Vec<PutRecord> = Vec::new();
     let mut batch_bytes = 0usize;
     let mut last_end = c.ingested;
@@ -159,6 +169,10 @@ fn step(timeline: &Timeline, shared: &Shared, cursor: &mut Option<Cursor>) -> Re
         let end = record.end_rec_ptr();
         if end <= c.ingested {
             continue;
+        }
+        if limit.stops_before(&record) {
+            held = true;
+            break;
         }
         let before = batch.len();
         if let Err(e) = versions_of(timeline, &mut c.versions, &record, &mut batch) {
@@ -179,6 +193,12 @@ fn step(timeline: &Timeline, shared: &Shared, cursor: &mut Option<Cursor>) -> Re
         }
     }
     put(timeline, c, batch, last_end)?;
+    if held {
+        // Decoded past the limit: decoding starts again from `last_record_lsn` once it lifts
+        // (a snapshot imported meanwhile moves it).
+        *cursor = None;
+        return Ok(last_end > ingested);
+    }
     Ok(true)
 }
 

@@ -16,6 +16,8 @@ use utils::{Lsn, TenantId, TimelineId};
 use super::base_backup;
 use super::connection::{ReplicationConnection, StreamMessage};
 use super::connstr::ConnString;
+use super::pg_replay::PgPrograms;
+use super::snapshots::SnapshotConf;
 use super::state::{ReceiverState, Shared, StateName};
 use super::timelines;
 use super::wal_store::WalStore;
@@ -49,6 +51,10 @@ pub struct ReceiverConf {
     /// Whether the WAL's records also become the timeline's page versions (`page_ingest.rs`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ingest_pages: bool,
+    /// Background snapshots (`snapshots.rs`): one after each this many bytes of WAL; 0 turns
+    /// them off; absent, the server's `snapshot_wal_distance`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_wal_distance: Option<u64>,
 }
 
 impl ReceiverConf {
@@ -85,13 +91,26 @@ struct Handle {
     thread: Option<JoinHandle<()>>,
     /// Page ingest's thread, if the settings ask for it.
     pages: Option<JoinHandle<()>>,
+    /// The background snapshots' thread, if they are on.
+    snapshots: Option<JoinHandle<()>>,
+}
+
+/// The server's settings for background snapshots (`snapshots.rs`).
+#[derive(Clone, Debug)]
+pub struct SnapshotSettings {
+    /// `snapshot_wal_distance`, where a receiver's settings do not say.
+    pub distance: u64,
+    pub pg_bin_dir: Option<std::path::PathBuf>,
+    pub pg_user: Option<String>,
+    /// Where the replay runs, one at a time.
+    pub replay_dir: std::path::PathBuf,
 }
 
 impl Handle {
     /// Stops both threads and waits for them.
     fn stop(&mut self) {
         self.shared.stop();
-        for thread in [self.thread.take(), self.pages.take()]
+        for thread in [self.thread.take(), self.pages.take(), self.snapshots.take()]
             .into_iter()
             .flatten()
         {
@@ -109,14 +128,16 @@ pub struct Receivers {
     /// A stream the primary sends nothing on for this long is given up and connected again
     /// (`wal_receiver_timeout`); after half of it, the receiver asks for an answer.
     timeout: Duration,
+    snapshots: SnapshotSettings,
 }
 
 impl Receivers {
-    pub fn new(timeout: Duration) -> Arc<Receivers> {
+    pub fn new(timeout: Duration, snapshots: SnapshotSettings) -> Arc<Receivers> {
         Arc::new(Receivers {
             map: Mutex::new(HashMap::new()),
             changing: Mutex::new(()),
             timeout,
+            snapshots,
         })
     }
 
@@ -136,7 +157,10 @@ impl Receivers {
         let conn = conf.check()?;
         let _changing = self.changing.lock().unwrap_or_else(|e| e.into_inner());
         self.stop_thread(timeline.tenant_id(), timeline.timeline_id());
-        let shared = Arc::new(Shared::new(initial_state(&conf, &conn), self.timeout));
+        let shared = Arc::new(Shared::new(
+            initial_state(&conf, &conn, self.snapshot_distance(&conf)),
+            self.timeout,
+        ));
         let session = match Session::establish(&timeline, &conf, &conn, &shared) {
             Ok(session) => session,
             Err(e) => {
@@ -165,7 +189,10 @@ impl Receivers {
             return Ok(false);
         };
         let conn = conf.check()?;
-        let shared = Arc::new(Shared::new(initial_state(&conf, &conn), self.timeout));
+        let shared = Arc::new(Shared::new(
+            initial_state(&conf, &conn, self.snapshot_distance(&conf)),
+            self.timeout,
+        ));
         self.spawn(timeline, conf, conn, shared, None);
         Ok(true)
     }
@@ -191,6 +218,23 @@ impl Receivers {
                 .spawn(move || super::page_ingest::run(timeline, shared))
                 .expect("spawning a thread")
         });
+        let distance = self.snapshot_distance(&conf);
+        let snapshots = (distance > 0).then(|| {
+            let settings = &self.snapshots;
+            let conf = SnapshotConf {
+                distance,
+                replay_dir: settings.replay_dir.clone(),
+                programs: PgPrograms::find(
+                    settings.pg_bin_dir.as_deref(),
+                    settings.pg_user.as_deref(),
+                ),
+            };
+            let (timeline, shared) = (timeline.clone(), shared.clone());
+            std::thread::Builder::new()
+                .name(format!("snapshots-{}", timeline.timeline_id()))
+                .spawn(move || super::snapshots::run(timeline, shared, conf))
+                .expect("spawning a thread")
+        });
         let thread_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name(format!("walreceiver-{}", timeline.timeline_id()))
@@ -202,8 +246,15 @@ impl Receivers {
                 shared,
                 thread: Some(thread),
                 pages,
+                snapshots,
             },
         );
+    }
+
+    /// The distance between background snapshots `conf` asks for (0: none).
+    fn snapshot_distance(&self, conf: &ReceiverConf) -> u64 {
+        conf.snapshot_wal_distance
+            .unwrap_or(self.snapshots.distance)
     }
 
     pub fn state(&self, tenant: TenantId, timeline: TimelineId) -> Option<ReceiverState> {
@@ -274,7 +325,7 @@ impl Receivers {
     }
 }
 
-fn initial_state(conf: &ReceiverConf, conn: &ConnString) -> ReceiverState {
+fn initial_state(conf: &ReceiverConf, conn: &ConnString, snapshot_distance: u64) -> ReceiverState {
     ReceiverState {
         state: StateName::Connecting,
         connstr: conn.to_string(),
@@ -293,6 +344,10 @@ fn initial_state(conf: &ReceiverConf, conn: &ConnString) -> ReceiverState {
         ingest_pages: conf.ingest_pages,
         pages_lsn: None,
         pages_error: None,
+        snapshot_wal_distance: snapshot_distance,
+        snapshot_running: false,
+        snapshot_lsn: None,
+        snapshot_error: None,
     }
 }
 

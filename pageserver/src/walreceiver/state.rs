@@ -58,6 +58,15 @@ pub struct ReceiverState {
     pub pages_lsn: Option<Lsn>,
     /// Why page ingest does not go on, if it does not (it tries again).
     pub pages_error: Option<String>,
+    /// Background snapshots: one after each this many bytes of WAL (0: none).
+    pub snapshot_wal_distance: u64,
+    /// Whether one is being made now.
+    pub snapshot_running: bool,
+    /// The LSN of the last one made since the receiver started.
+    #[serde(serialize_with = "lsn_text")]
+    pub snapshot_lsn: Option<Lsn>,
+    /// Why the last one failed, if it did (it tries again).
+    pub snapshot_error: Option<String>,
 }
 
 /// An LSN as `X/X` text, as the rest of the API writes LSNs.
@@ -65,6 +74,34 @@ fn lsn_text<S: serde::Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::E
     match lsn {
         Some(lsn) => s.serialize_str(&lsn.to_string()),
         None => s.serialize_none(),
+    }
+}
+
+/// Where page ingest stops, while a background snapshot wants it to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct IngestLimit {
+    /// No record ending past this is ingested.
+    pub before: Option<Lsn>,
+    /// Nor a checkpoint record starting at or past this, or anything after it: where the
+    /// snapshot will be, before page ingest can pass it.
+    pub checkpoint_from: Option<Lsn>,
+}
+
+impl IngestLimit {
+    /// Whether page ingest stops before `record`.
+    pub(super) fn stops_before(&self, record: &postgres_wal::DecodedRecord) -> bool {
+        use postgres_wal::record::{RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, XLOG_CHECKPOINT_SHUTDOWN};
+        let is_checkpoint = record.header.rmid == RM_XLOG_ID
+            && matches!(
+                record.header.rm_info(),
+                XLOG_CHECKPOINT_ONLINE | XLOG_CHECKPOINT_SHUTDOWN
+            );
+        self.before
+            .is_some_and(|before| record.end_rec_ptr() > before)
+            || (is_checkpoint
+                && self
+                    .checkpoint_from
+                    .is_some_and(|from| record.start >= from))
     }
 }
 
@@ -78,6 +115,11 @@ pub(super) struct Shared {
     pub(super) segment_size: AtomicU32,
     /// See `Receivers`' `timeout`.
     pub(super) timeout: Duration,
+    /// Where page ingest stops (a background snapshot holds it while it replays and imports:
+    /// `snapshots.rs`).
+    ingest_limit: Mutex<IngestLimit>,
+    /// Held by page ingest over each step, so that a limit set is seen by the next one.
+    pub(super) ingest_step: Mutex<()>,
 }
 
 impl Shared {
@@ -88,6 +130,24 @@ impl Shared {
             stop: AtomicBool::new(false),
             segment_size: AtomicU32::new(0),
             timeout,
+            ingest_limit: Mutex::new(IngestLimit::default()),
+            ingest_step: Mutex::new(()),
+        }
+    }
+
+    /// Where page ingest stops.
+    pub(super) fn ingest_limit(&self) -> IngestLimit {
+        *self.ingest_limit.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets or lifts the limit; a set one holds once this returns (the step under way, which
+    /// may not have seen it, is over).
+    pub(super) fn set_ingest_limit(&self, limit: IngestLimit) {
+        *self.ingest_limit.lock().unwrap_or_else(|e| e.into_inner()) = limit;
+        drop(self.ingest_step.lock().unwrap_or_else(|e| e.into_inner()));
+        if limit == IngestLimit::default() {
+            let _state = self.state();
+            self.flushed.notify_all();
         }
     }
 

@@ -72,7 +72,9 @@ impl Importer<'_> {
         let exact = kind == SnapshotKind::Stopped
             && control.is_primary_shutdown()
             && lsn == control.checkpoint;
-        let counters = control.checkpoint_copy.counters(exact);
+        let counters = self
+            .counters
+            .unwrap_or_else(|| control.checkpoint_copy.counters(exact));
         self.import.put(
             counters_key(),
             &Value::Image(Bytes::from(counters.encode())),

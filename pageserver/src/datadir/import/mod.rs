@@ -37,9 +37,9 @@ use std::io::{self, Read};
 use bytes::Bytes;
 use pageserver_api::datadir::{
     counters_key, decode_rel_dir, decode_rel_size, encode_rel_dir, encode_rel_size, file_chunk_key,
-    file_dir_key, rel_dir_key, snapshot_list_key, DatadirDecodeError, EntryKind, FileDirectory,
-    FileEntry, RelTag, Snapshot, SnapshotKind, SnapshotList, BLCKSZ, FILE_CHUNK_SIZE,
-    RELSEG_BLOCKS,
+    file_dir_key, rel_dir_key, snapshot_list_key, ClusterCounters, DatadirDecodeError, EntryKind,
+    FileDirectory, FileEntry, RelTag, Snapshot, SnapshotKind, SnapshotList, BLCKSZ,
+    FILE_CHUNK_SIZE, RELSEG_BLOCKS,
 };
 use pageserver_api::{Key, Value};
 use serde::Serialize;
@@ -150,8 +150,20 @@ pub fn import_archive(
     input: impl Read,
     lsn: Option<Lsn>,
 ) -> Result<ImportReport, ImportError> {
+    import_with_counters(timeline, input, lsn, None)
+}
+
+/// [`import_archive`], with the cluster's counters at the snapshot given rather than taken
+/// from its `pg_control` (a background snapshot carries on the ones page ingest followed).
+pub fn import_with_counters(
+    timeline: &Timeline,
+    input: impl Read,
+    lsn: Option<Lsn>,
+    counters: Option<ClusterCounters>,
+) -> Result<ImportReport, ImportError> {
     let import = timeline.begin_import()?;
     let mut importer = Importer::new(import, timeline.conf().max_value_size)?;
+    importer.counters = counters;
     let mut input = TailReader::new(input);
     importer.read_archive(&mut input)?;
     importer.report.bytes_read = input.total;
@@ -174,6 +186,8 @@ struct Importer<'t> {
     backup_label: bool,
     /// The newest WAL segment so far: its order and bytes.
     newest_wal: Option<((u64, u32), String, Vec<u8>)>,
+    /// The counters to store, if not those of `pg_control`.
+    counters: Option<ClusterCounters>,
     report: ImportReport,
 }
 
@@ -225,6 +239,7 @@ impl<'t> Importer<'t> {
             control: None,
             backup_label: false,
             newest_wal: None,
+            counters: None,
             report: ImportReport::default(),
         })
     }

@@ -29,6 +29,7 @@ pub struct ReceiverRequest {
     slot_name: Option<String>,
     application_name: Option<String>,
     ingest_pages: Option<bool>,
+    snapshot_wal_distance: Option<u64>,
 }
 
 fn receiver_error(e: ReceiverError) -> ApiError {
@@ -61,6 +62,7 @@ pub async fn wal_receiver_put(
             .unwrap_or_else(|| slot_name.clone()),
         slot_name,
         ingest_pages: request.ingest_pages.unwrap_or(false),
+        snapshot_wal_distance: request.snapshot_wal_distance,
     };
     let receivers = state.receivers.clone();
     let started = blocking(move || Ok(receivers.start(timeline, conf))).await?;

@@ -1,0 +1,464 @@
+//! A stock PostgreSQL replaying a data directory to an LSN and shutting down there: the work
+//! of a background snapshot (`snapshots.rs`).
+//!
+//! ```text
+//!   basebackup with replay (the snapshot below, the WAL past the target)
+//!     ──unpacked──▶ snapshot_replay_dir   (owned by pg_user when the server is root)
+//!     ──postgres -D … -c recovery_target_lsn=S -c recovery_target_action=shutdown──▶
+//!   shut down in recovery at S, its restartpoint at the checkpoint record that ends at S
+//!     ──pg_control checked, recovery's files removed, pg_wal/ cut at S──▶ tar stream ─▶ import
+//! ```
+//!
+//! PostgreSQL writes every page it changed to the data files only at a restartpoint, and makes
+//! one only at a checkpoint record it replayed; at a shutdown without one its data files are
+//! older than the replay. So the target is always the end of a checkpoint record: the
+//! restartpoint there, made at the shutdown, writes every page, and `pg_control` names that
+//! checkpoint (checked: a directory whose restartpoint is elsewhere is refused).
+//!
+//! The server is one process among the primary's own PostgreSQL programs: the replay listens on
+//! no TCP port (a Unix socket in a private directory only), archives nothing, and syncs
+//! nothing (the directory is read once, and dropped on any failure). It is stopped (`SIGQUIT`,
+//! PostgreSQL's immediate shutdown) when the snapshot is cancelled or takes too long.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use postgres_wal::segment::segno_of;
+use utils::Lsn;
+
+use crate::datadir::pg_control::{self, ControlFile};
+
+/// The lines the basebackup appends to `postgresql.auto.conf` start with this.
+const ADDED_SETTINGS: &str = "\n# Added by the pageserver: replay the WAL in pg_wal/";
+const AUTO_CONF: &str = "postgresql.auto.conf";
+/// What PostgreSQL leaves in the directory for its recovery: not part of a snapshot.
+const RECOVERY_FILES: [&str; 5] = [
+    "recovery.signal",
+    "standby.signal",
+    "backup_label.old",
+    "postmaster.opts",
+    "postmaster.pid",
+];
+const DB_SHUTDOWNED_IN_RECOVERY: u32 = 2;
+const POLL: Duration = Duration::from_millis(100);
+
+/// The PostgreSQL programs a replay runs, and who they run as.
+#[derive(Clone, Debug)]
+pub struct PgPrograms {
+    pub bin_dir: PathBuf,
+    /// The user and group to run as (the server is root), or none (run as the server).
+    pub run_as: Option<(u32, u32)>,
+}
+
+impl PgPrograms {
+    /// Finds the programs: `bin_dir`, else `pg_config --bindir`, else `postgres` on the `PATH`,
+    /// else the newest of Debian's `/usr/lib/postgresql/*/bin`; and the user, which must be
+    /// given when the server runs as root.
+    pub fn find(bin_dir: Option<&Path>, user: Option<&str>) -> Result<PgPrograms, String> {
+        let bin_dir = match bin_dir {
+            Some(dir) => dir.to_owned(),
+            None => default_bin_dir().ok_or(
+                "no PostgreSQL programs found (pg_config --bindir, postgres on the PATH, \
+                 /usr/lib/postgresql/*/bin): set pg_bin_dir",
+            )?,
+        };
+        if !bin_dir.join("postgres").is_file() {
+            return Err(format!(
+                "pg_bin_dir {}: no postgres program there",
+                bin_dir.display()
+            ));
+        }
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let run_as = match (root, user) {
+            (false, _) => None,
+            (true, None) => {
+                return Err(
+                    "the server runs as root, which PostgreSQL refuses: set pg_user to \
+                            the user it runs as"
+                        .to_owned(),
+                )
+            }
+            (true, Some(user)) => Some(user_ids(user)?),
+        };
+        Ok(PgPrograms { bin_dir, run_as })
+    }
+}
+
+fn default_bin_dir() -> Option<PathBuf> {
+    let from_pg_config = Command::new("pg_config")
+        .arg("--bindir")
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+        .filter(|dir| dir.join("postgres").is_file());
+    from_pg_config
+        .or_else(|| {
+            std::env::split_paths(&std::env::var_os("PATH")?)
+                .find(|dir| dir.join("postgres").is_file())
+        })
+        .or_else(|| {
+            let mut found: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+                .ok()?
+                .flatten()
+                .filter_map(|e| {
+                    let version = e.file_name().to_str()?.parse().ok()?;
+                    let bin = e.path().join("bin");
+                    bin.join("postgres").is_file().then_some((version, bin))
+                })
+                .collect();
+            found.sort();
+            found.pop().map(|(_, dir)| dir)
+        })
+}
+
+/// The user id and group id of `name`.
+fn user_ids(name: &str) -> Result<(u32, u32), String> {
+    let c_name =
+        std::ffi::CString::new(name).map_err(|_| format!("pg_user {name:?}: not a user name"))?;
+    // SAFETY: a NUL-terminated name; the entry is read at once, before any other call that
+    // could reuse its static storage (the snapshot task looks a user up only here).
+    let entry = unsafe { libc::getpwnam(c_name.as_ptr()) };
+    if entry.is_null() {
+        return Err(format!("pg_user {name:?}: no such user"));
+    }
+    // SAFETY: non-null, as checked.
+    let (uid, gid) = unsafe { ((*entry).pw_uid, (*entry).pw_gid) };
+    if uid == 0 {
+        return Err(format!(
+            "pg_user {name:?} is root, which PostgreSQL refuses"
+        ));
+    }
+    Ok((uid, gid))
+}
+
+/// Makes `dir` (removed first if there) a directory PostgreSQL accepts as its data directory,
+/// and gives everything in it to the replay's user.
+pub fn prepare_dir(dir: &Path) -> io::Result<()> {
+    remove_dir(dir)?;
+    fs::create_dir(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+}
+
+/// Removes `dir` and what it holds, if it is there.
+pub fn remove_dir(dir: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+fn chown_all(path: &Path, (uid, gid): (u32, u32)) -> io::Result<()> {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+    if fs::symlink_metadata(path)?.is_dir() {
+        for entry in fs::read_dir(path)? {
+            chown_all(&entry?.path(), (uid, gid))?;
+        }
+    }
+    Ok(())
+}
+
+/// Why a replay gave nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayRunError {
+    #[error("cancelled")]
+    Cancelled,
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Runs PostgreSQL on `dir` (a basebackup that replays past `target`) until it shuts down at
+/// `target`, the end of the checkpoint record at `checkpoint`; checks that it did. `cancel` is
+/// asked every 100 ms. An error quotes the end of PostgreSQL's log.
+pub fn replay_to(
+    programs: &PgPrograms,
+    dir: &Path,
+    checkpoint: Lsn,
+    target: Lsn,
+    timeout: Duration,
+    cancel: &dyn Fn() -> bool,
+) -> Result<ControlFile, ReplayRunError> {
+    let failed = |what: String| ReplayRunError::Failed(what);
+    // A private directory for its socket (one it must have; no TCP port is opened) and its log.
+    let socket_dir = SocketDir::create().map_err(|e| failed(format!("a socket directory: {e}")))?;
+    let log = &socket_dir.path().join("postgres.log");
+    if let Some(ids) = programs.run_as {
+        chown_all(dir, ids).map_err(|e| failed(format!("giving the directory to pg_user: {e}")))?;
+        chown_all(socket_dir.path(), ids)
+            .map_err(|e| failed(format!("giving the socket directory to pg_user: {e}")))?;
+    }
+    let log_file = fs::File::create(log).map_err(|e| failed(format!("{}: {e}", log.display())))?;
+    let mut command = Command::new(programs.bin_dir.join("postgres"));
+    command.arg("-D").arg(dir);
+    for setting in [
+        format!("recovery_target_lsn={target}"),
+        "recovery_target_inclusive=off".to_owned(),
+        "recovery_target_action=shutdown".to_owned(),
+        "hot_standby=off".to_owned(),
+        "primary_conninfo=".to_owned(),
+        "archive_mode=off".to_owned(),
+        "fsync=off".to_owned(),
+        "listen_addresses=".to_owned(),
+        format!("unix_socket_directories={}", socket_dir.path().display()),
+        "logging_collector=off".to_owned(),
+        "log_destination=stderr".to_owned(),
+    ] {
+        command.arg("-c").arg(setting);
+    }
+    command
+        .env_remove("PGDATA")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file);
+    if let Some((uid, gid)) = programs.run_as {
+        command.uid(uid).gid(gid);
+    }
+    let mut child = command.spawn().map_err(|e| {
+        failed(format!(
+            "starting {}: {e}",
+            programs.bin_dir.join("postgres").display()
+        ))
+    })?;
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => return Err(failed(format!("waiting for postgres: {e}"))),
+        }
+        let stop = if cancel() {
+            Some(ReplayRunError::Cancelled)
+        } else if started.elapsed() > timeout {
+            Some(failed(format!(
+                "the replay took longer than {timeout:?}: stopped"
+            )))
+        } else {
+            None
+        };
+        if let Some(e) = stop {
+            // SAFETY: signalling our own child, which has not been reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
+            let _ = child.wait();
+            return Err(e);
+        }
+        std::thread::sleep(POLL);
+    };
+    let control = fs::read(dir.join("global/pg_control"))
+        .map_err(|e| failed(format!("reading its pg_control: {e}")))
+        .and_then(|b| pg_control::parse(&b).map_err(|e| failed(format!("its pg_control: {e}"))))
+        .map_err(|e| {
+            failed(format!(
+                "PostgreSQL exited with {status} ({e}); its log: {}",
+                log_tail(log)
+            ))
+        })?;
+    if control.state != DB_SHUTDOWNED_IN_RECOVERY
+        || control.checkpoint != checkpoint
+        || control.min_recovery_point > target
+    {
+        return Err(failed(format!(
+            "PostgreSQL exited with {status}, {} with its restartpoint at {} and its minimum \
+             recovery point at {}, not shut down in recovery at the checkpoint record at \
+             {checkpoint} (ending at {target}); its log: {}",
+            control.state_name(),
+            control.checkpoint,
+            control.min_recovery_point,
+            log_tail(log)
+        )));
+    }
+    Ok(control)
+}
+
+/// A directory of our own under the system's temporary directory (a socket's path must be
+/// short), removed when dropped.
+struct SocketDir(PathBuf);
+
+impl SocketDir {
+    fn create() -> io::Result<SocketDir> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("pageserver-replay-{}-{n}", std::process::id()));
+        remove_dir(&path)?;
+        fs::create_dir(&path)?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o700))?;
+        Ok(SocketDir(path))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for SocketDir {
+    fn drop(&mut self) {
+        let _ = remove_dir(&self.0);
+    }
+}
+
+/// The last lines of the replay's log, for an error message.
+fn log_tail(log: &Path) -> String {
+    let text = fs::read(log).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// Makes the shut-down `dir` the snapshot at `at`: removes recovery's files and the settings
+/// the basebackup added, and keeps of `pg_wal/` the segments from the one holding `redo`
+/// (where a start from this directory replays from) to the one holding `at`, that one cut at
+/// `at` (zeros after, as a segment not yet written): WAL past `at` is the next snapshot's.
+pub fn finish_dir(dir: &Path, redo: Lsn, at: Lsn, segment_size: u32) -> io::Result<()> {
+    for name in RECOVERY_FILES {
+        match fs::remove_file(dir.join(name)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    let conf_path = dir.join(AUTO_CONF);
+    if let Ok(conf) = fs::read(&conf_path) {
+        let text = String::from_utf8_lossy(&conf);
+        if let Some(added) = text.rfind(ADDED_SETTINGS) {
+            let file = fs::OpenOptions::new().write(true).open(&conf_path)?;
+            file.set_len(added as u64)?;
+        }
+    }
+    let (first, last) = (segno_of(redo, segment_size), segno_of(at, segment_size));
+    for entry in fs::read_dir(dir.join("pg_wal"))? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(segno) = segment_number(name, segment_size) else {
+            continue;
+        };
+        if segno < first || segno > last {
+            fs::remove_file(entry.path())?;
+        } else if segno == last {
+            let file = fs::OpenOptions::new().write(true).open(entry.path())?;
+            let offset = at.0 % u64::from(segment_size);
+            let zeros = vec![0u8; (u64::from(segment_size) - offset) as usize];
+            file.write_all_at(&zeros, offset)?;
+        }
+    }
+    Ok(())
+}
+
+/// The segment number of a WAL segment file's name (24 hex digits: timeline, log, segment).
+fn segment_number(name: &str, segment_size: u32) -> Option<u64> {
+    if name.len() != 24 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let log = u64::from_str_radix(&name[8..16], 16).ok()?;
+    let seg = u64::from_str_radix(&name[16..24], 16).ok()?;
+    let per_log = 0x1_0000_0000 / u64::from(segment_size);
+    Some(log * per_log + seg)
+}
+
+/// Writes `dir` as a tar archive to `out`: directories before what they hold, names sorted,
+/// modes as they are; the import reads it as it would a `pg_basebackup`'s.
+pub fn tar_dir(dir: &Path, out: impl Write) -> io::Result<()> {
+    let mut tar = tar::Builder::new(out);
+    tar.mode(tar::HeaderMode::Complete);
+    tar.follow_symlinks(false);
+    append_tree(&mut tar, dir, "")?;
+    tar.finish()
+}
+
+fn append_tree(tar: &mut tar::Builder<impl Write>, dir: &Path, prefix: &str) -> io::Result<()> {
+    let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<io::Result<_>>()?;
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let name = entry.file_name();
+        let name = name
+            .to_str()
+            .ok_or_else(|| io::Error::other(format!("a file name that is not UTF-8: {name:?}")))?;
+        let path = format!("{prefix}{name}");
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            tar.append_dir(&path, entry.path())?;
+            append_tree(tar, &entry.path(), &format!("{path}/"))?;
+        } else {
+            // Symlinks too, as they are (the import refuses them, saying which).
+            tar.append_path_with_name(entry.path(), &path)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segment_numbers_of_names() {
+        let size = 16 << 20;
+        assert_eq!(segment_number("000000010000000000000003", size), Some(3));
+        assert_eq!(
+            segment_number("000000020000000100000002", size),
+            Some(256 + 2)
+        );
+        assert_eq!(segment_number("00000001.history", size), None);
+        assert_eq!(segment_number("archive_status", size), None);
+    }
+
+    #[test]
+    fn the_finished_directory_keeps_the_wal_from_redo_to_the_snapshot_cut_there() {
+        let size: u32 = 1 << 20;
+        let dir = tempfile::tempdir().unwrap();
+        let wal = dir.path().join("pg_wal");
+        fs::create_dir(&wal).unwrap();
+        for seg in 1..=5u64 {
+            fs::write(
+                wal.join(format!("00000001000000000000000{seg}")),
+                vec![7u8; size as usize],
+            )
+            .unwrap();
+        }
+        fs::write(
+            wal.join("00000002.history"),
+            b"1\t0/1000000\tno recovery target\n",
+        )
+        .unwrap();
+        fs::write(dir.path().join("recovery.signal"), b"").unwrap();
+        fs::write(
+            dir.path().join(AUTO_CONF),
+            format!(
+                "work_mem = '8MB'\n{ADDED_SETTINGS}, which ends at …\nrestore_command = 'false'\n"
+            ),
+        )
+        .unwrap();
+        let redo = Lsn(2 * u64::from(size) + 100);
+        let at = Lsn(4 * u64::from(size) + 4096);
+        finish_dir(dir.path(), redo, at, size).unwrap();
+        let mut left: Vec<String> = fs::read_dir(&wal)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                "000000010000000000000002",
+                "000000010000000000000003",
+                "000000010000000000000004",
+                "00000002.history"
+            ]
+        );
+        let last = fs::read(wal.join("000000010000000000000004")).unwrap();
+        assert_eq!(last.len(), size as usize);
+        assert!(last[..4096].iter().all(|b| *b == 7));
+        assert!(last[4096..].iter().all(|b| *b == 0));
+        assert!(!dir.path().join("recovery.signal").exists());
+        assert_eq!(
+            fs::read_to_string(dir.path().join(AUTO_CONF)).unwrap(),
+            "work_mem = '8MB'\n"
+        );
+    }
+}

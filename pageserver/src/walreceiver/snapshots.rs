@@ -1,0 +1,407 @@
+//! Background snapshots: stock PostgreSQL replays the newest snapshot to a later LSN, and the
+//! directory it shuts down with is imported as a new snapshot there, so that a restore replays
+//! at most about `snapshot_wal_distance` of WAL and GetPage@LSN is exact at every snapshot.
+//!
+//! A thread of its own per receiver whose `snapshot_wal_distance` is not 0, beside the one that
+//! streams and page ingest's:
+//!
+//! ```text
+//!   flushed WAL ≥ newest snapshot P + distance
+//!     └─▶ scan the stored WAL from P for the first checkpoint record C starting past P + distance,
+//!         and the record after it (the replay must read it to know it reached C's end S)
+//!     └─▶ page ingest held before C (it stops at C's start; its versions end before S)
+//!     └─▶ one at a time per server: basebackup of P with the WAL to past S, unpacked into
+//!         the server's `snapshot_replay_dir`, replayed by PostgreSQL to S (`pg_replay.rs`)
+//!     └─▶ imported at S (only what differs from the timeline's state below S is stored),
+//!         with the counters page ingest followed, moved by C
+//!     └─▶ the directory removed, page ingest let go: it resumes after S
+//! ```
+//!
+//! Why at a checkpoint record: PostgreSQL writes the pages it replayed only at a restartpoint,
+//! which it makes at a checkpoint record (see `pg_replay.rs`). So snapshots come at the
+//! primary's checkpoints, the first after each `snapshot_wal_distance`; and a restore from one
+//! replays from that checkpoint's redo point, which the snapshot's `pg_wal/` holds.
+//!
+//! Crash safety: the import is one [`crate::tenant::timeline::Import`], durable whole at its
+//! commit or not at all; the directory of a killed replay is removed by the next snapshot,
+//! before it starts. A stop (the receiver's, the timeline's shutdown) stops
+//! the replay at once (`SIGQUIT`). Disk: one directory the size of the cluster at a time per
+//! server ([`ONE_AT_A_TIME`]). Memory: a WAL chunk while scanning, and what an import holds.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pageserver_api::datadir::{counters_key, snapshot_list_key, ClusterCounters, SnapshotList};
+use postgres_wal::record::{RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, XLOG_CHECKPOINT_SHUTDOWN};
+use postgres_wal::segment::{segment_start, segno_of};
+use postgres_wal::{DecodedRecord, WalDecoder, XLOG_BLCKSZ};
+use utils::Lsn;
+
+use super::pg_replay::{self, PgPrograms, ReplayRunError};
+use super::replay_plan::{latest_segment_file, replay_of};
+use super::state::{IngestLimit, Shared};
+use crate::datadir::{import_with_counters, snapshot_at, write_basebackup, Restore};
+use crate::tenant::timeline::Timeline;
+
+/// Only one replay runs on a server at a time: each holds a copy of a cluster on disk and
+/// keeps a CPU busy.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+/// The longest a replay may run.
+const REPLAY_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The longest page ingest may take to reach the checkpoint record.
+const INGEST_WAIT: Duration = Duration::from_secs(120);
+/// WAL scanned per step (the thread looks at its stop flag between steps).
+const SCAN_CHUNK: u64 = 4 << 20;
+const WAIT: Duration = Duration::from_secs(1);
+const RETRY: Duration = Duration::from_secs(5);
+
+/// A receiver's background snapshot settings.
+#[derive(Clone, Debug)]
+pub struct SnapshotConf {
+    pub distance: u64,
+    /// Where the replay runs (the server's one directory for it).
+    pub replay_dir: PathBuf,
+    /// The programs, or why there are none (reported as the snapshots' error).
+    pub programs: Result<PgPrograms, String>,
+}
+
+/// The thread's loop: snapshots until the receiver stops or the timeline shuts down.
+pub(super) fn run(timeline: Arc<Timeline>, shared: Arc<Shared>, conf: SnapshotConf) {
+    let stopped = || shared.stop.load(Ordering::Acquire) || timeline.is_shutting_down();
+    let labels = [
+        timeline.tenant_id().to_string(),
+        timeline.timeline_id().to_string(),
+    ];
+    let labels = [labels[0].as_str(), labels[1].as_str()];
+    let mut scan: Option<Scan> = None;
+    while !stopped() {
+        let seen = shared.state().flushed_lsn;
+        match round(&timeline, &shared, &conf, &mut scan, &labels) {
+            Ok(Some(lsn)) => {
+                let mut s = shared.state();
+                s.snapshot_lsn = Some(lsn);
+                s.snapshot_error = None;
+            }
+            Ok(None) => shared.wait_for_flush(seen, WAIT),
+            Err(e) => {
+                // A failed attempt holds page ingest no longer.
+                shared.set_ingest_limit(IngestLimit::default());
+                if !stopped() {
+                    tracing::warn!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+                        "background snapshot: {e}");
+                    shared.state().snapshot_error = Some(e);
+                    crate::metrics::BACKGROUND_SNAPSHOTS
+                        .with_label_values(&["error"])
+                        .inc();
+                }
+                scan = None;
+                let until = Instant::now() + RETRY;
+                while Instant::now() < until && !stopped() {
+                    shared.wait_for_flush(None, WAIT);
+                }
+            }
+        }
+    }
+    let _ = crate::metrics::BACKGROUND_SNAPSHOT_LAG_BYTES.remove_label_values(&labels);
+}
+
+/// The checkpoint record a snapshot goes to.
+struct Target {
+    /// Where the checkpoint record starts and ends (the snapshot's LSN).
+    start: Lsn,
+    end: Lsn,
+    /// The end of the record before it: page ingest stops there.
+    prev_end: Lsn,
+    /// The end of the record after it: the replay reads that one to know it is done.
+    next_end: Lsn,
+    record: DecodedRecord,
+}
+
+/// A decoding of the stored WAL from a snapshot on, looking for checkpoint records.
+struct Scan {
+    /// The snapshot it started from: records ending at or before it are skipped.
+    from: Lsn,
+    decoder: WalDecoder,
+    fed: Lsn,
+    prev_end: Lsn,
+    /// A checkpoint record found, waiting for the record after it.
+    pending: Option<(DecodedRecord, Lsn)>,
+}
+
+impl Scan {
+    fn new(from: Lsn, segment_size: u32) -> Scan {
+        // From the WAL page `from` is on, whose header says where its first record starts.
+        let start = Lsn(from.0 - from.0 % XLOG_BLCKSZ as u64);
+        Scan {
+            from,
+            decoder: WalDecoder::new(start, segment_size).keeping_records_up_to(8192),
+            fed: start,
+            prev_end: from,
+            pending: None,
+        }
+    }
+
+    /// Decodes up to `SCAN_CHUNK` more of the WAL stored up to `flushed`; the first checkpoint
+    /// record that starts at or past `min_start` and has a record after it.
+    fn step(
+        &mut self,
+        timeline_dir: &Path,
+        segment_size: u32,
+        flushed: Lsn,
+        min_start: Lsn,
+    ) -> Result<Option<Target>, String> {
+        if self.fed < flushed {
+            let segno = segno_of(self.fed, segment_size);
+            let end = flushed
+                .min(segment_start(segno + 1, segment_size))
+                .min(Lsn(self.fed.0 + SCAN_CHUNK));
+            let path = latest_segment_file(timeline_dir, segno, segment_size)
+                .ok_or_else(|| format!("the WAL segment that holds {} is not stored", self.fed))?;
+            let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let mut bytes = vec![0u8; (end.0 - self.fed.0) as usize];
+            let offset = self.fed.0 - segment_start(segno, segment_size).0;
+            file.read_exact_at(&mut bytes, offset)
+                .map_err(|e| format!("reading the WAL at {}: {e}", self.fed))?;
+            self.decoder.feed(&bytes);
+            self.fed = end;
+        }
+        while let Some(record) = self.decoder.next_record().map_err(|e| e.to_string())? {
+            let end = record.end_rec_ptr();
+            if end <= self.from {
+                continue;
+            }
+            if let Some((checkpoint, prev_end)) = self.pending.take() {
+                return Ok(Some(Target {
+                    start: checkpoint.start,
+                    end: checkpoint.end_rec_ptr(),
+                    prev_end,
+                    next_end: end,
+                    record: checkpoint,
+                }));
+            }
+            let info = record.header.rm_info();
+            let is_checkpoint = record.header.rmid == RM_XLOG_ID
+                && matches!(info, XLOG_CHECKPOINT_ONLINE | XLOG_CHECKPOINT_SHUTDOWN);
+            if is_checkpoint && record.start >= min_start {
+                self.pending = Some((record, self.prev_end));
+            }
+            self.prev_end = end;
+        }
+        Ok(None)
+    }
+}
+
+/// One look: a snapshot made (its LSN), or nothing to do yet.
+fn round(
+    timeline: &Arc<Timeline>,
+    shared: &Shared,
+    conf: &SnapshotConf,
+    scan: &mut Option<Scan>,
+    labels: &[&str; 2],
+) -> Result<Option<Lsn>, String> {
+    let segment_size = shared.segment_size.load(Ordering::Acquire);
+    let Some(flushed) = shared.state().flushed_lsn else {
+        return Ok(None);
+    };
+    let last = timeline.last_record_lsn();
+    if segment_size == 0 || last == Lsn(0) {
+        return Ok(None);
+    }
+    let list = timeline
+        .get_page(snapshot_list_key(), last)
+        .map_err(|e| format!("reading the snapshot list: {e}"))?
+        .map(|b| SnapshotList::decode(&b))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let Some(newest) = list.and_then(|l| l.snapshots.last().copied()) else {
+        return Ok(None);
+    };
+    crate::metrics::BACKGROUND_SNAPSHOT_LAG_BYTES
+        .with_label_values(labels)
+        .set(flushed.0.saturating_sub(newest.lsn.0) as i64);
+    let due = Lsn(newest.lsn.0.saturating_add(conf.distance));
+    if flushed < due {
+        return Ok(None);
+    }
+    let programs = conf.programs.as_ref().map_err(Clone::clone)?;
+    // Page ingest stops at the first checkpoint record past `due` (the snapshot's), so that it
+    // is not past it when the scan below finds it.
+    shared.set_ingest_limit(IngestLimit {
+        before: None,
+        checkpoint_from: Some(due),
+    });
+    if scan.as_ref().is_none_or(|s| s.from != newest.lsn) {
+        *scan = Some(Scan::new(newest.lsn, segment_size));
+    }
+    let s = scan.as_mut().expect("set above");
+    let Some(target) = s.step(timeline.dir(), segment_size, flushed, due)? else {
+        return Ok(None);
+    };
+    let started = Instant::now();
+    // Page ingest stops before the checkpoint record; if it is past it, the next one.
+    shared.set_ingest_limit(IngestLimit {
+        before: Some(target.start),
+        checkpoint_from: None,
+    });
+    let result = hold_ingest_and_snapshot(timeline, shared, programs, &conf.replay_dir, &target);
+    shared.set_ingest_limit(IngestLimit {
+        before: None,
+        checkpoint_from: Some(due),
+    });
+    shared.state().snapshot_running = false;
+    let Some(stored) = result? else {
+        return Ok(None);
+    };
+    shared.set_ingest_limit(IngestLimit::default());
+    crate::metrics::BACKGROUND_SNAPSHOTS
+        .with_label_values(&["made"])
+        .inc();
+    crate::metrics::BACKGROUND_SNAPSHOT_SECONDS.observe(started.elapsed().as_secs_f64());
+    crate::metrics::BACKGROUND_SNAPSHOT_BYTES.inc_by(stored);
+    tracing::info!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+        lsn = %target.end, from = %newest.lsn, bytes_stored = stored,
+        seconds = started.elapsed().as_secs_f64(), "background snapshot made");
+    Ok(Some(target.end))
+}
+
+/// With page ingest held before the checkpoint record: waits for it to get there, replays and
+/// imports. `Ok(None)` if page ingest was already past it.
+fn hold_ingest_and_snapshot(
+    timeline: &Arc<Timeline>,
+    shared: &Shared,
+    programs: &PgPrograms,
+    dir: &Path,
+    target: &Target,
+) -> Result<Option<u64>, String> {
+    let ingest = shared.state().ingest_pages;
+    if timeline.last_record_lsn() >= target.end {
+        return Ok(None);
+    }
+    if ingest {
+        let deadline = Instant::now() + INGEST_WAIT;
+        while timeline.last_record_lsn() < target.prev_end {
+            if shared.stop.load(Ordering::Acquire) || timeline.is_shutting_down() {
+                return Err("stopped".to_owned());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "page ingest did not reach {} within {INGEST_WAIT:?} (it is at {})",
+                    target.prev_end,
+                    timeline.last_record_lsn()
+                ));
+            }
+            shared.wait_for_flush(None, Duration::from_millis(100));
+        }
+    }
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    shared.state().snapshot_running = true;
+    let stored = make_snapshot(timeline, shared, programs, dir, target);
+    // Whatever happened: the copy goes (a crash leaves it to the next snapshot, which
+    // removes it first).
+    if let Err(e) = pg_replay::remove_dir(dir) {
+        tracing::warn!("removing {}: {e}", dir.display());
+    }
+    Ok(Some(stored?))
+}
+
+/// Replays the newest snapshot to `target.end` and imports the result there; the bytes stored.
+fn make_snapshot(
+    timeline: &Arc<Timeline>,
+    shared: &Shared,
+    programs: &PgPrograms,
+    dir: &Path,
+    target: &Target,
+) -> Result<u64, String> {
+    let base = timeline.last_record_lsn();
+    let snapshot = snapshot_at(timeline, base).map_err(|e| e.to_string())?;
+    // Held until the import: GC keeps what the basebackup reads.
+    let _lease = timeline
+        .lease_lsn(snapshot.lsn)
+        .map_err(|e| format!("a lease on the snapshot at {}: {e}", snapshot.lsn))?;
+    let replay = replay_of(timeline, snapshot.lsn, target.next_end)
+        .map_err(|e| e.to_string())?
+        .ok_or("the timeline holds no WAL")?;
+    // `end` is where the record ends, `next_end` the next record's start past it.
+    if Lsn(replay.end.0.next_multiple_of(8)) < target.next_end {
+        return Err(format!(
+            "the WAL given to the replay ends at {}, before the record after the checkpoint \
+             ({})",
+            replay.end, target.next_end
+        ));
+    }
+    pg_replay::prepare_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let (reader, writer) = std::io::pipe().map_err(|e| format!("a pipe: {e}"))?;
+    std::thread::scope(|scope| {
+        let written = scope.spawn(move || {
+            let writer = writer;
+            write_basebackup(timeline, snapshot, Restore::Replay(&replay), writer)
+        });
+        let mut archive = tar::Archive::new(reader);
+        archive.set_preserve_permissions(true);
+        let unpacked = archive.unpack(dir);
+        drop(archive);
+        let written = written
+            .join()
+            .expect("the basebackup thread does not panic");
+        written.map_err(|e| format!("the basebackup of the snapshot at {}: {e}", snapshot.lsn))?;
+        unpacked.map_err(|e| format!("unpacking it: {e}"))
+    })?;
+    fail::fail_point!("background-snapshot-before-replay");
+    let cancel = || shared.stop.load(Ordering::Acquire) || timeline.is_shutting_down();
+    let control = pg_replay::replay_to(
+        programs,
+        dir,
+        target.start,
+        target.end,
+        REPLAY_TIMEOUT,
+        &cancel,
+    )
+    .map_err(|e| match e {
+        ReplayRunError::Cancelled => "stopped".to_owned(),
+        ReplayRunError::Failed(e) => format!("the replay to {}: {e}", target.end),
+    })?;
+    let segment_size = shared.segment_size.load(Ordering::Acquire);
+    pg_replay::finish_dir(dir, control.checkpoint_copy.redo, target.end, segment_size)
+        .map_err(|e| format!("finishing the replayed directory: {e}"))?;
+    let counters = counters_at(timeline, base, &target.record)?;
+    fail::fail_point!("background-snapshot-before-import");
+    let (reader, writer) = std::io::pipe().map_err(|e| format!("a pipe: {e}"))?;
+    let report = std::thread::scope(|scope| {
+        let written = scope.spawn(move || pg_replay::tar_dir(dir, writer));
+        let report = import_with_counters(timeline, reader, Some(target.end), counters);
+        let written = written.join().expect("the archive thread does not panic");
+        let report = report.map_err(|e| format!("importing the replayed directory: {e}"))?;
+        written.map_err(|e| format!("reading the replayed directory: {e}"))?;
+        Ok::<_, String>(report)
+    })?;
+    tracing::info!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+        blocks_changed = report.blocks_changed, blocks_new = report.blocks_new,
+        blocks_unchanged = report.blocks_unchanged, bytes_read = report.bytes_read,
+        "background snapshot imported");
+    Ok(report.bytes_stored)
+}
+
+/// The counters at the snapshot: those page ingest followed to `base`, moved by the checkpoint
+/// record (the one record between `base` and the snapshot); `None` (those of `pg_control`)
+/// without any stored.
+fn counters_at(
+    timeline: &Timeline,
+    base: Lsn,
+    checkpoint: &DecodedRecord,
+) -> Result<Option<ClusterCounters>, String> {
+    let Some(stored) = timeline
+        .get_page(counters_key(), base)
+        .map_err(|e| format!("reading the counters: {e}"))?
+    else {
+        return Ok(None);
+    };
+    let mut counters = ClusterCounters::decode(&stored).map_err(|e| e.to_string())?;
+    let parts = postgres_wal::record::parse_parts(&checkpoint.bytes).map_err(|e| e.to_string())?;
+    let main = &checkpoint.bytes[parts.main_data.clone()];
+    crate::datadir::wal_counters::follow(&mut counters, checkpoint, main, None)?;
+    Ok(Some(counters))
+}

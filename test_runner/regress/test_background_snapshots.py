@@ -1,0 +1,189 @@
+"""Background snapshots: after `snapshot_wal_distance` of WAL, at the primary's next checkpoint,
+a stock PostgreSQL replays the newest snapshot to the end of that checkpoint record and the
+directory it shuts down with becomes a snapshot there. Restores after it replay from it, pages
+at its LSN answer exactly, and a `kill -9` of the pageserver at any step leaves nothing
+half-imported; the next attempt makes the snapshot."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+import requests
+
+from fixtures.pageserver import Pageserver
+from fixtures.plugin import PageserverFactory
+from fixtures.postgres import PgCluster, PgEnv
+from fixtures.timeline import TimelineHandle
+from fixtures.utils import Lsn, wait_until
+from fixtures.wal_stream import connstr, receiver, start_promoted_quietly, wait_flushed, wait_ingested
+
+DISTANCE = 1 << 20
+
+
+def snapshot_settings(pg: PgEnv) -> dict:
+    """The server settings that let it run PostgreSQL: its programs, the user it runs as when
+    we are root, and a replay directory that user can reach."""
+    settings: dict = {"pg_bin_dir": str(pg.bin_dir), "snapshot_replay_dir": str(pg.base / "snapshot_replay")}
+    if os.geteuid() == 0:
+        settings["pg_user"] = "postgres"
+    return settings
+
+
+def start_streaming(pg: PgEnv, timeline: TimelineHandle, ingest_pages: bool = True) -> PgCluster:
+    """A primary with pgbench's tables, imported by pg_basebackup, streaming with background
+    snapshots every DISTANCE bytes."""
+    primary = pg.new_cluster("primary").start("listen_addresses=127.0.0.1")
+    primary.pgbench("-i", "-s", "1", "-q")
+    pg.import_process(timeline.url, primary.basebackup_process())
+    body = {"connstr": connstr(primary), "ingest_pages": ingest_pages, "snapshot_wal_distance": DISTANCE}
+    r = requests.put(f"{timeline.url}/wal_receiver", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["snapshot_wal_distance"] == DISTANCE
+    return primary
+
+
+def wait_snapshot_past(timeline: TimelineHandle, lsn: Lsn, timeout: float = 180) -> Lsn:
+    def made() -> Lsn:
+        state = receiver(timeline).json()
+        assert state["snapshot_lsn"] is not None and Lsn.parse(state["snapshot_lsn"]) > lsn, state
+        assert not state["snapshot_running"], state
+        return Lsn.parse(state["snapshot_lsn"])
+
+    return wait_until(made, timeout=timeout, interval=0.1, what=f"a background snapshot past {lsn}")
+
+
+def snapshot_below(timeline: TimelineHandle, lsn: Lsn) -> tuple[Lsn, str]:
+    """The LSN and kind of the snapshot a basebackup at `lsn` starts from."""
+    r = requests.get(f"{timeline.url}/basebackup", params={"lsn": str(lsn)}, timeout=120)
+    assert r.status_code == 200, r.text
+    return Lsn.parse(r.headers["x-snapshot-lsn"]), r.headers["x-snapshot-kind"]
+
+
+def rel_key(db: int, rel: int, block: int) -> str:
+    return struct.pack(">BIIIBI", 0, 1663, db, rel, 0, block).hex()
+
+
+def page_statuses(primary: PgCluster, timeline: TimelineHandle, table: str, lsn: Lsn) -> dict[int, int]:
+    """The HTTP status of a read of each block of `table` at `lsn`."""
+    db = int(primary.psql("SELECT oid FROM pg_database WHERE datname = current_database()"))
+    rel = int(primary.psql(f"SELECT pg_relation_filenode('{table}')"))
+    blocks = int(primary.psql(f"SELECT pg_relation_size('{table}') / 8192"))
+    return {
+        b: requests.get(f"{timeline.url}/page", params={"key": rel_key(db, rel, b), "lsn": str(lsn)}, timeout=60).status_code
+        for b in range(blocks)
+    }
+
+
+@pytest.mark.timeout(600)
+def test_a_background_snapshot_is_where_restores_start_and_pages_answer(pg: PgEnv, pageserver_factory: PageserverFactory):
+    """Writes, a checkpoint, more writes: a snapshot is made at the end of the checkpoint record.
+    Pages that needed redo just below it answer exactly at it; a restore at it and one past it
+    start from it, with the primary's data; the replay's directory is gone."""
+    ps = pageserver_factory.start(snapshot_settings(pg))
+    timeline = TimelineHandle.create(ps)
+    primary = start_streaming(pg, timeline)
+    first, kind = snapshot_below(timeline, Lsn.parse(timeline.info()["last_record_lsn"]))
+    assert kind == "backup"
+    primary.pgbench("-c", "2", "-t", "300", "-n")
+    total = primary.psql("SELECT sum(abalance) FROM pgbench_accounts")
+    primary.psql("CHECKPOINT")
+    primary.psql("CREATE TABLE after_checkpoint AS SELECT 1 AS one")
+    made = wait_snapshot_past(timeline, first)
+    at, kind = snapshot_below(timeline, made)
+    assert (at, kind) == (made, "stopped")
+    state = receiver(timeline).json()
+    assert state["snapshot_error"] is None, state
+
+    # Pages: below the snapshot, some need redo (422); at it, every one is an image.
+    wait_ingested(timeline, made)
+    below = page_statuses(primary, timeline, "pgbench_accounts", Lsn(int(made) - 1))
+    assert 422 in below.values(), below
+    at_snapshot = page_statuses(primary, timeline, "pgbench_accounts", made)
+    assert set(at_snapshot.values()) == {200}, at_snapshot
+    for table in ["pgbench_branches", "pgbench_tellers", "pgbench_history"]:
+        assert set(page_statuses(primary, timeline, table, made).values()) <= {200}, table
+
+    # A restore at the snapshot and one past it start from it.
+    restored, snapshot = pg.restore(timeline.url, "at_snapshot", made)
+    assert snapshot == made
+    start_promoted_quietly(restored)
+    assert restored.psql("SELECT sum(abalance) FROM pgbench_accounts") == total
+    restored.stop()
+    primary.psql("INSERT INTO after_checkpoint VALUES (2)")
+    end = Lsn.parse(primary.psql("SELECT pg_current_wal_flush_lsn()"))
+    wait_flushed(timeline, end)
+    wait_ingested(timeline, end)
+    past, snapshot = pg.restore(timeline.url, "past_snapshot", end)
+    assert snapshot == made
+    start_promoted_quietly(past)
+    assert past.psql("SELECT sum(abalance) FROM pgbench_accounts") == total
+    assert past.psql("SELECT count(*) FROM after_checkpoint") == "2"
+
+    metrics = ps.http.metrics_text()
+    assert 'pageserver_background_snapshots_total{result="made"}' in metrics
+    assert not (pg.base / "snapshot_replay").exists()
+
+    # Without page ingest, snapshots come all the same (and GetPage answers at them).
+    primary.pgbench("-c", "2", "-t", "200", "-n")
+    primary.psql("CHECKPOINT")
+    primary.psql("INSERT INTO after_checkpoint VALUES (3)")
+    second = wait_snapshot_past(timeline, made)
+    assert snapshot_below(timeline, second) == (second, "stopped")
+
+
+@pytest.mark.needs_testing
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("step", ["background-snapshot-before-replay", "background-snapshot-before-import"])
+def test_kill_during_a_background_snapshot(pg: PgEnv, pageserver_factory: PageserverFactory, step: str):
+    """The pageserver is killed with `kill -9` while a snapshot waits at `step`: after the
+    restart the timeline has no snapshot past the first, nothing of the attempt is stored, and the
+    receiver's next attempt makes the snapshot."""
+    ps = pageserver_factory.start(snapshot_settings(pg))
+    timeline = TimelineHandle.create(ps)
+    ps.http.configure_failpoints((step, "pause"))
+    primary = start_streaming(pg, timeline, ingest_pages=False)
+    first, _ = snapshot_below(timeline, Lsn.parse(timeline.info()["last_record_lsn"]))
+    primary.pgbench("-c", "2", "-t", "200", "-n")
+    primary.psql("CHECKPOINT")
+    primary.psql("CREATE TABLE after_checkpoint AS SELECT 1 AS one")
+    replay_dir = pg.base / "snapshot_replay"
+    # The failpoint comes after the directory is made (and, before the import, replayed).
+    def at_step() -> bool:
+        if not (receiver(timeline).json()["snapshot_running"] and (replay_dir / "global").exists()):
+            return False
+        # Replayed and finished: recovery's files gone.
+        return step == "background-snapshot-before-replay" or not (replay_dir / "recovery.signal").exists()
+
+    wait_until(at_step, timeout=120, what=f"a snapshot at {step}")
+    before = timeline.info()["last_record_lsn"]
+    ps.kill()
+    ps.start()
+    # Nothing of the attempt: the timeline is where it was, its newest snapshot the first.
+    assert timeline.info()["last_record_lsn"] == before
+    assert snapshot_below(timeline, Lsn.parse(before)) == (first, "backup")
+    made = wait_snapshot_past(timeline, first)
+    assert snapshot_below(timeline, made) == (made, "stopped")
+    assert not replay_dir.exists()
+    restored, snapshot = pg.restore(timeline.url, "restored", made)
+    assert snapshot == made
+    start_promoted_quietly(restored)
+    assert restored.psql("SELECT count(*) FROM pgbench_history") == primary.psql("SELECT count(*) FROM pgbench_history")
+
+
+def test_snapshots_say_why_they_cannot_run(pg: PgEnv, pageserver_factory: PageserverFactory):
+    """Programs that are not there: the receiver streams on, and its state says why no
+    snapshot is made."""
+    settings = snapshot_settings(pg)
+    settings["pg_bin_dir"] = str(pg.base / "no-such-dir")
+    ps = pageserver_factory.start(settings)
+    ps.allowed_errors.append("background snapshot: pg_bin_dir ")
+    timeline = TimelineHandle.create(ps)
+    primary = start_streaming(pg, timeline, ingest_pages=False)
+    primary.pgbench("-c", "2", "-t", "200", "-n")
+    end = Lsn.parse(primary.psql("SELECT pg_current_wal_flush_lsn()"))
+    wait_flushed(timeline, end)
+    state = wait_until(lambda: (s := receiver(timeline).json())["snapshot_error"] and s, timeout=60, what="the error")
+    assert "no postgres program there" in state["snapshot_error"], state
+    assert state["state"] == "streaming"
