@@ -125,7 +125,7 @@ def test_a_background_snapshot_is_where_restores_start_and_pages_answer(pg: PgEn
     assert 'pageserver_background_snapshots_total{result="made"}' in metrics
     assert not (pg.base / "snapshot_replay").exists()
 
-    # Without page ingest, snapshots come all the same (and GetPage answers at them).
+    # The next one starts from this one (page ingest went on after it: ingested past it above).
     primary.pgbench("-c", "2", "-t", "200", "-n")
     primary.psql("CHECKPOINT")
     primary.psql("INSERT INTO after_checkpoint VALUES (3)")
@@ -187,3 +187,29 @@ def test_snapshots_say_why_they_cannot_run(pg: PgEnv, pageserver_factory: Pagese
     state = wait_until(lambda: (s := receiver(timeline).json())["snapshot_error"] and s, timeout=60, what="the error")
     assert "no postgres program there" in state["snapshot_error"], state
     assert state["state"] == "streaming"
+
+
+@pytest.mark.timeout(600)
+def test_a_shutdown_checkpoint_with_nothing_after_it_does_not_hold_page_ingest(pg: PgEnv, pageserver_factory: PageserverFactory):
+    """A snapshot is due and the primary shuts down cleanly: its shutdown checkpoint is the last
+    record, which no replay can stop at (recovery must read a record after its target). Page
+    ingest is let past it all the same, and once the primary is back, the next checkpoint gets
+    the snapshot."""
+    ps = pageserver_factory.start(snapshot_settings(pg))
+    ps.allowed_errors.append("WAL receiver: ")
+    timeline = TimelineHandle.create(ps)
+    primary = start_streaming(pg, timeline)
+    first, _ = snapshot_below(timeline, Lsn.parse(timeline.info()["last_record_lsn"]))
+    primary.pgbench("-c", "2", "-t", "200", "-n")
+    primary.stop()
+    end = Lsn.parse(receiver(timeline).json()["flushed_lsn"])
+    # Everything up to the shutdown checkpoint's end gets ingested.
+    wait_until(lambda: Lsn.parse(receiver(timeline).json()["pages_lsn"] or "0/0") >= end, timeout=120, what="page ingest past the shutdown checkpoint")
+    assert snapshot_below(timeline, Lsn.parse(timeline.info()["last_record_lsn"]))[0] == first
+    primary.start("listen_addresses=127.0.0.1")
+    primary.psql("CREATE TABLE after_restart AS SELECT 1 AS one")
+    primary.psql("CHECKPOINT")
+    primary.psql("INSERT INTO after_restart VALUES (2)")
+    made = wait_snapshot_past(timeline, first)
+    assert made > end
+    assert snapshot_below(timeline, made) == (made, "stopped")

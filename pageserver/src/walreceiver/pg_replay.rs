@@ -156,7 +156,7 @@ pub fn remove_dir(dir: &Path) -> io::Result<()> {
 }
 
 fn chown_all(path: &Path, (uid, gid): (u32, u32)) -> io::Result<()> {
-    std::os::unix::fs::chown(path, Some(uid), Some(gid))?;
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid))?;
     if fs::symlink_metadata(path)?.is_dir() {
         for entry in fs::read_dir(path)? {
             chown_all(&entry?.path(), (uid, gid))?;
@@ -209,6 +209,14 @@ pub fn replay_to(
         format!("unix_socket_directories={}", socket_dir.path().display()),
         "logging_collector=off".to_owned(),
         "log_destination=stderr".to_owned(),
+        // The primary's own settings that would stop or slow this replay here: a delay,
+        // libraries, TLS files and huge pages of its host. (Another recovery target in its
+        // files stops the replay with an error saying so: PostgreSQL takes an empty one given
+        // here as a second target too.)
+        "recovery_min_apply_delay=0".to_owned(),
+        "shared_preload_libraries=".to_owned(),
+        "ssl=off".to_owned(),
+        "huge_pages=off".to_owned(),
     ] {
         command.arg("-c").arg(setting);
     }
@@ -219,6 +227,15 @@ pub fn replay_to(
         .stderr(log_file);
     if let Some((uid, gid)) = programs.run_as {
         command.uid(uid).gid(gid);
+    }
+    // SAFETY: prctl is async-signal-safe. A server killed with `kill -9` takes the replay
+    // with it (SIGQUIT: PostgreSQL's immediate shutdown) rather than leaving it running. Set
+    // after the user change, which would clear it.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGQUIT);
+            Ok(())
+        });
     }
     let mut child = command.spawn().map_err(|e| {
         failed(format!(
@@ -324,8 +341,9 @@ pub fn finish_dir(dir: &Path, redo: Lsn, at: Lsn, segment_size: u32) -> io::Resu
     }
     let conf_path = dir.join(AUTO_CONF);
     if let Ok(conf) = fs::read(&conf_path) {
-        let text = String::from_utf8_lossy(&conf);
-        if let Some(added) = text.rfind(ADDED_SETTINGS) {
+        let marker = ADDED_SETTINGS.as_bytes();
+        let added = conf.windows(marker.len()).rposition(|w| w == marker);
+        if let Some(added) = added {
             let file = fs::OpenOptions::new().write(true).open(&conf_path)?;
             file.set_len(added as u64)?;
         }
@@ -364,11 +382,16 @@ fn segment_number(name: &str, segment_size: u32) -> Option<u64> {
 /// Writes `dir` as a tar archive to `out`: directories before what they hold, names sorted,
 /// modes as they are; the import reads it as it would a `pg_basebackup`'s.
 pub fn tar_dir(dir: &Path, out: impl Write) -> io::Result<()> {
-    let mut tar = tar::Builder::new(out);
+    // Not dropped on an error: a builder's drop ends the archive, and the import must see a
+    // cut-off one (and store nothing), never a short archive that looks whole.
+    let mut tar = std::mem::ManuallyDrop::new(tar::Builder::new(out));
     tar.mode(tar::HeaderMode::Complete);
     tar.follow_symlinks(false);
     append_tree(&mut tar, dir, "")?;
-    tar.finish()
+    tar.finish()?;
+    // SAFETY: taken once, and `tar` is not used after.
+    drop(unsafe { std::mem::ManuallyDrop::take(&mut tar) });
+    Ok(())
 }
 
 fn append_tree(tar: &mut tar::Builder<impl Write>, dir: &Path, prefix: &str) -> io::Result<()> {

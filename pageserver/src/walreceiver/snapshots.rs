@@ -57,6 +57,8 @@ const INGEST_WAIT: Duration = Duration::from_secs(120);
 /// WAL scanned per step (the thread looks at its stop flag between steps).
 const SCAN_CHUNK: u64 = 4 << 20;
 const WAIT: Duration = Duration::from_secs(1);
+/// How long a checkpoint record found waits for the record after it.
+const NEXT_RECORD_WAIT: Duration = Duration::from_secs(5);
 const RETRY: Duration = Duration::from_secs(5);
 
 /// A receiver's background snapshot settings.
@@ -72,6 +74,8 @@ pub struct SnapshotConf {
 /// The thread's loop: snapshots until the receiver stops or the timeline shuts down.
 pub(super) fn run(timeline: Arc<Timeline>, shared: Arc<Shared>, conf: SnapshotConf) {
     let stopped = || shared.stop.load(Ordering::Acquire) || timeline.is_shutting_down();
+    // However the thread ends (a panic too), page ingest is not left held.
+    let _release = ReleaseIngest(&shared);
     let labels = [
         timeline.tenant_id().to_string(),
         timeline.timeline_id().to_string(),
@@ -109,6 +113,15 @@ pub(super) fn run(timeline: Arc<Timeline>, shared: Arc<Shared>, conf: SnapshotCo
     let _ = crate::metrics::BACKGROUND_SNAPSHOT_LAG_BYTES.remove_label_values(&labels);
 }
 
+/// Lifts every hold on page ingest when dropped.
+struct ReleaseIngest<'a>(&'a Shared);
+
+impl Drop for ReleaseIngest<'_> {
+    fn drop(&mut self) {
+        self.0.set_ingest_limit(IngestLimit::default());
+    }
+}
+
 /// The checkpoint record a snapshot goes to.
 struct Target {
     /// Where the checkpoint record starts and ends (the snapshot's LSN).
@@ -128,8 +141,11 @@ struct Scan {
     decoder: WalDecoder,
     fed: Lsn,
     prev_end: Lsn,
-    /// A checkpoint record found, waiting for the record after it.
-    pending: Option<(DecodedRecord, Lsn)>,
+    /// A checkpoint record found, waiting for the record after it, since when.
+    pending: Option<(DecodedRecord, Lsn, Instant)>,
+    /// Page ingest stops at checkpoint records starting here or past it (a checkpoint nothing
+    /// followed for [`NEXT_RECORD_WAIT`], a primary's shutdown, is let pass).
+    hold_from: Lsn,
 }
 
 impl Scan {
@@ -142,6 +158,7 @@ impl Scan {
             fed: start,
             prev_end: from,
             pending: None,
+            hold_from: Lsn(0),
         }
     }
 
@@ -174,7 +191,8 @@ impl Scan {
             if end <= self.from {
                 continue;
             }
-            if let Some((checkpoint, prev_end)) = self.pending.take() {
+            if let Some((checkpoint, prev_end, _)) = self.pending.take() {
+                self.prev_end = end;
                 return Ok(Some(Target {
                     start: checkpoint.start,
                     end: checkpoint.end_rec_ptr(),
@@ -186,10 +204,18 @@ impl Scan {
             let info = record.header.rm_info();
             let is_checkpoint = record.header.rmid == RM_XLOG_ID
                 && matches!(info, XLOG_CHECKPOINT_ONLINE | XLOG_CHECKPOINT_SHUTDOWN);
-            if is_checkpoint && record.start >= min_start {
-                self.pending = Some((record, self.prev_end));
+            if is_checkpoint && record.start >= min_start.max(self.hold_from) {
+                self.pending = Some((record, self.prev_end, Instant::now()));
             }
             self.prev_end = end;
+        }
+        // A checkpoint nothing follows (a primary shut down): page ingest may pass it, and the
+        // snapshot goes to a later one.
+        if let Some((checkpoint, _, since)) = &self.pending {
+            if since.elapsed() > NEXT_RECORD_WAIT {
+                self.hold_from = checkpoint.end_rec_ptr();
+                self.pending = None;
+            }
         }
         Ok(None)
     }
@@ -228,17 +254,25 @@ fn round(
         return Ok(None);
     }
     let programs = conf.programs.as_ref().map_err(Clone::clone)?;
-    // Page ingest stops at the first checkpoint record past `due` (the snapshot's), so that it
-    // is not past it when the scan below finds it.
-    shared.set_ingest_limit(IngestLimit {
-        before: None,
-        checkpoint_from: Some(due),
-    });
     if scan.as_ref().is_none_or(|s| s.from != newest.lsn) {
         *scan = Some(Scan::new(newest.lsn, segment_size));
     }
     let s = scan.as_mut().expect("set above");
-    let Some(target) = s.step(timeline.dir(), segment_size, flushed, due)? else {
+    // Page ingest stops at the first checkpoint record past `due` (the snapshot's), so that it
+    // is not past it when the scan finds it.
+    let hold = IngestLimit {
+        before: None,
+        checkpoint_from: Some(due.max(s.hold_from)),
+    };
+    shared.set_ingest_limit(hold);
+    let found = s.step(timeline.dir(), segment_size, flushed, due);
+    if s.hold_from > due {
+        shared.set_ingest_limit(IngestLimit {
+            before: None,
+            checkpoint_from: Some(s.hold_from),
+        });
+    }
+    let Some(target) = found? else {
         return Ok(None);
     };
     let started = Instant::now();
@@ -248,10 +282,7 @@ fn round(
         checkpoint_from: None,
     });
     let result = hold_ingest_and_snapshot(timeline, shared, programs, &conf.replay_dir, &target);
-    shared.set_ingest_limit(IngestLimit {
-        before: None,
-        checkpoint_from: Some(due),
-    });
+    shared.set_ingest_limit(hold);
     shared.state().snapshot_running = false;
     let Some(stored) = result? else {
         return Ok(None);
@@ -297,7 +328,18 @@ fn hold_ingest_and_snapshot(
             shared.wait_for_flush(None, Duration::from_millis(100));
         }
     }
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _one = loop {
+        match ONE_AT_A_TIME.try_lock() {
+            Ok(guard) => break guard,
+            Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        if shared.stop.load(Ordering::Acquire) || timeline.is_shutting_down() {
+            return Err("stopped".to_owned());
+        }
+        // Another timeline's snapshot runs.
+        std::thread::sleep(Duration::from_millis(200));
+    };
     shared.state().snapshot_running = true;
     let stored = make_snapshot(timeline, shared, programs, dir, target);
     // Whatever happened: the copy goes (a crash leaves it to the next snapshot, which
@@ -336,9 +378,11 @@ fn make_snapshot(
     pg_replay::prepare_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let (reader, writer) = std::io::pipe().map_err(|e| format!("a pipe: {e}"))?;
     std::thread::scope(|scope| {
+        // By reference: the pipe closes when the thread ends, also when the basebackup fails
+        // (which never ends its archive), so the unpack sees the end.
         let written = scope.spawn(move || {
             let writer = writer;
-            write_basebackup(timeline, snapshot, Restore::Replay(&replay), writer)
+            write_basebackup(timeline, snapshot, Restore::Replay(&replay), &writer)
         });
         let mut archive = tar::Archive::new(reader);
         archive.set_preserve_permissions(true);
@@ -367,11 +411,20 @@ fn make_snapshot(
     let segment_size = shared.segment_size.load(Ordering::Acquire);
     pg_replay::finish_dir(dir, control.checkpoint_copy.redo, target.end, segment_size)
         .map_err(|e| format!("finishing the replayed directory: {e}"))?;
-    let counters = counters_at(timeline, base, &target.record)?;
+    // Page ingest's counters are those at `base`; only when it stopped right before the
+    // checkpoint record is that record the one between them and the snapshot.
+    let counters = if shared.state().ingest_pages && base == target.prev_end {
+        counters_at(timeline, base, &target.record)?
+    } else {
+        None
+    };
     fail::fail_point!("background-snapshot-before-import");
     let (reader, writer) = std::io::pipe().map_err(|e| format!("a pipe: {e}"))?;
     let report = std::thread::scope(|scope| {
-        let written = scope.spawn(move || pg_replay::tar_dir(dir, writer));
+        let written = scope.spawn(move || {
+            let writer = writer;
+            pg_replay::tar_dir(dir, &writer)
+        });
         let report = import_with_counters(timeline, reader, Some(target.end), counters);
         let written = written.join().expect("the archive thread does not panic");
         let report = report.map_err(|e| format!("importing the replayed directory: {e}"))?;
