@@ -75,6 +75,37 @@ fn refused(reason: String) -> BasebackupError {
     BasebackupError::NotMaterialized(reason)
 }
 
+/// Whether PostgreSQL started on `snapshot` itself replays nothing: a primary's directory
+/// shut down at its checkpoint. A standby's, or a background snapshot's, replays its `pg_wal/`
+/// from its restartpoint when it starts.
+pub fn starts_clean(timeline: &Timeline, snapshot: Snapshot) -> Result<bool, BasebackupError> {
+    if snapshot.kind != SnapshotKind::Stopped {
+        return Ok(false);
+    }
+    let (_, control, _) = control_file_at(timeline, snapshot.lsn)?;
+    Ok(control.is_primary_shutdown() && control.checkpoint == snapshot.lsn)
+}
+
+/// `global/pg_control` as the timeline holds it at `at`: its bytes, parsed, and its mtime.
+fn control_file_at(
+    timeline: &Timeline,
+    at: Lsn,
+) -> Result<(bytes::Bytes, pg_control::ControlFile, u64), BasebackupError> {
+    let read = |key| Ok::<_, BasebackupError>(timeline.get_page(key, at)?);
+    let files = read(pageserver_api::datadir::file_dir_key())?
+        .ok_or_else(|| BasebackupError::Damaged(format!("no file directory at {at}")))?;
+    let files = FileDirectory::decode(&files)?;
+    let entry = files
+        .get(PG_CONTROL_PATH)
+        .ok_or_else(|| BasebackupError::Damaged(format!("no {PG_CONTROL_PATH} at {at}")))?;
+    let original = read(file_chunk_key(entry.id, 0))?
+        .filter(|b| b.len() == PG_CONTROL_FILE_SIZE)
+        .ok_or_else(|| BasebackupError::Damaged(format!("{PG_CONTROL_PATH} at {at} is short")))?;
+    let control = pg_control::parse(&original)
+        .map_err(|e| BasebackupError::Damaged(format!("{PG_CONTROL_PATH}: {e}")))?;
+    Ok((original, control, entry.mtime))
+}
+
 /// Plans the archive at `replay.target` from `snapshot` (below it) and the WAL `replay` names
 /// (whose last segments reach the target).
 pub fn plan(
@@ -128,17 +159,7 @@ pub fn plan(
              shut down since)"
         )));
     }
-    let files = read(pageserver_api::datadir::file_dir_key())?
-        .ok_or_else(|| BasebackupError::Damaged(format!("no file directory at {at}")))?;
-    let files = FileDirectory::decode(&files)?;
-    let entry = files
-        .get(PG_CONTROL_PATH)
-        .ok_or_else(|| BasebackupError::Damaged(format!("no {PG_CONTROL_PATH} at {at}")))?;
-    let original = read(file_chunk_key(entry.id, 0))?
-        .filter(|b| b.len() == PG_CONTROL_FILE_SIZE)
-        .ok_or_else(|| BasebackupError::Damaged(format!("{PG_CONTROL_PATH} at {at} is short")))?;
-    let control = pg_control::parse(&original)
-        .map_err(|e| BasebackupError::Damaged(format!("{PG_CONTROL_PATH}: {e}")))?;
+    let (original, control, control_mtime) = control_file_at(timeline, at)?;
     if control.track_commit_timestamp {
         return Err(refused(
             "the cluster tracks commit timestamps (track_commit_timestamp), whose pg_commit_ts/ \
@@ -240,7 +261,7 @@ pub fn plan(
         checkpoint: checkpoint_at,
         tli,
         control: pg_control::shut_down_at(&original, checkpoint_at, &checkpoint),
-        control_mtime: entry.mtime,
+        control_mtime,
         history,
         segment_name: SegmentName { tli, segno }.file_name(size),
         segment_size,

@@ -21,8 +21,8 @@ use utils::Lsn;
 
 use super::{closing, lsn_param, query_params, timeline_of, ApiResult};
 use crate::datadir::{
-    import_archive, plan_materialized, snapshot_at, write_basebackup, BasebackupError, ImportError,
-    Materialized, Restore,
+    import_archive, plan_materialized, snapshot_at, starts_clean, write_basebackup,
+    BasebackupError, ImportError, Materialized, Restore,
 };
 use crate::http::error::ApiError;
 use crate::http::{blocking, on_own_thread, SharedState};
@@ -235,7 +235,13 @@ pub async fn basebackup(
         // replay=none, the pages at the LSN itself.
         let last = timeline.last_record_lsn();
         let snapshot = snapshot_at(&timeline, lsn.min(last)).map_err(basebackup_error)?;
-        if materialize && lsn > snapshot.lsn {
+        // At a snapshot that replays its own WAL when it starts (a standby's, a background
+        // snapshot's), nothing to replay is the pages there too.
+        let own_replay = materialize
+            && lsn == snapshot.lsn
+            && snapshot.kind == SnapshotKind::Stopped
+            && !starts_clean(&timeline, snapshot).map_err(basebackup_error)?;
+        if materialize && (lsn > snapshot.lsn || own_replay) {
             let materialized = materialized_at(&timeline, snapshot, lsn)?;
             // Held until the archive is written: GC keeps the versions at its LSN.
             let lease = timeline.lease_lsn(materialized.at)?;
@@ -355,15 +361,24 @@ pub async fn basebackup(
 /// two segments of any size a primary uses by default.
 const LAST_RECORD_LOOKBACK: u64 = 64 << 20;
 
+/// How far back from a snapshot's own LSN the record that ends there is looked for (a
+/// checkpoint record: 114 bytes).
+const OWN_RECORD_LOOKBACK: u64 = 64 << 10;
+
 /// The plan of an archive of the pages at `lsn` (above `snapshot`) with nothing to replay.
 fn materialized_at(
     timeline: &Arc<crate::tenant::timeline::Timeline>,
     snapshot: pageserver_api::datadir::Snapshot,
     lsn: Lsn,
 ) -> ApiResult<Materialized> {
-    let from = snapshot
-        .lsn
-        .max(Lsn(lsn.0.saturating_sub(LAST_RECORD_LOOKBACK)));
+    // At the snapshot's own LSN, the record that ends there is before it.
+    let from = if lsn > snapshot.lsn {
+        snapshot
+            .lsn
+            .max(Lsn(lsn.0.saturating_sub(LAST_RECORD_LOOKBACK)))
+    } else {
+        Lsn(lsn.0.saturating_sub(OWN_RECORD_LOOKBACK))
+    };
     let replay = match replay_of(timeline, from, lsn) {
         Ok(Some(replay)) => replay,
         Ok(None) => {
