@@ -7,6 +7,7 @@ half-imported; the next attempt makes the snapshot."""
 from __future__ import annotations
 
 import os
+import re
 import struct
 
 import pytest
@@ -198,6 +199,9 @@ def test_snapshots_say_why_they_cannot_run(pg: PgEnv, pageserver_factory: Pagese
     state = wait_until(lambda: (s := receiver(timeline).json())["snapshot_error"] and s, timeout=60, what="the error")
     assert "no postgres program there" in state["snapshot_error"], state
     assert state["state"] == "streaming"
+    # Tried again, and said once while the reason stays the same.
+    wait_until(lambda: re.search(r'pageserver_background_snapshots_total\{result="error"\} ([2-9]|\d\d)', ps.http.metrics_text()), timeout=60, what="a second attempt")
+    assert ps.log_text().count("background snapshot: pg_bin_dir ") == 1
 
 
 @pytest.mark.timeout(600)

@@ -95,9 +95,18 @@ pub(super) fn run(timeline: Arc<Timeline>, shared: Arc<Shared>, conf: SnapshotCo
                 // A failed attempt holds page ingest no longer.
                 shared.set_ingest_limit(IngestLimit::default());
                 if !stopped() {
-                    tracing::warn!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
-                        "background snapshot: {e}");
-                    shared.state().snapshot_error = Some(e);
+                    // Said once while it stays the same (no PostgreSQL programs, say), not at
+                    // every retry; the state and the metric show every attempt.
+                    let mut state = shared.state();
+                    if state.snapshot_error.as_deref() == Some(e.as_str()) {
+                        tracing::debug!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+                            "background snapshot: {e}");
+                    } else {
+                        tracing::warn!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+                            "background snapshot: {e}");
+                    }
+                    state.snapshot_error = Some(e);
+                    drop(state);
                     crate::metrics::BACKGROUND_SNAPSHOTS
                         .with_label_values(&["error"])
                         .inc();
