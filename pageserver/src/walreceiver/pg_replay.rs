@@ -29,6 +29,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use postgres_wal::segment::segno_of;
+use postgres_wal::SegmentName;
 use utils::Lsn;
 
 use crate::datadir::pg_control::{self, ControlFile};
@@ -353,7 +354,7 @@ pub fn finish_dir(dir: &Path, redo: Lsn, at: Lsn, segment_size: u32) -> io::Resu
         let entry = entry?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        let Some(segno) = segment_number(name, segment_size) else {
+        let Some(segno) = SegmentName::parse(name, segment_size).map(|s| s.segno) else {
             continue;
         };
         if segno < first || segno > last {
@@ -366,17 +367,6 @@ pub fn finish_dir(dir: &Path, redo: Lsn, at: Lsn, segment_size: u32) -> io::Resu
         }
     }
     Ok(())
-}
-
-/// The segment number of a WAL segment file's name (24 hex digits: timeline, log, segment).
-fn segment_number(name: &str, segment_size: u32) -> Option<u64> {
-    if name.len() != 24 || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let log = u64::from_str_radix(&name[8..16], 16).ok()?;
-    let seg = u64::from_str_radix(&name[16..24], 16).ok()?;
-    let per_log = 0x1_0000_0000 / u64::from(segment_size);
-    Some(log * per_log + seg)
 }
 
 /// Writes `dir` as a tar archive to `out`: directories before what they hold, names sorted,
@@ -418,18 +408,6 @@ fn append_tree(tar: &mut tar::Builder<impl Write>, dir: &Path, prefix: &str) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn segment_numbers_of_names() {
-        let size = 16 << 20;
-        assert_eq!(segment_number("000000010000000000000003", size), Some(3));
-        assert_eq!(
-            segment_number("000000020000000100000002", size),
-            Some(256 + 2)
-        );
-        assert_eq!(segment_number("00000001.history", size), None);
-        assert_eq!(segment_number("archive_status", size), None);
-    }
 
     #[test]
     fn the_finished_directory_keeps_the_wal_from_redo_to_the_snapshot_cut_there() {
