@@ -7,15 +7,18 @@ half-imported; the next attempt makes the snapshot."""
 from __future__ import annotations
 
 import os
+import random
 import re
+import shutil
 import struct
+import time
 
 import pytest
 import requests
 
 from fixtures.pageserver import Pageserver
 from fixtures.plugin import PageserverFactory
-from fixtures.postgres import PgCluster, PgEnv
+from fixtures.postgres import PgCluster, PgEnv, make_owned_dir
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
 from fixtures.wal_stream import connstr, receiver, start_promoted_quietly, wait_flushed, wait_ingested
@@ -267,4 +270,144 @@ def test_the_replaying_postgresql_killed(pg: PgEnv, pageserver_factory: Pageserv
     restored, snapshot = pg.restore(timeline.url, "restored", made)
     assert snapshot == made
     start_promoted_quietly(restored)
+    assert restored.psql("SELECT count(*) FROM pgbench_history") == primary.psql("SELECT count(*) FROM pgbench_history")
+
+
+def newest_snapshot(timeline: TimelineHandle) -> Lsn:
+    """The newest snapshot at or below the timeline's last record."""
+    return snapshot_below(timeline, Lsn.parse(timeline.info()["last_record_lsn"]))[0]
+
+
+def wait_newer_snapshot(timeline: TimelineHandle, than: Lsn) -> Lsn:
+    def newer() -> Lsn:
+        newest = newest_snapshot(timeline)
+        assert newest > than
+        return newest
+
+    return wait_until(newer, timeout=240, interval=0.5, what=f"a snapshot past {than}")
+
+
+BALANCED = """SELECT (SELECT sum(abalance) FROM pgbench_accounts) = (SELECT coalesce(sum(delta), 0) FROM pgbench_history)
+    AND (SELECT sum(tbalance) FROM pgbench_tellers) = (SELECT coalesce(sum(delta), 0) FROM pgbench_history)
+    AND (SELECT sum(bbalance) FROM pgbench_branches) = (SELECT coalesce(sum(delta), 0) FROM pgbench_history)"""
+
+
+@pytest.mark.timeout(900)
+def test_background_snapshots_killed_at_random_points(pg: PgEnv, pageserver_factory: PageserverFactory):
+    """Round after round, a snapshot is made while pgbench writes, and at a random moment of it
+    (unpack, replay, import, commit: a delay drawn up to 1.2 times what one took with nothing
+    killed) the pageserver or the replaying PostgreSQL gets `kill -9`. Each time a snapshot past
+    the last one comes all the same; every one restores to a cluster whose pgbench balances add
+    up (a half-imported snapshot mixes pages of two points); at the end every page of
+    `pgbench_accounts` is exact at the newest, the replay's directory is gone, and a restore at
+    the last LSN has the primary's rows. PAGESERVER_TEST_SNAPSHOT_KILLS rounds (default 4),
+    PAGESERVER_TEST_SEED (default 1)."""
+    rounds = int(os.environ.get("PAGESERVER_TEST_SNAPSHOT_KILLS", "4"))
+    seed = int(os.environ.get("PAGESERVER_TEST_SEED", "1"))
+    rng = random.Random(seed)
+    ps = pageserver_factory.start(snapshot_settings(pg))
+    ps.allowed_errors += ["background snapshot: ", "WAL receiver: "]
+    timeline = TimelineHandle.create(ps)
+    primary = start_streaming(pg, timeline)
+    replay_dir = pg.base / "snapshot_replay"
+    primary.psql("CREATE TABLE after_checkpoint (n int)")
+
+    def write_then_due() -> None:
+        primary.pgbench("-c", "2", "-t", "300", "-n")
+        primary.psql("CHECKPOINT")
+        primary.psql("INSERT INTO after_checkpoint VALUES (1)")
+
+    def running_or_made(than: Lsn) -> bool:
+        state = receiver(timeline).json()
+        return state["snapshot_running"] or (state["snapshot_lsn"] is not None and Lsn.parse(state["snapshot_lsn"]) > than)
+
+    def replay_or_over(replay_dir) -> int | None:
+        """The replaying postmaster's pid; -1 when the snapshot is over; None meanwhile."""
+        pid = replay_postmaster(replay_dir)
+        if pid is not None:
+            return pid
+        return None if receiver(timeline).json()["snapshot_running"] else -1
+
+    # One with nothing killed: how long a snapshot takes here (its log line says).
+    newest = newest_snapshot(timeline)
+    write_then_due()
+    newest = wait_newer_snapshot(timeline, newest)
+    took = float(re.findall(r"background snapshot made.* seconds=([\d.]+)", ps.log_text())[-1])
+
+    kills = []
+    for n in range(rounds):
+        write_then_due()
+        wait_until(lambda: running_or_made(newest), timeout=120, interval=0.01, what="a snapshot running")
+        victim = rng.choice(["pageserver", "postgres"])
+        # The kill's moment, drawn at random (the sleeps are not waits for anything): anywhere
+        # in the snapshot for the pageserver; in the replay for PostgreSQL, if one runs.
+        if victim == "postgres":
+            pid = wait_until(lambda: replay_or_over(replay_dir), timeout=120, interval=0.005, what="the replay or the snapshot's end")
+            time.sleep(rng.uniform(0, 0.15))
+            try:
+                os.kill(pid, 9) if pid > 0 else None
+            except ProcessLookupError:
+                pid = -1
+            if pid < 0:
+                victim = "pageserver"  # the replay was over: the pageserver, later than drawn
+        else:
+            time.sleep(rng.uniform(0, took * 1.2))
+        if victim == "pageserver":
+            ps.kill()
+            ps.start()
+        kills.append(victim)
+        # Whether the attempt got through before the kill or not, a snapshot past the last one
+        # comes, and it restores whole.
+        newest = wait_newer_snapshot(timeline, newest)
+        restored, snapshot = pg.restore(timeline.url, f"round{n}", newest)
+        assert snapshot == newest
+        start_promoted_quietly(restored)
+        assert restored.psql(BALANCED) == "t", f"seed {seed}, round {n}, kills {kills}"
+        restored.stop("immediate")
+
+    wait_until(lambda: not receiver(timeline).json()["snapshot_running"], timeout=240, interval=0.1, what="no snapshot running")
+    assert not replay_dir.exists()
+    wait_ingested(timeline, newest)
+    statuses = page_statuses(primary, timeline, "pgbench_accounts", newest)
+    assert set(statuses.values()) == {200}, f"seed {seed}, kills {kills}: {statuses}"
+    end = Lsn.parse(primary.psql("SELECT pg_current_wal_flush_lsn()"))
+    wait_flushed(timeline, end)
+    last, _ = pg.restore(timeline.url, "last", end)
+    start_promoted_quietly(last)
+    assert last.psql("SELECT count(*) FROM pgbench_history") == primary.psql("SELECT count(*) FROM pgbench_history")
+    assert last.psql(BALANCED) == "t"
+
+
+@pytest.mark.timeout(600)
+def test_a_primary_configured_from_outside_its_data_directory(pg: PgEnv, pageserver_factory: PageserverFactory):
+    """Debian's layout: the primary's postgresql.conf, pg_hba.conf and pg_ident.conf are in a
+    directory of their own, so its pg_basebackup (the first snapshot) has none of them; and its
+    ALTER SYSTEM asks for more shared memory than this host has. The replay runs on files of its
+    own and 128 MB: the snapshot is made, and a restore from it, given the primary's files,
+    has the primary's rows."""
+    ps = pageserver_factory.start(snapshot_settings(pg))
+    timeline = TimelineHandle.create(ps)
+    primary = pg.new_cluster("primary")
+    etc = make_owned_dir(pg.base / "etc")
+    for name in ["postgresql.conf", "pg_hba.conf", "pg_ident.conf"]:
+        shutil.move(primary.datadir / name, etc / name)
+    outside = [f"config_file={etc / 'postgresql.conf'}", f"hba_file={etc / 'pg_hba.conf'}", f"ident_file={etc / 'pg_ident.conf'}"]
+    primary.start("listen_addresses=127.0.0.1", *outside)
+    primary.pgbench("-i", "-s", "1", "-q")
+    primary.psql("ALTER SYSTEM SET shared_buffers = '1TB'")  # for its next start, which never comes
+    pg.import_process(timeline.url, primary.basebackup_process())
+    first = newest_snapshot(timeline)
+    body = {"connstr": connstr(primary), "snapshot_wal_distance": DISTANCE}
+    r = requests.put(f"{timeline.url}/wal_receiver", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    write_then_checkpoint(primary, 300)
+    made = wait_snapshot_past(timeline, first)
+    assert snapshot_below(timeline, made) == (made, "stopped")
+    assert receiver(timeline).json()["snapshot_error"] is None
+
+    restored, snapshot = pg.restore(timeline.url, "restored", made)
+    assert snapshot == made
+    assert not (restored.datadir / "postgresql.conf").exists()
+    restored.start(*outside, "shared_buffers=128MB", "autovacuum=off")
+    wait_until(lambda: restored.psql("SELECT pg_is_in_recovery()") == "f", timeout=60, what="promotion")
     assert restored.psql("SELECT count(*) FROM pgbench_history") == primary.psql("SELECT count(*) FROM pgbench_history")

@@ -18,6 +18,7 @@
 //!  144    u32  minRecoveryPointTLI
 //!  152    u64  backupStartPoint, 160 u64 backupEndPoint, 168 bool backupEndRequired
 //!  176    bool wal_log_hints
+//!  192    i32  max_prepared_xacts (the primary's max_prepared_transactions)
 //!  200    bool track_commit_timestamp
 //!  252    u32  data_checksum_version (0: no checksums)
 //!  288    u32  crc (CRC-32C of bytes 0..288)
@@ -55,6 +56,8 @@ pub struct ControlFile {
     pub checkpoint: Lsn,
     pub min_recovery_point: Lsn,
     pub wal_log_hints: bool,
+    /// The primary's `max_prepared_transactions`: a replay of its WAL needs as many.
+    pub max_prepared_xacts: u32,
     pub track_commit_timestamp: bool,
     pub data_checksum_version: u32,
     /// `checkPointCopy`: the latest checkpoint record's contents.
@@ -270,6 +273,7 @@ pub fn parse(bytes: &[u8]) -> Result<ControlFile, ControlFileError> {
         checkpoint: Lsn(u64_at(32)),
         min_recovery_point: Lsn(u64_at(136)),
         wal_log_hints: bytes[176] != 0,
+        max_prepared_xacts: u32_at(192),
         track_commit_timestamp: bytes[200] != 0,
         data_checksum_version: u32_at(252),
         checkpoint_copy: Checkpoint::parse(&bytes[CHECKPOINT_COPY_OFFSET..])

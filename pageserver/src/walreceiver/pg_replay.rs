@@ -17,7 +17,10 @@
 //!
 //! The server is one process among the primary's own PostgreSQL programs: the replay listens on
 //! no TCP port (a Unix socket in a private directory only), archives nothing, and syncs
-//! nothing (the directory is read once, and dropped on any failure). It is stopped (`SIGQUIT`,
+//! nothing (the directory is read once, and dropped on any failure). Its configuration files
+//! are its own, in that private directory, not the primary's (which a Debian cluster keeps
+//! outside its data directory, and which size memory for the primary's host): 128 MB of shared
+//! buffers, and the primary's `max_prepared_transactions` from `pg_control`. It is stopped (`SIGQUIT`,
 //! PostgreSQL's immediate shutdown) when the snapshot is cancelled or takes too long.
 
 use std::fs;
@@ -190,6 +193,13 @@ pub fn replay_to(
     // A private directory for its socket (one it must have; no TCP port is opened) and its log.
     let socket_dir = SocketDir::create().map_err(|e| failed(format!("a socket directory: {e}")))?;
     let log = &socket_dir.path().join("postgres.log");
+    let config = socket_dir.path();
+    write_config(config).map_err(|e| failed(format!("its configuration files: {e}")))?;
+    let max_prepared = fs::read(dir.join("global/pg_control"))
+        .map_err(|e| e.to_string())
+        .and_then(|b| pg_control::parse(&b).map_err(|e| e.to_string()))
+        .map_err(|e| failed(format!("the pg_control it starts from: {e}")))?
+        .max_prepared_xacts;
     if let Some(ids) = programs.run_as {
         chown_all(dir, ids).map_err(|e| failed(format!("giving the directory to pg_user: {e}")))?;
         chown_all(socket_dir.path(), ids)
@@ -210,10 +220,20 @@ pub fn replay_to(
         format!("unix_socket_directories={}", socket_dir.path().display()),
         "logging_collector=off".to_owned(),
         "log_destination=stderr".to_owned(),
-        // The primary's own settings that would stop or slow this replay here: a delay,
-        // libraries, TLS files and huge pages of its host. (Another recovery target in its
-        // files stops the replay with an error saying so: PostgreSQL takes an empty one given
-        // here as a second target too.)
+        // Configuration files of its own (`write_config`): the primary's may not be in its
+        // data directory (Debian keeps them in /etc/postgresql), and what they size for the
+        // primary's host has no business here. Only postgresql.auto.conf is still read from
+        // the directory (PostgreSQL always does); the command line outranks it.
+        format!("config_file={}", config.join(CONFIG_FILE).display()),
+        format!("hba_file={}", config.join(HBA_FILE).display()),
+        format!("ident_file={}", config.join(IDENT_FILE).display()),
+        "shared_buffers=128MB".to_owned(),
+        // Replaying a PREPARE TRANSACTION needs a free slot, as many as the primary has.
+        format!("max_prepared_transactions={max_prepared}"),
+        // What the primary's ALTER SYSTEM settings (postgresql.auto.conf) could hold that
+        // would stop or slow this replay here: a delay, libraries, TLS files and huge pages of
+        // its host. (Another recovery target there stops the replay with an error saying so:
+        // PostgreSQL takes an empty one given here as a second target too.)
         "recovery_min_apply_delay=0".to_owned(),
         "shared_preload_libraries=".to_owned(),
         "ssl=off".to_owned(),
@@ -292,6 +312,22 @@ pub fn replay_to(
         )));
     }
     Ok(control)
+}
+
+const CONFIG_FILE: &str = "postgresql.conf";
+const HBA_FILE: &str = "pg_hba.conf";
+const IDENT_FILE: &str = "pg_ident.conf";
+
+/// The replay's configuration files, in `dir`: its settings are all on its command line, and
+/// it takes no connection (PostgreSQL refuses to start without an authentication rule: one
+/// that rejects every local connection).
+fn write_config(dir: &Path) -> io::Result<()> {
+    fs::write(
+        dir.join(CONFIG_FILE),
+        "# A background snapshot's replay: its settings are on its command line.\n",
+    )?;
+    fs::write(dir.join(HBA_FILE), "local all all reject\n")?;
+    fs::write(dir.join(IDENT_FILE), "")
 }
 
 /// A directory of our own under the system's temporary directory (a socket's path must be

@@ -211,6 +211,23 @@ impl Receivers {
         if let Some(mut old) = replaced {
             old.stop();
         }
+        let distance = self.snapshot_distance(&conf);
+        let snapshot_conf = (distance > 0).then(|| {
+            let settings = &self.snapshots;
+            SnapshotConf {
+                distance,
+                replay_dir: settings.replay_dir.clone(),
+                programs: PgPrograms::find(
+                    settings.pg_bin_dir.as_deref(),
+                    settings.pg_user.as_deref(),
+                ),
+            }
+        });
+        // Before page ingest starts (after a restart it has stored WAL to read at once): held
+        // at the checkpoint the next snapshot is due at, so it does not pass it unseen.
+        if let Some(conf) = &snapshot_conf {
+            super::snapshots::hold_at_due(&timeline, &shared, conf);
+        }
         let pages = conf.ingest_pages.then(|| {
             let (timeline, shared) = (timeline.clone(), shared.clone());
             std::thread::Builder::new()
@@ -218,17 +235,7 @@ impl Receivers {
                 .spawn(move || super::page_ingest::run(timeline, shared))
                 .expect("spawning a thread")
         });
-        let distance = self.snapshot_distance(&conf);
-        let snapshots = (distance > 0).then(|| {
-            let settings = &self.snapshots;
-            let conf = SnapshotConf {
-                distance,
-                replay_dir: settings.replay_dir.clone(),
-                programs: PgPrograms::find(
-                    settings.pg_bin_dir.as_deref(),
-                    settings.pg_user.as_deref(),
-                ),
-            };
+        let snapshots = snapshot_conf.map(|conf| {
             let (timeline, shared) = (timeline.clone(), shared.clone());
             std::thread::Builder::new()
                 .name(format!("snapshots-{}", timeline.timeline_id()))

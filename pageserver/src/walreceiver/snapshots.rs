@@ -35,7 +35,9 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pageserver_api::datadir::{counters_key, snapshot_list_key, ClusterCounters, SnapshotList};
+use pageserver_api::datadir::{
+    counters_key, snapshot_list_key, ClusterCounters, Snapshot, SnapshotList,
+};
 use postgres_wal::record::{RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, XLOG_CHECKPOINT_SHUTDOWN};
 use postgres_wal::segment::{segment_start, segno_of};
 use postgres_wal::{DecodedRecord, WalDecoder, XLOG_BLCKSZ};
@@ -60,6 +62,8 @@ const WAIT: Duration = Duration::from_secs(1);
 /// How long a checkpoint record found waits for the record after it.
 const NEXT_RECORD_WAIT: Duration = Duration::from_secs(5);
 const RETRY: Duration = Duration::from_secs(5);
+/// Failed attempts in a row that keep page ingest held at their checkpoint.
+const HELD_ATTEMPTS: u32 = 3;
 
 /// A receiver's background snapshot settings.
 #[derive(Clone, Debug)]
@@ -82,18 +86,27 @@ pub(super) fn run(timeline: Arc<Timeline>, shared: Arc<Shared>, conf: SnapshotCo
     ];
     let labels = [labels[0].as_str(), labels[1].as_str()];
     let mut scan: Option<Scan> = None;
+    let mut failures = 0;
     while !stopped() {
         let seen = shared.state().flushed_lsn;
         match round(&timeline, &shared, &conf, &mut scan, &labels) {
             Ok(Some(lsn)) => {
+                failures = 0;
                 let mut s = shared.state();
                 s.snapshot_lsn = Some(lsn);
                 s.snapshot_error = None;
             }
             Ok(None) => shared.wait_for_flush(seen, WAIT),
             Err(e) => {
-                // A failed attempt holds page ingest no longer.
-                shared.set_ingest_limit(IngestLimit::default());
+                // Page ingest stays held at the snapshot's checkpoint for the next attempts
+                // (let go, it would pass it in the meantime, and the snapshot would wait for
+                // the primary's next checkpoint), but not for a failure that lasts: after
+                // `HELD_ATTEMPTS` in a row it goes on, and the snapshot goes to a later one.
+                failures += 1;
+                if failures >= HELD_ATTEMPTS {
+                    failures = 0;
+                    shared.set_ingest_limit(IngestLimit::default());
+                }
                 if !stopped() {
                     // Said once while it stays the same (no PostgreSQL programs, say), not at
                     // every retry; the state and the metric show every attempt.
@@ -230,6 +243,33 @@ impl Scan {
     }
 }
 
+/// The newest snapshot at or below `lsn`.
+fn newest_snapshot(timeline: &Timeline, lsn: Lsn) -> Result<Option<Snapshot>, String> {
+    let list = timeline
+        .get_page(snapshot_list_key(), lsn)
+        .map_err(|e| format!("reading the snapshot list: {e}"))?
+        .map(|b| SnapshotList::decode(&b))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    Ok(list.and_then(|l| l.snapshots.last().copied()))
+}
+
+/// Holds page ingest, before it starts, at the checkpoint records from where the next
+/// snapshot is due: otherwise, with stored WAL to read at once after a restart, it could pass
+/// that checkpoint before the thread looks, and the snapshot would wait for the next one.
+pub(super) fn hold_at_due(timeline: &Timeline, shared: &Shared, conf: &SnapshotConf) {
+    let last = timeline.last_record_lsn();
+    if conf.programs.is_err() || last == Lsn(0) {
+        return;
+    }
+    if let Ok(Some(newest)) = newest_snapshot(timeline, last) {
+        shared.set_ingest_limit(IngestLimit {
+            before: None,
+            checkpoint_from: Some(Lsn(newest.lsn.0.saturating_add(conf.distance))),
+        });
+    }
+}
+
 /// One look: a snapshot made (its LSN), or nothing to do yet.
 fn round(
     timeline: &Arc<Timeline>,
@@ -246,13 +286,7 @@ fn round(
     if segment_size == 0 || last == Lsn(0) {
         return Ok(None);
     }
-    let list = timeline
-        .get_page(snapshot_list_key(), last)
-        .map_err(|e| format!("reading the snapshot list: {e}"))?
-        .map(|b| SnapshotList::decode(&b))
-        .transpose()
-        .map_err(|e| e.to_string())?;
-    let Some(newest) = list.and_then(|l| l.snapshots.last().copied()) else {
+    let Some(newest) = newest_snapshot(timeline, last)? else {
         return Ok(None);
     };
     crate::metrics::BACKGROUND_SNAPSHOT_LAG_BYTES
