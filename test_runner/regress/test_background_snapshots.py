@@ -411,3 +411,52 @@ def test_a_primary_configured_from_outside_its_data_directory(pg: PgEnv, pageser
     restored.start(*outside, "shared_buffers=128MB", "autovacuum=off")
     wait_until(lambda: restored.psql("SELECT pg_is_in_recovery()") == "f", timeout=60, what="promotion")
     assert restored.psql("SELECT count(*) FROM pgbench_history") == primary.psql("SELECT count(*) FROM pgbench_history")
+
+
+@pytest.mark.timeout(600)
+def test_a_snapshot_at_a_spread_checkpoint_restores_from_the_timelines_wal(pg: PgEnv, pageserver_factory: PageserverFactory):
+    """The primary checkpoints on its timer, spread over most of 30 s, and its WAL moves to a new
+    segment every 5 s meanwhile: the snapshot's checkpoint starts its redo several segments
+    before the record. The snapshot stores none of that WAL; a restore at it, and one past it,
+    get it from the timeline's WAL (the archive's `pg_wal/` from the redo point's segment on)
+    and come up with balanced pgbench sums and, past it, the primary's rows."""
+    ps = pageserver_factory.start(snapshot_settings(pg))
+    timeline = TimelineHandle.create(ps)
+    primary = pg.new_cluster("primary").start("listen_addresses=127.0.0.1", "checkpoint_timeout=30s")
+    primary.pgbench("-i", "-s", "1", "-q")
+    pg.import_process(timeline.url, primary.basebackup_process())
+    first = newest_snapshot(timeline)
+    body = {"connstr": connstr(primary), "ingest_pages": False, "snapshot_wal_distance": DISTANCE}
+    r = requests.put(f"{timeline.url}/wal_receiver", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    bench = primary.pgbench_background("-c", "2", "-T", "75", "-R", "100", "-n")
+    while bench.poll() is None:
+        primary.psql("SELECT pg_switch_wal()")
+        time.sleep(5)  # pacing the switches, not waiting for anything
+    assert bench.returncode == 0, bench.stderr.read() if bench.stderr else bench.returncode
+    made = wait_snapshot_past(timeline, first)
+
+    restored, snapshot = pg.restore(timeline.url, "at_snapshot", made)
+    assert snapshot == made
+    control = (restored.datadir / "global" / "pg_control").read_bytes()
+    redo = Lsn(struct.unpack_from("<Q", control, 40)[0])
+    segment = 16 << 20
+    assert int(redo) // segment < int(made) // segment, f"redo {redo}, snapshot {made}"
+    # From the redo point's segment to the snapshot's, in pg_wal/, from the timeline's WAL.
+    names = sorted(n for n in os.listdir(restored.datadir / "pg_wal") if len(n) == 24)
+    assert names[0] == f"00000001{(int(redo) // segment) >> 8:08X}{(int(redo) // segment) & 0xFF:08X}", names
+    # Not stored with the snapshot: what it stored is less than those segments alone.
+    stored = [int(b) for lsn, b in re.findall(r"background snapshot made .*lsn=(\S+) .*bytes_stored=(\d+)", ps.log_text()) if lsn == str(made)]
+    assert stored and stored[0] < (int(made) // segment - int(redo) // segment) * segment, (stored, redo, made)
+    start_promoted_quietly(restored)
+    assert restored.psql(BALANCED) == "t"
+    restored.stop("immediate")
+
+    primary.psql("CREATE TABLE after_run AS SELECT 1 AS one")
+    end = Lsn.parse(primary.psql("SELECT pg_current_wal_flush_lsn()"))
+    wait_flushed(timeline, end)
+    past, snapshot = pg.restore(timeline.url, "past_snapshot", end)
+    assert snapshot == made
+    start_promoted_quietly(past)
+    assert past.psql("SELECT count(*) FROM pgbench_history") == primary.psql("SELECT count(*) FROM pgbench_history")
+    assert past.psql(BALANCED) == "t"

@@ -378,7 +378,29 @@ impl fmt::Display for SnapshotKind {
 pub struct Snapshot {
     pub lsn: Lsn,
     pub kind: SnapshotKind,
+    /// Where the WAL a restore from it replays begins: its LSN, for an imported directory,
+    /// whose `pg_wal/` holds the WAL it needs before that; or, for a background snapshot, the
+    /// redo point of the checkpoint it stopped at, from where the timeline's own WAL gives its
+    /// `pg_wal/` (not stored again with it).
+    pub wal_from: Lsn,
 }
+
+impl Snapshot {
+    /// A snapshot whose `pg_wal/` is its own.
+    pub fn imported(lsn: Lsn, kind: SnapshotKind) -> Snapshot {
+        Snapshot {
+            lsn,
+            kind,
+            wal_from: lsn,
+        }
+    }
+}
+
+/// A snapshot's kind in the encoded list: a stopped cluster's directory, a backup, and a
+/// stopped one whose WAL before its LSN is the timeline's (followed by that WAL's start).
+const SNAPSHOT_STOPPED: u8 = 0;
+const SNAPSHOT_BACKUP: u8 = 1;
+const SNAPSHOT_STOPPED_WAL_FROM: u8 = 2;
 
 /// Every snapshot of a timeline, oldest first, and the cluster they are of.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -390,16 +412,20 @@ pub struct SnapshotList {
 
 impl SnapshotList {
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(13 + self.snapshots.len() * 9);
+        let mut out = Vec::with_capacity(13 + self.snapshots.len() * 17);
         out.push(FORMAT_VERSION);
         out.extend_from_slice(&self.system_identifier.to_be_bytes());
         out.extend_from_slice(&(self.snapshots.len() as u32).to_be_bytes());
         for s in &self.snapshots {
             out.extend_from_slice(&s.lsn.0.to_be_bytes());
-            out.push(match s.kind {
-                SnapshotKind::Stopped => 0,
-                SnapshotKind::Backup => 1,
-            });
+            match s.kind {
+                SnapshotKind::Stopped if s.wal_from < s.lsn => {
+                    out.push(SNAPSHOT_STOPPED_WAL_FROM);
+                    out.extend_from_slice(&s.wal_from.0.to_be_bytes());
+                }
+                SnapshotKind::Stopped => out.push(SNAPSHOT_STOPPED),
+                SnapshotKind::Backup => out.push(SNAPSHOT_BACKUP),
+            }
         }
         out
     }
@@ -413,15 +439,28 @@ impl SnapshotList {
         let mut snapshots: Vec<Snapshot> = Vec::with_capacity(count);
         for _ in 0..count {
             let lsn = Lsn(r.u64()?);
-            let kind = match r.u8()? {
-                0 => SnapshotKind::Stopped,
-                1 => SnapshotKind::Backup,
+            let (kind, wal_from) = match r.u8()? {
+                SNAPSHOT_STOPPED => (SnapshotKind::Stopped, lsn),
+                SNAPSHOT_BACKUP => (SnapshotKind::Backup, lsn),
+                SNAPSHOT_STOPPED_WAL_FROM => {
+                    let wal_from = Lsn(r.u64()?);
+                    if wal_from >= lsn {
+                        return Err(r.error(format!(
+                            "the snapshot at {lsn} replays its WAL from {wal_from}, not below it"
+                        )));
+                    }
+                    (SnapshotKind::Stopped, wal_from)
+                }
                 other => return Err(r.error(format!("snapshot kind {other} at {lsn}"))),
             };
             if snapshots.last().is_some_and(|last| last.lsn >= lsn) {
                 return Err(r.error(format!("snapshots not in LSN order at {lsn}")));
             }
-            snapshots.push(Snapshot { lsn, kind });
+            snapshots.push(Snapshot {
+                lsn,
+                kind,
+                wal_from,
+            });
         }
         r.finish()?;
         Ok(SnapshotList {

@@ -38,7 +38,7 @@ pub mod wal_multixact;
 pub mod wal_versions;
 
 pub use basebackup::{snapshot_at, write_basebackup, BasebackupError, Replay, Restore};
-pub use import::{import_archive, import_with_counters, ImportError, ImportReport};
+pub use import::{import_archive, import_replayed, ImportError, ImportReport};
 pub use materialize::{plan as plan_materialized, starts_clean, Materialized};
 
 #[cfg(test)]

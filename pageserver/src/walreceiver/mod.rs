@@ -56,6 +56,7 @@ mod state;
 mod tests;
 mod timelines;
 mod tls;
+mod wal_reader;
 pub mod wal_store;
 
 pub use receiver::{ReceiverConf, Receivers, SnapshotSettings};

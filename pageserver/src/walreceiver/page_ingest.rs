@@ -21,15 +21,12 @@
 //! (standby, logical messages) is skipped; any other stops page ingest with an error saying
 //! so, rather than losing what it changed. Errors are in `pages_error` of the receiver's state, and ingest tries again.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use pageserver_api::ingest::PutRecord;
 use postgres_wal::record::RM_XACT_ID;
-use postgres_wal::segment::{segment_files_in, segment_start, segno_of};
 use postgres_wal::{DecodedRecord, WalDecoder, XLOG_BLCKSZ};
 use utils::Lsn;
 
@@ -37,9 +34,10 @@ use pageserver_api::datadir::{file_chunk_key, file_dir_key, is_rel_block_key, Fi
 use pageserver_api::Value;
 
 use super::state::Shared;
+use super::wal_reader::WalReader;
 use crate::datadir::pg_control::{self, ControlFile};
 use crate::datadir::wal_versions::WalVersions;
-use crate::tenant::timeline::{Timeline, TimelineError, WAL_DIR};
+use crate::tenant::timeline::{Timeline, TimelineError};
 
 /// Records longer than this are not kept whole (PostgreSQL allows 1020 MiB); a record that
 /// references blocks is at most a few hundred KiB (32 blocks of images and their data).
@@ -68,8 +66,7 @@ struct Cursor {
     /// The end of the last record ingested (the timeline's `last_record_lsn` when it did).
     ingested: Lsn,
     versions: WalVersions,
-    /// The segment file being read.
-    file: Option<(u64, File)>,
+    reader: WalReader,
 }
 
 /// The thread's loop: ingests until the receiver is stopped or the timeline shuts down.
@@ -138,7 +135,7 @@ fn step(timeline: &Timeline, shared: &Shared, cursor: &mut Option<Cursor>) -> Re
             fed: start,
             ingested,
             versions,
-            file: None,
+            reader: WalReader::new(segment_size),
         });
     }
     let c = cursor.as_mut().expect("set above");
@@ -149,16 +146,9 @@ fn step(timeline: &Timeline, shared: &Shared, cursor: &mut Option<Cursor>) -> Re
     if c.fed >= flushed || at_limit {
         return Ok(false);
     }
-    let segno = segno_of(c.fed, segment_size);
-    let segment_end = segment_start(segno + 1, segment_size);
-    let end = flushed.min(segment_end).min(Lsn(c.fed.0 + READ_CHUNK));
-    let mut bytes = vec![0u8; (end.0 - c.fed.0) as usize];
-    let (fed, offset) = (c.fed, c.fed.0 - segment_start(segno, segment_size).0);
-    segment_file(timeline, c, segno, segment_size)?
-        .read_exact_at(&mut bytes, offset)
-        .map_err(|e| format!("reading the WAL at {fed}: {e}"))?;
+    let bytes = c.reader.read(timeline.dir(), c.fed, flushed, READ_CHUNK)?;
     c.decoder.feed(&bytes);
-    c.fed = end;
+    c.fed = Lsn(c.fed.0 + bytes.len() as u64);
 
     let limit = shared.ingest_limit();
     let mut held = false;
@@ -271,32 +261,4 @@ fn put(timeline: &Timeline, c: &mut Cursor, batch: Vec<PutRecord>, end: Lsn) -> 
         }
         Err(e) => Err(format!("storing the versions of the WAL up to {end}: {e}")),
     }
-}
-
-/// The file of segment `segno` (under the newest PostgreSQL timeline that has it, as a switch
-/// renames a segment to the new timeline), kept open while it is read.
-fn segment_file<'c>(
-    timeline: &Timeline,
-    c: &'c mut Cursor,
-    segno: u64,
-    segment_size: u32,
-) -> Result<&'c File, String> {
-    if c.file.as_ref().is_none_or(|(open, _)| *open != segno) {
-        let dir = timeline.dir().join(WAL_DIR);
-        let found = segment_files_in(&dir, segment_size)
-            .map_err(|e| format!("listing the WAL: {e}"))?
-            .into_iter()
-            .filter(|f| f.segment.segno == segno)
-            .max_by_key(|f| (f.segment.tli, !f.partial));
-        let Some(found) = found else {
-            return Err(format!(
-                "the WAL segment that holds {} is not stored",
-                segment_start(segno, segment_size)
-            ));
-        };
-        let file = File::open(&found.path)
-            .map_err(|e| format!("opening {}: {e}", found.segment.file_name(segment_size)))?;
-        c.file = Some((segno, file));
-    }
-    Ok(&c.file.as_ref().expect("opened above").1)
 }

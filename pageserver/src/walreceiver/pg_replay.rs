@@ -6,7 +6,7 @@
 //!     ──unpacked──▶ snapshot_replay_dir   (owned by pg_user when the server is root)
 //!     ──postgres -D … -c recovery_target_lsn=S -c recovery_target_action=shutdown──▶
 //!   shut down in recovery at S, its restartpoint at the checkpoint record that ends at S
-//!     ──pg_control checked, recovery's files removed, pg_wal/ cut at S──▶ tar stream ─▶ import
+//!     ──pg_control checked, recovery's files and pg_wal/'s segments removed──▶ tar ─▶ import
 //! ```
 //!
 //! PostgreSQL writes every page it changed to the data files only at a restartpoint, and makes
@@ -365,11 +365,13 @@ fn log_tail(log: &Path) -> String {
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
 
-/// Makes the shut-down `dir` the snapshot at `at`: removes recovery's files and the settings
-/// the basebackup added, and keeps of `pg_wal/` the segments from the one holding `redo`
-/// (where a start from this directory replays from) to the one holding `at`, that one cut at
-/// `at` (zeros after, as a segment not yet written): WAL past `at` is the next snapshot's.
-pub fn finish_dir(dir: &Path, redo: Lsn, at: Lsn, segment_size: u32) -> io::Result<()> {
+/// Makes the shut-down `dir` a snapshot: removes recovery's files and the settings the
+/// basebackup added. Of `pg_wal/`, a start from it needs the WAL from its checkpoint's redo
+/// point on: with `keep_wal` `None` the timeline's WAL gives it to a restore (see
+/// [`crate::datadir::import_replayed`]) and every segment goes; with `Some((redo, at))` the
+/// segments from the one holding `redo` to the one holding `at` stay, that one cut at `at`
+/// (zeros after, as a segment not yet written): WAL past `at` is the next snapshot's.
+pub fn finish_dir(dir: &Path, keep_wal: Option<(Lsn, Lsn)>, segment_size: u32) -> io::Result<()> {
     for name in RECOVERY_FILES {
         match fs::remove_file(dir.join(name)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -385,7 +387,6 @@ pub fn finish_dir(dir: &Path, redo: Lsn, at: Lsn, segment_size: u32) -> io::Resu
             file.set_len(added as u64)?;
         }
     }
-    let (first, last) = (segno_of(redo, segment_size), segno_of(at, segment_size));
     for entry in fs::read_dir(dir.join("pg_wal"))? {
         let entry = entry?;
         let name = entry.file_name();
@@ -393,13 +394,16 @@ pub fn finish_dir(dir: &Path, redo: Lsn, at: Lsn, segment_size: u32) -> io::Resu
         let Some(segno) = SegmentName::parse(name, segment_size).map(|s| s.segno) else {
             continue;
         };
-        if segno < first || segno > last {
-            fs::remove_file(entry.path())?;
-        } else if segno == last {
-            let file = fs::OpenOptions::new().write(true).open(entry.path())?;
-            let offset = at.0 % u64::from(segment_size);
-            let zeros = vec![0u8; (u64::from(segment_size) - offset) as usize];
-            file.write_all_at(&zeros, offset)?;
+        match keep_wal.map(|(redo, at)| (segno_of(redo, segment_size), at)) {
+            Some((first, at)) if (first..=segno_of(at, segment_size)).contains(&segno) => {
+                if segno == segno_of(at, segment_size) {
+                    let file = fs::OpenOptions::new().write(true).open(entry.path())?;
+                    let offset = at.0 % u64::from(segment_size);
+                    let zeros = vec![0u8; (u64::from(segment_size) - offset) as usize];
+                    file.write_all_at(&zeros, offset)?;
+                }
+            }
+            _ => fs::remove_file(entry.path())?,
         }
     }
     Ok(())
@@ -445,9 +449,9 @@ fn append_tree(tar: &mut tar::Builder<impl Write>, dir: &Path, prefix: &str) -> 
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_finished_directory_keeps_the_wal_from_redo_to_the_snapshot_cut_there() {
-        let size: u32 = 1 << 20;
+    /// A shut-down directory as a replay leaves it: five 1 MiB segments, a history file,
+    /// recovery's signal file and the settings the basebackup added.
+    fn replayed_dir(size: u32) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         let wal = dir.path().join("pg_wal");
         fs::create_dir(&wal).unwrap();
@@ -471,16 +475,35 @@ mod tests {
             ),
         )
         .unwrap();
-        let redo = Lsn(2 * u64::from(size) + 100);
-        let at = Lsn(4 * u64::from(size) + 4096);
-        finish_dir(dir.path(), redo, at, size).unwrap();
-        let mut left: Vec<String> = fs::read_dir(&wal)
+        dir
+    }
+
+    fn wal_left(dir: &Path) -> Vec<String> {
+        let mut left: Vec<String> = fs::read_dir(dir.join("pg_wal"))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         left.sort();
+        left
+    }
+
+    fn assert_no_recovery_setting(dir: &Path) {
+        assert!(!dir.join("recovery.signal").exists());
         assert_eq!(
-            left,
+            fs::read_to_string(dir.join(AUTO_CONF)).unwrap(),
+            "work_mem = '8MB'\n"
+        );
+    }
+
+    #[test]
+    fn the_finished_directory_keeps_the_wal_from_redo_to_the_snapshot_cut_there() {
+        let size: u32 = 1 << 20;
+        let dir = replayed_dir(size);
+        let redo = Lsn(2 * u64::from(size) + 100);
+        let at = Lsn(4 * u64::from(size) + 4096);
+        finish_dir(dir.path(), Some((redo, at)), size).unwrap();
+        assert_eq!(
+            wal_left(dir.path()),
             [
                 "000000010000000000000002",
                 "000000010000000000000003",
@@ -488,14 +511,19 @@ mod tests {
                 "00000002.history"
             ]
         );
-        let last = fs::read(wal.join("000000010000000000000004")).unwrap();
+        let last = fs::read(dir.path().join("pg_wal/000000010000000000000004")).unwrap();
         assert_eq!(last.len(), size as usize);
         assert!(last[..4096].iter().all(|b| *b == 7));
         assert!(last[4096..].iter().all(|b| *b == 0));
-        assert!(!dir.path().join("recovery.signal").exists());
-        assert_eq!(
-            fs::read_to_string(dir.path().join(AUTO_CONF)).unwrap(),
-            "work_mem = '8MB'\n"
-        );
+        assert_no_recovery_setting(dir.path());
+    }
+
+    #[test]
+    fn the_finished_directory_keeps_no_segment_when_the_timeline_gives_them() {
+        let size: u32 = 1 << 20;
+        let dir = replayed_dir(size);
+        finish_dir(dir.path(), None, size).unwrap();
+        assert_eq!(wal_left(dir.path()), ["00000002.history"]);
+        assert_no_recovery_setting(dir.path());
     }
 }

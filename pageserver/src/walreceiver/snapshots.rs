@@ -12,15 +12,17 @@
 //!     └─▶ page ingest held before C (it stops at C's start; its versions end before S)
 //!     └─▶ one at a time per server: basebackup of P with the WAL to past S, unpacked into
 //!         the server's `snapshot_replay_dir`, replayed by PostgreSQL to S (`pg_replay.rs`)
-//!     └─▶ imported at S (only what differs from the timeline's state below S is stored),
-//!         with the counters page ingest followed, moved by C
+//!     └─▶ imported at S (only what differs from the timeline's state below S is stored;
+//!         not its `pg_wal/`, which the timeline's WAL gives a restore from C's redo point
+//!         on), with the counters page ingest followed, moved by C
 //!     └─▶ the directory removed, page ingest let go: it resumes after S
 //! ```
 //!
 //! Why at a checkpoint record: PostgreSQL writes the pages it replayed only at a restartpoint,
 //! which it makes at a checkpoint record (see `pg_replay.rs`). So snapshots come at the
 //! primary's checkpoints, the first after each `snapshot_wal_distance`; and a restore from one
-//! replays from that checkpoint's redo point, which the snapshot's `pg_wal/` holds.
+//! replays from that checkpoint's redo point: the snapshot is listed with its WAL from there
+//! (`Snapshot::wal_from`), and a restore's `pg_wal/` comes from the timeline's WAL.
 //!
 //! Crash safety: the import is one [`crate::tenant::timeline::Import`], durable whole at its
 //! commit or not at all; the directory of a killed replay is removed by the next snapshot,
@@ -28,8 +30,6 @@
 //! the replay at once (`SIGQUIT`). Disk: one directory the size of the cluster at a time per
 //! server ([`ONE_AT_A_TIME`]). Memory: a WAL chunk while scanning, and what an import holds.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -39,14 +39,14 @@ use pageserver_api::datadir::{
     counters_key, snapshot_list_key, ClusterCounters, Snapshot, SnapshotList,
 };
 use postgres_wal::record::{RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, XLOG_CHECKPOINT_SHUTDOWN};
-use postgres_wal::segment::{segment_start, segno_of};
 use postgres_wal::{DecodedRecord, WalDecoder, XLOG_BLCKSZ};
 use utils::Lsn;
 
 use super::pg_replay::{self, PgPrograms, ReplayRunError};
-use super::replay_plan::{latest_segment_file, replay_of};
+use super::replay_plan::replay_of;
 use super::state::{IngestLimit, Shared};
-use crate::datadir::{import_with_counters, snapshot_at, write_basebackup, Restore};
+use super::wal_reader::WalReader;
+use crate::datadir::{import_replayed, snapshot_at, write_basebackup, Restore};
 use crate::tenant::timeline::Timeline;
 
 /// Only one replay runs on a server at a time: each holds a copy of a cluster on disk and
@@ -161,6 +161,7 @@ struct Scan {
     /// The snapshot it started from: records ending at or before it are skipped.
     from: Lsn,
     decoder: WalDecoder,
+    reader: WalReader,
     fed: Lsn,
     prev_end: Lsn,
     /// A checkpoint record found, waiting for the record after it, since when.
@@ -177,6 +178,7 @@ impl Scan {
         Scan {
             from,
             decoder: WalDecoder::new(start, segment_size).keeping_records_up_to(8192),
+            reader: WalReader::new(segment_size),
             fed: start,
             prev_end: from,
             pending: None,
@@ -189,25 +191,14 @@ impl Scan {
     fn step(
         &mut self,
         timeline_dir: &Path,
-        segment_size: u32,
         flushed: Lsn,
         min_start: Lsn,
     ) -> Result<Option<Target>, String> {
-        if self.fed < flushed {
-            let segno = segno_of(self.fed, segment_size);
-            let end = flushed
-                .min(segment_start(segno + 1, segment_size))
-                .min(Lsn(self.fed.0 + SCAN_CHUNK));
-            let path = latest_segment_file(timeline_dir, segno, segment_size)
-                .ok_or_else(|| format!("the WAL segment that holds {} is not stored", self.fed))?;
-            let file = File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let mut bytes = vec![0u8; (end.0 - self.fed.0) as usize];
-            let offset = self.fed.0 - segment_start(segno, segment_size).0;
-            file.read_exact_at(&mut bytes, offset)
-                .map_err(|e| format!("reading the WAL at {}: {e}", self.fed))?;
-            self.decoder.feed(&bytes);
-            self.fed = end;
-        }
+        let bytes = self
+            .reader
+            .read(timeline_dir, self.fed, flushed, SCAN_CHUNK)?;
+        self.decoder.feed(&bytes);
+        self.fed = Lsn(self.fed.0 + bytes.len() as u64);
         while let Some(record) = self.decoder.next_record().map_err(|e| e.to_string())? {
             let end = record.end_rec_ptr();
             if end <= self.from {
@@ -308,7 +299,7 @@ fn round(
         checkpoint_from: Some(due.max(s.hold_from)),
     };
     shared.set_ingest_limit(hold);
-    let found = s.step(timeline.dir(), segment_size, flushed, due);
+    let found = s.step(timeline.dir(), flushed, due);
     if s.hold_from > due {
         shared.set_ingest_limit(IngestLimit {
             before: None,
@@ -407,7 +398,7 @@ fn make_snapshot(
     let _lease = timeline
         .lease_lsn(snapshot.lsn)
         .map_err(|e| format!("a lease on the snapshot at {}: {e}", snapshot.lsn))?;
-    let replay = replay_of(timeline, snapshot.lsn, target.next_end)
+    let replay = replay_of(timeline, snapshot.wal_from, target.next_end)
         .map_err(|e| e.to_string())?
         .ok_or("the timeline holds no WAL")?;
     // `end` is where the record ends, `next_end` the next record's start past it.
@@ -452,7 +443,18 @@ fn make_snapshot(
         ReplayRunError::Failed(e) => format!("the replay to {}: {e}", target.end),
     })?;
     let segment_size = shared.segment_size.load(Ordering::Acquire);
-    pg_replay::finish_dir(dir, control.checkpoint_copy.redo, target.end, segment_size)
+    // A start from the snapshot replays from the checkpoint's redo point. The timeline's WAL
+    // gives that WAL to a restore when it has it: from where this replay's began on (it just
+    // gave it). A redo point below that (a checkpoint that started before the snapshot this
+    // one comes from) keeps its segments in the snapshot, as an imported directory does.
+    let redo = control.checkpoint_copy.redo;
+    let wal_from = if redo >= snapshot.wal_from {
+        redo
+    } else {
+        target.end
+    };
+    let keep_wal = (wal_from == target.end).then_some((redo, target.end));
+    pg_replay::finish_dir(dir, keep_wal, segment_size)
         .map_err(|e| format!("finishing the replayed directory: {e}"))?;
     // Page ingest's counters are those at `base`; only when it stopped right before the
     // checkpoint record is that record the one between them and the snapshot.
@@ -468,7 +470,7 @@ fn make_snapshot(
             let writer = writer;
             pg_replay::tar_dir(dir, &writer)
         });
-        let report = import_with_counters(timeline, reader, Some(target.end), counters);
+        let report = import_replayed(timeline, reader, target.end, wal_from, counters);
         let written = written.join().expect("the archive thread does not panic");
         let report = report.map_err(|e| format!("importing the replayed directory: {e}"))?;
         written.map_err(|e| format!("reading the replayed directory: {e}"))?;

@@ -73,15 +73,27 @@ fn the_formats_are_pinned_byte_for_byte() {
     );
     let list = SnapshotList {
         system_identifier: 7,
-        snapshots: vec![Snapshot {
-            lsn: Lsn(0x10),
-            kind: SnapshotKind::Backup,
-        }],
+        snapshots: vec![
+            Snapshot::imported(Lsn(0x10), SnapshotKind::Backup),
+            Snapshot {
+                lsn: Lsn(0x30),
+                kind: SnapshotKind::Stopped,
+                wal_from: Lsn(0x20),
+            },
+        ],
     };
     assert_eq!(
         list.encode(),
-        [1, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0x10, 1]
+        [
+            1, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0x10, 1, 0, 0, 0, 0, 0, 0,
+            0, 0x30, 2, 0, 0, 0, 0, 0, 0, 0, 0x20
+        ]
     );
+    assert_eq!(SnapshotList::decode(&list.encode()).unwrap(), list);
+    // A background snapshot's WAL starts below it, never at or above.
+    let mut bad = list.encode();
+    *bad.last_mut().unwrap() = 0x30;
+    assert!(SnapshotList::decode(&bad).is_err());
     let dir = FileDirectory {
         next_id: 2,
         entries: vec![entry("PG_VERSION", EntryKind::File, 3, 1)],
@@ -142,14 +154,8 @@ fn decoders_refuse_what_is_not_exactly_their_format() {
     let unordered = SnapshotList {
         system_identifier: 1,
         snapshots: vec![
-            Snapshot {
-                lsn: Lsn(5),
-                kind: SnapshotKind::Stopped,
-            },
-            Snapshot {
-                lsn: Lsn(5),
-                kind: SnapshotKind::Stopped,
-            },
+            Snapshot::imported(Lsn(5), SnapshotKind::Stopped),
+            Snapshot::imported(Lsn(5), SnapshotKind::Stopped),
         ],
     };
     assert!(SnapshotList::decode(&unordered.encode()).is_err());
@@ -160,10 +166,7 @@ fn a_snapshot_list_answers_the_newest_snapshot_at_or_below_an_lsn() {
     let list = SnapshotList {
         system_identifier: 1,
         snapshots: [10, 20, 30]
-            .map(|lsn| Snapshot {
-                lsn: Lsn(lsn),
-                kind: SnapshotKind::Stopped,
-            })
+            .map(|lsn| Snapshot::imported(Lsn(lsn), SnapshotKind::Stopped))
             .to_vec(),
     };
     assert_eq!(list.at(Lsn(9)), None);

@@ -83,7 +83,21 @@ impl Importer<'_> {
             system_identifier: control.system_identifier,
             snapshots: Vec::new(),
         });
-        snapshots.snapshots.push(Snapshot { lsn, kind });
+        let wal_from = match self.wal_from {
+            Some(from) if from > lsn || kind != SnapshotKind::Stopped => {
+                return Err(ImportError::Invalid(format!(
+                    "a replayed directory at {lsn} whose WAL would begin at {from}: it must be \
+                     a stopped cluster's, with its WAL from at or below its LSN"
+                )));
+            }
+            Some(from) => from,
+            None => lsn,
+        };
+        snapshots.snapshots.push(Snapshot {
+            lsn,
+            kind,
+            wal_from,
+        });
         self.import.put(
             snapshot_list_key(),
             &Value::Image(Bytes::from(snapshots.encode())),

@@ -150,20 +150,35 @@ pub fn import_archive(
     input: impl Read,
     lsn: Option<Lsn>,
 ) -> Result<ImportReport, ImportError> {
-    import_with_counters(timeline, input, lsn, None)
+    import_with(timeline, input, lsn, None, None)
 }
 
-/// [`import_archive`], with the cluster's counters at the snapshot given rather than taken
-/// from its `pg_control` (a background snapshot carries on the ones page ingest followed).
-pub fn import_with_counters(
+/// [`import_archive`] of a directory PostgreSQL replayed to `lsn` and shut down there (a
+/// background snapshot): its `pg_wal/` holds no segment, as the WAL it needs from `wal_from`
+/// (its checkpoint's redo point) on is the timeline's own; and the cluster's counters at the
+/// snapshot are given rather than taken from its `pg_control` (those page ingest followed),
+/// when known.
+pub fn import_replayed(
+    timeline: &Timeline,
+    input: impl Read,
+    lsn: Lsn,
+    wal_from: Lsn,
+    counters: Option<ClusterCounters>,
+) -> Result<ImportReport, ImportError> {
+    import_with(timeline, input, Some(lsn), Some(wal_from), counters)
+}
+
+fn import_with(
     timeline: &Timeline,
     input: impl Read,
     lsn: Option<Lsn>,
+    wal_from: Option<Lsn>,
     counters: Option<ClusterCounters>,
 ) -> Result<ImportReport, ImportError> {
     let import = timeline.begin_import()?;
     let mut importer = Importer::new(import, timeline.conf().max_value_size)?;
     importer.counters = counters;
+    importer.wal_from = wal_from;
     let mut input = TailReader::new(input);
     importer.read_archive(&mut input)?;
     importer.report.bytes_read = input.total;
@@ -188,6 +203,8 @@ struct Importer<'t> {
     newest_wal: Option<((u64, u32), String, Vec<u8>)>,
     /// The counters to store, if not those of `pg_control`.
     counters: Option<ClusterCounters>,
+    /// Where a replayed directory's WAL begins in the timeline's (see [`import_replayed`]).
+    wal_from: Option<Lsn>,
     report: ImportReport,
 }
 
@@ -240,6 +257,7 @@ impl<'t> Importer<'t> {
             backup_label: false,
             newest_wal: None,
             counters: None,
+            wal_from: None,
             report: ImportReport::default(),
         })
     }

@@ -196,10 +196,9 @@ fn a_basebackup_gives_back_permission_bits_only() {
     for entry in &mut files.entries {
         entry.mode |= 0o7000;
     }
-    snapshots.snapshots.push(Snapshot {
-        lsn: Lsn(0x2000),
-        kind: SnapshotKind::Stopped,
-    });
+    snapshots
+        .snapshots
+        .push(Snapshot::imported(Lsn(0x2000), SnapshotKind::Stopped));
     let mut import = tl.begin_import().unwrap();
     let image = |bytes: Vec<u8>| Value::Image(Bytes::from(bytes));
     import.put(file_dir_key(), &image(files.encode())).unwrap();

@@ -257,8 +257,10 @@ pub async fn basebackup(
                 ),
             ));
         }
-        let replay = if lsn > snapshot.lsn {
-            match replay_of(&timeline, snapshot.lsn, lsn) {
+        // At a background snapshot's own LSN too: its `pg_wal/` is the timeline's WAL from
+        // its checkpoint's redo point.
+        let replay = if lsn > snapshot.lsn || snapshot.wal_from < snapshot.lsn {
+            match replay_of(&timeline, snapshot.wal_from, lsn) {
                 Ok(Some(replay)) => Some(replay),
                 Ok(None) if lsn > last => {
                     // As before there was WAL: nothing is known beyond the last record.
