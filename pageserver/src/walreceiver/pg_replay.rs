@@ -179,13 +179,14 @@ pub enum ReplayRunError {
 }
 
 /// Runs PostgreSQL on `dir` (a basebackup that replays past `target`) until it shuts down at
-/// `target`, the end of the checkpoint record at `checkpoint`; checks that it did. `cancel` is
-/// asked every 100 ms. An error quotes the end of PostgreSQL's log.
+/// `target`, the end of the checkpoint record at `checkpoint`; checks that it did. It has at least
+/// `max_prepared_xacts` slots for prepared transactions. `cancel` is asked every 100 ms. An error quotes the end of PostgreSQL's log.
 pub fn replay_to(
     programs: &PgPrograms,
     dir: &Path,
     checkpoint: Lsn,
     target: Lsn,
+    max_prepared_xacts: u32,
     timeout: Duration,
     cancel: &dyn Fn() -> bool,
 ) -> Result<ControlFile, ReplayRunError> {
@@ -199,7 +200,8 @@ pub fn replay_to(
         .map_err(|e| e.to_string())
         .and_then(|b| pg_control::parse(&b).map_err(|e| e.to_string()))
         .map_err(|e| failed(format!("the pg_control it starts from: {e}")))?
-        .max_prepared_xacts;
+        .max_prepared_xacts
+        .max(max_prepared_xacts);
     if let Some(ids) = programs.run_as {
         chown_all(dir, ids).map_err(|e| failed(format!("giving the directory to pg_user: {e}")))?;
         chown_all(socket_dir.path(), ids)
@@ -228,7 +230,8 @@ pub fn replay_to(
         format!("hba_file={}", config.join(HBA_FILE).display()),
         format!("ident_file={}", config.join(IDENT_FILE).display()),
         "shared_buffers=128MB".to_owned(),
-        // Replaying a PREPARE TRANSACTION needs a free slot, as many as the primary has.
+        // Replaying a PREPARE TRANSACTION needs a free slot, as many as the primary has: its
+        // pg_control's, or more if its WAL raised them since.
         format!("max_prepared_transactions={max_prepared}"),
         // What the primary's ALTER SYSTEM settings (postgresql.auto.conf) could hold that
         // would stop or slow this replay here: a delay, libraries, TLS files and huge pages of

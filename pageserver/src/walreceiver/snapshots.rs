@@ -38,7 +38,9 @@ use std::time::{Duration, Instant};
 use pageserver_api::datadir::{
     counters_key, snapshot_list_key, ClusterCounters, Snapshot, SnapshotList,
 };
-use postgres_wal::record::{RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, XLOG_CHECKPOINT_SHUTDOWN};
+use postgres_wal::record::{
+    RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, XLOG_CHECKPOINT_SHUTDOWN, XLOG_PARAMETER_CHANGE,
+};
 use postgres_wal::{DecodedRecord, WalDecoder, XLOG_BLCKSZ};
 use utils::Lsn;
 
@@ -62,6 +64,9 @@ const WAIT: Duration = Duration::from_secs(1);
 /// How long a checkpoint record found waits for the record after it.
 const NEXT_RECORD_WAIT: Duration = Duration::from_secs(5);
 const RETRY: Duration = Duration::from_secs(5);
+/// How long a snapshot waits for the WAL archive to hold the WAL below it, before it keeps
+/// that WAL itself.
+const ARCHIVE_WAIT: Duration = Duration::from_secs(30);
 /// Failed attempts in a row that keep page ingest held at their checkpoint.
 const HELD_ATTEMPTS: u32 = 3;
 
@@ -154,6 +159,9 @@ struct Target {
     /// The end of the record after it: the replay reads that one to know it is done.
     next_end: Lsn,
     record: DecodedRecord,
+    /// The most prepared transactions the primary allowed in the WAL before it (its
+    /// parameter-change records): the replay needs as many slots.
+    max_prepared_xacts: u32,
 }
 
 /// A decoding of the stored WAL from a snapshot on, looking for checkpoint records.
@@ -169,6 +177,8 @@ struct Scan {
     /// Page ingest stops at checkpoint records starting here or past it (a checkpoint nothing
     /// followed for [`NEXT_RECORD_WAIT`], a primary's shutdown, is let pass).
     hold_from: Lsn,
+    /// The highest `max_prepared_transactions` a parameter-change record set so far.
+    max_prepared_xacts: u32,
 }
 
 impl Scan {
@@ -183,6 +193,7 @@ impl Scan {
             prev_end: from,
             pending: None,
             hold_from: Lsn(0),
+            max_prepared_xacts: 0,
         }
     }
 
@@ -212,9 +223,13 @@ impl Scan {
                     prev_end,
                     next_end: end,
                     record: checkpoint,
+                    max_prepared_xacts: self.max_prepared_xacts,
                 }));
             }
             let info = record.header.rm_info();
+            if record.header.rmid == RM_XLOG_ID && info == XLOG_PARAMETER_CHANGE {
+                self.max_prepared_xacts = self.max_prepared_xacts.max(prepared_slots(&record)?);
+            }
             let is_checkpoint = record.header.rmid == RM_XLOG_ID
                 && matches!(info, XLOG_CHECKPOINT_ONLINE | XLOG_CHECKPOINT_SHUTDOWN);
             if is_checkpoint && record.start >= min_start.max(self.hold_from) {
@@ -231,6 +246,43 @@ impl Scan {
             }
         }
         Ok(None)
+    }
+}
+
+/// `max_prepared_xacts` of a parameter-change record (`xl_parameter_change`: four `int`s, of
+/// which it is the fourth).
+fn prepared_slots(record: &DecodedRecord) -> Result<u32, String> {
+    let parts = postgres_wal::record::parse_parts(&record.bytes).map_err(|e| e.to_string())?;
+    record.bytes[parts.main_data]
+        .get(12..16)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .ok_or_else(|| {
+            format!(
+                "the parameter-change record at {} is too short",
+                record.start
+            )
+        })
+}
+
+/// Whether the WAL up to `lsn` survives a lost local disk as the snapshot's layers do: there is
+/// no remote storage (both are on this disk), or the WAL archive has it, waited for up to
+/// [`ARCHIVE_WAIT`] (it uploads every `wal_upload_interval`, 1 s by default).
+fn wal_durable_to(timeline: &Timeline, lsn: Lsn, cancel: &dyn Fn() -> bool) -> bool {
+    let Some(remote) = timeline.remote_copy() else {
+        return true;
+    };
+    let deadline = Instant::now() + ARCHIVE_WAIT;
+    loop {
+        if remote
+            .archived_lsn()
+            .is_some_and(|archived| archived >= lsn)
+        {
+            return true;
+        }
+        if cancel() || Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -321,7 +373,12 @@ fn round(
     let Some(stored) = result? else {
         return Ok(None);
     };
-    shared.set_ingest_limit(IngestLimit::default());
+    // Held at once at the next one's due point: let go meanwhile, page ingest could pass a
+    // checkpoint there before the next round looks.
+    shared.set_ingest_limit(IngestLimit {
+        before: None,
+        checkpoint_from: Some(Lsn(target.end.0.saturating_add(conf.distance))),
+    });
     crate::metrics::BACKGROUND_SNAPSHOTS
         .with_label_values(&["made"])
         .inc();
@@ -435,6 +492,7 @@ fn make_snapshot(
         dir,
         target.start,
         target.end,
+        target.max_prepared_xacts,
         REPLAY_TIMEOUT,
         &cancel,
     )
@@ -445,10 +503,11 @@ fn make_snapshot(
     let segment_size = shared.segment_size.load(Ordering::Acquire);
     // A start from the snapshot replays from the checkpoint's redo point. The timeline's WAL
     // gives that WAL to a restore when it has it: from where this replay's began on (it just
-    // gave it). A redo point below that (a checkpoint that started before the snapshot this
-    // one comes from) keeps its segments in the snapshot, as an imported directory does.
+    // gave it), and as durably as the snapshot (with remote storage, once the WAL archive has
+    // it). Otherwise (a checkpoint that started before the snapshot this one comes from, an
+    // archive behind) the snapshot keeps those segments, as an imported directory does.
     let redo = control.checkpoint_copy.redo;
-    let wal_from = if redo >= snapshot.wal_from {
+    let wal_from = if redo >= snapshot.wal_from && wal_durable_to(timeline, target.end, &cancel) {
         redo
     } else {
         target.end

@@ -267,6 +267,14 @@ pub async fn basebackup(
                     snapshot_at(&timeline, lsn).map_err(basebackup_error)?;
                     None
                 }
+                // A background snapshot without its WAL would not start.
+                Ok(None) if snapshot.wal_from < snapshot.lsn => {
+                    return Err(ApiError::not_found(format!(
+                        "no basebackup at {lsn}: the snapshot at {} replays the timeline's WAL \
+                         from {}, and the timeline holds none",
+                        snapshot.lsn, snapshot.wal_from
+                    )))
+                }
                 Ok(None) => None,
                 Err(ReplayError::Fetch(e)) => return Err(ApiError::try_again(e)),
                 Err(ReplayError::Missing(e)) => {

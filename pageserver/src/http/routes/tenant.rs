@@ -105,13 +105,19 @@ pub async fn tenant_attach(
         .ok_or_else(|| ApiError::bad_request("generation must be 1 or more".to_owned()))?;
     let tenants = state.tenants.clone();
     let tenant = blocking(move || Ok(tenants.attach_tenant(id, generation)?)).await?;
-    // The WAL receivers the remote index named stream on here.
-    for timeline in tenant.list_timelines() {
-        if let Err(e) = state.receivers.resume(timeline.clone()) {
-            tracing::error!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
-                "the attached timeline's WAL receiver settings cannot be used, so it does not start: {e}");
+    // The WAL receivers the remote index named stream on here. Off the async workers: a start
+    // reads the timeline, which may download a layer.
+    let (receivers, timelines) = (state.receivers.clone(), tenant.list_timelines());
+    blocking(move || {
+        for timeline in timelines {
+            if let Err(e) = receivers.resume(timeline.clone()) {
+                tracing::error!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+                    "the attached timeline's WAL receiver settings cannot be used, so it does not start: {e}");
+            }
         }
-    }
+        Ok(())
+    })
+    .await?;
     Ok((StatusCode::CREATED, Json(tenant_json(&tenant))))
 }
 
