@@ -80,6 +80,13 @@ pub struct SnapshotConf {
     pub programs: Result<PgPrograms, String>,
 }
 
+impl SnapshotConf {
+    /// Where the next snapshot is due after one at `lsn`.
+    fn due_after(&self, lsn: Lsn) -> Lsn {
+        Lsn(lsn.0.saturating_add(self.distance))
+    }
+}
+
 /// The thread's loop: snapshots until the receiver stops or the timeline shuts down.
 pub(super) fn run(timeline: Arc<Timeline>, shared: Arc<Shared>, conf: SnapshotConf) {
     let stopped = || shared.stop.load(Ordering::Acquire) || timeline.is_shutting_down();
@@ -306,10 +313,7 @@ pub(super) fn hold_at_due(timeline: &Timeline, shared: &Shared, conf: &SnapshotC
         return;
     }
     if let Ok(Some(newest)) = newest_snapshot(timeline, last) {
-        shared.set_ingest_limit(IngestLimit {
-            before: None,
-            checkpoint_from: Some(Lsn(newest.lsn.0.saturating_add(conf.distance))),
-        });
+        shared.set_ingest_limit(IngestLimit::checkpoints_from(conf.due_after(newest.lsn)));
     }
 }
 
@@ -335,7 +339,7 @@ fn round(
     crate::metrics::BACKGROUND_SNAPSHOT_LAG_BYTES
         .with_label_values(labels)
         .set(flushed.0.saturating_sub(newest.lsn.0) as i64);
-    let due = Lsn(newest.lsn.0.saturating_add(conf.distance));
+    let due = conf.due_after(newest.lsn);
     if flushed < due {
         return Ok(None);
     }
@@ -346,17 +350,11 @@ fn round(
     let s = scan.as_mut().expect("set above");
     // Page ingest stops at the first checkpoint record past `due` (the snapshot's), so that it
     // is not past it when the scan finds it.
-    let hold = IngestLimit {
-        before: None,
-        checkpoint_from: Some(due.max(s.hold_from)),
-    };
+    let hold = IngestLimit::checkpoints_from(due.max(s.hold_from));
     shared.set_ingest_limit(hold);
     let found = s.step(timeline.dir(), flushed, due);
     if s.hold_from > due {
-        shared.set_ingest_limit(IngestLimit {
-            before: None,
-            checkpoint_from: Some(s.hold_from),
-        });
+        shared.set_ingest_limit(IngestLimit::checkpoints_from(s.hold_from));
     }
     let Some(target) = found? else {
         return Ok(None);
@@ -375,10 +373,7 @@ fn round(
     };
     // Held at once at the next one's due point: let go meanwhile, page ingest could pass a
     // checkpoint there before the next round looks.
-    shared.set_ingest_limit(IngestLimit {
-        before: None,
-        checkpoint_from: Some(Lsn(target.end.0.saturating_add(conf.distance))),
-    });
+    shared.set_ingest_limit(IngestLimit::checkpoints_from(conf.due_after(target.end)));
     crate::metrics::BACKGROUND_SNAPSHOTS
         .with_label_values(&["made"])
         .inc();

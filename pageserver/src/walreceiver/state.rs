@@ -88,6 +88,14 @@ pub(super) struct IngestLimit {
 }
 
 impl IngestLimit {
+    /// Page ingest stops at the first checkpoint record starting at or past `lsn`.
+    pub(super) fn checkpoints_from(lsn: Lsn) -> IngestLimit {
+        IngestLimit {
+            before: None,
+            checkpoint_from: Some(lsn),
+        }
+    }
+
     /// Whether page ingest stops before `record`.
     pub(super) fn stops_before(&self, record: &postgres_wal::DecodedRecord) -> bool {
         use postgres_wal::record::{RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, XLOG_CHECKPOINT_SHUTDOWN};
