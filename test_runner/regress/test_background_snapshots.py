@@ -168,8 +168,10 @@ def test_kill_during_a_background_snapshot(pg: PgEnv, pageserver_factory: Pagese
     def at_step() -> bool:
         if not (receiver(timeline).json()["snapshot_running"] and (replay_dir / "global").exists()):
             return False
-        # Replayed and finished: recovery's files gone.
-        return step == "background-snapshot-before-replay" or not (replay_dir / "recovery.signal").exists()
+        # Replayed and finished: recovery's files gone (the archive's standby.signal, then the
+        # replay's recovery.signal).
+        signals = [replay_dir / "recovery.signal", replay_dir / "standby.signal"]
+        return step == "background-snapshot-before-replay" or not any(s.exists() for s in signals)
 
     wait_until(at_step, timeout=120, what=f"a snapshot at {step}")
     before = timeline.info()["last_record_lsn"]
@@ -414,42 +416,78 @@ def test_a_primary_configured_from_outside_its_data_directory(pg: PgEnv, pageser
 
 
 @pytest.mark.timeout(600)
-def test_a_snapshot_at_a_spread_checkpoint_restores_from_the_timelines_wal(pg: PgEnv, pageserver_factory: PageserverFactory):
+@pytest.mark.parametrize("prepare", [False, True], ids=["nothing_prepared", "prepared_in_the_spread"])
+def test_a_snapshot_at_a_spread_checkpoint_restores_from_the_timelines_wal(pg: PgEnv, pageserver_factory: PageserverFactory, prepare: bool):
     """The primary checkpoints on its timer, spread over most of 30 s, and its WAL moves to a new
     segment every 5 s meanwhile: the snapshot's checkpoint starts its redo several segments
-    before the record. The snapshot stores none of that WAL; a restore at it, and one past it,
-    get it from the timeline's WAL (the archive's `pg_wal/` from the redo point's segment on)
-    and come up with balanced pgbench sums and, past it, the primary's rows."""
+    before the record. The snapshot stores none of that WAL, and a restore from it does not
+    replay it: the archive's `pg_control` and checkpoint record name the record itself as the
+    redo point, with the counters at the snapshot, and its `pg_wal/` starts at the record's
+    segment; at the snapshot, PostgreSQL replays nothing. Unless a transaction was prepared in
+    the spread (here one every 5 s, left prepared): its state is in that WAL alone, and a
+    restore replays from the redo point, with every transaction prepared below the snapshot
+    still prepared. Restores at the snapshot and past it come up with balanced pgbench sums,
+    the primary's rows, and transaction ids that go on past those the spread used."""
     ps = pageserver_factory.start(snapshot_settings(pg))
     timeline = TimelineHandle.create(ps)
-    primary = pg.new_cluster("primary").start("listen_addresses=127.0.0.1", "checkpoint_timeout=30s")
+    primary = pg.new_cluster("primary").start("listen_addresses=127.0.0.1", "checkpoint_timeout=30s", "max_prepared_transactions=30")
     primary.pgbench("-i", "-s", "1", "-q")
+    primary.psql("CREATE TABLE prepared_rows (n int)")
     pg.import_process(timeline.url, primary.basebackup_process())
     first = newest_snapshot(timeline)
     body = {"connstr": connstr(primary), "ingest_pages": False, "snapshot_wal_distance": DISTANCE}
     r = requests.put(f"{timeline.url}/wal_receiver", json=body, timeout=60)
     assert r.status_code == 200, r.text
     bench = primary.pgbench_background("-c", "2", "-T", "75", "-R", "100", "-n")
+    # Each prepared transaction with the WAL positions before and after its PREPARE.
+    prepared: list[tuple[str, Lsn, Lsn]] = []
     while bench.poll() is None:
         primary.psql("SELECT pg_switch_wal()")
+        if prepare:
+            gid = f"p{len(prepared)}"
+            before = Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()"))
+            primary.psql(f"BEGIN; INSERT INTO prepared_rows VALUES ({len(prepared)}); PREPARE TRANSACTION '{gid}'")
+            prepared.append((gid, before, Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()"))))
         time.sleep(5)  # pacing the switches, not waiting for anything
     assert bench.returncode == 0, bench.stderr.read() if bench.stderr else bench.returncode
     made = wait_snapshot_past(timeline, first)
+    imported = re.findall(r"background snapshot imported .*lsn=(\S+) redo=(\S+) wal_from=(\S+)", ps.log_text())
+    redo, wal_from = next((Lsn.parse(r), Lsn.parse(w)) for lsn, r, w in imported if lsn == str(made))
+    segment = 16 << 20
+    assert int(redo) // segment < int(made) // segment, f"redo {redo}, snapshot {made}"
 
     restored, snapshot = pg.restore(timeline.url, "at_snapshot", made)
     assert snapshot == made
     control = (restored.datadir / "global" / "pg_control").read_bytes()
-    redo = Lsn(struct.unpack_from("<Q", control, 40)[0])
-    segment = 16 << 20
-    assert int(redo) // segment < int(made) // segment, f"redo {redo}, snapshot {made}"
-    # From the redo point's segment to the snapshot's, in pg_wal/, from the timeline's WAL.
+    checkpoint, start = struct.unpack_from("<QQ", control, 32)
     names = sorted(n for n in os.listdir(restored.datadir / "pg_wal") if len(n) == 24)
-    assert names[0] == f"00000001{(int(redo) // segment) >> 8:08X}{(int(redo) // segment) & 0xFF:08X}", names
-    # Not stored with the snapshot: what it stored is less than those segments alone.
+    if prepare:
+        # From the redo point, as stored.
+        assert (wal_from, Lsn(start)) == (redo, redo), (wal_from, start, redo)
+    else:
+        # From the checkpoint record, which names itself as the redo point.
+        assert redo < wal_from < made and (Lsn(checkpoint), Lsn(start)) == (wal_from, wal_from), (redo, wal_from, checkpoint, start)
+    assert names[0] == f"00000001{(int(start) // segment) >> 8:08X}{(int(start) // segment) & 0xFF:08X}", names
+    # Not stored with the snapshot: what it stored is less than the spread's segments alone.
     stored = [int(b) for lsn, b in re.findall(r"background snapshot made .*lsn=(\S+) .*bytes_stored=(\d+)", ps.log_text()) if lsn == str(made)]
     assert stored and stored[0] < (int(made) // segment - int(redo) // segment) * segment, (stored, redo, made)
+    allow_prepared(restored)
     start_promoted_quietly(restored)
+    log = restored.log.read_text()
+    assert ("redo is not required" in log) != prepare, log[-3000:]
     assert restored.psql(BALANCED) == "t"
+    if prepare:
+        there = set(restored.psql("SELECT gid FROM pg_prepared_xacts ORDER BY gid").split())
+        assert {g for g, _, after in prepared if after <= made} <= there, (there, prepared, made)
+        assert not {g for g, before, _ in prepared if before > made} & there, (there, prepared, made)
+        assert len({g for g, before, _ in prepared if before > redo and g in there}) > 0, (there, prepared, redo)
+        for gid in sorted(there):
+            restored.psql(f"COMMIT PREPARED '{gid}'")
+        assert restored.psql("SELECT count(*) FROM prepared_rows") == str(len(there))
+    # Transaction ids go on past those the spread used (the checkpoint record's own counters
+    # are from before them): none is handed out twice.
+    newest = int(restored.psql("SELECT max(xmin::text::bigint) FROM pgbench_history"))
+    assert int(restored.psql("SELECT txid_current()")) > newest
     restored.stop("immediate")
 
     primary.psql("CREATE TABLE after_run AS SELECT 1 AS one")
@@ -457,6 +495,15 @@ def test_a_snapshot_at_a_spread_checkpoint_restores_from_the_timelines_wal(pg: P
     wait_flushed(timeline, end)
     past, snapshot = pg.restore(timeline.url, "past_snapshot", end)
     assert snapshot == made
+    allow_prepared(past)
     start_promoted_quietly(past)
     assert past.psql("SELECT count(*) FROM pgbench_history") == primary.psql("SELECT count(*) FROM pgbench_history")
     assert past.psql(BALANCED) == "t"
+    assert past.psql("SELECT count(*) FROM after_run") == "1"
+
+
+def allow_prepared(cluster: PgCluster) -> None:
+    """As many prepared transactions as the primary allowed (a recovery needs as many)."""
+    with (cluster.datadir / "postgresql.conf").open("a") as conf:
+        conf.write("max_prepared_transactions = 30\n")
+

@@ -27,6 +27,28 @@ pub const XLP_BKP_REMOVABLE: u16 = 0x0004;
 pub const XLP_FIRST_IS_OVERWRITE_CONTRECORD: u16 = 0x0008;
 const XLP_ALL_FLAGS: u16 = 0x000F;
 
+/// Where the `len` bytes of a record that starts at `start` lie in the WAL: the pieces
+/// (LSN, length) between the page headers they continue after, in order. A piece never
+/// crosses a page, so never a segment either.
+pub fn record_pieces(start: Lsn, len: usize, segment_size: u32) -> Vec<(Lsn, usize)> {
+    let mut pieces = Vec::new();
+    let (mut at, mut left) = (start.0, len);
+    while left > 0 {
+        if at.is_multiple_of(XLOG_BLCKSZ as u64) {
+            at += if at.is_multiple_of(u64::from(segment_size)) {
+                LONG_HEADER_LEN
+            } else {
+                SHORT_HEADER_LEN
+            } as u64;
+        }
+        let n = left.min(XLOG_BLCKSZ - (at % XLOG_BLCKSZ as u64) as usize);
+        pieces.push((Lsn(at), n));
+        at += n as u64;
+        left -= n;
+    }
+    pieces
+}
+
 /// A page header, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageHeader {

@@ -129,6 +129,15 @@ impl RecordHeader {
     }
 }
 
+/// The CRC-32C a whole record's header carries: of its bytes after the header, then of the
+/// header up to the CRC.
+pub fn record_crc(record: &[u8]) -> u32 {
+    crc32c::crc32c_append(
+        crc32c::crc32c(&record[RECORD_HEADER_LEN..]),
+        &record[..CRC_OFFSET],
+    )
+}
+
 /// The relation a block belongs to (`RelFileNode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RelFileNode {

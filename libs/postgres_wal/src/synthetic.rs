@@ -114,8 +114,7 @@ impl WalBuilder {
         record.extend_from_slice(&[info, rmid, 0, 0]);
         record.extend_from_slice(&[0; 4]);
         record.extend_from_slice(parts);
-        let crc =
-            crc32c::crc32c_append(crc32c::crc32c(&record[RECORD_HEADER_LEN..]), &record[..20]);
+        let crc = crate::record::record_crc(&record);
         record[20..24].copy_from_slice(&crc.to_le_bytes());
         self.put(&record, false);
         self.prev = start;

@@ -26,6 +26,7 @@ use utils::Lsn;
 
 use super::archive::{append_file, PositionalReader};
 pub use super::archive::{BasebackupError, Replay};
+use super::checkpoint_start;
 use super::materialize::Materialized;
 use super::path::{database_dir, database_of_dir};
 use crate::tenant::timeline::{Timeline, TimelineError};
@@ -67,9 +68,10 @@ pub fn snapshot_at(timeline: &Timeline, lsn: Lsn) -> Result<Snapshot, Basebackup
     })
 }
 
-/// The settings appended to `postgresql.auto.conf` of an archive that replays WAL.
-fn recovery_settings(replay: &Replay) -> String {
-    format!(
+/// The settings appended to `postgresql.auto.conf` of an archive that replays WAL; with
+/// `trigger`, the file whose presence promotes a standby.
+fn recovery_settings(replay: &Replay, trigger: Option<&str>) -> String {
+    let mut settings = format!(
         "\n# Added by the pageserver: replay the WAL in pg_wal/, which ends at {} (the last \
          record at or before {}) on timeline {}, then promote to a new timeline. Recovery \
          needs a restore_command; this one finds nothing, as the WAL is all in pg_wal/ \
@@ -77,10 +79,32 @@ fn recovery_settings(replay: &Replay) -> String {
          restore_command = 'false'\n\
          recovery_target_timeline = '{}'\n",
         replay.end, replay.target, replay.tli, replay.tli
-    )
+    );
+    if let Some(trigger) = trigger {
+        settings.push_str(&format!(
+            "# A standby (standby.signal) that finds {trigger} once it has replayed all of \
+             pg_wal/: it promotes at once and opens, and its end-of-recovery checkpoint runs \
+             after that, as after pg_ctl promote. PostgreSQL removes the file.\n\
+             promote_trigger_file = '{trigger}'\n"
+        ));
+    }
+    settings
+}
+
+/// The file an archive that replays WAL promotes on, in its data directory.
+pub const PROMOTE_TRIGGER_FILE: &str = "promote.trigger";
+
+/// Whether PostgreSQL of the major version in `PG_VERSION` reads `promote_trigger_file`:
+/// 12 to 15 (16 dropped it, and refuses a configuration that sets it).
+fn reads_promote_trigger_file(pg_version: &[u8]) -> bool {
+    let major = std::str::from_utf8(pg_version)
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    major.is_some_and(|m| (12..=15).contains(&m))
 }
 
 const AUTO_CONF: &str = "postgresql.auto.conf";
+const PG_CONTROL: &str = "global/pg_control";
 
 /// Writes the data directory of `snapshot` to `out` as a tar archive, set up as `restore` says.
 pub fn write_basebackup(
@@ -95,6 +119,11 @@ pub fn write_basebackup(
         Restore::Materialized(m) => (None, Some(m)),
     };
     let at = materialized.map_or(snapshot.lsn, |m| m.at);
+    // A background snapshot's replay that starts at its checkpoint record.
+    let start = match replay {
+        Some(replay) => checkpoint_start::plan(timeline, snapshot, replay)?,
+        None => None,
+    };
     let read =
         |key: Key| -> Result<Option<Bytes>, BasebackupError> { Ok(timeline.get_page(key, at)?) };
     let files = read(file_dir_key())?
@@ -127,6 +156,16 @@ pub fn write_basebackup(
                 }
             }
             EntryKind::File if materialized.is_some_and(|m| m.replaces(&entry.path)) => {}
+            EntryKind::File if start.is_some() && entry.path == PG_CONTROL => {
+                let control = &start.as_ref().expect("matched").control;
+                append_file(
+                    &mut tar,
+                    PG_CONTROL,
+                    entry.mode & 0o777,
+                    entry.mtime,
+                    control,
+                )?;
+            }
             EntryKind::File if replay.is_some_and(|r| replaces(r, &entry.path)) => {
                 if entry.path == AUTO_CONF {
                     auto_conf = Some((
@@ -170,9 +209,26 @@ pub fn write_basebackup(
             }
             (mode, mtime) = (m & 0o777, t);
         }
-        conf.extend_from_slice(recovery_settings(replay).as_bytes());
+        // Where PostgreSQL can be told so, a fast promotion: recovery that ends on its own
+        // (the WAL given runs out) waits for a whole checkpoint before it opens, which takes
+        // longer than the replay itself (docs/benchmarks.md, *Restore with background
+        // snapshots*).
+        let version = match files.get("PG_VERSION") {
+            Some(entry) if entry.size <= 16 => read(file_chunk_key(entry.id, 0))?,
+            _ => None,
+        };
+        let trigger = version
+            .is_some_and(|v| reads_promote_trigger_file(&v))
+            .then_some(PROMOTE_TRIGGER_FILE);
+        conf.extend_from_slice(recovery_settings(replay, trigger).as_bytes());
         append_file(&mut tar, AUTO_CONF, mode, mtime, &conf)?;
-        append_file(&mut tar, "recovery.signal", 0o600, mtime, b"")?;
+        match trigger {
+            Some(trigger) => {
+                append_file(&mut tar, "standby.signal", 0o600, mtime, b"")?;
+                append_file(&mut tar, trigger, 0o600, mtime, b"")?;
+            }
+            None => append_file(&mut tar, "recovery.signal", 0o600, mtime, b"")?,
+        }
         for (name, contents) in &replay.history {
             append_file(&mut tar, &format!("pg_wal/{name}"), 0o600, mtime, contents)?;
         }
@@ -184,9 +240,14 @@ pub fn write_basebackup(
             } else {
                 len
             };
-            let mut contents = PositionalReader { file, at: 0 }
+            let contents = PositionalReader { file, at: 0 }
                 .take(kept)
                 .chain(io::repeat(0).take(len - kept));
+            let mut contents = Patched {
+                inner: contents,
+                at: 0,
+                patches: start.as_ref().map(|s| s.patches_of(i)).unwrap_or_default(),
+            };
             let mut header = tar::Header::new_gnu();
             header.set_mode(0o600);
             header.set_mtime(mtime);
@@ -274,10 +335,12 @@ pub fn write_basebackup(
 
 /// Whether the replay writes a member of this path itself.
 fn replaces(replay: &Replay, path: &str) -> bool {
-    path == AUTO_CONF
-        || path
-            .strip_prefix("pg_wal/")
-            .is_some_and(|name| replay.segments.iter().any(|(n, _)| n == name))
+    matches!(
+        path,
+        AUTO_CONF | "recovery.signal" | "standby.signal" | PROMOTE_TRIGGER_FILE
+    ) || path
+        .strip_prefix("pg_wal/")
+        .is_some_and(|name| replay.segments.iter().any(|(n, _)| n == name))
 }
 
 const INIT_FORKNUM: u8 = 3;
@@ -301,6 +364,29 @@ fn checked_len(
             bytes.len()
         ))),
         None => Err(BasebackupError::Damaged(format!("{} is missing", what()))),
+    }
+}
+
+/// A member's contents with some byte ranges (offset, bytes) written over.
+struct Patched<'a, R> {
+    inner: R,
+    at: u64,
+    patches: Vec<(u64, &'a [u8])>,
+}
+
+impl<R: Read> Read for Patched<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let (from, to) = (self.at, self.at + n as u64);
+        for (offset, bytes) in &self.patches {
+            let (start, end) = ((*offset).max(from), (offset + bytes.len() as u64).min(to));
+            if start < end {
+                buf[(start - from) as usize..(end - from) as usize]
+                    .copy_from_slice(&bytes[(start - offset) as usize..(end - offset) as usize]);
+            }
+        }
+        self.at = to;
+        Ok(n)
     }
 }
 
@@ -360,5 +446,25 @@ where
         buf[..n].copy_from_slice(&self.current[..n]);
         let _ = self.current.split_to(n);
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reads_promote_trigger_file;
+
+    #[test]
+    fn only_postgresql_12_to_15_read_a_promote_trigger_file() {
+        for (version, reads) in [
+            (&b"15\n"[..], true),
+            (b"12\n", true),
+            (b"16\n", false),
+            (b"11\n", false),
+            (b"9.6\n", false),
+            (b"", false),
+            (b"\xff", false),
+        ] {
+            assert_eq!(reads_promote_trigger_file(version), reads, "{version:?}");
+        }
     }
 }

@@ -168,6 +168,16 @@ impl Checkpoint {
             tli,
             prev_tli,
             full_page_writes: true,
+            time,
+            // A shutdown checkpoint's, as `CreateCheckPoint` writes it: none.
+            oldest_active_xid: 0,
+            ..self.with_counters(counters)
+        }
+    }
+
+    /// This checkpoint with `counters` in place of its own.
+    pub fn with_counters(&self, counters: &ClusterCounters) -> Checkpoint {
+        Checkpoint {
             next_xid: counters.next_xid,
             next_oid: counters.next_oid,
             next_multi: counters.next_multi,
@@ -176,9 +186,6 @@ impl Checkpoint {
             oldest_xid_db: counters.oldest_xid_db,
             oldest_multi: counters.oldest_multi,
             oldest_multi_db: counters.oldest_multi_db,
-            time,
-            // A shutdown checkpoint's, as `CreateCheckPoint` writes it: none.
-            oldest_active_xid: 0,
             ..*self
         }
     }
@@ -198,12 +205,31 @@ pub fn shut_down_at(original: &[u8], at: Lsn, checkpoint: &Checkpoint) -> Vec<u8
     put(136, &[0; 33]);
     // data_checksum_version: the pages' checksums are not made again.
     put(252, &[0; 4]);
+    with_crc(b)
+}
+
+/// `b` with its CRC made again.
+fn with_crc(mut b: Vec<u8>) -> Vec<u8> {
     let crc = crc32c::crc32c(&b[..CRC_OFFSET]);
     b[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
     b
 }
 
+/// The control file `original` (checked by [`parse`]) with `checkpoint` as its copy of the
+/// latest checkpoint record, and nothing else changed.
+pub fn with_checkpoint_copy(original: &[u8], checkpoint: &Checkpoint) -> Vec<u8> {
+    let mut b = original.to_vec();
+    b[CHECKPOINT_COPY_OFFSET..CHECKPOINT_COPY_OFFSET + CHECKPOINT_LEN]
+        .copy_from_slice(&checkpoint.encode());
+    with_crc(b)
+}
+
 impl ControlFile {
+    /// Whether a standby shut it down in recovery.
+    pub fn is_shut_down_in_recovery(&self) -> bool {
+        self.state == DB_SHUTDOWNED_IN_RECOVERY
+    }
+
     /// Whether the cluster was shut down cleanly (it starts without recovery).
     pub fn is_shut_down(&self) -> bool {
         matches!(self.state, DB_SHUTDOWNED | DB_SHUTDOWNED_IN_RECOVERY)

@@ -41,8 +41,11 @@
 //! (`snapshots.rs`) has stock PostgreSQL (`pg_replay.rs`) replay the newest snapshot to the
 //! primary's first checkpoint past that much WAL, and imports what it shuts down with as a new
 //! snapshot there; page ingest waits before that checkpoint record meanwhile.
+//! `checkpoint_spread.rs` reads the WAL from that checkpoint's redo point to its record, so
+//! that a restore from the snapshot can start at the record.
 
 mod base_backup;
+mod checkpoint_spread;
 pub mod commit_time;
 mod connection;
 pub mod connstr;

@@ -41,9 +41,10 @@ use crate::datadir::pg_control::{self, ControlFile};
 const ADDED_SETTINGS: &str = "\n# Added by the pageserver: replay the WAL in pg_wal/";
 const AUTO_CONF: &str = "postgresql.auto.conf";
 /// What PostgreSQL leaves in the directory for its recovery: not part of a snapshot.
-const RECOVERY_FILES: [&str; 5] = [
+const RECOVERY_FILES: [&str; 6] = [
     "recovery.signal",
     "standby.signal",
+    crate::datadir::PROMOTE_TRIGGER_FILE,
     "backup_label.old",
     "postmaster.opts",
     "postmaster.pid",
@@ -143,6 +144,21 @@ fn user_ids(name: &str) -> Result<(u32, u32), String> {
     Ok((uid, gid))
 }
 
+/// Makes an unpacked archive that would start as a standby promoting itself (on a trigger file
+/// it holds) recover as an archive recovery instead: one that stops at its recovery target, or
+/// fails if the WAL ends before it, rather than waiting for more or promoting.
+fn as_archive_recovery(dir: &Path) -> io::Result<()> {
+    // Written first: one of the two signal files is there throughout.
+    fs::write(dir.join("recovery.signal"), b"")?;
+    for name in ["standby.signal", crate::datadir::PROMOTE_TRIGGER_FILE] {
+        match fs::remove_file(dir.join(name)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Makes `dir` (removed first if there) a directory PostgreSQL accepts as its data directory,
 /// and gives everything in it to the replay's user.
 pub fn prepare_dir(dir: &Path) -> io::Result<()> {
@@ -202,6 +218,7 @@ pub fn replay_to(
         .map_err(|e| failed(format!("the pg_control it starts from: {e}")))?
         .max_prepared_xacts
         .max(max_prepared_xacts);
+    as_archive_recovery(dir).map_err(|e| failed(format!("its recovery signal files: {e}")))?;
     if let Some(ids) = programs.run_as {
         chown_all(dir, ids).map_err(|e| failed(format!("giving the directory to pg_user: {e}")))?;
         chown_all(socket_dir.path(), ids)

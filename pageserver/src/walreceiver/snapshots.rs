@@ -12,17 +12,22 @@
 //!     └─▶ page ingest held before C (it stops at C's start; its versions end before S)
 //!     └─▶ one at a time per server: basebackup of P with the WAL to past S, unpacked into
 //!         the server's `snapshot_replay_dir`, replayed by PostgreSQL to S (`pg_replay.rs`)
+//!     └─▶ C's spread (from its redo point R) read: the counters at S, and whether a
+//!         transaction was prepared in it (`checkpoint_spread.rs`)
 //!     └─▶ imported at S (only what differs from the timeline's state below S is stored;
-//!         not its `pg_wal/`, which the timeline's WAL gives a restore from C's redo point
-//!         on), with the counters page ingest followed, moved by C
+//!         not its `pg_wal/`, which the timeline's WAL gives a restore from C on, or from R
+//!         after a prepared transaction), with the counters page ingest followed, moved by C
+//!         (or the spread's)
 //!     └─▶ the directory removed, page ingest let go: it resumes after S
 //! ```
 //!
 //! Why at a checkpoint record: PostgreSQL writes the pages it replayed only at a restartpoint,
 //! which it makes at a checkpoint record (see `pg_replay.rs`). So snapshots come at the
-//! primary's checkpoints, the first after each `snapshot_wal_distance`; and a restore from one
-//! replays from that checkpoint's redo point: the snapshot is listed with its WAL from there
-//! (`Snapshot::wal_from`), and a restore's `pg_wal/` comes from the timeline's WAL.
+//! primary's checkpoints, the first after each `snapshot_wal_distance`. A restore from one
+//! replays from the checkpoint record (`datadir/checkpoint_start.rs`), or from the
+//! checkpoint's redo point when a transaction prepared in the spread is in that WAL alone: the
+//! snapshot is listed with its WAL from there (`Snapshot::wal_from`), and a restore's `pg_wal/`
+//! comes from the timeline's WAL.
 //!
 //! Crash safety: the import is one [`crate::tenant::timeline::Import`], durable whole at its
 //! commit or not at all; the directory of a killed replay is removed by the next snapshot,
@@ -44,6 +49,7 @@ use postgres_wal::record::{
 use postgres_wal::{DecodedRecord, WalDecoder, XLOG_BLCKSZ};
 use utils::Lsn;
 
+use super::checkpoint_spread::read_spread;
 use super::pg_replay::{self, PgPrograms, ReplayRunError};
 use super::replay_plan::replay_of;
 use super::state::{IngestLimit, Shared};
@@ -502,21 +508,63 @@ fn make_snapshot(
     // it). Otherwise (a checkpoint that started before the snapshot this one comes from, an
     // archive behind) the snapshot keeps those segments, as an imported directory does.
     let redo = control.checkpoint_copy.redo;
-    let wal_from = if redo >= snapshot.wal_from && wal_durable_to(timeline, target.end, &cancel) {
-        redo
+    let from_timeline = redo >= snapshot.wal_from && wal_durable_to(timeline, target.end, &cancel);
+    // A restore starts at the checkpoint record itself when the checkpoint's spread holds
+    // nothing the snapshot lacks (`datadir/checkpoint_start.rs`); read, that spread also
+    // gives the counters at the snapshot.
+    let spread = if from_timeline && redo < target.start {
+        match read_spread(timeline.dir(), segment_size, redo, &target.record, &cancel) {
+            Ok(spread) => Some(spread),
+            Err(e) if cancel() => return Err(e),
+            Err(e) => {
+                tracing::warn!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+                    "background snapshot at {}: restores from it replay from the checkpoint's \
+                     redo point {redo}, as its spread could not be read: {e}", target.end);
+                None
+            }
+        }
     } else {
-        target.end
+        None
+    };
+    // What of the spread the snapshot lacks, if anything.
+    let lacks = match &spread {
+        _ if redo >= target.start => None,
+        Some(s) => match s.still_prepared.iter().next() {
+            Some((xid, at)) => Some(format!(
+                "transaction {xid}, prepared at {at} in the checkpoint's spread and still \
+                 prepared, is in its WAL alone"
+            )),
+            // Replay moves the newest transaction with a commit timestamp on.
+            None if control.track_commit_timestamp => {
+                Some("the cluster tracks commit timestamps".to_owned())
+            }
+            None => None,
+        },
+        None => Some("the spread was not read".to_owned()),
+    };
+    let wal_from = match lacks {
+        _ if !from_timeline => target.end,
+        None => target.start,
+        Some(why) => {
+            tracing::info!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+                "background snapshot at {}: restores from it replay from the checkpoint's \
+                 redo point {redo}: {why}", target.end);
+            redo
+        }
     };
     let keep_wal = (wal_from == target.end).then_some((redo, target.end));
     pg_replay::finish_dir(dir, keep_wal, segment_size)
         .map_err(|e| format!("finishing the replayed directory: {e}"))?;
     // Page ingest's counters are those at `base`; only when it stopped right before the
-    // checkpoint record is that record the one between them and the snapshot.
+    // checkpoint record is that record the one between them and the snapshot. Otherwise
+    // those the spread gives (or, without, `pg_control`'s: the record's, from when the
+    // checkpoint began).
     let counters = if shared.state().ingest_pages && base == target.prev_end {
         counters_at(timeline, base, &target.record)?
     } else {
         None
     };
+    let counters = counters.or(spread.map(|s| s.counters));
     fail::fail_point!("background-snapshot-before-import");
     let (reader, writer) = std::io::pipe().map_err(|e| format!("a pipe: {e}"))?;
     let report = std::thread::scope(|scope| {
@@ -531,6 +579,7 @@ fn make_snapshot(
         Ok::<_, String>(report)
     })?;
     tracing::info!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
+        lsn = %target.end, redo = %redo, wal_from = %wal_from,
         blocks_changed = report.blocks_changed, blocks_new = report.blocks_new,
         blocks_unchanged = report.blocks_unchanged, bytes_read = report.bytes_read,
         "background snapshot imported");

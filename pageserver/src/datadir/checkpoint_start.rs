@@ -1,0 +1,319 @@
+//! A restore from a background snapshot starts replaying at the snapshot's checkpoint record,
+//! not at that checkpoint's redo point.
+//!
+//! A background snapshot is a standby's directory shut down right after it replayed an online
+//! checkpoint record at `C` (ending at the snapshot's LSN `S`). Its `pg_control` names `C`, and
+//! `C`'s redo point `R`, which the primary chose when the checkpoint began: PostgreSQL started
+//! on it replays everything from `R`, which is the checkpoint's whole spread (minutes of WAL
+//! with the primary's defaults) even for a restore at `S` itself. Yet every page, every SLRU
+//! and every relation map in the snapshot is already whole at `S` (the restartpoint wrote out
+//! all the replay made). What only the WAL from `R` would give:
+//!
+//! - the counters (next transaction id, OID, multixact): the record carries them as they were
+//!   when the checkpoint began, and records of the spread moved them on. The timeline holds
+//!   them as at `S` (`counters_key`, followed through the spread by page ingest or by the
+//!   snapshot itself);
+//! - the state of a transaction prepared in the spread and still prepared at `S`, which a
+//!   restartpoint does not write out (`CheckPointTwoPhase` writes those prepared before `R`).
+//!   A snapshot with one is listed with its WAL from `R` (`Snapshot::wal_from`), and is started
+//!   as stored; so is one of a cluster that tracks commit timestamps, as replay moves the newest
+//!   one on.
+//!
+//! So when a snapshot is listed with its WAL from `C` itself, the archive's `pg_control` and the
+//! record at `C` in its `pg_wal/` both say `redo = C`, with the counters at `S`; the record's
+//! CRC is made again. PostgreSQL then reads the checkpoint, finds its redo point there, and
+//! replays from the next record: at `S`, nothing. The timeline's own WAL is never changed:
+//! only the bytes written into the archive.
+
+use std::os::unix::fs::FileExt;
+
+use pageserver_api::datadir::{counters_key, ClusterCounters, Snapshot, SnapshotKind};
+use postgres_wal::page::record_pieces;
+use postgres_wal::record::{
+    record_crc, RecordHeader, CRC_OFFSET, RECORD_HEADER_LEN, RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE,
+};
+use postgres_wal::segment::{segno_of, SegmentName};
+use utils::Lsn;
+
+use super::archive::{BasebackupError, Replay};
+use super::materialize::control_file_at;
+use super::pg_control::{self, Checkpoint, CHECKPOINT_LEN};
+use crate::tenant::timeline::Timeline;
+
+/// A checkpoint record's length: its header, the short header of its main data (two bytes),
+/// and the `CheckPoint`.
+const CHECKPOINT_RECORD_LEN: usize = RECORD_HEADER_LEN + 2 + CHECKPOINT_LEN;
+
+/// What an archive writes in place of the stored bytes so that its replay starts at the
+/// snapshot's checkpoint record.
+#[derive(Debug)]
+pub struct CheckpointStart {
+    /// `global/pg_control`, with the rewritten checkpoint as its copy.
+    pub control: Vec<u8>,
+    /// The checkpoint record's bytes as written: (index of the segment in the replay's list,
+    /// offset in it, bytes).
+    patches: Vec<(usize, u64, Vec<u8>)>,
+}
+
+impl CheckpointStart {
+    /// The byte ranges of the `i`-th segment of the replay that differ from the stored ones.
+    pub fn patches_of(&self, i: usize) -> Vec<(u64, &[u8])> {
+        self.patches
+            .iter()
+            .filter(|(segment, _, _)| *segment == i)
+            .map(|(_, offset, bytes)| (*offset, bytes.as_slice()))
+            .collect()
+    }
+}
+
+/// The rewrite a replay from `snapshot` gets, if the snapshot is listed with its WAL from its
+/// checkpoint record (`None` otherwise: it starts as stored).
+pub fn plan(
+    timeline: &Timeline,
+    snapshot: Snapshot,
+    replay: &Replay,
+) -> Result<Option<CheckpointStart>, BasebackupError> {
+    if snapshot.kind != SnapshotKind::Stopped || snapshot.wal_from >= snapshot.lsn {
+        return Ok(None);
+    }
+    let (original, control, _) = control_file_at(timeline, snapshot.lsn)?;
+    let at = control.checkpoint;
+    if snapshot.wal_from != at || control.checkpoint_copy.redo == at {
+        return Ok(None);
+    }
+    let damaged = |what: String| {
+        BasebackupError::Damaged(format!("the snapshot at {}: {what}", snapshot.lsn))
+    };
+    if !control.is_shut_down_in_recovery() {
+        return Err(damaged(format!(
+            "its WAL is listed from its checkpoint record, but its pg_control says {:?}, not \
+             shut down in recovery",
+            control.state_name()
+        )));
+    }
+    let counters = timeline
+        .get_page(counters_key(), snapshot.lsn)?
+        .ok_or_else(|| damaged("no cluster counters are stored there".to_owned()))?;
+    let counters = ClusterCounters::decode(&counters)?;
+    let (first_name, first) = replay
+        .segments
+        .first()
+        .ok_or_else(|| damaged("no WAL segment to replay".to_owned()))?;
+    let segment_size = u32::try_from(first.metadata()?.len())
+        .ok()
+        .filter(|s| postgres_wal::segment::is_valid_segment_size(*s))
+        .ok_or_else(|| damaged(format!("WAL segment {first_name} has no valid size")))?;
+    let first_segno = SegmentName::parse(first_name, segment_size)
+        .map(|n| segno_of(n.start(segment_size), segment_size))
+        .ok_or_else(|| damaged(format!("WAL segment name {first_name:?}")))?;
+    let read = |lsn: Lsn, buf: &mut [u8]| -> Result<usize, String> {
+        let i = segno_of(lsn, segment_size)
+            .checked_sub(first_segno)
+            .map(|i| i as usize)
+            .filter(|i| *i < replay.segments.len())
+            .ok_or_else(|| format!("no WAL segment of the replay holds {lsn}"))?;
+        let offset = lsn.0 % u64::from(segment_size);
+        replay.segments[i]
+            .1
+            .read_exact_at(buf, offset)
+            .map_err(|e| format!("reading the WAL at {lsn}: {e}"))?;
+        Ok(i)
+    };
+    let patches = rewrite_checkpoint(read, at, segment_size, &control.checkpoint_copy, |c| {
+        Checkpoint {
+            redo: at,
+            ..c.with_counters(&counters)
+        }
+    })
+    .map_err(damaged)?;
+    let rewritten = Checkpoint {
+        redo: at,
+        ..control.checkpoint_copy.with_counters(&counters)
+    };
+    Ok(Some(CheckpointStart {
+        control: pg_control::with_checkpoint_copy(&original, &rewritten),
+        patches,
+    }))
+}
+
+/// The online checkpoint record at `at`, read with `read` (which returns which segment it read
+/// from), checked to hold `expected` and rewritten as `rewrite` says: its pieces as they are
+/// to be written, (segment, offset in the segment, bytes).
+fn rewrite_checkpoint<S>(
+    mut read: impl FnMut(Lsn, &mut [u8]) -> Result<S, String>,
+    at: Lsn,
+    segment_size: u32,
+    expected: &Checkpoint,
+    rewrite: impl FnOnce(&Checkpoint) -> Checkpoint,
+) -> Result<Vec<(S, u64, Vec<u8>)>, String> {
+    let pieces = record_pieces(at, CHECKPOINT_RECORD_LEN, segment_size);
+    let mut record = Vec::with_capacity(CHECKPOINT_RECORD_LEN);
+    let mut segments = Vec::with_capacity(pieces.len());
+    for (lsn, len) in &pieces {
+        let mut buf = vec![0; *len];
+        segments.push(read(*lsn, &mut buf)?);
+        record.extend_from_slice(&buf);
+    }
+    let header = RecordHeader::decode(&record);
+    let main = &record[RECORD_HEADER_LEN + 2..];
+    let is_checkpoint = header.tot_len as usize == CHECKPOINT_RECORD_LEN
+        && header.rmid == RM_XLOG_ID
+        && header.rm_info() == XLOG_CHECKPOINT_ONLINE
+        && record[RECORD_HEADER_LEN..RECORD_HEADER_LEN + 2] == [255, CHECKPOINT_LEN as u8];
+    if !is_checkpoint || header.crc != record_crc(&record) {
+        return Err(format!(
+            "the WAL at {at}, which its pg_control names, is not an intact online checkpoint \
+             record"
+        ));
+    }
+    let stored = Checkpoint::parse(main).expect("the length is checked");
+    if stored != *expected {
+        return Err(format!(
+            "the checkpoint record at {at} holds {stored:?}, its pg_control {expected:?}"
+        ));
+    }
+    record[RECORD_HEADER_LEN + 2..].copy_from_slice(&rewrite(&stored).encode());
+    let crc = record_crc(&record);
+    record[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
+    let mut done = 0;
+    Ok(pieces
+        .iter()
+        .zip(segments)
+        .map(|((lsn, len), segment)| {
+            let bytes = record[done..done + len].to_vec();
+            done += len;
+            (segment, lsn.0 % u64::from(segment_size), bytes)
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use postgres_wal::synthetic::WalBuilder;
+    use postgres_wal::WalDecoder;
+
+    const SEGMENT: u32 = 1 << 20;
+
+    fn checkpoint(redo: u64) -> Checkpoint {
+        Checkpoint {
+            redo: Lsn(redo),
+            tli: 1,
+            prev_tli: 1,
+            full_page_writes: true,
+            next_xid: 1000,
+            next_oid: 20_000,
+            next_multi: 3,
+            next_multi_offset: 7,
+            oldest_xid: 716,
+            oldest_xid_db: 1,
+            oldest_multi: 1,
+            oldest_multi_db: 1,
+            time: 42,
+            oldest_commit_ts_xid: 0,
+            newest_commit_ts_xid: 0,
+            oldest_active_xid: 990,
+        }
+    }
+
+    /// A WAL stretch from `start` whose second record is an online checkpoint that starts
+    /// `filler` bytes of main data past the first; its bytes, and where the checkpoint is.
+    fn wal_with_checkpoint(start: u64, filler: usize) -> (WalBuilder, Lsn) {
+        let mut wal = WalBuilder::new(Lsn(start), SEGMENT);
+        wal.main_data_record(RM_XLOG_ID, 0x30, 0, &vec![7; filler]);
+        let redo = wal.end().0 - 8;
+        let at = wal.main_data_record(
+            RM_XLOG_ID,
+            XLOG_CHECKPOINT_ONLINE,
+            0,
+            &checkpoint(redo).encode(),
+        );
+        wal.commit(1200, 5);
+        (wal, at)
+    }
+
+    /// Rewrites the checkpoint in `wal`'s bytes; decodes them again.
+    fn rewritten(wal: &WalBuilder, at: Lsn) -> Vec<postgres_wal::DecodedRecord> {
+        let start = wal.start().0;
+        let mut bytes = wal.bytes().to_vec();
+        let stored = {
+            let decoded = decode(&bytes, wal.start());
+            let record = decoded.iter().find(|r| r.start == at).unwrap();
+            Checkpoint::parse(&record.bytes[RECORD_HEADER_LEN + 2..]).unwrap()
+        };
+        let read = |lsn: Lsn, buf: &mut [u8]| {
+            let off = (lsn.0 - start) as usize;
+            buf.copy_from_slice(&bytes[off..off + buf.len()]);
+            Ok::<_, String>(segno_of(lsn, SEGMENT))
+        };
+        let patches = rewrite_checkpoint(read, at, SEGMENT, &stored, |c| Checkpoint {
+            redo: at,
+            next_xid: 1234,
+            ..*c
+        })
+        .unwrap();
+        for (segno, offset, piece) in patches {
+            let off = (segno * u64::from(SEGMENT) + offset - start) as usize;
+            bytes[off..off + piece.len()].copy_from_slice(&piece);
+        }
+        decode(&bytes, wal.start())
+    }
+
+    fn decode(bytes: &[u8], start: Lsn) -> Vec<postgres_wal::DecodedRecord> {
+        let mut decoder = WalDecoder::new(start, SEGMENT);
+        decoder.feed(bytes);
+        std::iter::from_fn(|| decoder.next_record().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_rewritten_checkpoint_names_itself_as_redo_and_decodes_with_its_neighbours_unchanged() {
+        // On one page, across a page header, and across the next segment's first (long)
+        // header: fillers that put the checkpoint at every 8 bytes around a page's end.
+        let page = postgres_wal::XLOG_BLCKSZ;
+        let mut crossed = [false; 2];
+        for start in [0, u64::from(SEGMENT) - page as u64] {
+            for filler in (page - 400..page - 40).step_by(8) {
+                let (wal, at) = wal_with_checkpoint(start, filler);
+                let pieces = record_pieces(at, CHECKPOINT_RECORD_LEN, SEGMENT);
+                if pieces.len() == 2 {
+                    crossed[usize::from(start > 0)] = true;
+                }
+                let before = decode(wal.bytes(), wal.start());
+                let after = rewritten(&wal, at);
+                assert_eq!(after.len(), before.len(), "start {start}, filler {filler}");
+                for (a, b) in after.iter().zip(&before) {
+                    if a.start == at {
+                        let c = Checkpoint::parse(&a.bytes[RECORD_HEADER_LEN + 2..]).unwrap();
+                        assert_eq!((c.redo, c.next_xid), (at, 1234));
+                        assert_eq!(c.oldest_active_xid, 990);
+                    } else {
+                        assert_eq!(a.bytes, b.bytes);
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            crossed,
+            [true, true],
+            "a checkpoint crossed a page and a segment"
+        );
+    }
+
+    #[test]
+    fn a_record_that_is_not_the_checkpoint_pg_control_names_is_refused() {
+        let (wal, at) = wal_with_checkpoint(0, 100);
+        let bytes = wal.bytes().to_vec();
+        let read = |lsn: Lsn, buf: &mut [u8]| {
+            let off = lsn.0 as usize;
+            buf.copy_from_slice(&bytes[off..off + buf.len()]);
+            Ok::<_, String>(0)
+        };
+        let other = checkpoint(8);
+        let e = rewrite_checkpoint(read, at, SEGMENT, &other, |c| *c).unwrap_err();
+        assert!(e.contains("its pg_control"), "{e}");
+        // Not a checkpoint at all: the first record.
+        let first = decode(&bytes, wal.start())[0].start;
+        let e = rewrite_checkpoint(read, first, SEGMENT, &other, |c| *c).unwrap_err();
+        assert!(e.contains("not an intact online checkpoint"), "{e}");
+    }
+}
