@@ -23,7 +23,12 @@
 //! record at `C` in its `pg_wal/` both say `redo = C`, with the counters at `S`; the record's
 //! CRC is made again. PostgreSQL then reads the checkpoint, finds its redo point there, and
 //! replays from the next record: at `S`, nothing. The timeline's own WAL is never changed:
-//! only the bytes written into the archive.
+//! only the bytes written into the archive (which a branch started from the archive may stream
+//! back: a stored record rewritten already, whole or in part, is taken as the one it was).
+//!
+//! The cost: until the restored server's first checkpoint, its crash recovery starts at `C`
+//! too, where the WAL after `C` has no full-page image of a page first changed in the spread;
+//! a torn write of such a page in that window would not be repaired (docs/pitr.md).
 
 use std::os::unix::fs::FileExt;
 
@@ -137,14 +142,14 @@ pub fn plan(
 }
 
 /// The online checkpoint record at `at`, read with `read` (which returns which segment it read
-/// from), checked to hold `expected` and rewritten as `rewrite` says: its pieces as they are
-/// to be written, (segment, offset in the segment, bytes).
+/// from), checked to hold `expected` (or its rewrite already) and rewritten as `rewrite` says:
+/// its pieces as they are to be written, (segment, offset in the segment, bytes).
 fn rewrite_checkpoint<S>(
     mut read: impl FnMut(Lsn, &mut [u8]) -> Result<S, String>,
     at: Lsn,
     segment_size: u32,
     expected: &Checkpoint,
-    rewrite: impl FnOnce(&Checkpoint) -> Checkpoint,
+    rewrite: impl Fn(&Checkpoint) -> Checkpoint,
 ) -> Result<Vec<(S, u64, Vec<u8>)>, String> {
     let pieces = record_pieces(at, CHECKPOINT_RECORD_LEN, segment_size);
     let mut record = Vec::with_capacity(CHECKPOINT_RECORD_LEN);
@@ -155,24 +160,31 @@ fn rewrite_checkpoint<S>(
         record.extend_from_slice(&buf);
     }
     let header = RecordHeader::decode(&record);
-    let main = &record[RECORD_HEADER_LEN + 2..];
     let is_checkpoint = header.tot_len as usize == CHECKPOINT_RECORD_LEN
         && header.rmid == RM_XLOG_ID
         && header.rm_info() == XLOG_CHECKPOINT_ONLINE
+        && header.prev < at
         && record[RECORD_HEADER_LEN..RECORD_HEADER_LEN + 2] == [255, CHECKPOINT_LEN as u8];
-    if !is_checkpoint || header.crc != record_crc(&record) {
+    if !is_checkpoint {
         return Err(format!(
-            "the WAL at {at}, which its pg_control names, is not an intact online checkpoint \
-             record"
+            "the WAL at {at}, which its pg_control names, is not an online checkpoint record"
         ));
     }
-    let stored = Checkpoint::parse(main).expect("the length is checked");
-    if stored != *expected {
-        return Err(format!(
-            "the checkpoint record at {at} holds {stored:?}, its pg_control {expected:?}"
-        ));
+    let want = rewrite(expected);
+    // The stored record may be the rewritten one already, or half of each when it crosses a
+    // segment: a restore's WAL streamed back into a branch holds what the archive gave it.
+    // Whichever, it is written whole from pg_control's copy; an intact one must be one of
+    // the two.
+    if header.crc == record_crc(&record) {
+        let stored =
+            Checkpoint::parse(&record[RECORD_HEADER_LEN + 2..]).expect("the length is checked");
+        if stored != *expected && stored != want {
+            return Err(format!(
+                "the checkpoint record at {at} holds {stored:?}, its pg_control {expected:?}"
+            ));
+        }
     }
-    record[RECORD_HEADER_LEN + 2..].copy_from_slice(&rewrite(&stored).encode());
+    record[RECORD_HEADER_LEN + 2..].copy_from_slice(&want.encode());
     let crc = record_crc(&record);
     record[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
     let mut done = 0;
@@ -230,6 +242,13 @@ mod tests {
         );
         wal.commit(1200, 5);
         (wal, at)
+    }
+
+    /// The checkpoint record at `at` of WAL `bytes` from LSN 0, decoded.
+    fn stored_checkpoint(bytes: &[u8], at: Lsn) -> Checkpoint {
+        let decoded = decode(bytes, Lsn(0));
+        let record = decoded.iter().find(|r| r.start == at).unwrap();
+        Checkpoint::parse(&record.bytes[RECORD_HEADER_LEN + 2..]).unwrap()
     }
 
     /// Rewrites the checkpoint in `wal`'s bytes; decodes them again.
@@ -300,6 +319,40 @@ mod tests {
     }
 
     #[test]
+    fn a_record_rewritten_already_whole_or_in_part_is_written_whole_again() {
+        let page = postgres_wal::XLOG_BLCKSZ;
+        // Across a page: the first piece rewritten, the second as stored.
+        for filler in (page - 400..page - 40).step_by(8) {
+            let (wal, at) = wal_with_checkpoint(0, filler);
+            let mut bytes = wal.bytes().to_vec();
+            let stored = stored_checkpoint(&bytes, at);
+            let read = |bytes: &Vec<u8>| {
+                let bytes = bytes.clone();
+                move |lsn: Lsn, buf: &mut [u8]| {
+                    let off = lsn.0 as usize;
+                    buf.copy_from_slice(&bytes[off..off + buf.len()]);
+                    Ok::<_, String>(0)
+                }
+            };
+            let rewrite = |c: &Checkpoint| Checkpoint { redo: at, ..*c };
+            let first = rewrite_checkpoint(read(&bytes), at, SEGMENT, &stored, rewrite).unwrap();
+            let apply = |bytes: &mut Vec<u8>, pieces: &[(u32, u64, Vec<u8>)], n: usize| {
+                for (_, offset, piece) in pieces.iter().take(n) {
+                    bytes[*offset as usize..*offset as usize + piece.len()].copy_from_slice(piece);
+                }
+            };
+            let mut half = bytes.clone();
+            apply(&mut half, &first, 1);
+            apply(&mut bytes, &first, first.len());
+            for stored_now in [&bytes, &half] {
+                let again =
+                    rewrite_checkpoint(read(stored_now), at, SEGMENT, &stored, rewrite).unwrap();
+                assert_eq!(again, first, "filler {filler}");
+            }
+        }
+    }
+
+    #[test]
     fn a_record_that_is_not_the_checkpoint_pg_control_names_is_refused() {
         let (wal, at) = wal_with_checkpoint(0, 100);
         let bytes = wal.bytes().to_vec();
@@ -314,6 +367,6 @@ mod tests {
         // Not a checkpoint at all: the first record.
         let first = decode(&bytes, wal.start())[0].start;
         let e = rewrite_checkpoint(read, first, SEGMENT, &other, |c| *c).unwrap_err();
-        assert!(e.contains("not an intact online checkpoint"), "{e}");
+        assert!(e.contains("not an online checkpoint record"), "{e}");
     }
 }

@@ -76,7 +76,11 @@ pub(super) fn read_spread(
                 continue;
             }
             if record.end > end {
-                return Ok(spread);
+                return Err(format!(
+                    "the record at {} ends at {}, past the checkpoint record's end {end}: the \
+                     stored WAL is not the one scanned",
+                    record.start, record.end
+                ));
             }
             let xact_end = match record.header.rmid {
                 RM_XACT_ID => xact_end_details(&record)?,
