@@ -29,6 +29,7 @@ pub use super::archive::{BasebackupError, Replay};
 use super::checkpoint_start;
 use super::materialize::Materialized;
 use super::path::{database_dir, database_of_dir};
+use super::pg_control::PG_CONTROL_PATH;
 use crate::tenant::timeline::{Timeline, TimelineError};
 
 /// What PostgreSQL started on the archive does.
@@ -104,7 +105,6 @@ fn reads_promote_trigger_file(pg_version: &[u8]) -> bool {
 }
 
 const AUTO_CONF: &str = "postgresql.auto.conf";
-const PG_CONTROL: &str = "global/pg_control";
 
 /// Writes the data directory of `snapshot` to `out` as a tar archive, set up as `restore` says.
 pub fn write_basebackup(
@@ -156,11 +156,11 @@ pub fn write_basebackup(
                 }
             }
             EntryKind::File if materialized.is_some_and(|m| m.replaces(&entry.path)) => {}
-            EntryKind::File if start.is_some() && entry.path == PG_CONTROL => {
+            EntryKind::File if start.is_some() && entry.path == PG_CONTROL_PATH => {
                 let control = &start.as_ref().expect("matched").control;
                 append_file(
                     &mut tar,
-                    PG_CONTROL,
+                    PG_CONTROL_PATH,
                     entry.mode & 0o777,
                     entry.mtime,
                     control,

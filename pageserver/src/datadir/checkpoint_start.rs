@@ -124,17 +124,12 @@ pub fn plan(
             .map_err(|e| format!("reading the WAL at {lsn}: {e}"))?;
         Ok(i)
     };
-    let patches = rewrite_checkpoint(read, at, segment_size, &control.checkpoint_copy, |c| {
-        Checkpoint {
-            redo: at,
-            ..c.with_counters(&counters)
-        }
-    })
-    .map_err(damaged)?;
     let rewritten = Checkpoint {
         redo: at,
         ..control.checkpoint_copy.with_counters(&counters)
     };
+    let patches = rewrite_checkpoint(read, at, segment_size, &control.checkpoint_copy, &rewritten)
+        .map_err(damaged)?;
     Ok(Some(CheckpointStart {
         control: pg_control::with_checkpoint_copy(&original, &rewritten),
         patches,
@@ -142,14 +137,14 @@ pub fn plan(
 }
 
 /// The online checkpoint record at `at`, read with `read` (which returns which segment it read
-/// from), checked to hold `expected` (or its rewrite already) and rewritten as `rewrite` says:
-/// its pieces as they are to be written, (segment, offset in the segment, bytes).
+/// from), checked to hold `expected` (or `want` already) and rewritten to hold `want`: its
+/// pieces as they are to be written, (segment, offset in the segment, bytes).
 fn rewrite_checkpoint<S>(
     mut read: impl FnMut(Lsn, &mut [u8]) -> Result<S, String>,
     at: Lsn,
     segment_size: u32,
     expected: &Checkpoint,
-    rewrite: impl Fn(&Checkpoint) -> Checkpoint,
+    want: &Checkpoint,
 ) -> Result<Vec<(S, u64, Vec<u8>)>, String> {
     let pieces = record_pieces(at, CHECKPOINT_RECORD_LEN, segment_size);
     let mut record = Vec::with_capacity(CHECKPOINT_RECORD_LEN);
@@ -170,7 +165,6 @@ fn rewrite_checkpoint<S>(
             "the WAL at {at}, which its pg_control names, is not an online checkpoint record"
         ));
     }
-    let want = rewrite(expected);
     // The stored record may be the rewritten one already, or half of each when it crosses a
     // segment: a restore's WAL streamed back into a branch holds what the archive gave it.
     // Whichever, it is written whole from pg_control's copy; an intact one must be one of
@@ -178,7 +172,7 @@ fn rewrite_checkpoint<S>(
     if header.crc == record_crc(&record) {
         let stored =
             Checkpoint::parse(&record[RECORD_HEADER_LEN + 2..]).expect("the length is checked");
-        if stored != *expected && stored != want {
+        if stored != *expected && stored != *want {
             return Err(format!(
                 "the checkpoint record at {at} holds {stored:?}, its pg_control {expected:?}"
             ));
@@ -265,12 +259,12 @@ mod tests {
             buf.copy_from_slice(&bytes[off..off + buf.len()]);
             Ok::<_, String>(segno_of(lsn, SEGMENT))
         };
-        let patches = rewrite_checkpoint(read, at, SEGMENT, &stored, |c| Checkpoint {
+        let want = Checkpoint {
             redo: at,
             next_xid: 1234,
-            ..*c
-        })
-        .unwrap();
+            ..stored
+        };
+        let patches = rewrite_checkpoint(read, at, SEGMENT, &stored, &want).unwrap();
         for (segno, offset, piece) in patches {
             let off = (segno * u64::from(SEGMENT) + offset - start) as usize;
             bytes[off..off + piece.len()].copy_from_slice(&piece);
@@ -334,7 +328,7 @@ mod tests {
                     Ok::<_, String>(0)
                 }
             };
-            let rewrite = |c: &Checkpoint| Checkpoint { redo: at, ..*c };
+            let rewrite = &Checkpoint { redo: at, ..stored };
             let first = rewrite_checkpoint(read(&bytes), at, SEGMENT, &stored, rewrite).unwrap();
             let apply = |bytes: &mut Vec<u8>, pieces: &[(u32, u64, Vec<u8>)], n: usize| {
                 for (_, offset, piece) in pieces.iter().take(n) {
@@ -362,11 +356,11 @@ mod tests {
             Ok::<_, String>(0)
         };
         let other = checkpoint(8);
-        let e = rewrite_checkpoint(read, at, SEGMENT, &other, |c| *c).unwrap_err();
+        let e = rewrite_checkpoint(read, at, SEGMENT, &other, &other).unwrap_err();
         assert!(e.contains("its pg_control"), "{e}");
         // Not a checkpoint at all: the first record.
         let first = decode(&bytes, wal.start())[0].start;
-        let e = rewrite_checkpoint(read, first, SEGMENT, &other, |c| *c).unwrap_err();
+        let e = rewrite_checkpoint(read, first, SEGMENT, &other, &other).unwrap_err();
         assert!(e.contains("not an online checkpoint record"), "{e}");
     }
 }

@@ -43,10 +43,8 @@ use postgres_wal::XLOG_BLCKSZ;
 use utils::Lsn;
 
 use super::archive::{append_file, BasebackupError, PositionalReader, Replay};
-use super::pg_control::{self, PG_CONTROL_FILE_SIZE};
+use super::pg_control::{self, PG_CONTROL_FILE_SIZE, PG_CONTROL_PATH};
 use crate::tenant::timeline::Timeline;
-
-const PG_CONTROL_PATH: &str = "global/pg_control";
 
 /// The files a materialized archive writes itself, and the LSN its pages are read at.
 #[derive(Debug)]

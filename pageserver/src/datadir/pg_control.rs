@@ -44,6 +44,8 @@ pub const PG_CONTROL_VERSION: u32 = 1300;
 const CRC_OFFSET: usize = 288;
 /// The size of the file PostgreSQL writes.
 pub const PG_CONTROL_FILE_SIZE: usize = 8192;
+/// Where the file is in a data directory.
+pub const PG_CONTROL_PATH: &str = "global/pg_control";
 
 /// `DBState` values that mean the cluster stopped cleanly.
 const DB_SHUTDOWNED: u32 = 1;

@@ -56,7 +56,6 @@ const NO_BLOCK_RMGRS: [u8; 2] = [8, 21];
 /// Transaction records (their subtransactions and dropped relations) are kept whole up to
 /// this; a longer one stops page ingest with an error rather than lose the statuses it sets.
 pub const MAX_XACT_RECORD_LEN: usize = 64 << 20;
-const PG_CONTROL_PATH: &str = "global/pg_control";
 
 /// Where decoding is: what the next read feeds, and the record-to-versions state.
 struct Cursor {
@@ -202,7 +201,7 @@ fn control_file(timeline: &Timeline, lsn: Lsn) -> Result<ControlFile, String> {
     let dir = read(file_dir_key())?.ok_or("the timeline holds no file directory")?;
     let dir = FileDirectory::decode(&dir).map_err(|e| e.to_string())?;
     let entry = dir
-        .get(PG_CONTROL_PATH)
+        .get(pg_control::PG_CONTROL_PATH)
         .ok_or("the timeline holds no global/pg_control")?;
     let chunk = read(file_chunk_key(entry.id, 0))?.ok_or("global/pg_control has no bytes")?;
     pg_control::parse(&chunk).map_err(|e| format!("global/pg_control: {e}"))

@@ -212,7 +212,7 @@ pub fn replay_to(
     let log = &socket_dir.path().join("postgres.log");
     let config = socket_dir.path();
     write_config(config).map_err(|e| failed(format!("its configuration files: {e}")))?;
-    let max_prepared = fs::read(dir.join("global/pg_control"))
+    let max_prepared = fs::read(dir.join(pg_control::PG_CONTROL_PATH))
         .map_err(|e| e.to_string())
         .and_then(|b| pg_control::parse(&b).map_err(|e| e.to_string()))
         .map_err(|e| failed(format!("the pg_control it starts from: {e}")))?
@@ -308,7 +308,7 @@ pub fn replay_to(
         }
         std::thread::sleep(POLL);
     };
-    let control = fs::read(dir.join("global/pg_control"))
+    let control = fs::read(dir.join(pg_control::PG_CONTROL_PATH))
         .map_err(|e| failed(format!("reading its pg_control: {e}")))
         .and_then(|b| pg_control::parse(&b).map_err(|e| failed(format!("its pg_control: {e}"))))
         .map_err(|e| {

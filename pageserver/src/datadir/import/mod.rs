@@ -456,7 +456,7 @@ impl<'t> Importer<'t> {
                 "file {path:?} is {size} bytes, too large to store"
             )));
         }
-        let keep_control = path == "global/pg_control";
+        let keep_control = path == pg_control::PG_CONTROL_PATH;
         let wal_order = path
             .strip_prefix("pg_wal/")
             .and_then(segment_name_order)
