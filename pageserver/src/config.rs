@@ -120,8 +120,8 @@ pub struct PageServerConf {
     /// How long a lease taken with `POST .../lsn_lease` lasts.
     #[serde(deserialize_with = "duration")]
     pub lsn_lease_length: Duration,
-    /// Background snapshots (`walreceiver::snapshots`): one after each this much WAL
-    /// streamed in, at the primary's next checkpoint; a receiver's own setting overrides it;
+    /// Background snapshots (`walreceiver::snapshots`): at the primary's checkpoints, at most
+    /// this much WAL apart where their pace allows; a receiver's own setting overrides it;
     /// 0 turns them off.
     #[serde(deserialize_with = "size")]
     pub snapshot_wal_distance: u64,

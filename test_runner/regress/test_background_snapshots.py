@@ -1,5 +1,5 @@
-"""Background snapshots: after `snapshot_wal_distance` of WAL, at the primary's next checkpoint,
-a stock PostgreSQL replays the newest snapshot to the end of that checkpoint record and the
+"""Background snapshots: at a checkpoint of the primary past half of `snapshot_wal_distance` of
+WAL (the last before the next is expected past all of it; docs/pitr.md), a stock PostgreSQL replays the newest snapshot to the end of that checkpoint record and the
 directory it shuts down with becomes a snapshot there. Restores after it replay from it, pages
 at its LSN answer exactly, and a `kill -9` of the pageserver at any step leaves nothing
 half-imported; the next attempt makes the snapshot."""

@@ -38,9 +38,9 @@
 //! stop flag, the segment size.
 //!
 //! With `snapshot_wal_distance` (the receiver's, else the server's), a third thread
-//! (`snapshots.rs`) has stock PostgreSQL (`pg_replay.rs`) replay the newest snapshot to the
-//! primary's first checkpoint past that much WAL, and imports what it shuts down with as a new
-//! snapshot there; page ingest waits before that checkpoint record meanwhile.
+//! (`snapshots.rs`) has stock PostgreSQL (`pg_replay.rs`) replay the newest snapshot to one of
+//! the primary's checkpoints at most about that much WAL later, and imports what it shuts down
+//! with as a new snapshot there; page ingest waits before that checkpoint record meanwhile.
 //! `checkpoint_spread.rs` reads the WAL from that checkpoint's redo point to its record, so
 //! that a restore from the snapshot can start at the record.
 

@@ -6,9 +6,11 @@
 //! streams and page ingest's:
 //!
 //! ```text
-//!   flushed WAL ≥ newest snapshot P + distance
-//!     └─▶ scan the stored WAL from P for the first checkpoint record C starting past P + distance,
-//!         and the record after it (the replay must read it to know it reached C's end S)
+//!   flushed WAL ≥ newest snapshot P + distance / 2
+//!     └─▶ page ingest held at the checkpoint records from P + distance / 2 on
+//!     └─▶ scan the stored WAL from P for the checkpoint record C the window takes (`Window`;
+//!         page ingest let past the others) and the record after it (the replay must read it
+//!         to know it reached C's end S)
 //!     └─▶ page ingest held before C (it stops at C's start; its versions end before S)
 //!     └─▶ one at a time per server: basebackup of P with the WAL to past S, unpacked into
 //!         the server's `snapshot_replay_dir`, replayed by PostgreSQL to S (`pg_replay.rs`)
@@ -23,7 +25,8 @@
 //!
 //! Why at a checkpoint record: PostgreSQL writes the pages it replayed only at a restartpoint,
 //! which it makes at a checkpoint record (see `pg_replay.rs`). So snapshots come at the
-//! primary's checkpoints, the first after each `snapshot_wal_distance`. A restore from one
+//! primary's checkpoints: the last before the next is expected past `snapshot_wal_distance`,
+//! the first past it at the latest ([`Window`]). A restore from one
 //! replays from the checkpoint record (`datadir/checkpoint_start.rs`), or from the
 //! checkpoint's redo point when a transaction prepared in the spread is in that WAL alone: the
 //! snapshot is listed with its WAL from there (`Snapshot::wal_from`), and a restore's `pg_wal/`
@@ -54,6 +57,7 @@ use super::pg_replay::{self, PgPrograms, ReplayRunError};
 use super::replay_plan::replay_of;
 use super::state::{IngestLimit, Shared};
 use super::wal_reader::WalReader;
+use crate::datadir::pg_control::Checkpoint;
 use crate::datadir::{import_replayed, snapshot_at, write_basebackup, Restore};
 use crate::tenant::timeline::Timeline;
 
@@ -87,9 +91,36 @@ pub struct SnapshotConf {
 }
 
 impl SnapshotConf {
-    /// Where the next snapshot is due after one at `lsn`.
-    fn due_after(&self, lsn: Lsn) -> Lsn {
-        Lsn(lsn.0.saturating_add(self.distance))
+    /// The window of the next snapshot after one at `lsn`: the checkpoint records it may go
+    /// to start in it or past it (see [`Window`]).
+    fn window_after(&self, lsn: Lsn) -> Window {
+        Window {
+            from: Lsn(lsn.0.saturating_add(self.distance / 2)),
+            due: Lsn(lsn.0.saturating_add(self.distance)),
+        }
+    }
+}
+
+/// Which checkpoint record the next snapshot goes to. The one starting at or past `due` at the
+/// latest; before it, from `from` on, the last one before the next is expected past `due`
+/// (that next one as far past it as it is past the checkpoint before it, or past its own redo
+/// point): so that with checkpoints at an even pace, no LSN is more than the distance past a
+/// snapshot, rather than up to a checkpoint interval more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Window {
+    from: Lsn,
+    due: Lsn,
+}
+
+impl Window {
+    /// Whether the checkpoint record at `start` (`redo` its redo point; `previous` the start
+    /// of the checkpoint record before it, or the snapshot's LSN) is the snapshot's.
+    fn takes(&self, start: Lsn, redo: Lsn, previous: Lsn) -> bool {
+        let gap = start
+            .0
+            .saturating_sub(previous.0)
+            .max(start.0.saturating_sub(redo.0));
+        start >= self.from && (start >= self.due || start.0.saturating_add(gap) > self.due.0)
     }
 }
 
@@ -192,6 +223,8 @@ struct Scan {
     hold_from: Lsn,
     /// The highest `max_prepared_transactions` a parameter-change record set so far.
     max_prepared_xacts: u32,
+    /// Where the last checkpoint record decoded starts (`from` before one).
+    last_checkpoint: Lsn,
 }
 
 impl Scan {
@@ -207,16 +240,18 @@ impl Scan {
             pending: None,
             hold_from: Lsn(0),
             max_prepared_xacts: 0,
+            last_checkpoint: from,
         }
     }
 
     /// Decodes up to `SCAN_CHUNK` more of the WAL stored up to `flushed`; the first checkpoint
-    /// record that starts at or past `min_start` and has a record after it.
+    /// record `window` takes that has a record after it. Page ingest may pass those it does
+    /// not take (`hold_from` moves past them).
     fn step(
         &mut self,
         timeline_dir: &Path,
         flushed: Lsn,
-        min_start: Lsn,
+        window: Window,
     ) -> Result<Option<Target>, String> {
         let bytes = self
             .reader
@@ -245,8 +280,15 @@ impl Scan {
             }
             let is_checkpoint = record.header.rmid == RM_XLOG_ID
                 && matches!(info, XLOG_CHECKPOINT_ONLINE | XLOG_CHECKPOINT_SHUTDOWN);
-            if is_checkpoint && record.start >= min_start.max(self.hold_from) {
-                self.pending = Some((record, self.prev_end, Instant::now()));
+            if is_checkpoint {
+                let previous = std::mem::replace(&mut self.last_checkpoint, record.start);
+                if record.start >= window.from.max(self.hold_from) {
+                    if window.takes(record.start, checkpoint_redo(&record)?, previous) {
+                        self.pending = Some((record, self.prev_end, Instant::now()));
+                    } else {
+                        self.hold_from = end;
+                    }
+                }
             }
             self.prev_end = end;
         }
@@ -260,6 +302,14 @@ impl Scan {
         }
         Ok(None)
     }
+}
+
+/// The redo point a checkpoint record names.
+fn checkpoint_redo(record: &DecodedRecord) -> Result<Lsn, String> {
+    let parts = postgres_wal::record::parse_parts(&record.bytes).map_err(|e| e.to_string())?;
+    Checkpoint::parse(&record.bytes[parts.main_data])
+        .map(|c| c.redo)
+        .ok_or_else(|| format!("the checkpoint record at {} is too short", record.start))
 }
 
 /// `max_prepared_xacts` of a parameter-change record (`xl_parameter_change`: four `int`s, of
@@ -319,7 +369,8 @@ pub(super) fn hold_at_due(timeline: &Timeline, shared: &Shared, conf: &SnapshotC
         return;
     }
     if let Ok(Some(newest)) = newest_snapshot(timeline, last) {
-        shared.set_ingest_limit(IngestLimit::checkpoints_from(conf.due_after(newest.lsn)));
+        let window = conf.window_after(newest.lsn);
+        shared.set_ingest_limit(IngestLimit::checkpoints_from(window.from));
     }
 }
 
@@ -345,8 +396,8 @@ fn round(
     crate::metrics::BACKGROUND_SNAPSHOT_LAG_BYTES
         .with_label_values(labels)
         .set(flushed.0.saturating_sub(newest.lsn.0) as i64);
-    let due = conf.due_after(newest.lsn);
-    if flushed < due {
+    let window = conf.window_after(newest.lsn);
+    if flushed < window.from {
         return Ok(None);
     }
     let programs = conf.programs.as_ref().map_err(Clone::clone)?;
@@ -354,14 +405,14 @@ fn round(
         *scan = Some(Scan::new(newest.lsn, segment_size));
     }
     let s = scan.as_mut().expect("set above");
-    // Page ingest stops at the first checkpoint record past `due` (the snapshot's), so that it
-    // is not past it when the scan finds it.
-    let hold = IngestLimit::checkpoints_from(due.max(s.hold_from));
+    // Page ingest stops at the first checkpoint record in the window (perhaps the
+    // snapshot's), so that it is not past it when the scan finds it.
+    let hold_from = |s: &Scan| IngestLimit::checkpoints_from(window.from.max(s.hold_from));
+    shared.set_ingest_limit(hold_from(s));
+    let found = s.step(timeline.dir(), flushed, window);
+    // Past the checkpoints the scan let go.
+    let hold = hold_from(s);
     shared.set_ingest_limit(hold);
-    let found = s.step(timeline.dir(), flushed, due);
-    if s.hold_from > due {
-        shared.set_ingest_limit(IngestLimit::checkpoints_from(s.hold_from));
-    }
     let Some(target) = found? else {
         return Ok(None);
     };
@@ -379,7 +430,9 @@ fn round(
     };
     // Held at once at the next one's due point: let go meanwhile, page ingest could pass a
     // checkpoint there before the next round looks.
-    shared.set_ingest_limit(IngestLimit::checkpoints_from(conf.due_after(target.end)));
+    shared.set_ingest_limit(IngestLimit::checkpoints_from(
+        conf.window_after(target.end).from,
+    ));
     crate::metrics::BACKGROUND_SNAPSHOTS
         .with_label_values(&["made"])
         .inc();
@@ -605,4 +658,74 @@ fn counters_at(
     let main = &checkpoint.bytes[parts.main_data.clone()];
     crate::datadir::wal_counters::follow(&mut counters, checkpoint, main, None)?;
     Ok(Some(counters))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn conf(distance: u64) -> SnapshotConf {
+        SnapshotConf {
+            distance,
+            replay_dir: PathBuf::new(),
+            programs: Err(String::new()),
+        }
+    }
+
+    #[test]
+    fn the_window_takes_the_last_checkpoint_before_the_next_would_pass_the_distance() {
+        let window = conf(512 * MIB).window_after(Lsn(0));
+        assert_eq!((window.from, window.due), (Lsn(256 * MIB), Lsn(512 * MIB)));
+        let takes = |start, redo, previous| {
+            window.takes(Lsn(start * MIB), Lsn(redo * MIB), Lsn(previous * MIB))
+        };
+        // Before the window: never.
+        assert!(!takes(200, 190, 0));
+        // The next one, as far again, would be past the distance.
+        assert!(takes(300, 290, 0));
+        assert!(takes(450, 440, 300));
+        // The next one is expected before it: not this one.
+        assert!(!takes(300, 290, 200));
+        // The gap to the checkpoint's own redo point counts (the one before it unseen).
+        assert!(takes(300, 60, 250));
+        // At or past the distance: whatever comes next.
+        assert!(takes(512, 511, 500));
+        assert!(takes(2000, 1999, 1990));
+    }
+
+    #[test]
+    fn checkpoints_at_an_even_pace_give_snapshots_within_the_distance() {
+        let distance = 512 * MIB;
+        for gap in [16, 64, 100, 170, 255, 256, 300, 511, 512, 600, 1500].map(|g| g * MIB) {
+            // Snapshots made one after another from 0, each at the checkpoint the window takes.
+            let mut snapshot = 0;
+            let mut checkpoint = 0;
+            for _ in 0..5 {
+                let window = conf(distance).window_after(Lsn(snapshot));
+                let mut previous = Lsn(snapshot);
+                let taken = loop {
+                    checkpoint += gap;
+                    let redo = Lsn(checkpoint - gap * 9 / 10);
+                    if window.takes(Lsn(checkpoint), redo, previous) {
+                        break checkpoint;
+                    }
+                    previous = Lsn(checkpoint);
+                };
+                let replay = taken - snapshot;
+                // Within the distance, unless the checkpoints are further apart than it; and
+                // not one checkpoint too early.
+                assert!(
+                    replay <= distance.max(gap),
+                    "gap {gap}: {replay} after {snapshot}"
+                );
+                assert!(
+                    replay + gap > distance,
+                    "gap {gap}: {replay} after {snapshot}"
+                );
+                snapshot = taken;
+            }
+        }
+    }
 }
