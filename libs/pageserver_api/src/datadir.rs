@@ -380,8 +380,9 @@ pub struct Snapshot {
     pub kind: SnapshotKind,
     /// Where the WAL a restore from it replays begins: its LSN, for an imported directory,
     /// whose `pg_wal/` holds the WAL it needs before that; or, for a background snapshot, the
-    /// redo point of the checkpoint it stopped at, from where the timeline's own WAL gives its
-    /// `pg_wal/` (not stored again with it).
+    /// start of the checkpoint record it stopped at (the checkpoint's redo point when the
+    /// checkpoint's spread holds what the snapshot lacks: docs/pitr.md), from where the
+    /// timeline's own WAL gives its `pg_wal/` (not stored again with it).
     pub wal_from: Lsn,
 }
 

@@ -570,3 +570,73 @@ fn draw_contents_hatches_wal_records_and_shows_the_stored_wal() {
         .any(|e| e.name == "rect" && e.attr("class") == "wal"));
     assert!(svg.contains("WAL stored 1/0.."), "{svg}");
 }
+
+/// With `--contents`, the snapshots of the newest snapshot list in the layers are dashed lines
+/// at their LSNs, labelled with their kind and where a restore from them replays from; an older
+/// list in an older layer is not what is drawn, and without `--contents` nothing is read.
+#[test]
+fn draw_contents_shows_the_snapshots_the_newest_list_names() {
+    use pageserver_api::datadir::{snapshot_list_key, Snapshot, SnapshotKind, SnapshotList};
+
+    let imported = Snapshot::imported(Lsn(0x10), SnapshotKind::Backup);
+    let background = Snapshot {
+        lsn: Lsn(0x40),
+        kind: SnapshotKind::Stopped,
+        wal_from: Lsn(0x38),
+    };
+    let list = |snapshots: Vec<Snapshot>| {
+        Value::Image(bytes::Bytes::from(
+            SnapshotList {
+                system_identifier: 7,
+                snapshots,
+            }
+            .encode(),
+        ))
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut manifest = Manifest::empty(TENANT, TIMELINE);
+    manifest.disk_consistent_lsn = Lsn(0x4F);
+    for (lsns, at, snapshots, level) in [
+        (0x10..0x30, 0x10, vec![imported], LayerLevel::L1),
+        (0x30..0x50, 0x40, vec![imported, background], LayerLevel::L0),
+    ] {
+        let mut w =
+            DeltaLayerWriter::new(dir.path(), TENANT, TIMELINE, Lsn(lsns.start), Lsn(lsns.end))
+                .unwrap();
+        w.put_value(key(1), Lsn(lsns.start), &Value::Image(page(1, 64)))
+            .unwrap();
+        w.put_value(snapshot_list_key(), Lsn(at), &list(snapshots))
+            .unwrap();
+        let written = w.finish().unwrap();
+        manifest.add_layer(LayerFileEntry {
+            name: written.summary.file_name(),
+            size: written.size,
+            crc32c: written.crc32c,
+            level,
+            group_size: 1,
+        });
+    }
+    manifest.store(dir.path()).unwrap();
+
+    let plain = stdout_of(draw(&[dir.path().as_os_str()]));
+    assert!(!plain.contains("class=\"snapshot"), "{plain}");
+    let svg = stdout_of(draw(&[dir.path().as_os_str(), OsStr::new("--contents")]));
+    let elements = parse_xml(&svg);
+    let lines: Vec<&Element> = elements
+        .iter()
+        .filter(|e| e.name == "line" && e.attr("class") == "snapshot")
+        .collect();
+    assert_eq!(lines.len(), 2, "{svg}");
+    // LSNs go up: the newer snapshot's line is higher, both across the plot.
+    assert!(lines[1].num("y1") < lines[0].num("y1"), "{svg}");
+    for l in &lines {
+        assert_eq!(l.num("y1"), l.num("y2"));
+        assert!(l.num("x2") - l.num("x1") > 1000.0, "{svg}");
+    }
+    assert!(svg.contains(">snapshot (backup) at 0/10</text>"), "{svg}");
+    assert!(
+        svg.contains(">snapshot (stopped) at 0/40, restores replay from 0/38</text>"),
+        "{svg}"
+    );
+    assert!(svg.contains("snapshot (2 of 2 listed)"), "{svg}");
+}

@@ -15,7 +15,9 @@
 //! labelled on the axis.
 //!
 //! `--contents` reads the delta layers on the local disk through and hatches those that hold
-//! PostgreSQL WAL records; the WAL the timeline stores (`wal/`) is a band beside the LSN axis.
+//! PostgreSQL WAL records; the WAL the timeline stores (`wal/`) is a band beside the LSN axis;
+//! the snapshots the timeline lists are dashed lines across the plot at their LSNs
+//! (`draw/snapshots.rs`).
 
 use std::collections::BTreeSet;
 use std::fmt::Display;
@@ -27,7 +29,9 @@ use pageserver::tenant::timeline::layer_set::manifest::LayerLevel;
 use super::*;
 
 mod axis;
+mod snapshots;
 use axis::{key_distance, KeyAxis, LsnAxis, GAP_RATIO, GAP_WIDTH};
+use snapshots::{snapshot_lines, stored_snapshots};
 
 const WIDTH: f64 = 1200.0;
 const HEIGHT: f64 = 800.0;
@@ -46,6 +50,8 @@ const LSN_LABEL_SPACING: f64 = 13.0;
 const KEY_LABEL_WIDTH: f64 = 240.0;
 const LABEL_GAP: f64 = 12.0;
 const FONT: &str = "font-family=\"monospace\" font-size=\"11\"";
+/// The width of one entry of the legend.
+const LEGEND_STEP: f64 = 160.0;
 
 /// Each level's colour, in the order the legend lists them.
 const LEVELS: [(LayerLevel, &str, &str); 3] = [
@@ -184,7 +190,12 @@ pub(super) fn draw(
         });
     }
     let wal = stored_wal(dir)?;
-    let svg = render(&manifest, &layers, wal);
+    let snapshots = if contents {
+        Some(stored_snapshots(dir, &layers)?)
+    } else {
+        None
+    };
+    let svg = render(&manifest, &layers, wal, snapshots.as_deref());
     match output {
         Some(to) => std::fs::write(to, svg).map_err(|e| Error::Path {
             path: to.to_owned(),
@@ -234,7 +245,12 @@ fn stored_wal(dir: &Path) -> Result<Option<Range<Lsn>>, Error> {
     Ok(stored.map(|s| start..s.valid_end.max(start)))
 }
 
-fn render(manifest: &Manifest, layers: &[Drawn<'_>], wal: Option<Range<Lsn>>) -> String {
+fn render(
+    manifest: &Manifest,
+    layers: &[Drawn<'_>],
+    wal: Option<Range<Lsn>>,
+    snapshots: Option<&[pageserver_api::datadir::Snapshot]>,
+) -> String {
     let plot = Plot::new(layers);
     let mut svg = String::new();
     let _ = writeln!(svg, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>");
@@ -273,6 +289,9 @@ fn render(manifest: &Manifest, layers: &[Drawn<'_>], wal: Option<Range<Lsn>>) ->
         }
     }
     gap_marks(&mut svg, &plot);
+    if let Some(snapshots) = snapshots {
+        snapshot_lines(&mut svg, &plot, snapshots);
+    }
     if let Some(wal) = wal {
         wal_band(&mut svg, &plot, wal);
     }
@@ -321,7 +340,7 @@ fn legend(svg: &mut String, layers: &[Drawn<'_>]) {
             x + 20.0,
             count(layers, level)
         );
-        x += 160.0;
+        x += LEGEND_STEP;
     }
 }
 

@@ -12,7 +12,8 @@
 //! pagectl draw <timeline dir | metadata file> [-o F] [--contents]
 //!                                                      the manifest's layers as an SVG picture
 //!                                                      (with the layers holding WAL records
-//!                                                      hatched), and the WAL stored
+//!                                                      hatched, and the snapshots), and the
+//!                                                      WAL stored
 //! pagectl import --tenant T --timeline TL <PGDATA | -> [--lsn L] [--endpoint URL]
 //!                                                      a data directory (or a tar stream on
 //!                                                      stdin) into a timeline, over HTTP
@@ -104,7 +105,8 @@ enum Command {
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
         /// Also read every delta layer on the local disk, and hatch those that hold
-        /// PostgreSQL WAL records (their share is in the tooltip).
+        /// PostgreSQL WAL records (their share is in the tooltip); and draw the timeline's
+        /// snapshots, from the newest snapshot list in the layers, as lines at their LSNs.
         #[arg(long)]
         contents: bool,
     },
