@@ -67,6 +67,11 @@ def test_pgbench_database_round_trip(pg: PgEnv, timeline: TimelineHandle):
     assert expected["pgbench_accounts"][0] == 500_000
     db = int(original.psql("SELECT oid FROM pg_database WHERE datname = 'postgres'"))
     node = original.relfilenode("pgbench_accounts")
+    # Segments switched and checkpointed past: PostgreSQL recycles them ahead, under names
+    # past the end of its WAL.
+    for _ in range(3):
+        original.psql("SELECT pg_switch_wal()")
+        original.psql("CHECKPOINT")
     original.stop()
 
     report = import_stopped(pg, timeline, original)
@@ -80,6 +85,16 @@ def test_pgbench_database_round_trip(pg: PgEnv, timeline: TimelineHandle):
     state, snapshot = restored_state(pg, timeline, "restored")
     assert snapshot == lsn
     assert state == expected
+    # The archive's pg_wal/ holds the checkpoint's segment, and none of those recycled past it
+    # (the cluster above started without them).
+    def segments(datadir) -> list[str]:
+        return sorted(n for n in os.listdir(datadir / "pg_wal") if len(n) == 24)
+
+    checkpoint_segment = "%08X%08X%08X" % (1, int(lsn) >> 32, (int(lsn) & 0xFFFFFFFF) >> 24)
+    recycled = [n for n in segments(original.datadir) if n > checkpoint_segment]
+    assert recycled, segments(original.datadir)
+    unpacked, _ = pg.restore(timeline.url, "unpacked", lsn)
+    assert segments(unpacked.datadir) == [checkpoint_segment], segments(unpacked.datadir)
 
     # The blocks are what GetPage@LSN serves: a block of pgbench_accounts, by its key
     # (kind 0, spcnode 1663, dbnode, relnode, fork 0, block).

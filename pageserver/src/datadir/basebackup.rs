@@ -166,6 +166,7 @@ pub fn write_basebackup(
                     control,
                 )?;
             }
+            EntryKind::File if is_past_snapshot_wal(&entry.path, entry.size, snapshot.lsn) => {}
             EntryKind::File if replay.is_some_and(|r| replaces(r, &entry.path)) => {
                 if entry.path == AUTO_CONF {
                     auto_conf = Some((
@@ -343,6 +344,27 @@ fn replaces(replay: &Replay, path: &str) -> bool {
         .is_some_and(|name| replay.segments.iter().any(|(n, _)| n == name))
 }
 
+/// Whether a stored member is a WAL segment that starts past the snapshot's own WAL (past the
+/// page after its LSN, which its checkpoint record or the end of a backup's WAL is on). A
+/// stopped cluster's `pg_wal/` holds up to `max_wal_size` of those: segments PostgreSQL
+/// recycled ahead, renamed to future names with old contents (625 MB of a 1.4 GB directory
+/// after `pgbench -i -s 50`). Nothing reads them: a start at the snapshot ends its WAL before
+/// them, and a replay past it gets those names from the timeline's WAL. So the archive leaves
+/// them out.
+fn is_past_snapshot_wal(path: &str, size: u64, lsn: Lsn) -> bool {
+    let Some(name) = path.strip_prefix("pg_wal/") else {
+        return false;
+    };
+    let Some(segment_size) = u32::try_from(size)
+        .ok()
+        .filter(|s| postgres_wal::segment::is_valid_segment_size(*s))
+    else {
+        return false;
+    };
+    postgres_wal::SegmentName::parse(name, segment_size)
+        .is_some_and(|n| n.start(segment_size).0 > lsn.0 + postgres_wal::XLOG_BLCKSZ as u64)
+}
+
 const INIT_FORKNUM: u8 = 3;
 
 /// The free space map and the visibility map: hints that PostgreSQL reads as empty when a
@@ -451,7 +473,35 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::reads_promote_trigger_file;
+    use super::{is_past_snapshot_wal, reads_promote_trigger_file};
+    use utils::Lsn;
+
+    #[test]
+    fn wal_segments_past_the_snapshots_own_wal_are_left_out() {
+        let segment = 16u64 << 20;
+        // The checkpoint of a stopped cluster at 0/27B5F238, in segment 0x27.
+        let lsn = Lsn(0x27B5_F238);
+        let past =
+            |name: &str, size: u64| is_past_snapshot_wal(&format!("pg_wal/{name}"), size, lsn);
+        assert!(!past("000000010000000000000026", segment));
+        assert!(!past("000000010000000000000027", segment));
+        assert!(past("000000010000000000000028", segment));
+        assert!(past("00000002000000000000004E", segment));
+        // The next segment is kept when the record may run into it (within a page of its end).
+        let near_end = |name: &str| is_past_snapshot_wal(name, segment, Lsn(0x27FF_FF90));
+        assert!(!near_end("pg_wal/000000010000000000000028"));
+        assert!(near_end("pg_wal/000000010000000000000029"));
+        // Not a segment: kept whatever its name or size.
+        assert!(!past("00000002.history", 41));
+        assert!(!past("000000010000000000000028.partial", segment));
+        assert!(!past("000000010000000000000028", 1000));
+        assert!(!past("archive_status/000000010000000000000028.done", 0));
+        assert!(!is_past_snapshot_wal(
+            "base/000000010000000000000028",
+            segment,
+            lsn
+        ));
+    }
 
     #[test]
     fn only_postgresql_12_to_15_read_a_promote_trigger_file() {
