@@ -520,6 +520,8 @@ fn make_snapshot(
             replay.end, target.next_end
         ));
     }
+    // Each step's seconds are logged: where a snapshot's time goes.
+    let started = Instant::now();
     pg_replay::prepare_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let (reader, writer) = std::io::pipe().map_err(|e| format!("a pipe: {e}"))?;
     std::thread::scope(|scope| {
@@ -539,6 +541,7 @@ fn make_snapshot(
         written.map_err(|e| format!("the basebackup of the snapshot at {}: {e}", snapshot.lsn))?;
         unpacked.map_err(|e| format!("unpacking it: {e}"))
     })?;
+    let unpacked = Instant::now();
     fail::fail_point!("background-snapshot-before-replay");
     let cancel = || shared.stop.load(Ordering::Acquire) || timeline.is_shutting_down();
     let control = pg_replay::replay_to(
@@ -554,6 +557,7 @@ fn make_snapshot(
         ReplayRunError::Cancelled => "stopped".to_owned(),
         ReplayRunError::Failed(e) => format!("the replay to {}: {e}", target.end),
     })?;
+    let replayed = Instant::now();
     let segment_size = shared.segment_size.load(Ordering::Acquire);
     // A start from the snapshot replays from the checkpoint's redo point. The timeline's WAL
     // gives that WAL to a restore when it has it: from where this replay's began on (it just
@@ -618,6 +622,7 @@ fn make_snapshot(
         None
     };
     let counters = counters.or(spread.map(|s| s.counters));
+    let import_started = Instant::now();
     fail::fail_point!("background-snapshot-before-import");
     let (reader, writer) = std::io::pipe().map_err(|e| format!("a pipe: {e}"))?;
     let report = std::thread::scope(|scope| {
@@ -635,6 +640,10 @@ fn make_snapshot(
         lsn = %target.end, redo = %redo, wal_from = %wal_from,
         blocks_changed = report.blocks_changed, blocks_new = report.blocks_new,
         blocks_unchanged = report.blocks_unchanged, bytes_read = report.bytes_read,
+        unpack_seconds = (unpacked - started).as_secs_f64(),
+        replay_seconds = (replayed - unpacked).as_secs_f64(),
+        spread_seconds = (import_started - replayed).as_secs_f64(),
+        import_seconds = import_started.elapsed().as_secs_f64(),
         "background snapshot imported");
     Ok(report.bytes_stored)
 }
