@@ -531,13 +531,11 @@ fn assert_refused_at(tl: &Timeline, archive: &[u8], expect: &str) {
     assert_eq!(tl.last_record_lsn(), Lsn(0));
 }
 
-#[test]
-fn a_backup_is_stored_at_the_end_of_its_wal() {
-    let dir = tempfile::tempdir().unwrap();
-    let tl = timeline(dir.path());
+/// A backup: a running cluster's pg_control and a backup_label, without its WAL; and a WAL
+/// segment for it (segment 1 of 1 MiB segments, from 0/100000) whose last record ends at the
+/// LSN returned.
+fn backup_and_its_wal() -> (Datadir, Vec<u8>, Lsn) {
     let mut backup = datadir(0x1000);
-    // A running cluster's pg_control, a backup_label, and WAL whose last record ends at a
-    // known LSN.
     backup.insert(
         "global/pg_control".into(),
         Member::File(pg_control(SYSID, 6, 0x0100_0028)),
@@ -546,8 +544,15 @@ fn a_backup_is_stored_at_the_end_of_its_wal() {
         "backup_label".into(),
         Member::File(b"START WAL LOCATION: 0/1000028\n".to_vec()),
     );
-    // Segment 1 of 1 MiB segments starts at 0/100000.
     let (segment, end) = wal::segment(0x0010_0000, &[100, 9000, 30]);
+    (backup, segment, end)
+}
+
+#[test]
+fn a_backup_is_stored_at_the_end_of_its_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let tl = timeline(dir.path());
+    let (mut backup, segment, end) = backup_and_its_wal();
     // The file named as another segment (a recycled file): refused, not misdated.
     let mut recycled = backup.clone();
     recycled.insert(
@@ -561,6 +566,32 @@ fn a_backup_is_stored_at_the_end_of_its_wal() {
     );
     let report = import_archive(&tl, &tar_of(&backup)[..], None).unwrap();
     assert_eq!(report.kind, SnapshotKind::Backup.to_string());
+    assert_eq!(report.lsn, end.to_string());
+    assert_eq!(basebackup(&tl, end).1, backup);
+}
+
+#[test]
+fn recycled_wal_segments_are_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let tl = timeline(dir.path());
+    let (mut backup, segment, end) = backup_and_its_wal();
+    backup.insert(
+        "pg_wal/000000010000000000000001".into(),
+        Member::File(segment.clone()),
+    );
+    // Segment 2 holds the pages of segment 1 (renamed ahead), segment 3 zeros (created
+    // ahead): neither holds WAL of its own, and the newest segment with WAL says the end.
+    let mut archive = backup.clone();
+    archive.insert(
+        "pg_wal/000000010000000000000002".into(),
+        Member::File(segment),
+    );
+    archive.insert(
+        "pg_wal/000000010000000000000003".into(),
+        Member::File(vec![0; 1 << 20]),
+    );
+    let report = import_archive(&tl, &tar_of(&archive)[..], None).unwrap();
+    assert_eq!(report.wal_segments_recycled, 2);
     assert_eq!(report.lsn, end.to_string());
     assert_eq!(basebackup(&tl, end).1, backup);
 }

@@ -38,12 +38,19 @@ impl Importer<'_> {
             (Some(lsn), _) => lsn,
             (None, SnapshotKind::Stopped) => control.stopped_at(),
             (None, SnapshotKind::Backup) => {
+                let recycled = self.report.wal_segments_recycled;
                 let (_, name, bytes) = self.newest_wal.take().ok_or_else(|| {
-                    ImportError::Invalid(
+                    let recycled = match recycled {
+                        0 => String::new(),
+                        n => format!(
+                            "; {n} segments there are recycled ones, whose pages are of \
+                             another segment"
+                        ),
+                    };
+                    ImportError::Invalid(format!(
                         "the backup has no WAL segment of at most 64 MiB in pg_wal/ to find its \
-                         end in (take it with pg_basebackup -X fetch, or give lsn=)"
-                            .to_string(),
-                    )
+                         end in (take it with pg_basebackup -X fetch, or give lsn=){recycled}"
+                    ))
                 })?;
                 wal_end(&name, &bytes)?
             }

@@ -15,6 +15,10 @@
 //! (it has a `backup_label`), the end of the WAL in its newest segment (`wal_end`), else, for
 //! a stopped cluster, `pg_control`'s latest checkpoint.
 //!
+//! WAL segments of `pg_wal/` that PostgreSQL recycled ahead (renamed to a future name with an
+//! older segment's pages, or created empty) hold no WAL: the page address in their first header
+//! is not their own. They are left out, unread past that header, and counted in the report.
+//!
 //! # Memory
 //!
 //! An import holds what its archive lists, not its data: `listing.rs` keeps the paths of the
@@ -141,6 +145,9 @@ pub struct ImportReport {
     pub bytes_read: u64,
     /// Bytes of versions stored (serialized, as the layers hold them).
     pub bytes_stored: u64,
+    /// WAL segments of `pg_wal/` left out: segments PostgreSQL recycled ahead (renamed to a
+    /// future name, or created empty), whose first page is not their own, so they hold no WAL.
+    pub wal_segments_recycled: u64,
 }
 
 /// Imports the archive `input` into `timeline` as one snapshot at `lsn` (or the LSN the
@@ -155,7 +162,7 @@ pub fn import_archive(
 
 /// [`import_archive`] of a directory PostgreSQL replayed to `lsn` and shut down there (a
 /// background snapshot): its `pg_wal/` holds no segment, as the WAL it needs from `wal_from`
-/// (its checkpoint's redo point) on is the timeline's own; and the cluster's counters at the
+/// (its checkpoint record, or the checkpoint's redo point) on is the timeline's own; and the cluster's counters at the
 /// snapshot are given rather than taken from its `pg_control` (those page ingest followed),
 /// when known.
 pub fn import_replayed(
@@ -435,6 +442,21 @@ impl<'t> Importer<'t> {
         mtime: u64,
         size: u64,
     ) -> Result<(), ImportError> {
+        // The first page header of a WAL segment says whether it is one PostgreSQL recycled
+        // ahead: those are left out, unread (the archive skips to the next member).
+        let mut head = [0u8; PAGE_ADDR_END];
+        let head = match wal_segment_start(&path, size) {
+            Some(start) => {
+                data.read_exact(&mut head).map_err(ImportError::Read)?;
+                if page_addr(&head) != start {
+                    self.report.wal_segments_recycled += 1;
+                    return Ok(());
+                }
+                &head[..]
+            }
+            None => &[][..],
+        };
+        let mut data = head.chain(data);
         let old = self
             .old_files
             .get(&path)
@@ -520,6 +542,25 @@ impl<'t> Importer<'t> {
         }
         Ok(())
     }
+}
+
+/// Where the page address of a WAL page header ends (`u16` magic, `u16` info, `u32` timeline,
+/// `u64` address).
+const PAGE_ADDR_END: usize = 16;
+
+/// The LSN a `pg_wal/` member starts at, if it is a WAL segment: named as one, and of a valid
+/// segment size.
+fn wal_segment_start(path: &str, size: u64) -> Option<Lsn> {
+    let name = path.strip_prefix("pg_wal/")?;
+    let segment_size = u32::try_from(size)
+        .ok()
+        .filter(|s| postgres_wal::segment::is_valid_segment_size(*s))?;
+    postgres_wal::SegmentName::parse(name, segment_size).map(|n| n.start(segment_size))
+}
+
+/// The address the first page header of a segment gives its page.
+fn page_addr(head: &[u8; PAGE_ADDR_END]) -> Lsn {
+    Lsn(u64::from_le_bytes(head[8..16].try_into().expect("8 bytes")))
 }
 
 /// Where a member's count of stored bytes starts: a new member of `size` at least
