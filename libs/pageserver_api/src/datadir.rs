@@ -382,7 +382,9 @@ pub struct Snapshot {
     /// whose `pg_wal/` holds the WAL it needs before that; or, for a background snapshot, the
     /// start of the checkpoint record it stopped at (the checkpoint's redo point when the
     /// checkpoint's spread holds what the snapshot lacks: docs/pitr.md), from where the
-    /// timeline's own WAL gives its `pg_wal/` (not stored again with it).
+    /// timeline's own WAL gives its `pg_wal/` (not stored again with it). A background snapshot
+    /// whose WAL the timeline may not hold as durably keeps its `pg_wal/` as an imported
+    /// directory does, and its LSN is given here.
     pub wal_from: Lsn,
 }
 

@@ -18,7 +18,7 @@ use std::io::{self, Read, Write};
 use bytes::Bytes;
 use pageserver_api::datadir::{
     decode_rel_dir, decode_rel_size, file_chunk_key, file_dir_key, rel_dir_key, snapshot_list_key,
-    EntryKind, FileDirectory, RelTag, Snapshot, SnapshotList, BLCKSZ, FILE_CHUNK_SIZE,
+    EntryKind, FileDirectory, FileEntry, RelTag, Snapshot, SnapshotList, BLCKSZ, FILE_CHUNK_SIZE,
     RELSEG_BLOCKS,
 };
 use pageserver_api::Key;
@@ -30,6 +30,7 @@ use super::checkpoint_start;
 use super::materialize::Materialized;
 use super::path::{database_dir, database_of_dir};
 use super::pg_control::PG_CONTROL_PATH;
+use super::wal_end::{is_recycled, wal_segment_start, PAGE_ADDR_END};
 use crate::tenant::timeline::{Timeline, TimelineError};
 
 /// What PostgreSQL started on the archive does.
@@ -166,7 +167,7 @@ pub fn write_basebackup(
                     control,
                 )?;
             }
-            EntryKind::File if is_past_snapshot_wal(&entry.path, entry.size, snapshot.lsn) => {}
+            EntryKind::File if is_recycled_segment(entry, &read)? => {}
             EntryKind::File if replay.is_some_and(|r| replaces(r, &entry.path)) => {
                 if entry.path == AUTO_CONF {
                     auto_conf = Some((
@@ -344,25 +345,24 @@ fn replaces(replay: &Replay, path: &str) -> bool {
         .is_some_and(|name| replay.segments.iter().any(|(n, _)| n == name))
 }
 
-/// Whether a stored member is a WAL segment that starts past the snapshot's own WAL (past the
-/// page after its LSN, which its checkpoint record or the end of a backup's WAL is on). A
-/// stopped cluster's `pg_wal/` holds up to `max_wal_size` of those: segments PostgreSQL
-/// recycled ahead, renamed to future names with old contents (625 MB of a 1.4 GB directory
-/// after `pgbench -i -s 50`). Nothing reads them: a start at the snapshot ends its WAL before
-/// them, and a replay past it gets those names from the timeline's WAL. So the archive leaves
-/// them out.
-fn is_past_snapshot_wal(path: &str, size: u64, lsn: Lsn) -> bool {
-    let Some(name) = path.strip_prefix("pg_wal/") else {
-        return false;
+/// Whether a stored member is a WAL segment PostgreSQL recycled ahead (`wal_end::is_recycled`):
+/// an import leaves those out, but one before it did kept them (a stopped `pgbench -i -s 50`
+/// cluster has 39, 624 MiB, beside the one segment it needs). Nothing reads them: they hold no
+/// WAL, and a replay past the snapshot gets those names from the timeline's WAL. So the archive
+/// leaves them out too.
+fn is_recycled_segment(
+    entry: &FileEntry,
+    read: &impl Fn(Key) -> Result<Option<Bytes>, BasebackupError>,
+) -> Result<bool, BasebackupError> {
+    let Some(start) = wal_segment_start(&entry.path, entry.size) else {
+        return Ok(false);
     };
-    let Some(segment_size) = u32::try_from(size)
-        .ok()
-        .filter(|s| postgres_wal::segment::is_valid_segment_size(*s))
-    else {
-        return false;
-    };
-    postgres_wal::SegmentName::parse(name, segment_size)
-        .is_some_and(|n| n.start(segment_size).0 > lsn.0 + postgres_wal::XLOG_BLCKSZ as u64)
+    // A missing or short chunk is the damage the member's own read reports.
+    let first = read(file_chunk_key(entry.id, 0))?;
+    Ok(first
+        .as_deref()
+        .and_then(|b| b.get(..PAGE_ADDR_END))
+        .is_some_and(|head| is_recycled(start, head.try_into().expect("the length is taken"))))
 }
 
 const INIT_FORKNUM: u8 = 3;
@@ -473,35 +473,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{is_past_snapshot_wal, reads_promote_trigger_file};
-    use utils::Lsn;
-
-    #[test]
-    fn wal_segments_past_the_snapshots_own_wal_are_left_out() {
-        let segment = 16u64 << 20;
-        // The checkpoint of a stopped cluster at 0/27B5F238, in segment 0x27.
-        let lsn = Lsn(0x27B5_F238);
-        let past =
-            |name: &str, size: u64| is_past_snapshot_wal(&format!("pg_wal/{name}"), size, lsn);
-        assert!(!past("000000010000000000000026", segment));
-        assert!(!past("000000010000000000000027", segment));
-        assert!(past("000000010000000000000028", segment));
-        assert!(past("00000002000000000000004E", segment));
-        // The next segment is kept when the record may run into it (within a page of its end).
-        let near_end = |name: &str| is_past_snapshot_wal(name, segment, Lsn(0x27FF_FF90));
-        assert!(!near_end("pg_wal/000000010000000000000028"));
-        assert!(near_end("pg_wal/000000010000000000000029"));
-        // Not a segment: kept whatever its name or size.
-        assert!(!past("00000002.history", 41));
-        assert!(!past("000000010000000000000028.partial", segment));
-        assert!(!past("000000010000000000000028", 1000));
-        assert!(!past("archive_status/000000010000000000000028.done", 0));
-        assert!(!is_past_snapshot_wal(
-            "base/000000010000000000000028",
-            segment,
-            lsn
-        ));
-    }
+    use super::reads_promote_trigger_file;
 
     #[test]
     fn only_postgresql_12_to_15_read_a_promote_trigger_file() {

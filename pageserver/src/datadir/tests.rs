@@ -553,13 +553,19 @@ fn a_backup_is_stored_at_the_end_of_its_wal() {
     let dir = tempfile::tempdir().unwrap();
     let tl = timeline(dir.path());
     let (mut backup, segment, end) = backup_and_its_wal();
-    // The file named as another segment (a recycled file): refused, not misdated.
+    // Its only segment file named as another segment (recycled ahead): left out, so the
+    // backup has no WAL to end at, and is refused rather than misdated.
     let mut recycled = backup.clone();
     recycled.insert(
         "pg_wal/000000010000000000000002".into(),
         Member::File(segment.clone()),
     );
-    assert_refused_at(&tl, &tar_of(&recycled), "recycled");
+    assert_refused_at(
+        &tl,
+        &tar_of(&recycled),
+        "no WAL segment of at most 64 MiB in pg_wal/ to find its end in (take it with \
+         pg_basebackup -X fetch, or give lsn=); 1 segments there are recycled ones",
+    );
     backup.insert(
         "pg_wal/000000010000000000000001".into(),
         Member::File(segment),
@@ -581,16 +587,29 @@ fn recycled_wal_segments_are_left_out() {
     );
     // Segment 2 holds the pages of segment 1 (renamed ahead), segment 3 zeros (created
     // ahead): neither holds WAL of its own, and the newest segment with WAL says the end.
+    let segment_2 = "pg_wal/000000010000000000000002";
     let mut archive = backup.clone();
-    archive.insert(
-        "pg_wal/000000010000000000000002".into(),
-        Member::File(segment),
-    );
+    archive.insert(segment_2.into(), Member::File(segment.clone()));
     archive.insert(
         "pg_wal/000000010000000000000003".into(),
         Member::File(vec![0; 1 << 20]),
     );
-    let report = import_archive(&tl, &tar_of(&archive)[..], None).unwrap();
+    // A member of a left-out segment's path, before or after it, is refused as any member
+    // twice is.
+    let (own_2, _) = wal::segment(0x0020_0000, &[100]);
+    for (first, second) in [(&segment, &own_2), (&own_2, &segment)] {
+        let mut twice = tar_of(&BTreeMap::from([(
+            segment_2.to_string(),
+            Member::File(first.clone()),
+        )]));
+        twice.truncate(twice.len() - 1024);
+        let mut rest = archive.clone();
+        rest.insert(segment_2.into(), Member::File(second.clone()));
+        twice.extend_from_slice(&tar_of(&rest));
+        assert_refused_at(&tl, &twice, "appears twice");
+    }
+    let whole = tar_of(&archive);
+    let report = import_archive(&tl, &whole[..], None).unwrap();
     assert_eq!(report.wal_segments_recycled, 2);
     assert_eq!(report.lsn, end.to_string());
     assert_eq!(basebackup(&tl, end).1, backup);

@@ -101,6 +101,27 @@ pub fn segment_name_order(name: &str) -> Option<(u64, u32)> {
     Some(((log << 32) | seg, tli))
 }
 
+/// Where the page address of a WAL page header ends (`u16` magic, `u16` info, `u32` timeline,
+/// `u64` address): what [`is_recycled`] reads of a segment.
+pub const PAGE_ADDR_END: usize = 16;
+
+/// The LSN a data directory's member starts at, if it is a WAL segment of `pg_wal/`: named as
+/// one, and of a valid segment size.
+pub fn wal_segment_start(path: &str, size: u64) -> Option<Lsn> {
+    let name = path.strip_prefix("pg_wal/")?;
+    let segment_size = u32::try_from(size)
+        .ok()
+        .filter(|s| postgres_wal::segment::is_valid_segment_size(*s))?;
+    SegmentName::parse(name, segment_size).map(|n| n.start(segment_size))
+}
+
+/// Whether a segment starting at `start` whose first [`PAGE_ADDR_END`] bytes are `head` is one
+/// PostgreSQL recycled ahead (renamed to a future name with an older segment's pages, or
+/// created empty): its first page's address is not its own, so it holds no WAL.
+pub fn is_recycled(start: Lsn, head: &[u8; PAGE_ADDR_END]) -> bool {
+    u64_at(head, 8) != start.0
+}
+
 fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes(b[at..at + 2].try_into().unwrap())
 }

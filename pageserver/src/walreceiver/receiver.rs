@@ -224,9 +224,9 @@ impl Receivers {
             }
         });
         // Before page ingest starts (after a restart it has stored WAL to read at once): held
-        // at the checkpoint the next snapshot is due at, so it does not pass it unseen.
+        // at the checkpoints of the next snapshot's window, so it does not pass them unseen.
         if let Some(conf) = &snapshot_conf {
-            super::snapshots::hold_at_due(&timeline, &shared, conf);
+            super::snapshots::hold_at_window(&timeline, &shared, conf);
         }
         let pages = conf.ingest_pages.then(|| {
             let (timeline, shared) = (timeline.clone(), shared.clone());

@@ -218,8 +218,9 @@ struct Scan {
     prev_end: Lsn,
     /// A checkpoint record found, waiting for the record after it, since when.
     pending: Option<(DecodedRecord, Lsn, Instant)>,
-    /// Page ingest stops at checkpoint records starting here or past it (a checkpoint nothing
-    /// followed for [`NEXT_RECORD_WAIT`], a primary's shutdown, is let pass).
+    /// Page ingest stops at checkpoint records starting here or past it: it moves past those
+    /// the window does not take, and past a checkpoint nothing followed for
+    /// [`NEXT_RECORD_WAIT`] (a primary's shutdown).
     hold_from: Lsn,
     /// The highest `max_prepared_transactions` a parameter-change record set so far.
     max_prepared_xacts: u32,
@@ -361,9 +362,10 @@ fn newest_snapshot(timeline: &Timeline, lsn: Lsn) -> Result<Option<Snapshot>, St
 }
 
 /// Holds page ingest, before it starts, at the checkpoint records from where the next
-/// snapshot is due: otherwise, with stored WAL to read at once after a restart, it could pass
-/// that checkpoint before the thread looks, and the snapshot would wait for the next one.
-pub(super) fn hold_at_due(timeline: &Timeline, shared: &Shared, conf: &SnapshotConf) {
+/// snapshot's window begins: otherwise, with stored WAL to read at once after a restart, it
+/// could pass the checkpoint the window takes before the thread looks, and the snapshot would
+/// wait for a later one.
+pub(super) fn hold_at_window(timeline: &Timeline, shared: &Shared, conf: &SnapshotConf) {
     let last = timeline.last_record_lsn();
     if conf.programs.is_err() || last == Lsn(0) {
         return;
@@ -428,7 +430,7 @@ fn round(
     let Some(stored) = result? else {
         return Ok(None);
     };
-    // Held at once at the next one's due point: let go meanwhile, page ingest could pass a
+    // Held at once from the next one's window: let go meanwhile, page ingest could pass a
     // checkpoint there before the next round looks.
     shared.set_ingest_limit(IngestLimit::checkpoints_from(
         conf.window_after(target.end).from,
@@ -569,6 +571,7 @@ fn make_snapshot(
     // A restore starts at the checkpoint record itself when the checkpoint's spread holds
     // nothing the snapshot lacks (`datadir/checkpoint_start.rs`); read, that spread also
     // gives the counters at the snapshot.
+    let spread_started = Instant::now();
     let spread = if from_timeline && redo < target.start {
         match read_spread(timeline.dir(), segment_size, redo, &target.record, &cancel) {
             Ok(spread) => Some(spread),
@@ -583,6 +586,7 @@ fn make_snapshot(
     } else {
         None
     };
+    let spread_seconds = spread_started.elapsed().as_secs_f64();
     // What of the spread the snapshot lacks, if anything.
     let lacks = match &spread {
         _ if redo >= target.start => None,
@@ -642,7 +646,7 @@ fn make_snapshot(
         blocks_unchanged = report.blocks_unchanged, bytes_read = report.bytes_read,
         unpack_seconds = (unpacked - started).as_secs_f64(),
         replay_seconds = (replayed - unpacked).as_secs_f64(),
-        spread_seconds = (import_started - replayed).as_secs_f64(),
+        spread_seconds,
         import_seconds = import_started.elapsed().as_secs_f64(),
         "background snapshot imported");
     Ok(report.bytes_stored)

@@ -16,12 +16,18 @@
 //! - **Relation segments**: a (fork, segment number) pair and its block count, no path; about
 //!   50 bytes each, for at most [`MAX_MEMBERS`] members: 100 MiB at worst.
 //!
-//! Invariants: a path is listed once (a member twice is refused); every listed path's parent
+//! - **Members left out** (WAL segments recycled ahead, which hold no WAL): their paths, so that
+//!   a second member of the same path is refused as for a listed one; at least 1 MiB of
+//!   archive each, and counted as members.
+//!
+//! Invariants: a path is listed once (a member twice is refused, one left out too); every
+//! listed path's parent
 //! directories are listed, named by the archive or implied (mode 0700, no mtime; a member that
 //! names one later gives it its mode), so a basebackup recreates them; no path is both a file
 //! and a directory (a member inside a file, or a file where members already are, is refused).
 
 use std::collections::btree_map::{self, BTreeMap};
+use std::collections::BTreeSet;
 use std::iter::Peekable;
 
 use pageserver_api::datadir::{EntryKind, FileEntry, RelTag, RELSEG_BLOCKS};
@@ -127,6 +133,8 @@ pub struct Listing {
     max_file_directory_len: usize,
     /// Blocks of each relation segment.
     segments: BTreeMap<(RelTag, u32), u32>,
+    /// Members not listed: see [`Listing::add_left_out`].
+    left_out: BTreeSet<Box<str>>,
     members: usize,
     root: bool,
 }
@@ -140,6 +148,7 @@ impl Listing {
             file_directory_len: FILE_DIRECTORY_HEADER_LEN,
             max_file_directory_len,
             segments: BTreeMap::new(),
+            left_out: BTreeSet::new(),
             members: 0,
             root: false,
         }
@@ -175,12 +184,29 @@ impl Listing {
                 (true, _) => Err(ListingError::Twice(path)),
             };
         }
-        if self.is_segment(&path) {
+        if self.is_segment(&path) || self.left_out.contains(path.as_str()) {
             return Err(ListingError::Twice(path));
         }
         self.add_parents(&path, ENTRY_FIXED_LEN + path.len())?;
         self.file_directory_len += ENTRY_FIXED_LEN + path.len();
         self.entries.insert(path.into_boxed_str(), entry);
+        Ok(())
+    }
+
+    /// A file left out of the snapshot (a WAL segment recycled ahead): not listed, but its path
+    /// is held so that a member of the same path, before or after, is refused; its parents are
+    /// listed, as a directory restored without them would lack them.
+    pub fn add_left_out(&mut self, path: String) -> Result<(), ListingError> {
+        match self.entries.get(path.as_str()) {
+            Some(listed) if listed.named => return Err(ListingError::Twice(path)),
+            Some(_) => return Err(ListingError::FileOverDirectory(path)),
+            None => {}
+        }
+        if self.is_segment(&path) || self.left_out.contains(path.as_str()) {
+            return Err(ListingError::Twice(path));
+        }
+        self.add_parents(&path, 0)?;
+        self.left_out.insert(path.into_boxed_str());
         Ok(())
     }
 

@@ -51,7 +51,9 @@ use utils::Lsn;
 
 use super::path::{classify, database_of_dir, normalize, DatadirPath, PathError};
 use super::pg_control::{self, ControlFile, ControlFileError};
-use super::wal_end::{segment_name_order, wal_end, WalEndError};
+use super::wal_end::{
+    is_recycled, segment_name_order, wal_end, wal_segment_start, WalEndError, PAGE_ADDR_END,
+};
 use crate::tenant::timeline::{Import, Timeline, TimelineError, IMPORT_RUN_MIN_BYTES};
 
 mod finish;
@@ -162,7 +164,8 @@ pub fn import_archive(
 
 /// [`import_archive`] of a directory PostgreSQL replayed to `lsn` and shut down there (a
 /// background snapshot): its `pg_wal/` holds no segment, as the WAL it needs from `wal_from`
-/// (its checkpoint record, or the checkpoint's redo point) on is the timeline's own; and the cluster's counters at the
+/// (its checkpoint record, or the checkpoint's redo point) on is the timeline's own (unless
+/// `wal_from` is `lsn`: then it holds that WAL itself); and the cluster's counters at the
 /// snapshot are given rather than taken from its `pg_control` (those page ingest followed),
 /// when known.
 pub fn import_replayed(
@@ -448,7 +451,8 @@ impl<'t> Importer<'t> {
         let head = match wal_segment_start(&path, size) {
             Some(start) => {
                 data.read_exact(&mut head).map_err(ImportError::Read)?;
-                if page_addr(&head) != start {
+                if is_recycled(start, &head) {
+                    self.listing.add_left_out(path)?;
                     self.report.wal_segments_recycled += 1;
                     return Ok(());
                 }
@@ -542,25 +546,6 @@ impl<'t> Importer<'t> {
         }
         Ok(())
     }
-}
-
-/// Where the page address of a WAL page header ends (`u16` magic, `u16` info, `u32` timeline,
-/// `u64` address).
-const PAGE_ADDR_END: usize = 16;
-
-/// The LSN a `pg_wal/` member starts at, if it is a WAL segment: named as one, and of a valid
-/// segment size.
-fn wal_segment_start(path: &str, size: u64) -> Option<Lsn> {
-    let name = path.strip_prefix("pg_wal/")?;
-    let segment_size = u32::try_from(size)
-        .ok()
-        .filter(|s| postgres_wal::segment::is_valid_segment_size(*s))?;
-    postgres_wal::SegmentName::parse(name, segment_size).map(|n| n.start(segment_size))
-}
-
-/// The address the first page header of a segment gives its page.
-fn page_addr(head: &[u8; PAGE_ADDR_END]) -> Lsn {
-    Lsn(u64::from_le_bytes(head[8..16].try_into().expect("8 bytes")))
 }
 
 /// Where a member's count of stored bytes starts: a new member of `size` at least

@@ -5,7 +5,9 @@ use postgres_wal::record::RM_HEAP_ID;
 use postgres_wal::synthetic::WalBuilder;
 use utils::Lsn;
 
-use super::super::wal_end::{segment_name_order, wal_end};
+use super::super::wal_end::{
+    is_recycled, segment_name_order, wal_end, wal_segment_start, PAGE_ADDR_END,
+};
 
 const PAGE: usize = 8192;
 const SEGMENT: usize = 1 << 20;
@@ -118,6 +120,29 @@ fn files_that_are_not_segments_are_refused() {
     );
     assert_eq!(segment_name_order("00000002.history"), None);
     assert_eq!(segment_name_order("archive_status"), None);
+}
+
+#[test]
+fn a_segment_whose_first_page_is_another_segments_is_recycled() {
+    let size = SEGMENT as u64;
+    let start = wal_segment_start("pg_wal/000000010000000000000003", size).unwrap();
+    assert_eq!(start, Lsn(0x0030_0000));
+    let head = |seg: &[u8]| -> [u8; PAGE_ADDR_END] { seg[..PAGE_ADDR_END].try_into().unwrap() };
+    let (own, _) = segment(0x0030_0000, &[100]);
+    let (older, _) = segment(0x0010_0000, &[100]);
+    assert!(!is_recycled(start, &head(&own)));
+    assert!(is_recycled(start, &head(&older)));
+    assert!(is_recycled(start, &[0; PAGE_ADDR_END]), "created empty");
+    // Not a segment: another name, another directory, a size no segment has.
+    for (path, size) in [
+        ("pg_wal/00000002.history", 41),
+        ("pg_wal/000000010000000000000003.partial", size),
+        ("pg_wal/archive_status/000000010000000000000003.done", 0),
+        ("base/000000010000000000000003", size),
+        ("pg_wal/000000010000000000000003", 1000),
+    ] {
+        assert_eq!(wal_segment_start(path, size), None, "{path}");
+    }
 }
 
 /// Writes a record of `len` bytes naming `prev` at `pos` (within one page); returns its start
