@@ -9,6 +9,8 @@
 //!   stream, a segment file) and handing back whole records, each checked: every page's
 //!   header names its own address, a record continues only on pages that say so, every record
 //!   names the one before it and carries a CRC-32C of its bytes;
+//! - [`edit`]: records written into WAL laid over pages already (copies of it: a checkpoint
+//!   record where a replay is to stop or start), the page headers they continue after;
 //! - [`record`]: a record's header and the parts after it (block references, main data);
 //! - [`xact`]: commit and abort records, the times transactions ended;
 //! - [`synthetic`]: WAL written the way PostgreSQL lays it over pages, for tests.
@@ -17,6 +19,7 @@
 //! refused with its magic named, not misread.
 
 pub mod decoder;
+pub mod edit;
 pub mod history;
 pub mod image;
 pub mod page;

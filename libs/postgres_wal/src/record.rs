@@ -70,6 +70,7 @@ pub fn rmgr_name(rmid: u8) -> String {
 /// `RM_XLOG_ID` record kinds (`info & 0xF0`).
 pub const XLOG_CHECKPOINT_SHUTDOWN: u8 = 0x00;
 pub const XLOG_CHECKPOINT_ONLINE: u8 = 0x10;
+pub const XLOG_NOOP: u8 = 0x20;
 pub const XLOG_SWITCH: u8 = 0x40;
 pub const XLOG_PARAMETER_CHANGE: u8 = 0x60;
 pub const XLOG_FPI_FOR_HINT: u8 = 0xA0;

@@ -7,7 +7,7 @@
 use utils::Lsn;
 
 use crate::page::{LONG_HEADER_LEN, SHORT_HEADER_LEN, XLP_FIRST_IS_CONTRECORD, XLP_LONG_HEADER};
-use crate::record::{RECORD_HEADER_LEN, RM_XACT_ID, RM_XLOG_ID, XLOG_SWITCH};
+use crate::record::{RM_XACT_ID, RM_XLOG_ID, XLOG_SWITCH};
 use crate::{RECORD_ALIGN, XLOG_BLCKSZ, XLOG_PAGE_MAGIC};
 
 /// Builds a stretch of WAL from a page boundary on.
@@ -106,16 +106,7 @@ impl WalBuilder {
             self.page_header(0);
         }
         let start = self.end();
-        let tot_len = RECORD_HEADER_LEN + parts.len();
-        let mut record = Vec::with_capacity(tot_len);
-        record.extend_from_slice(&(tot_len as u32).to_le_bytes());
-        record.extend_from_slice(&xid.to_le_bytes());
-        record.extend_from_slice(&self.prev.0.to_le_bytes());
-        record.extend_from_slice(&[info, rmid, 0, 0]);
-        record.extend_from_slice(&[0; 4]);
-        record.extend_from_slice(parts);
-        let crc = crate::record::record_crc(&record);
-        record[20..24].copy_from_slice(&crc.to_le_bytes());
+        let record = crate::edit::encode_record(self.prev, rmid, info, xid, parts);
         self.put(&record, false);
         self.prev = start;
         start
@@ -202,15 +193,4 @@ impl WalBuilder {
     }
 }
 
-/// The parts of a record that has main data only.
-pub fn main_data_parts(main: &[u8]) -> Vec<u8> {
-    let mut parts = Vec::with_capacity(main.len() + 5);
-    if main.len() < 256 {
-        parts.extend_from_slice(&[255, main.len() as u8]);
-    } else {
-        parts.push(254);
-        parts.extend_from_slice(&(main.len() as u32).to_le_bytes());
-    }
-    parts.extend_from_slice(main);
-    parts
-}
+pub use crate::edit::main_data_parts;
