@@ -1,8 +1,8 @@
-"""Background snapshots: at a checkpoint of the primary past half of `snapshot_wal_distance` of
-WAL (the last before the next is expected past all of it; docs/pitr.md), a stock PostgreSQL replays the newest snapshot to the end of that checkpoint record and the
-directory it shuts down with becomes a snapshot there. Restores after it replay from it, pages
-at its LSN answer exactly, and a `kill -9` of the pageserver at any step leaves nothing
-half-imported; the next attempt makes the snapshot."""
+"""Background snapshots: at the end of the first record at or past `snapshot_wal_distance` of
+WAL from the newest snapshot, wherever it falls (docs/pitr.md), a stock PostgreSQL replays the
+newest snapshot to there and the directory it shuts down with becomes a snapshot there.
+Restores after it start right at it, pages at its LSN answer exactly, and a `kill -9` of the
+pageserver at any step leaves nothing half-imported; the next attempt makes the snapshot."""
 
 from __future__ import annotations
 
@@ -35,31 +35,60 @@ def snapshot_settings(pg: PgEnv) -> dict:
     return settings
 
 
-def start_streaming(pg: PgEnv, timeline: TimelineHandle, ingest_pages: bool = True) -> PgCluster:
+def start_streaming(pg: PgEnv, timeline: TimelineHandle, ingest_pages: bool = True, distance: int = DISTANCE, *settings: str) -> PgCluster:
     """A primary with pgbench's tables, imported by pg_basebackup, streaming with background
-    snapshots every DISTANCE bytes."""
-    primary = pg.new_cluster("primary").start("listen_addresses=127.0.0.1")
+    snapshots every `distance` bytes."""
+    primary = pg.new_cluster("primary").start("listen_addresses=127.0.0.1", *settings)
     primary.pgbench("-i", "-s", "1", "-q")
     pg.import_process(timeline.url, primary.basebackup_process())
-    body = {"connstr": connstr(primary), "ingest_pages": ingest_pages, "snapshot_wal_distance": DISTANCE}
+    body = {"connstr": connstr(primary), "ingest_pages": ingest_pages, "snapshot_wal_distance": distance}
     r = requests.put(f"{timeline.url}/wal_receiver", json=body, timeout=60)
     assert r.status_code == 200, r.text
-    assert r.json()["snapshot_wal_distance"] == DISTANCE
+    assert r.json()["snapshot_wal_distance"] == distance
     return primary
 
 
-def write_then_checkpoint(primary: PgCluster, transactions: int) -> None:
-    """pgbench writes, a CHECKPOINT (where the snapshot goes), and a record after it (which the
-    replay reads to know it got there)."""
+def fill(primary: PgCluster, rows: int = 20_000) -> None:
+    """WAL that touches no page of pgbench's: a new table of `rows` rows (20 000 are about 3 MiB,
+    more than DISTANCE)."""
+    primary.psql(f"CREATE TABLE filler_{time.monotonic_ns()} AS SELECT g, repeat('x', 100) AS pad FROM generate_series(1, {rows}) g")
+
+
+def write_then_more(primary: PgCluster, transactions: int) -> Lsn:
+    """pgbench writes, then more WAL than DISTANCE, so that a snapshot comes past the writes;
+    where they end."""
     primary.pgbench("-c", "2", "-t", str(transactions), "-n")
-    primary.psql("CHECKPOINT")
-    primary.psql("CREATE TABLE after_checkpoint AS SELECT 1 AS one")
+    end = Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()"))
+    fill(primary)
+    return end
+
+
+def next_record(end: Lsn) -> Lsn:
+    """Where the record after one ending at `end` starts (16 MiB segments)."""
+    at = (int(end) + 7) // 8 * 8
+    if at % 8192 == 0:
+        at += 40 if at % (16 << 20) == 0 else 24
+    return Lsn(at)
+
+
+def snapshots_made(ps: Pageserver) -> list[Lsn]:
+    """The LSNs of the background snapshots the server's log says it made."""
+    return [Lsn.parse(lsn) for lsn in re.findall(r"background snapshot made .* lsn=(\S+)", ps.log_text())]
+
+
+def imported_line(ps: Pageserver, lsn: Lsn) -> dict[str, str]:
+    """The fields of the log line of the snapshot imported at `lsn`."""
+    for line in reversed(ps.log_text().splitlines()):
+        if "background snapshot imported" in line and f" lsn={lsn} " in line:
+            return dict(re.findall(r"(\w+)=(\S+)", line))
+    raise AssertionError(f"no snapshot imported at {lsn}")
 
 
 def wait_snapshot_past(timeline: TimelineHandle, lsn: Lsn, timeout: float = 180) -> Lsn:
     def made() -> Lsn:
         state = receiver(timeline).json()
-        assert state["snapshot_lsn"] is not None and Lsn.parse(state["snapshot_lsn"]) > lsn, state
+        made = state["snapshot_lsn"] is not None and Lsn.parse(state["snapshot_lsn"]) > lsn
+        assert made, f"last error: {state['snapshot_error']}; page ingest: {state['pages_error']} at {state['pages_lsn']}"
         assert not state["snapshot_running"], state
         return Lsn.parse(state["snapshot_lsn"])
 
@@ -90,64 +119,87 @@ def page_statuses(primary: PgCluster, timeline: TimelineHandle, table: str, lsn:
 
 @pytest.mark.timeout(600)
 def test_a_background_snapshot_is_where_restores_start_and_pages_answer(pg: PgEnv, pageserver_factory: PageserverFactory):
-    """Writes, a checkpoint, more writes: a snapshot is made at the end of the checkpoint record.
-    Pages that needed redo just below it answer exactly at it; a restore at it and one past it
-    start from it, with the primary's data; the replay's directory is gone."""
+    """Writes, then more WAL than the distance: a snapshot is made at the end of the first record
+    at or past it, in the middle of the primary's work, no checkpoint of its near. Pages that
+    needed redo just below it answer exactly at it; a restore at it starts right there (its
+    archive has a checkpoint record put just before the record after it: nothing is replayed),
+    one past it replays from there; the replay's directory is gone."""
+    distance = 16 << 20
     ps = pageserver_factory.start(snapshot_settings(pg))
     timeline = TimelineHandle.create(ps)
-    primary = start_streaming(pg, timeline)
+    primary = start_streaming(pg, timeline, True, distance)
     first, kind = snapshot_below(timeline, Lsn.parse(timeline.info()["last_record_lsn"]))
     assert kind == "backup"
     primary.pgbench("-c", "2", "-t", "300", "-n")
+    # The last change of pgbench_branches' one page: a WAL record to redo, no image.
+    before_update = Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()"))
+    primary.psql("UPDATE pgbench_branches SET bbalance = bbalance")
+    end = Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()"))
     total = primary.psql("SELECT sum(abalance) FROM pgbench_accounts")
-    primary.psql("CHECKPOINT")
-    primary.psql("CREATE TABLE after_checkpoint AS SELECT 1 AS one")
-    made = wait_snapshot_past(timeline, first)
+    fill(primary, 150_000)  # more WAL than the distance, which touches no page of pgbench's
+    wait_snapshot_past(timeline, end)
+    # The first snapshot past the writes.
+    made = min(lsn for lsn in snapshots_made(ps) if lsn > end)
     at, kind = snapshot_below(timeline, made)
     assert (at, kind) == (made, "stopped")
+    # The one before it is below the update (16 MiB apart, none in its few hundred bytes).
+    assert first <= snapshot_below(timeline, Lsn(int(made) - 1))[0] < before_update
     state = receiver(timeline).json()
     assert state["snapshot_error"] is None, state
+    assert int(imported_line(ps, made)["blocks_changed"]) > 0
 
     # Pages: below the snapshot, some need redo (422); at it, every one is an image.
     wait_ingested(timeline, made)
-    below = page_statuses(primary, timeline, "pgbench_accounts", Lsn(int(made) - 1))
+    below = page_statuses(primary, timeline, "pgbench_branches", Lsn(int(made) - 1))
     assert 422 in below.values(), below
     at_snapshot = page_statuses(primary, timeline, "pgbench_accounts", made)
     assert set(at_snapshot.values()) == {200}, at_snapshot
     for table in ["pgbench_branches", "pgbench_tellers", "pgbench_history"]:
         assert set(page_statuses(primary, timeline, table, made).values()) <= {200}, table
 
-    # Started on, the snapshot replays its pg_wal/ from the checkpoint's redo point, so it is
-    # not what replay=none gives; the pages there would be, but the counters below it (from a
-    # backup) are not exact.
+    # The counters there are not known exactly (followed from a backup's), so replay=none,
+    # which would start a cluster on them alone, is refused.
     r = requests.get(f"{timeline.url}/basebackup", params={"lsn": str(made), "replay": "none"}, timeout=60)
     assert r.status_code == 422 and "not known exactly" in r.text, r.text
-    # A restore at the snapshot and one past it start from it.
+    # A restore at the snapshot starts at the checkpoint put before the record after it.
     restored, snapshot = pg.restore(timeline.url, "at_snapshot", made)
     assert snapshot == made
+    wal_from = Lsn.parse(imported_line(ps, made)["wal_from"])
+    control = (restored.datadir / "global" / "pg_control").read_bytes()
+    checkpoint, redo = struct.unpack_from("<QQ", control, 32)
+    assert (Lsn(checkpoint), Lsn(redo)) == (wal_from, wal_from) and wal_from < made, (checkpoint, redo, wal_from, made)
     start_promoted_quietly(restored)
+    assert "redo is not required" in restored.log.read_text()
     assert restored.psql("SELECT sum(abalance) FROM pgbench_accounts") == total
+    assert restored.psql(BALANCED) == "t"
     restored.stop()
-    primary.psql("INSERT INTO after_checkpoint VALUES (2)")
-    end = Lsn.parse(primary.psql("SELECT pg_current_wal_flush_lsn()"))
-    wait_flushed(timeline, end)
-    wait_ingested(timeline, end)
-    past, snapshot = pg.restore(timeline.url, "past_snapshot", end)
-    assert snapshot == made
+    # One past it replays from it, through the record after it (which names the checkpoint
+    # put before it as the record before, in the archive).
+    primary.psql("CREATE TABLE after_snapshot AS SELECT 2 AS two")
+    past_end = Lsn.parse(primary.psql("SELECT pg_current_wal_flush_lsn()"))
+    wait_flushed(timeline, past_end)
+    wait_ingested(timeline, past_end)
+    past, snapshot = pg.restore(timeline.url, "past_snapshot", past_end)
+    assert made <= snapshot < past_end
     start_promoted_quietly(past)
+    assert f"redo starts at {next_record(snapshot)}" in past.log.read_text()
     assert past.psql("SELECT sum(abalance) FROM pgbench_accounts") == total
-    assert past.psql("SELECT count(*) FROM after_checkpoint") == "2"
+    assert past.psql("SELECT two FROM after_snapshot") == "2"
 
     metrics = ps.http.metrics_text()
     assert 'pageserver_background_snapshots_total{result="made"}' in metrics
-    assert not (pg.base / "snapshot_replay").exists()
+    replay_dir = pg.base / "snapshot_replay"
+    wait_until(lambda: not receiver(timeline).json()["snapshot_running"] and not replay_dir.exists(), timeout=120, what="the snapshots done, their directory gone")
 
     # The next one starts from this one (page ingest went on after it: ingested past it above).
     primary.pgbench("-c", "2", "-t", "200", "-n")
-    primary.psql("CHECKPOINT")
-    primary.psql("INSERT INTO after_checkpoint VALUES (3)")
+    fill(primary, 150_000)
     second = wait_snapshot_past(timeline, made)
     assert snapshot_below(timeline, second) == (second, "stopped")
+    again, snapshot = pg.restore(timeline.url, "at_second", second)
+    assert snapshot == second
+    start_promoted_quietly(again)
+    assert again.psql(BALANCED) == "t"
 
 
 @pytest.mark.needs_testing
@@ -162,7 +214,7 @@ def test_kill_during_a_background_snapshot(pg: PgEnv, pageserver_factory: Pagese
     ps.http.configure_failpoints((step, "pause"))
     primary = start_streaming(pg, timeline, ingest_pages=False)
     first, _ = snapshot_below(timeline, Lsn.parse(timeline.info()["last_record_lsn"]))
-    write_then_checkpoint(primary, 200)
+    end = write_then_more(primary, 200)
     replay_dir = pg.base / "snapshot_replay"
     # The failpoint comes after the directory is made (and, before the import, replayed).
     def at_step() -> bool:
@@ -180,9 +232,9 @@ def test_kill_during_a_background_snapshot(pg: PgEnv, pageserver_factory: Pagese
     # Nothing of the attempt: the timeline is where it was, its newest snapshot the first.
     assert timeline.info()["last_record_lsn"] == before
     assert snapshot_below(timeline, Lsn.parse(before)) == (first, "backup")
-    made = wait_snapshot_past(timeline, first)
+    made = wait_snapshot_past(timeline, end)
     assert snapshot_below(timeline, made) == (made, "stopped")
-    assert not replay_dir.exists()
+    wait_until(lambda: not receiver(timeline).json()["snapshot_running"] and not replay_dir.exists(), timeout=120, what="the snapshots done, their directory gone")
     restored, snapshot = pg.restore(timeline.url, "restored", made)
     assert snapshot == made
     start_promoted_quietly(restored)
@@ -210,28 +262,21 @@ def test_snapshots_say_why_they_cannot_run(pg: PgEnv, pageserver_factory: Pagese
 
 
 @pytest.mark.timeout(600)
-def test_a_shutdown_checkpoint_with_nothing_after_it_does_not_hold_page_ingest(pg: PgEnv, pageserver_factory: PageserverFactory):
-    """A snapshot is due and the primary shuts down cleanly: its shutdown checkpoint is the last
-    record, which no replay can stop at (recovery must read a record after its target). Page
-    ingest is let past it all the same, and once the primary is back, the next checkpoint gets
-    the snapshot."""
+def test_a_primary_that_shuts_down_does_not_hold_page_ingest(pg: PgEnv, pageserver_factory: PageserverFactory):
+    """The primary writes more than the distance, then shuts down cleanly: nothing comes after
+    its shutdown checkpoint. The snapshots due are made all the same (a snapshot needs no record
+    after its own: the replay stops at one put there), and page ingest gets to the end."""
     ps = pageserver_factory.start(snapshot_settings(pg))
     ps.allowed_errors.append("WAL receiver: ")
     timeline = TimelineHandle.create(ps)
     primary = start_streaming(pg, timeline)
     first, _ = snapshot_below(timeline, Lsn.parse(timeline.info()["last_record_lsn"]))
-    primary.pgbench("-c", "2", "-t", "200", "-n")
+    write_then_more(primary, 200)
     primary.stop()
     end = Lsn.parse(receiver(timeline).json()["flushed_lsn"])
-    # Everything up to the shutdown checkpoint's end gets ingested.
-    wait_until(lambda: Lsn.parse(receiver(timeline).json()["pages_lsn"] or "0/0") >= end, timeout=120, what="page ingest past the shutdown checkpoint")
-    assert snapshot_below(timeline, Lsn.parse(timeline.info()["last_record_lsn"]))[0] == first
-    primary.start("listen_addresses=127.0.0.1")
-    primary.psql("CREATE TABLE after_restart AS SELECT 1 AS one")
-    primary.psql("CHECKPOINT")
-    primary.psql("INSERT INTO after_restart VALUES (2)")
+    wait_until(lambda: Lsn.parse(receiver(timeline).json()["pages_lsn"] or "0/0") >= end, timeout=120, what="page ingest to the shutdown checkpoint's end")
     made = wait_snapshot_past(timeline, first)
-    assert made > end
+    assert first < made <= end
     assert snapshot_below(timeline, made) == (made, "stopped")
 
 
@@ -259,14 +304,14 @@ def test_the_replaying_postgresql_killed(pg: PgEnv, pageserver_factory: Pageserv
     timeline = TimelineHandle.create(ps)
     primary = start_streaming(pg, timeline, ingest_pages=False)
     first, _ = snapshot_below(timeline, Lsn.parse(timeline.info()["last_record_lsn"]))
-    write_then_checkpoint(primary, 3000)  # enough WAL that the replay takes a while
+    end = write_then_more(primary, 300)
     replay_dir = pg.base / "snapshot_replay"
     pid = wait_until(lambda: replay_postmaster(replay_dir), timeout=120, interval=0.01, what="the replay running")
     os.kill(pid, 9)
     state = wait_until(lambda: (s := receiver(timeline).json())["snapshot_error"] and s, timeout=60, what="the failed attempt")
     assert "the replay to" in state["snapshot_error"], state
     assert snapshot_below(timeline, Lsn.parse(timeline.info()["last_record_lsn"])) == (first, "backup")
-    made = wait_snapshot_past(timeline, first)
+    made = wait_snapshot_past(timeline, end)
     assert snapshot_below(timeline, made) == (made, "stopped")
     assert receiver(timeline).json()["snapshot_error"] is None
     restored, snapshot = pg.restore(timeline.url, "restored", made)
@@ -367,11 +412,14 @@ def test_background_snapshots_killed_at_random_points(pg: PgEnv, pageserver_fact
         assert restored.psql(BALANCED) == "t", f"seed {seed}, round {n}, kills {kills}"
         restored.stop("immediate")
 
-    wait_until(lambda: not receiver(timeline).json()["snapshot_running"], timeout=240, interval=0.1, what="no snapshot running")
-    assert not replay_dir.exists()
+    wait_until(lambda: not receiver(timeline).json()["snapshot_running"] and not replay_dir.exists(), timeout=240, interval=0.1, what="no snapshot running, its directory gone")
+    newest = newest_snapshot(timeline)
     wait_ingested(timeline, newest)
     statuses = page_statuses(primary, timeline, "pgbench_accounts", newest)
-    assert set(statuses.values()) == {200}, f"seed {seed}, kills {kills}: {statuses}"
+    # Every block there is an image; those the table grew by after it are not there yet.
+    missing = sorted(b for b, status in statuses.items() if status == 404)
+    assert missing == list(range(len(statuses) - len(missing), len(statuses))), f"seed {seed}, kills {kills}: {statuses}"
+    assert set(statuses.values()) <= {200, 404} and len(missing) < len(statuses), f"seed {seed}, kills {kills}: {statuses}"
     end = Lsn.parse(primary.psql("SELECT pg_current_wal_flush_lsn()"))
     wait_flushed(timeline, end)
     last, _ = pg.restore(timeline.url, "last", end)
@@ -402,8 +450,8 @@ def test_a_primary_configured_from_outside_its_data_directory(pg: PgEnv, pageser
     body = {"connstr": connstr(primary), "snapshot_wal_distance": DISTANCE}
     r = requests.put(f"{timeline.url}/wal_receiver", json=body, timeout=60)
     assert r.status_code == 200, r.text
-    write_then_checkpoint(primary, 300)
-    made = wait_snapshot_past(timeline, first)
+    end = write_then_more(primary, 300)
+    made = wait_snapshot_past(timeline, end)
     assert snapshot_below(timeline, made) == (made, "stopped")
     assert receiver(timeline).json()["snapshot_error"] is None
 
@@ -416,94 +464,52 @@ def test_a_primary_configured_from_outside_its_data_directory(pg: PgEnv, pageser
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("prepare", [False, True], ids=["nothing_prepared", "prepared_in_the_spread"])
-def test_a_snapshot_at_a_spread_checkpoint_restores_from_the_timelines_wal(pg: PgEnv, pageserver_factory: PageserverFactory, prepare: bool):
-    """The primary checkpoints on its timer, spread over most of 30 s, and its WAL moves to a new
-    segment every 5 s meanwhile: the snapshot's checkpoint starts its redo several segments
-    before the record. The snapshot stores none of that WAL, and a restore from it does not
-    replay it: the archive's `pg_control` and checkpoint record name the record itself as the
-    redo point, with the counters at the snapshot, and its `pg_wal/` starts at the record's
-    segment; at the snapshot, PostgreSQL replays nothing. Unless a transaction was prepared in
-    the spread (here one every 5 s, left prepared): its state is in that WAL alone, and a
-    restore replays from the redo point, with every transaction prepared below the snapshot
-    still prepared. Restores at the snapshot and past it come up with balanced pgbench sums,
-    the primary's rows, and transaction ids that go on past those the spread used."""
+def test_a_snapshot_keeps_prepared_transactions_and_commit_timestamps(pg: PgEnv, pageserver_factory: PageserverFactory):
+    """Transactions prepared before a snapshot, one before the writes and one after, still
+    prepared at it, in a cluster that tracks commit timestamps: a restore at the snapshot
+    (which replays nothing: the replay's restartpoint at the snapshot wrote their state out)
+    has them prepared, their rows there once committed; commit timestamps of the newest
+    transactions read back; transaction ids go on past those the WAL below it used. A restore
+    past it replays from it with the same."""
     ps = pageserver_factory.start(snapshot_settings(pg))
     timeline = TimelineHandle.create(ps)
-    primary = pg.new_cluster("primary").start("listen_addresses=127.0.0.1", "checkpoint_timeout=30s", "max_prepared_transactions=30")
-    primary.pgbench("-i", "-s", "1", "-q")
-    primary.psql("CREATE TABLE prepared_rows (n int)")
-    pg.import_process(timeline.url, primary.basebackup_process())
+    settings = ("max_prepared_transactions=30", "track_commit_timestamp=on")
+    primary = start_streaming(pg, timeline, False, DISTANCE, *settings)
     first = newest_snapshot(timeline)
-    body = {"connstr": connstr(primary), "ingest_pages": False, "snapshot_wal_distance": DISTANCE}
-    r = requests.put(f"{timeline.url}/wal_receiver", json=body, timeout=60)
-    assert r.status_code == 200, r.text
-    bench = primary.pgbench_background("-c", "2", "-T", "75", "-R", "100", "-n")
-    # Each prepared transaction with the WAL positions before and after its PREPARE.
-    prepared: list[tuple[str, Lsn, Lsn]] = []
-    while bench.poll() is None:
-        primary.psql("SELECT pg_switch_wal()")
-        if prepare:
-            gid = f"p{len(prepared)}"
-            before = Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()"))
-            primary.psql(f"BEGIN; INSERT INTO prepared_rows VALUES ({len(prepared)}); PREPARE TRANSACTION '{gid}'")
-            prepared.append((gid, before, Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()"))))
-        time.sleep(5)  # pacing the switches, not waiting for anything
-    assert bench.returncode == 0, bench.stderr.read() if bench.stderr else bench.returncode
-    made = wait_snapshot_past(timeline, first)
-    imported = re.findall(r"background snapshot imported .*lsn=(\S+) redo=(\S+) wal_from=(\S+)", ps.log_text())
-    redo, wal_from = next((Lsn.parse(r), Lsn.parse(w)) for lsn, r, w in imported if lsn == str(made))
-    segment = 16 << 20
-    assert int(redo) // segment < int(made) // segment, f"redo {redo}, snapshot {made}"
+    primary.psql("CREATE TABLE prepared_rows (n int)")
+    primary.psql("BEGIN; INSERT INTO prepared_rows VALUES (0); PREPARE TRANSACTION 'p0'")
+    primary.pgbench("-c", "2", "-t", "300", "-n")
+    primary.psql("BEGIN; INSERT INTO prepared_rows VALUES (1); PREPARE TRANSACTION 'p1'")
+    primary.psql("BEGIN; INSERT INTO prepared_rows VALUES (2); PREPARE TRANSACTION 'p2'")
+    primary.psql("COMMIT PREPARED 'p2'")
+    end = Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()"))
+    fill(primary)
+    made = wait_snapshot_past(timeline, end)
+    assert first < made
+
+    def check(cluster: PgCluster) -> None:
+        with (cluster.datadir / "postgresql.conf").open("a") as conf:
+            conf.write("max_prepared_transactions = 30\ntrack_commit_timestamp = on\n")
+        start_promoted_quietly(cluster)
+        assert cluster.psql(BALANCED) == "t"
+        assert cluster.psql("SELECT string_agg(gid, ',' ORDER BY gid) FROM pg_prepared_xacts") == "p0,p1"
+        newest = cluster.psql("SELECT max(xmin::text::bigint) FROM pgbench_history")
+        assert cluster.psql(f"SELECT pg_xact_commit_timestamp('{newest}'::xid) IS NOT NULL") == "t"
+        assert int(cluster.psql("SELECT txid_current()")) > int(newest)
+        for gid in ["p0", "p1"]:
+            cluster.psql(f"COMMIT PREPARED '{gid}'")
+        assert cluster.psql("SELECT string_agg(n::text, ',' ORDER BY n) FROM prepared_rows") == "0,1,2"
 
     restored, snapshot = pg.restore(timeline.url, "at_snapshot", made)
     assert snapshot == made
-    control = (restored.datadir / "global" / "pg_control").read_bytes()
-    checkpoint, start = struct.unpack_from("<QQ", control, 32)
-    names = sorted(n for n in os.listdir(restored.datadir / "pg_wal") if len(n) == 24)
-    if prepare:
-        # From the redo point, as stored.
-        assert (wal_from, Lsn(start)) == (redo, redo), (wal_from, start, redo)
-    else:
-        # From the checkpoint record, which names itself as the redo point.
-        assert redo < wal_from < made and (Lsn(checkpoint), Lsn(start)) == (wal_from, wal_from), (redo, wal_from, checkpoint, start)
-    assert names[0] == f"00000001{(int(start) // segment) >> 8:08X}{(int(start) // segment) & 0xFF:08X}", names
-    # Not stored with the snapshot: what it stored is less than the spread's segments alone.
-    stored = [int(b) for lsn, b in re.findall(r"background snapshot made .*lsn=(\S+) .*bytes_stored=(\d+)", ps.log_text()) if lsn == str(made)]
-    assert stored and stored[0] < (int(made) // segment - int(redo) // segment) * segment, (stored, redo, made)
-    allow_prepared(restored)
-    start_promoted_quietly(restored)
-    log = restored.log.read_text()
-    assert ("redo is not required" in log) != prepare, log[-3000:]
-    assert restored.psql(BALANCED) == "t"
-    if prepare:
-        there = set(restored.psql("SELECT gid FROM pg_prepared_xacts ORDER BY gid").split())
-        assert {g for g, _, after in prepared if after <= made} <= there, (there, prepared, made)
-        assert not {g for g, before, _ in prepared if before > made} & there, (there, prepared, made)
-        assert len({g for g, before, _ in prepared if before > redo and g in there}) > 0, (there, prepared, redo)
-        for gid in sorted(there):
-            restored.psql(f"COMMIT PREPARED '{gid}'")
-        assert restored.psql("SELECT count(*) FROM prepared_rows") == str(len(there))
-    # Transaction ids go on past those the spread used (the checkpoint record's own counters
-    # are from before them): none is handed out twice.
-    newest = int(restored.psql("SELECT max(xmin::text::bigint) FROM pgbench_history"))
-    assert int(restored.psql("SELECT txid_current()")) > newest
+    check(restored)
+    assert "redo is not required" in restored.log.read_text()
     restored.stop("immediate")
 
     primary.psql("CREATE TABLE after_run AS SELECT 1 AS one")
-    end = Lsn.parse(primary.psql("SELECT pg_current_wal_flush_lsn()"))
-    wait_flushed(timeline, end)
-    past, snapshot = pg.restore(timeline.url, "past_snapshot", end)
-    assert snapshot == made
-    allow_prepared(past)
-    start_promoted_quietly(past)
-    assert past.psql("SELECT count(*) FROM pgbench_history") == primary.psql("SELECT count(*) FROM pgbench_history")
-    assert past.psql(BALANCED) == "t"
+    past_end = Lsn.parse(primary.psql("SELECT pg_current_wal_flush_lsn()"))
+    wait_flushed(timeline, past_end)
+    past, snapshot = pg.restore(timeline.url, "past_snapshot", past_end)
+    assert made <= snapshot < past_end
+    check(past)
     assert past.psql("SELECT count(*) FROM after_run") == "1"
-
-
-def allow_prepared(cluster: PgCluster) -> None:
-    """As many prepared transactions as the primary allowed (a recovery needs as many)."""
-    with (cluster.datadir / "postgresql.conf").open("a") as conf:
-        conf.write("max_prepared_transactions = 30\n")
-

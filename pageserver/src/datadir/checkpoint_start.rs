@@ -1,53 +1,61 @@
-//! A restore from a background snapshot starts replaying at the snapshot's checkpoint record,
-//! not at that checkpoint's redo point.
+//! A restore from a background snapshot starts replaying right at the snapshot.
 //!
-//! A background snapshot is a standby's directory shut down right after it replayed an online
-//! checkpoint record at `C` (ending at the snapshot's LSN `S`). Its `pg_control` names `C`, and
-//! `C`'s redo point `R`, which the primary chose when the checkpoint began: PostgreSQL started
-//! on it replays everything from `R`, which is the checkpoint's whole spread (minutes of WAL
-//! with the primary's defaults) even for a restore at `S` itself. Yet every page, every SLRU
-//! and every relation map in the snapshot is already whole at `S` (the restartpoint wrote out
-//! all the replay made). What only the WAL from `R` would give:
+//! A background snapshot (`walreceiver/snapshots.rs`) is a standby's directory shut down in
+//! recovery right after a checkpoint record that its replay's copy of the WAL had put at `N`,
+//! where the record after the snapshot's LSN `S` starts (or will). Every page, SLRU, relation
+//! map and prepared transaction in it is whole at `S`, and its `pg_control` names that record,
+//! which the timeline's WAL does not hold. So the archive a restore starts from gets, in its
+//! `pg_wal/` (the timeline's WAL from the snapshot's `wal_from` on):
 //!
-//! - the counters (next transaction id, OID, multixact): the record carries them as they were
-//!   when the checkpoint began, and records of the spread moved them on. The timeline holds
-//!   them as at `S` (`counters_key`, followed through the spread by page ingest or by the
-//!   snapshot itself);
-//! - the state of a transaction prepared in the spread and still prepared at `S`, which a
-//!   restartpoint does not write out (`CheckPointTwoPhase` writes those prepared before `R`).
-//!   A snapshot with one is listed with its WAL from `R` (`Snapshot::wal_from`), and is started
-//!   as stored; so is one of a cluster that tracks commit timestamps, as replay moves the newest
-//!   one on.
+//! - an online checkpoint record in the 120 bytes of WAL that end where `N` starts (the end of
+//!   the WAL below `S`, whose effect the snapshot holds; its `wal_from`), naming itself as its
+//!   redo point, with the counters at `S` (`counters_key`, followed to `S` by the snapshot);
+//!   the header of every page it continues on says so;
+//! - when the restore goes past `S`, the record at `N` naming it as the record before
+//!   (`xl_prev`), its CRC made again;
 //!
-//! So when a snapshot is listed with its WAL from `C` itself, the archive's `pg_control` and the
-//! record at `C` in its `pg_wal/` both say `redo = C`, with the counters at `S`; the record's
-//! CRC is made again. PostgreSQL then reads the checkpoint, finds its redo point there, and
-//! replays from the next record: at `S`, nothing. The timeline's own WAL is never changed:
-//! only the bytes written into the archive (which a branch started from the archive may stream
-//! back: a stored record rewritten already, whole or in part, is taken as the one it was).
+//! and `global/pg_control` names that record, with recovery consistent at its end. PostgreSQL
+//! reads the checkpoint, finds its redo point there, and replays from `N`: at `S`, nothing.
 //!
-//! The cost: until the restored server's first checkpoint, its crash recovery starts at `C`
-//! too, where the WAL after `C` has no full-page image of a page first changed in the spread;
-//! a torn write of such a page in that window would not be repaired (docs/pitr.md).
+//! A snapshot made by an earlier version, at one of the primary's online checkpoint records
+//! `C` (ending at `S`), names `C` and `C`'s redo point `R`. Listed with its WAL from `C`, the
+//! archive's `pg_control` and the record at `C` both say `redo = C`, with the counters at `S`
+//! (the record's CRC made again); listed from `R`, it starts as stored.
+//!
+//! The timeline's own WAL is never changed: only the bytes written into the archive (which a
+//! branch started from the archive may stream back: a stored record rewritten already, whole
+//! or in part, is taken as the one it was).
+//!
+//! The cost: until the restored server's first checkpoint, its crash recovery starts there too,
+//! where the WAL after it has no full-page image of a page the primary first changed since its
+//! own last checkpoint; a torn write of such a page in that window would not be repaired
+//! (docs/pitr.md).
 
 use std::os::unix::fs::FileExt;
 
 use pageserver_api::datadir::{counters_key, ClusterCounters, Snapshot, SnapshotKind};
-use postgres_wal::page::record_pieces;
+use postgres_wal::edit::{
+    back_by, encode_record, main_data_parts, place_record, record_end, with_prev,
+};
+use postgres_wal::page::{record_pieces, PageHeader, LONG_HEADER_LEN};
 use postgres_wal::record::{
     record_crc, RecordHeader, CRC_OFFSET, RECORD_HEADER_LEN, RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE,
 };
 use postgres_wal::segment::{segno_of, SegmentName};
+use postgres_wal::{RECORD_ALIGN, XLOG_BLCKSZ, XLOG_PAGE_MAGIC};
 use utils::Lsn;
 
 use super::archive::{BasebackupError, Replay};
 use super::materialize::control_file_at;
-use super::pg_control::{self, Checkpoint, CHECKPOINT_LEN};
+use super::pg_control::{self, Checkpoint, ControlFile, CHECKPOINT_LEN};
 use crate::tenant::timeline::Timeline;
 
 /// A checkpoint record's length: its header, the short header of its main data (two bytes),
 /// and the `CheckPoint`.
 const CHECKPOINT_RECORD_LEN: usize = RECORD_HEADER_LEN + 2 + CHECKPOINT_LEN;
+/// The bytes of records it takes up, to where the next record starts (aligned).
+pub const CHECKPOINT_RECORD_SPACE: u64 =
+    (CHECKPOINT_RECORD_LEN as u64).next_multiple_of(RECORD_ALIGN);
 
 /// What an archive writes in place of the stored bytes so that its replay starts at the
 /// snapshot's checkpoint record.
@@ -72,7 +80,8 @@ impl CheckpointStart {
 }
 
 /// The rewrite a replay from `snapshot` gets, if the snapshot is listed with its WAL from its
-/// checkpoint record (`None` otherwise: it starts as stored).
+/// checkpoint record, or from the one put before its first record (`None` otherwise: it
+/// starts as stored).
 pub fn plan(
     timeline: &Timeline,
     snapshot: Snapshot,
@@ -83,7 +92,10 @@ pub fn plan(
     }
     let (original, control, _) = control_file_at(timeline, snapshot.lsn)?;
     let at = control.checkpoint;
-    if snapshot.wal_from != at || control.checkpoint_copy.redo == at {
+    // Made at any record: its checkpoint is where the record after its LSN starts (its LSN
+    // itself, unless that is a page's end). One made at a checkpoint record ends there.
+    let put_before = at >= snapshot.lsn;
+    if !put_before && (snapshot.wal_from != at || control.checkpoint_copy.redo == at) {
         return Ok(None);
     }
     let damaged = |what: String| {
@@ -91,8 +103,8 @@ pub fn plan(
     };
     if !control.is_shut_down_in_recovery() {
         return Err(damaged(format!(
-            "its WAL is listed from its checkpoint record, but its pg_control says {:?}, not \
-             shut down in recovery",
+            "its WAL is listed from {}, but its pg_control says {:?}, not shut down in recovery",
+            snapshot.wal_from,
             control.state_name()
         )));
     }
@@ -100,40 +112,201 @@ pub fn plan(
         .get_page(counters_key(), snapshot.lsn)?
         .ok_or_else(|| damaged("no cluster counters are stored there".to_owned()))?;
     let counters = ClusterCounters::decode(&counters)?;
-    let (first_name, first) = replay
-        .segments
-        .first()
-        .ok_or_else(|| damaged("no WAL segment to replay".to_owned()))?;
-    let segment_size = u32::try_from(first.metadata()?.len())
-        .ok()
-        .filter(|s| postgres_wal::segment::is_valid_segment_size(*s))
-        .ok_or_else(|| damaged(format!("WAL segment {first_name} has no valid size")))?;
-    let first_segno = SegmentName::parse(first_name, segment_size)
-        .map(|n| segno_of(n.start(segment_size), segment_size))
-        .ok_or_else(|| damaged(format!("WAL segment name {first_name:?}")))?;
-    let read = |lsn: Lsn, buf: &mut [u8]| -> Result<usize, String> {
-        let i = segno_of(lsn, segment_size)
-            .checked_sub(first_segno)
-            .map(|i| i as usize)
-            .filter(|i| *i < replay.segments.len())
-            .ok_or_else(|| format!("no WAL segment of the replay holds {lsn}"))?;
-        let offset = lsn.0 % u64::from(segment_size);
-        replay.segments[i]
-            .1
-            .read_exact_at(buf, offset)
-            .map_err(|e| format!("reading the WAL at {lsn}: {e}"))?;
-        Ok(i)
-    };
+    let segments = ReplaySegments::of(replay).map_err(damaged)?;
+    if put_before {
+        return put_checkpoint_before(&segments, snapshot, replay, &original, &control, &counters)
+            .map(Some)
+            .map_err(damaged);
+    }
     let rewritten = Checkpoint {
         redo: at,
         ..control.checkpoint_copy.with_counters(&counters)
     };
-    let patches = rewrite_checkpoint(read, at, segment_size, &control.checkpoint_copy, &rewritten)
-        .map_err(damaged)?;
+    let read = |lsn: Lsn, buf: &mut [u8]| segments.read(lsn, buf);
+    let patches = rewrite_checkpoint(
+        read,
+        at,
+        segments.segment_size,
+        &control.checkpoint_copy,
+        &rewritten,
+    )
+    .map_err(damaged)?;
     Ok(Some(CheckpointStart {
         control: pg_control::with_checkpoint_copy(&original, &rewritten),
         patches,
     }))
+}
+
+/// The segment files of a replay, read by LSN.
+struct ReplaySegments<'a> {
+    replay: &'a Replay,
+    segment_size: u32,
+    first_segno: u64,
+}
+
+impl<'a> ReplaySegments<'a> {
+    fn of(replay: &'a Replay) -> Result<ReplaySegments<'a>, String> {
+        let (first_name, first) = replay
+            .segments
+            .first()
+            .ok_or_else(|| "no WAL segment to replay".to_owned())?;
+        let len = first
+            .metadata()
+            .map_err(|e| format!("WAL segment {first_name}: {e}"))?
+            .len();
+        let segment_size = u32::try_from(len)
+            .ok()
+            .filter(|s| postgres_wal::segment::is_valid_segment_size(*s))
+            .ok_or_else(|| format!("WAL segment {first_name} has no valid size"))?;
+        let first_segno = SegmentName::parse(first_name, segment_size)
+            .map(|n| segno_of(n.start(segment_size), segment_size))
+            .ok_or_else(|| format!("WAL segment name {first_name:?}"))?;
+        Ok(ReplaySegments {
+            replay,
+            segment_size,
+            first_segno,
+        })
+    }
+
+    /// Which of the replay's segments holds `lsn`.
+    fn index(&self, lsn: Lsn) -> Result<usize, String> {
+        segno_of(lsn, self.segment_size)
+            .checked_sub(self.first_segno)
+            .map(|i| i as usize)
+            .filter(|i| *i < self.replay.segments.len())
+            .ok_or_else(|| format!("no WAL segment of the replay holds {lsn}"))
+    }
+
+    /// Fills `buf` from `lsn` on (within one segment); which segment it read.
+    fn read(&self, lsn: Lsn, buf: &mut [u8]) -> Result<usize, String> {
+        let i = self.index(lsn)?;
+        let offset = lsn.0 % u64::from(self.segment_size);
+        self.replay.segments[i]
+            .1
+            .read_exact_at(buf, offset)
+            .map_err(|e| format!("reading the WAL at {lsn}: {e}"))?;
+        Ok(i)
+    }
+
+    /// The header of the page at `page`, as stored.
+    fn page_header(&self, page: Lsn) -> Result<PageHeader, String> {
+        let mut buf = [0; LONG_HEADER_LEN];
+        let len = if page.0.is_multiple_of(u64::from(self.segment_size)) {
+            LONG_HEADER_LEN
+        } else {
+            postgres_wal::page::SHORT_HEADER_LEN
+        };
+        self.read(page, &mut buf[..len])?;
+        PageHeader::decode(&buf[..len], page, self.segment_size, XLOG_PAGE_MAGIC)
+            .map_err(|e| format!("the WAL page at {page}: {e}"))
+    }
+
+    /// The writes as patches: (segment index, offset in it, bytes).
+    fn patches(&self, writes: Vec<(Lsn, Vec<u8>)>) -> Result<Patches, String> {
+        writes
+            .into_iter()
+            .map(|(lsn, bytes)| {
+                Ok((
+                    self.index(lsn)?,
+                    lsn.0 % u64::from(self.segment_size),
+                    bytes,
+                ))
+            })
+            .collect()
+    }
+}
+
+type Patches = Vec<(usize, u64, Vec<u8>)>;
+
+/// A snapshot made at any record (`snapshots.rs`): its replay stopped before the record at
+/// `N` (`pg_control`'s checkpoint, a record put there that the timeline's WAL does not hold).
+/// The archive gets an online checkpoint record ending right before `N`, at the snapshot's
+/// `wal_from`, naming itself as its redo point, with the counters at the snapshot;
+/// `pg_control` names it; and the record at `N`, when the replay goes on past it, names it as
+/// the record before (`xl_prev`, its CRC made again). What the new record is written over is
+/// the end of the WAL below the snapshot, which the snapshot holds the result of.
+fn put_checkpoint_before(
+    segments: &ReplaySegments<'_>,
+    snapshot: Snapshot,
+    replay: &Replay,
+    original: &[u8],
+    control: &ControlFile,
+    counters: &ClusterCounters,
+) -> Result<CheckpointStart, String> {
+    let segment_size = segments.segment_size;
+    let next = control.checkpoint;
+    let at = back_by(next, CHECKPOINT_RECORD_SPACE, segment_size);
+    if snapshot.wal_from != at {
+        return Err(format!(
+            "its WAL is listed from {}, where the checkpoint before its first record (at \
+             {next}) would start at {at}",
+            snapshot.wal_from
+        ));
+    }
+    let checkpoint =
+        control
+            .checkpoint_copy
+            .online_at(at, counters, control.track_commit_timestamp);
+    let record = checkpoint_record(Lsn(0), &checkpoint);
+    // After a segment switch, the rest of the segment holds no page headers: such a page
+    // gets one made from the header of the first page of the snapshot's last segment.
+    let last_segment = Lsn(snapshot.lsn.0 - 1 - (snapshot.lsn.0 - 1) % u64::from(segment_size));
+    let template = segments.page_header(last_segment)?;
+    let header_of = |page: Lsn| {
+        Ok(segments
+            .page_header(page)
+            .unwrap_or_else(|_| template.moved(page, segment_size, 0)))
+    };
+    let mut writes = place_record(at, &record, segment_size, header_of)?;
+    // The header of the page it starts on: that page may lie past the replay's end (after
+    // a segment switch), where the archive gives zeros.
+    let page = Lsn(at.0 - at.0 % XLOG_BLCKSZ as u64);
+    if !writes.iter().any(|(lsn, _)| *lsn == page) {
+        writes.insert(0, (page, header_of(page)?.encode()));
+    }
+    let end = record_end(at, record.len(), segment_size);
+    if replay.end > snapshot.lsn {
+        // The first record replayed: read whole, to be written with its new link.
+        let mut header = [0; RECORD_HEADER_LEN];
+        read_pieces(segments, next, &mut header)?;
+        let len = RecordHeader::decode(&header).tot_len as usize;
+        if len < RECORD_HEADER_LEN || len as u64 > u64::from(postgres_wal::MAX_RECORD_LEN) {
+            return Err(format!("the record at {next} says it is {len} bytes"));
+        }
+        let mut next_record = vec![0; len];
+        read_pieces(segments, next, &mut next_record)?;
+        writes.extend(place_record(
+            next,
+            &with_prev(&next_record, at),
+            segment_size,
+            |page| segments.page_header(page),
+        )?);
+    }
+    Ok(CheckpointStart {
+        control: pg_control::with_checkpoint_at(original, at, &checkpoint, end),
+        patches: segments.patches(writes)?,
+    })
+}
+
+/// Fills `buf` with the bytes of the record at `at` (past the page headers between).
+fn read_pieces(segments: &ReplaySegments<'_>, at: Lsn, buf: &mut [u8]) -> Result<(), String> {
+    let mut done = 0;
+    for (lsn, len) in record_pieces(at, buf.len(), segments.segment_size) {
+        segments.read(lsn, &mut buf[done..done + len])?;
+        done += len;
+    }
+    Ok(())
+}
+
+/// An online checkpoint record holding `checkpoint`, naming `prev` as the record before.
+pub fn checkpoint_record(prev: Lsn, checkpoint: &Checkpoint) -> Vec<u8> {
+    encode_record(
+        prev,
+        RM_XLOG_ID,
+        XLOG_CHECKPOINT_ONLINE,
+        0,
+        &main_data_parts(&checkpoint.encode()),
+    )
 }
 
 /// The online checkpoint record at `at`, read with `read` (which returns which segment it read

@@ -85,7 +85,7 @@ pub fn starts_clean(timeline: &Timeline, snapshot: Snapshot) -> Result<bool, Bas
 }
 
 /// `global/pg_control` as the timeline holds it at `at`: its bytes, parsed, and its mtime.
-pub(super) fn control_file_at(
+pub fn control_file_at(
     timeline: &Timeline,
     at: Lsn,
 ) -> Result<(bytes::Bytes, pg_control::ControlFile, u64), BasebackupError> {

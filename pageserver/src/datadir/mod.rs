@@ -13,8 +13,9 @@
 //! - `basebackup.rs`: the snapshot at or below an LSN as a tar stream a stock PostgreSQL
 //!   starts from (with WAL to replay to the LSN); `materialize.rs`: the pages at the LSN
 //!   themselves, with a shutdown checkpoint there of our making, so nothing is replayed;
-//!   `checkpoint_start.rs`: a background snapshot's replay started at its checkpoint record
-//!   rather than the checkpoint's redo point;
+//!   `checkpoint_start.rs`: a background snapshot's replay started right at it, from a
+//!   checkpoint record put before its first record (or, for one made at a primary's
+//!   checkpoint, that record rewritten) rather than at a checkpoint's redo point;
 //! - `wal_versions.rs`: a decoded WAL record as the versions it makes in that key space (page
 //!   images, WAL records to redo, sizes, relation directories), with `wal_slru.rs` for the
 //!   non-relation files (`wal_files.rs`: `pg_xact/`, relation maps, database directories;
@@ -29,7 +30,7 @@
 
 mod archive;
 mod basebackup;
-mod checkpoint_start;
+pub mod checkpoint_start;
 mod import;
 mod materialize;
 mod path;
@@ -44,7 +45,7 @@ pub use basebackup::{
     snapshot_at, write_basebackup, BasebackupError, Replay, Restore, PROMOTE_TRIGGER_FILE,
 };
 pub use import::{import_archive, import_replayed, ImportError, ImportReport};
-pub use materialize::{plan as plan_materialized, starts_clean, Materialized};
+pub use materialize::{control_file_at, plan as plan_materialized, starts_clean, Materialized};
 
 #[cfg(test)]
 mod tests;

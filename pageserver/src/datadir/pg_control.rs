@@ -177,6 +177,32 @@ impl Checkpoint {
         }
     }
 
+    /// The online checkpoint at `redo` (its record's place too) with `counters`; the rest as
+    /// in `self`, which is older. In a cluster that `tracks_commit_timestamps`, the newest
+    /// transaction with a commit timestamp is taken to be the one before the next: what the
+    /// WAL since moved it to is not followed, and a lookup reads one that never committed as
+    /// having none. The oldest running transaction stays `self`'s, older than the true one
+    /// (PostgreSQL clears `pg_subtrans` from it).
+    pub fn online_at(
+        &self,
+        redo: Lsn,
+        counters: &ClusterCounters,
+        tracks_commit_timestamps: bool,
+    ) -> Checkpoint {
+        let mut checkpoint = Checkpoint {
+            redo,
+            ..self.with_counters(counters)
+        };
+        if tracks_commit_timestamps && checkpoint.oldest_commit_ts_xid != 0 {
+            // Transaction ids below 3 are special: none of them, at a wraparound.
+            let newest = (counters.next_xid as u32).wrapping_sub(1);
+            if newest >= 3 {
+                checkpoint.newest_commit_ts_xid = newest;
+            }
+        }
+        checkpoint
+    }
+
     /// This checkpoint with `counters` in place of its own.
     pub fn with_counters(&self, counters: &ClusterCounters) -> Checkpoint {
         Checkpoint {
@@ -207,6 +233,23 @@ pub fn shut_down_at(original: &[u8], at: Lsn, checkpoint: &Checkpoint) -> Vec<u8
     put(136, &[0; 33]);
     // data_checksum_version: the pages' checksums are not made again.
     put(252, &[0; 4]);
+    with_crc(b)
+}
+
+/// The control file `original` (checked by [`parse`]) naming the checkpoint record at `at`,
+/// holding `checkpoint`, as its latest, and consistent once recovery reaches
+/// `min_recovery_point`; nothing else changed.
+pub fn with_checkpoint_at(
+    original: &[u8],
+    at: Lsn,
+    checkpoint: &Checkpoint,
+    min_recovery_point: Lsn,
+) -> Vec<u8> {
+    let mut b = original.to_vec();
+    let mut put = |off: usize, bytes: &[u8]| b[off..off + bytes.len()].copy_from_slice(bytes);
+    put(32, &at.0.to_le_bytes());
+    put(CHECKPOINT_COPY_OFFSET, &checkpoint.encode());
+    put(136, &min_recovery_point.0.to_le_bytes());
     with_crc(b)
 }
 

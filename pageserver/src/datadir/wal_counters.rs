@@ -115,6 +115,22 @@ pub fn follow(
     Ok(*counters != before)
 }
 
+/// Counters for tests: not exact, next transaction id 1000.
+#[cfg(test)]
+pub(crate) fn sample_counters() -> ClusterCounters {
+    ClusterCounters {
+        exact: false,
+        next_xid: 1000,
+        next_oid: 20_000,
+        next_multi: 1,
+        next_multi_offset: 0,
+        oldest_xid: 716,
+        oldest_xid_db: 1,
+        oldest_multi: 1,
+        oldest_multi_db: 1,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,19 +139,7 @@ mod tests {
     use postgres_wal::WalDecoder;
     use utils::Lsn;
 
-    fn counters() -> ClusterCounters {
-        ClusterCounters {
-            exact: false,
-            next_xid: 1000,
-            next_oid: 20_000,
-            next_multi: 1,
-            next_multi_offset: 0,
-            oldest_xid: 716,
-            oldest_xid_db: 1,
-            oldest_multi: 1,
-            oldest_multi_db: 1,
-        }
-    }
+    use super::sample_counters as counters;
 
     /// The records `build` writes, decoded, each followed in turn; the counters after each.
     fn after(build: impl FnOnce(&mut WalBuilder)) -> Vec<Result<ClusterCounters, String>> {

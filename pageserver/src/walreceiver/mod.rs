@@ -38,14 +38,12 @@
 //! stop flag, the segment size.
 //!
 //! With `snapshot_wal_distance` (the receiver's, else the server's), a third thread
-//! (`snapshots.rs`) has stock PostgreSQL (`pg_replay.rs`) replay the newest snapshot to one of
-//! the primary's checkpoints at most about that much WAL later, and imports what it shuts down
-//! with as a new snapshot there; page ingest waits before that checkpoint record meanwhile.
-//! `checkpoint_spread.rs` reads the WAL from that checkpoint's redo point to its record, so
-//! that a restore from the snapshot can start at the record.
+//! (`snapshots.rs`) has stock PostgreSQL (`pg_replay.rs`) replay the newest snapshot to the
+//! first record boundary that much WAL later, and imports what it shuts down with as a new
+//! snapshot there; page ingest waits there meanwhile. `snapshot_scan.rs` decodes the WAL up to
+//! there for the counters the snapshot starts with.
 
 mod base_backup;
-mod checkpoint_spread;
 pub mod commit_time;
 mod connection;
 pub mod connstr;
@@ -53,6 +51,7 @@ mod page_ingest;
 mod pg_replay;
 mod receiver;
 pub mod replay_plan;
+mod snapshot_scan;
 mod snapshots;
 mod state;
 #[cfg(test)]

@@ -138,10 +138,7 @@ fn step(timeline: &Timeline, shared: &Shared, cursor: &mut Option<Cursor>) -> Re
         });
     }
     let c = cursor.as_mut().expect("set above");
-    let at_limit = shared
-        .ingest_limit()
-        .before
-        .is_some_and(|before| c.ingested >= before);
+    let at_limit = shared.ingest_limit().reached(c.ingested);
     if c.fed >= flushed || at_limit {
         return Ok(false);
     }

@@ -31,11 +31,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use postgres_wal::segment::segno_of;
-use postgres_wal::SegmentName;
+use postgres_wal::edit::{encode_record, next_record_start, place_record, record_end};
+use postgres_wal::page::{PageHeader, LONG_HEADER_LEN};
+use postgres_wal::record::{RM_XLOG_ID, XLOG_NOOP};
+use postgres_wal::segment::{segment_files_in, segno_of};
+use postgres_wal::{SegmentName, XLOG_PAGE_MAGIC};
 use utils::Lsn;
 
-use crate::datadir::pg_control::{self, ControlFile};
+use crate::datadir::checkpoint_start::checkpoint_record;
+use crate::datadir::pg_control::{self, Checkpoint, ControlFile};
 
 /// The lines the basebackup appends to `postgresql.auto.conf` start with this.
 const ADDED_SETTINGS: &str = "\n# Added by the pageserver: replay the WAL in pg_wal/";
@@ -385,13 +389,77 @@ fn log_tail(log: &Path) -> String {
     lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
 }
 
-/// Makes the shut-down `dir` a snapshot: removes recovery's files and the settings the
-/// basebackup added. Of `pg_wal/`, a start from it needs the WAL from its checkpoint's redo
-/// point on: with `keep_wal` `None` the timeline's WAL gives it to a restore (see
-/// [`crate::datadir::import_replayed`]) and every segment goes; with `Some((redo, at))` the
-/// segments from the one holding `redo` to the one holding `at` stay, that one cut at `at`
-/// (zeros after, as a segment not yet written): WAL past `at` is the next snapshot's.
-pub fn finish_dir(dir: &Path, keep_wal: Option<(Lsn, Lsn)>, segment_size: u32) -> io::Result<()> {
+/// Puts into the unpacked `dir`'s `pg_wal/` (the WAL up to the end of the record at
+/// `last_start`, zeros after) the records that stop its replay before `next` (where the
+/// record after that one starts in the timeline's WAL) with a restartpoint there: an online
+/// checkpoint record at `next` holding `checkpoint` (its timeline made the WAL's), and a no-op
+/// record after it, which the replay stops before. Returns where that one starts: the
+/// replay's target.
+pub fn stop_before(
+    dir: &Path,
+    last_start: Lsn,
+    next: Lsn,
+    checkpoint: &Checkpoint,
+    segment_size: u32,
+) -> Result<Lsn, String> {
+    let wal = dir.join("pg_wal");
+    let size = u64::from(segment_size);
+    let file_of = |lsn: Lsn, tli: u32| {
+        wal.join(SegmentName::of(tli, lsn, segment_size).file_name(segment_size))
+    };
+    // The header of the first page of the segment the last record starts in gives the
+    // timeline and the rest.
+    let first = segment_files_in(&wal, segment_size)
+        .map_err(|e| format!("{}: {e}", wal.display()))?
+        .into_iter()
+        .find(|f| !f.partial && f.segment.segno == segno_of(last_start, segment_size))
+        .ok_or_else(|| format!("no WAL segment holds {last_start}"))?;
+    let read_header = |path: &Path, page: Lsn| -> Option<PageHeader> {
+        let file = fs::File::open(path).ok()?;
+        let mut buf = [0; LONG_HEADER_LEN];
+        file.read_exact_at(&mut buf, page.0 % size).ok()?;
+        PageHeader::decode(&buf, page, segment_size, XLOG_PAGE_MAGIC).ok()
+    };
+    // The segment's first page: the long header, with the system identifier a next
+    // segment's needs.
+    let template_page = Lsn(last_start.0 - last_start.0 % size);
+    let template = read_header(&first.path, template_page)
+        .ok_or_else(|| format!("the WAL page at {template_page} has no valid header"))?;
+    let tli = template.tli;
+    let checkpoint = Checkpoint {
+        tli,
+        prev_tli: tli,
+        ..*checkpoint
+    };
+    let record = checkpoint_record(last_start, &checkpoint);
+    let noop_at = next_record_start(record_end(next, record.len(), segment_size), segment_size);
+    let noop = encode_record(next, RM_XLOG_ID, XLOG_NOOP, 0, &[]);
+    let header_of = |page: Lsn| Ok(read_header(&file_of(page, tli), page).unwrap_or(template));
+    let mut writes = place_record(next, &record, segment_size, header_of)?;
+    writes.extend(place_record(noop_at, &noop, segment_size, header_of)?);
+    for (lsn, bytes) in writes {
+        let path = file_of(lsn, tli);
+        let file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .and_then(|f| {
+                if f.metadata()?.len() < size {
+                    f.set_len(size)?;
+                }
+                Ok(f)
+            })
+            .and_then(|f| f.write_all_at(&bytes, lsn.0 % size))
+            .map_err(|e| format!("{}: {e}", path.display()));
+        file?;
+    }
+    Ok(noop_at)
+}
+
+/// Makes the shut-down `dir` a snapshot: removes recovery's files, the settings the
+/// basebackup added, and `pg_wal/`'s segments (a restore gets its WAL from the timeline's).
+pub fn finish_dir(dir: &Path, segment_size: u32) -> io::Result<()> {
     for name in RECOVERY_FILES {
         match fs::remove_file(dir.join(name)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -407,24 +475,8 @@ pub fn finish_dir(dir: &Path, keep_wal: Option<(Lsn, Lsn)>, segment_size: u32) -
             file.set_len(added as u64)?;
         }
     }
-    for entry in fs::read_dir(dir.join("pg_wal"))? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(segno) = SegmentName::parse(name, segment_size).map(|s| s.segno) else {
-            continue;
-        };
-        match keep_wal.map(|(redo, at)| (segno_of(redo, segment_size), at)) {
-            Some((first, at)) if (first..=segno_of(at, segment_size)).contains(&segno) => {
-                if segno == segno_of(at, segment_size) {
-                    let file = fs::OpenOptions::new().write(true).open(entry.path())?;
-                    let offset = at.0 % u64::from(segment_size);
-                    let zeros = vec![0u8; (u64::from(segment_size) - offset) as usize];
-                    file.write_all_at(&zeros, offset)?;
-                }
-            }
-            _ => fs::remove_file(entry.path())?,
-        }
+    for file in segment_files_in(&dir.join("pg_wal"), segment_size)? {
+        fs::remove_file(file.path)?;
     }
     Ok(())
 }
@@ -468,6 +520,8 @@ fn append_tree(tar: &mut tar::Builder<impl Write>, dir: &Path, prefix: &str) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use postgres_wal::record::RECORD_HEADER_LEN;
+    use postgres_wal::XLOG_BLCKSZ;
 
     /// A shut-down directory as a replay leaves it: five 1 MiB segments, a history file,
     /// recovery's signal file and the settings the basebackup added.
@@ -516,34 +570,105 @@ mod tests {
     }
 
     #[test]
-    fn the_finished_directory_keeps_the_wal_from_redo_to_the_snapshot_cut_there() {
+    fn the_finished_directory_keeps_no_segment_the_timeline_gives_them() {
         let size: u32 = 1 << 20;
         let dir = replayed_dir(size);
-        let redo = Lsn(2 * u64::from(size) + 100);
-        let at = Lsn(4 * u64::from(size) + 4096);
-        finish_dir(dir.path(), Some((redo, at)), size).unwrap();
-        assert_eq!(
-            wal_left(dir.path()),
-            [
-                "000000010000000000000002",
-                "000000010000000000000003",
-                "000000010000000000000004",
-                "00000002.history"
-            ]
-        );
-        let last = fs::read(dir.path().join("pg_wal/000000010000000000000004")).unwrap();
-        assert_eq!(last.len(), size as usize);
-        assert!(last[..4096].iter().all(|b| *b == 7));
-        assert!(last[4096..].iter().all(|b| *b == 0));
+        finish_dir(dir.path(), size).unwrap();
+        assert_eq!(wal_left(dir.path()), ["00000002.history"]);
         assert_no_recovery_setting(dir.path());
     }
 
-    #[test]
-    fn the_finished_directory_keeps_no_segment_when_the_timeline_gives_them() {
+    /// A `pg_wal/` holding a segment (1 MiB) of WAL whose last record ends `short_of` bytes
+    /// before the segment's end or a page's (zeros after it, as a basebackup cuts it): the
+    /// directory, that record's start and end, and the WAL's records.
+    fn cut_wal(
+        short_of: usize,
+        at_segment_end: bool,
+    ) -> (
+        tempfile::TempDir,
+        Lsn,
+        Lsn,
+        Vec<postgres_wal::DecodedRecord>,
+    ) {
+        use postgres_wal::synthetic::WalBuilder;
         let size: u32 = 1 << 20;
-        let dir = replayed_dir(size);
-        finish_dir(dir.path(), None, size).unwrap();
-        assert_eq!(wal_left(dir.path()), ["00000002.history"]);
-        assert_no_recovery_setting(dir.path());
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("pg_wal")).unwrap();
+        let start = Lsn(u64::from(size));
+        let mut wal = WalBuilder::new(start, size);
+        let boundary = if at_segment_end {
+            2 * u64::from(size)
+        } else {
+            start.0 + 3 * XLOG_BLCKSZ as u64
+        };
+        // Big records to near the boundary, then one that ends `short_of` before it.
+        while boundary - wal.end().0 > 3 * XLOG_BLCKSZ as u64 {
+            wal.main_data_record(RM_XLOG_ID, 0x30, 0, &vec![1; 6000]);
+        }
+        loop {
+            let left = boundary - wal.next_record_start().0;
+            // What a record of `n` bytes of main data takes (header, short data header).
+            let room = left as usize - short_of;
+            if room <= 2 * XLOG_BLCKSZ {
+                let page_left = XLOG_BLCKSZ as u64 - wal.next_record_start().0 % XLOG_BLCKSZ as u64;
+                let mut main = room - 24 - 5;
+                // Across page headers on the way.
+                main -= 24
+                    * ((room as u64).saturating_sub(page_left)).div_ceil(XLOG_BLCKSZ as u64 - 24)
+                        as usize;
+                wal.main_data_record(RM_XLOG_ID, 0x30, 0, &vec![2; main]);
+                break;
+            }
+            wal.main_data_record(RM_XLOG_ID, 0x30, 0, &vec![1; 4000]);
+        }
+        let mut decoder = postgres_wal::WalDecoder::new(start, size);
+        decoder.feed(wal.bytes());
+        let records: Vec<_> = std::iter::from_fn(|| decoder.next_record().unwrap()).collect();
+        let last = records.last().unwrap();
+        let mut segment = wal.segment_file();
+        segment.resize(size as usize, 0);
+        fs::write(dir.path().join("pg_wal/000000010000000000000001"), segment).unwrap();
+        (dir, last.start, last.end, records.clone())
+    }
+
+    #[test]
+    fn the_replay_stops_at_a_checkpoint_put_after_the_cut_where_the_next_record_would_start() {
+        let size: u32 = 1 << 20;
+        let checkpoint = Checkpoint::parse(&[0; 88]).unwrap();
+        for (short_of, at_segment_end) in [
+            (0, false),
+            (4, false),
+            (40, false),
+            (0, true),
+            (16, true),
+            (200, true),
+        ] {
+            let (dir, last_start, last_end, records) = cut_wal(short_of, at_segment_end);
+            let next = postgres_wal::edit::next_record_start(last_end, size);
+            let stop = stop_before(dir.path(), last_start, next, &checkpoint, size).unwrap();
+            // Decoded from the start again: the records, the checkpoint at `next`, the no-op.
+            let mut bytes = fs::read(dir.path().join("pg_wal/000000010000000000000001")).unwrap();
+            if let Ok(more) = fs::read(dir.path().join("pg_wal/000000010000000000000002")) {
+                bytes.extend_from_slice(&more);
+            }
+            let mut decoder = postgres_wal::WalDecoder::new(Lsn(u64::from(size)), size);
+            decoder.feed(&bytes);
+            let mut after = Vec::new();
+            while let Ok(Some(r)) = decoder.next_record() {
+                after.push(r);
+            }
+            let case = format!("{short_of} {at_segment_end}");
+            assert_eq!(after.len(), records.len() + 2, "{case}");
+            let put = &after[records.len()];
+            assert_eq!((put.start, put.header.prev), (next, last_start), "{case}");
+            let stored = Checkpoint::parse(&put.bytes[RECORD_HEADER_LEN + 2..]).unwrap();
+            assert_eq!((stored.tli, stored.prev_tli), (1, 1), "{case}");
+            let noop = &after[records.len() + 1];
+            assert_eq!(
+                (noop.start, noop.header.prev, noop.header.rm_info()),
+                (stop, next, XLOG_NOOP),
+                "{case}"
+            );
+        }
     }
 }

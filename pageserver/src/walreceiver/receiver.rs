@@ -226,7 +226,7 @@ impl Receivers {
         // Before page ingest starts (after a restart it has stored WAL to read at once): held
         // at the checkpoints of the next snapshot's window, so it does not pass them unseen.
         if let Some(conf) = &snapshot_conf {
-            super::snapshots::hold_at_window(&timeline, &shared, conf);
+            super::snapshots::hold_at_next(&timeline, &shared, conf);
         }
         let pages = conf.ingest_pages.then(|| {
             let (timeline, shared) = (timeline.clone(), shared.clone());

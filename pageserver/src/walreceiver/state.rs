@@ -77,39 +77,28 @@ fn lsn_text<S: serde::Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::E
     }
 }
 
-/// Where page ingest stops, while a background snapshot wants it to.
+/// Where page ingest stops, while a background snapshot wants it to: before the first record
+/// that starts at or past `from` (the snapshot's is the end of the record before that one).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct IngestLimit {
-    /// No record ending past this is ingested.
-    pub before: Option<Lsn>,
-    /// Nor a checkpoint record starting at or past this, or anything after it: where the
-    /// snapshot will be, before page ingest can pass it.
-    pub checkpoint_from: Option<Lsn>,
+    pub from: Option<Lsn>,
 }
 
 impl IngestLimit {
-    /// Page ingest stops at the first checkpoint record starting at or past `lsn`.
-    pub(super) fn checkpoints_from(lsn: Lsn) -> IngestLimit {
-        IngestLimit {
-            before: None,
-            checkpoint_from: Some(lsn),
-        }
+    /// Page ingest stops before the first record starting at or past `lsn`.
+    pub(super) fn from(lsn: Lsn) -> IngestLimit {
+        IngestLimit { from: Some(lsn) }
     }
 
     /// Whether page ingest stops before `record`.
     pub(super) fn stops_before(&self, record: &postgres_wal::DecodedRecord) -> bool {
-        use postgres_wal::record::{RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, XLOG_CHECKPOINT_SHUTDOWN};
-        let is_checkpoint = record.header.rmid == RM_XLOG_ID
-            && matches!(
-                record.header.rm_info(),
-                XLOG_CHECKPOINT_ONLINE | XLOG_CHECKPOINT_SHUTDOWN
-            );
-        self.before
-            .is_some_and(|before| record.end_rec_ptr() > before)
-            || (is_checkpoint
-                && self
-                    .checkpoint_from
-                    .is_some_and(|from| record.start >= from))
+        self.from.is_some_and(|from| record.start >= from)
+    }
+
+    /// Whether page ingest, having ingested the WAL to `ingested`, is there: every record
+    /// after starts past the limit.
+    pub(super) fn reached(&self, ingested: Lsn) -> bool {
+        self.from.is_some_and(|from| ingested >= from)
     }
 }
 

@@ -1,0 +1,253 @@
+//! The stored WAL from a snapshot decoded up to where the next one goes: the record the next
+//! snapshot ends with (page ingest stops before it), where the one after it starts (the
+//! replay stops there), the cluster's counters, and how many prepared transactions the
+//! primary allowed on the way (`snapshots.rs`).
+//!
+//! The counters are followed record by record as redo moves them (`wal_counters::follow`),
+//! from where the snapshot's are what PostgreSQL's would be after replaying to it: the
+//! snapshot's LSN, or (for a backup, or a directory not shut down by a primary, whose
+//! counters are those of the checkpoint it starts from) that checkpoint's redo point. A
+//! restore from the next snapshot starts right at it with these counters, replaying none of
+//! the WAL that would have moved them.
+//!
+//! Memory: a chunk of WAL, one record (whole for the records whose main data moves the
+//! counters, as page ingest keeps them; the header alone for others past that).
+
+use std::path::Path;
+
+use pageserver_api::datadir::ClusterCounters;
+use postgres_wal::edit::next_record_start;
+use postgres_wal::page::LONG_HEADER_LEN;
+use postgres_wal::record::{
+    parse_parts, RM_XACT_ID, RM_XLOG_ID, XLOG_PARAMETER_CHANGE, XLOG_SWITCH,
+};
+use postgres_wal::xact::xact_end_details;
+use postgres_wal::{DecodedRecord, WalDecoder, XLOG_BLCKSZ};
+use utils::Lsn;
+
+use super::page_ingest::{MAX_RECORD_LEN, MAX_XACT_RECORD_LEN};
+use super::wal_reader::WalReader;
+use crate::datadir::wal_counters::follow;
+
+/// WAL decoded per step (the thread looks at its stop flag between steps).
+const SCAN_CHUNK: u64 = 4 << 20;
+
+/// The resource managers whose records' main data moves the counters: XLOG, transactions,
+/// `pg_xact`, multixacts, standby.
+const COUNTER_RMGRS: [u8; 5] = [0, 1, 3, 6, 8];
+
+/// Where the next snapshot goes: at the end of the first record starting at or past where
+/// page ingest is held, which page ingest stops before.
+#[derive(Debug)]
+pub(super) struct Target {
+    /// The snapshot's LSN: the end of that record (aligned, as PostgreSQL's `EndRecPtr`).
+    pub end: Lsn,
+    /// Where that record starts.
+    pub last_start: Lsn,
+    /// The end of the record before it, where page ingest stops (or the snapshot before).
+    pub ingest_to: Lsn,
+    /// Where the record after it starts (or will): the replay stops before it.
+    pub next: Lsn,
+    /// The counters at `end`.
+    pub counters: ClusterCounters,
+    /// The most prepared transactions the primary allowed in the WAL before it (its
+    /// parameter-change records): the replay needs as many slots.
+    pub max_prepared_xacts: u32,
+}
+
+/// A decoding of the stored WAL from a snapshot on.
+pub(super) struct Scan {
+    /// The snapshot it started from.
+    pub snapshot: Lsn,
+    segment_size: u32,
+    decoder: WalDecoder,
+    reader: WalReader,
+    fed: Lsn,
+    /// Records ending at or before this are skipped: the counters are those there.
+    counters_from: Lsn,
+    counters: ClusterCounters,
+    /// The end of the last record decoded.
+    last_end: Lsn,
+    max_prepared_xacts: u32,
+}
+
+impl Scan {
+    /// A scan for the snapshot after the one at `snapshot`, whose counters are `counters`
+    /// as at `counters_from`.
+    pub fn new(
+        snapshot: Lsn,
+        counters_from: Lsn,
+        counters: ClusterCounters,
+        segment_size: u32,
+    ) -> Scan {
+        // From the WAL page `counters_from` is on, whose header says where its first record
+        // starts.
+        let start = Lsn(counters_from.0 - counters_from.0 % XLOG_BLCKSZ as u64);
+        Scan {
+            snapshot,
+            segment_size,
+            decoder: WalDecoder::new(start, segment_size)
+                .keeping_records_up_to(MAX_RECORD_LEN)
+                .keeping_records_of(RM_XACT_ID, MAX_XACT_RECORD_LEN),
+            reader: WalReader::new(segment_size),
+            fed: start,
+            counters_from,
+            counters,
+            last_end: snapshot,
+            max_prepared_xacts: 0,
+        }
+    }
+
+    /// Decodes up to [`SCAN_CHUNK`] more of the WAL stored up to `flushed`: the target, once
+    /// a record starting at or past `from` (past the snapshot) is there.
+    pub fn step(
+        &mut self,
+        timeline_dir: &Path,
+        flushed: Lsn,
+        from: Lsn,
+    ) -> Result<Option<Target>, String> {
+        let bytes = self
+            .reader
+            .read(timeline_dir, self.fed, flushed, SCAN_CHUNK)?;
+        self.decoder.feed(&bytes);
+        self.fed = Lsn(self.fed.0 + bytes.len() as u64);
+        while let Some(record) = self.decoder.next_record().map_err(|e| e.to_string())? {
+            let end = record.end_rec_ptr();
+            if end <= self.counters_from {
+                continue;
+            }
+            self.follow(&record)?;
+            if record.start >= from && end > self.snapshot {
+                return Ok(Some(Target {
+                    end,
+                    last_start: record.start,
+                    ingest_to: self.last_end.max(self.snapshot),
+                    next: self.after(&record),
+                    counters: self.counters,
+                    max_prepared_xacts: self.max_prepared_xacts,
+                }));
+            }
+            self.last_end = end;
+        }
+        Ok(None)
+    }
+
+    /// Where the record after `record` starts: past the rest of the segment after a switch.
+    fn after(&self, record: &DecodedRecord) -> Lsn {
+        let is_switch = record.header.rmid == RM_XLOG_ID && record.header.rm_info() == XLOG_SWITCH;
+        if is_switch {
+            let segment = u64::from(self.segment_size);
+            Lsn(record.end.0.next_multiple_of(segment) + LONG_HEADER_LEN as u64)
+        } else {
+            next_record_start(record.end, self.segment_size)
+        }
+    }
+
+    fn follow(&mut self, record: &DecodedRecord) -> Result<(), String> {
+        let at = |e: String| format!("the record at {}: {e}", record.start);
+        let whole = record.bytes.len() == record.header.tot_len as usize;
+        let main = if whole {
+            &record.bytes[parse_parts(&record.bytes).map_err(at)?.main_data]
+        } else if COUNTER_RMGRS.contains(&record.header.rmid) {
+            return Err(at(format!(
+                "{} bytes, longer than is read",
+                record.header.tot_len
+            )));
+        } else {
+            // Only its transaction id moves the counters.
+            &[][..]
+        };
+        if record.header.rmid == RM_XLOG_ID && record.header.rm_info() == XLOG_PARAMETER_CHANGE {
+            // xl_parameter_change: four `int`s, max_prepared_xacts the fourth.
+            let slots = main
+                .get(12..16)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .ok_or_else(|| at("a parameter change too short".to_owned()))?;
+            self.max_prepared_xacts = self.max_prepared_xacts.max(slots);
+        }
+        let xact_end = match record.header.rmid {
+            RM_XACT_ID => xact_end_details(record)?,
+            _ => None,
+        };
+        follow(&mut self.counters, record, main, xact_end.as_ref()).map_err(at)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use postgres_wal::synthetic::WalBuilder;
+
+    const SEGMENT: u32 = 1 << 20;
+
+    use crate::datadir::wal_counters::sample_counters as counters;
+
+    /// A timeline directory storing `wal` (from a segment's start), and the WAL's records.
+    fn stored(wal: &WalBuilder) -> (tempfile::TempDir, Vec<DecodedRecord>) {
+        let dir = tempfile::tempdir().unwrap();
+        let wal_dir = dir.path().join(super::super::wal_store::WAL_DIR);
+        std::fs::create_dir_all(&wal_dir).unwrap();
+        for (i, chunk) in wal.bytes().chunks(SEGMENT as usize).enumerate() {
+            let start = Lsn(wal.start().0 + i as u64 * u64::from(SEGMENT));
+            let name = postgres_wal::SegmentName::of(1, start, SEGMENT).file_name(SEGMENT);
+            let mut bytes = chunk.to_vec();
+            bytes.resize(SEGMENT as usize, 0);
+            std::fs::write(wal_dir.join(name), bytes).unwrap();
+        }
+        let mut decoder = WalDecoder::new(wal.start(), SEGMENT);
+        decoder.feed(wal.bytes());
+        let records = std::iter::from_fn(|| decoder.next_record().unwrap()).collect();
+        (dir, records)
+    }
+
+    fn scan_to(dir: &Path, snapshot: Lsn, flushed: Lsn, from: Lsn) -> Option<Target> {
+        let mut scan = Scan::new(snapshot, snapshot, counters(), SEGMENT);
+        for _ in 0..8 {
+            if let Some(target) = scan.step(dir, flushed, from).unwrap() {
+                return Some(target);
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn the_target_is_the_first_record_starting_at_or_past_the_limit_with_the_counters_there() {
+        let mut wal = WalBuilder::new(Lsn(u64::from(SEGMENT)), SEGMENT);
+        for xid in 1001..1040 {
+            wal.main_data_record(RM_XLOG_ID, 0x30, xid, &[7; 300]);
+        }
+        let (dir, records) = stored(&wal);
+        let snapshot = records[3].end_rec_ptr();
+        let flushed = wal.end();
+        for i in [5, 20, records.len() - 1] {
+            // The limit anywhere in the record before, or at its own start.
+            for from in [records[i - 1].start.0 + 1, records[i].start.0] {
+                let target = scan_to(dir.path(), snapshot, flushed, Lsn(from)).unwrap();
+                assert_eq!(target.last_start, records[i].start);
+                assert_eq!(target.end, records[i].end_rec_ptr());
+                assert_eq!(target.ingest_to, records[i - 1].end_rec_ptr());
+                assert_eq!(target.next, next_record_start(records[i].end, SEGMENT));
+                // Followed from the snapshot through the target's record (its xid).
+                assert_eq!(target.counters.next_xid, 1001 + i as u64 + 1);
+            }
+        }
+        // Not there yet: the WAL past the limit is not flushed.
+        let from = Lsn(records.last().unwrap().end.0 + 1);
+        assert!(scan_to(dir.path(), snapshot, flushed, from).is_none());
+    }
+
+    #[test]
+    fn after_a_switch_the_next_record_starts_in_the_next_segment() {
+        let mut wal = WalBuilder::new(Lsn(u64::from(SEGMENT)), SEGMENT);
+        wal.main_data_record(RM_XLOG_ID, 0x30, 1001, &[7; 300]);
+        let switch = wal.switch();
+        wal.main_data_record(RM_XLOG_ID, 0x30, 1002, &[7; 300]);
+        let (dir, records) = stored(&wal);
+        let target = scan_to(dir.path(), Lsn(u64::from(SEGMENT) + 40), wal.end(), switch).unwrap();
+        assert_eq!(target.last_start, switch);
+        assert_eq!(target.next, records[2].start);
+        assert_eq!(target.next, Lsn(2 * u64::from(SEGMENT) + 40));
+        assert_eq!(target.ingest_to, records[0].end_rec_ptr());
+    }
+}
