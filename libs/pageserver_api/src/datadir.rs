@@ -379,12 +379,12 @@ pub struct Snapshot {
     pub lsn: Lsn,
     pub kind: SnapshotKind,
     /// Where the WAL a restore from it replays begins: its LSN, for an imported directory,
-    /// whose `pg_wal/` holds the WAL it needs before that; or, for a background snapshot, the
-    /// start of the checkpoint record it stopped at (the checkpoint's redo point when the
-    /// checkpoint's spread holds what the snapshot lacks: docs/pitr.md), from where the
-    /// timeline's own WAL gives its `pg_wal/` (not stored again with it). A background snapshot
-    /// whose WAL the timeline may not hold as durably keeps its `pg_wal/` as an imported
-    /// directory does, and its LSN is given here.
+    /// whose `pg_wal/` holds the WAL it needs before that; or, for a background snapshot, from
+    /// where the timeline's own WAL gives its `pg_wal/` (not stored again with it): 120 bytes
+    /// of WAL before the record after the snapshot, where a restore's archive puts the
+    /// checkpoint record it starts at (docs/pitr.md). Snapshots made by earlier versions at
+    /// one of the primary's checkpoint records give that record's start, or its redo point, or
+    /// (keeping their `pg_wal/`) their LSN.
     pub wal_from: Lsn,
 }
 

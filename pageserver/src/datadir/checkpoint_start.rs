@@ -243,10 +243,13 @@ fn put_checkpoint_before(
             snapshot.wal_from
         ));
     }
-    let checkpoint =
-        control
-            .checkpoint_copy
-            .online_at(at, counters, control.track_commit_timestamp);
+    let copy = &control.checkpoint_copy;
+    let checkpoint = copy.online_at(
+        at,
+        counters,
+        copy.oldest_active_xid,
+        control.track_commit_timestamp,
+    );
     let record = checkpoint_record(Lsn(0), &checkpoint);
     // After a segment switch, the rest of the segment holds no page headers: such a page
     // gets one made from the header of the first page of the snapshot's last segment.

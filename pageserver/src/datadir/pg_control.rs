@@ -177,20 +177,22 @@ impl Checkpoint {
         }
     }
 
-    /// The online checkpoint at `redo` (its record's place too) with `counters`; the rest as
-    /// in `self`, which is older. In a cluster that `tracks_commit_timestamps`, the newest
-    /// transaction with a commit timestamp is taken to be the one before the next: what the
-    /// WAL since moved it to is not followed, and a lookup reads one that never committed as
-    /// having none. The oldest running transaction stays `self`'s, older than the true one
-    /// (PostgreSQL clears `pg_subtrans` from it).
+    /// The online checkpoint at `redo` (its record's place too) with `counters` and
+    /// `oldest_active_xid` (no running transaction older: PostgreSQL clears `pg_subtrans`
+    /// from it); the rest as in `self`, which is older. In a cluster that
+    /// `tracks_commit_timestamps`, the newest transaction with a commit timestamp is taken to
+    /// be the one before the next: what the WAL since moved it to is not followed, and a
+    /// lookup reads one that never committed as having none.
     pub fn online_at(
         &self,
         redo: Lsn,
         counters: &ClusterCounters,
+        oldest_active_xid: u32,
         tracks_commit_timestamps: bool,
     ) -> Checkpoint {
         let mut checkpoint = Checkpoint {
             redo,
+            oldest_active_xid,
             ..self.with_counters(counters)
         };
         if tracks_commit_timestamps && checkpoint.oldest_commit_ts_xid != 0 {

@@ -2,18 +2,21 @@
 //! of a background snapshot (`snapshots.rs`).
 //!
 //! ```text
-//!   basebackup with replay (the snapshot below, the WAL past the target)
+//!   basebackup with replay (the snapshot below, the WAL up to the end S of the target record)
 //!     ──unpacked──▶ snapshot_replay_dir   (owned by pg_user when the server is root)
-//!     ──postgres -D … -c recovery_target_lsn=S -c recovery_target_action=shutdown──▶
-//!   shut down in recovery at S, its restartpoint at the checkpoint record that ends at S
+//!     ──stop_before: an online checkpoint record put at N (where the next record starts),
+//!       a no-op record after it──▶
+//!     ──postgres -D … -c recovery_target_lsn=<the no-op> -c recovery_target_action=shutdown──▶
+//!   shut down in recovery with its restartpoint at N: every page as at S
 //!     ──pg_control checked, recovery's files and pg_wal/'s segments removed──▶ tar ─▶ import
 //! ```
 //!
 //! PostgreSQL writes every page it changed to the data files only at a restartpoint, and makes
 //! one only at a checkpoint record it replayed; at a shutdown without one its data files are
-//! older than the replay. So the target is always the end of a checkpoint record: the
-//! restartpoint there, made at the shutdown, writes every page, and `pg_control` names that
-//! checkpoint (checked: a directory whose restartpoint is elsewhere is refused).
+//! older than the replay. The checkpoint record put at N (in this copy of the WAL only) is
+//! that record: the restartpoint there, made at the shutdown, writes every page, and
+//! `pg_control` names that checkpoint (checked: a directory whose restartpoint is elsewhere is
+//! refused).
 //!
 //! The server is one process among the primary's own PostgreSQL programs: the replay listens on
 //! no TCP port (a Unix socket in a private directory only), archives nothing, and syncs
@@ -35,7 +38,7 @@ use postgres_wal::edit::{encode_record, next_record_start, place_record, record_
 use postgres_wal::page::{PageHeader, LONG_HEADER_LEN};
 use postgres_wal::record::{RM_XLOG_ID, XLOG_NOOP};
 use postgres_wal::segment::{segment_files_in, segno_of};
-use postgres_wal::{SegmentName, XLOG_PAGE_MAGIC};
+use postgres_wal::{SegmentName, XLOG_BLCKSZ, XLOG_PAGE_MAGIC};
 use utils::Lsn;
 
 use crate::datadir::checkpoint_start::checkpoint_record;
@@ -198,8 +201,8 @@ pub enum ReplayRunError {
     Failed(String),
 }
 
-/// Runs PostgreSQL on `dir` (a basebackup that replays past `target`) until it shuts down at
-/// `target`, the end of the checkpoint record at `checkpoint`; checks that it did. It has at least
+/// Runs PostgreSQL on `dir` (a basebackup whose WAL holds a record at `target`) until it shuts
+/// down right before `target`, after the checkpoint record at `checkpoint`; checks that it did. It has at least
 /// `max_prepared_xacts` slots for prepared transactions. `cancel` is asked every 100 ms. An error quotes the end of PostgreSQL's log.
 pub fn replay_to(
     programs: &PgPrograms,
@@ -328,7 +331,7 @@ pub fn replay_to(
         return Err(failed(format!(
             "PostgreSQL exited with {status}, {} with its restartpoint at {} and its minimum \
              recovery point at {}, not shut down in recovery at the checkpoint record at \
-             {checkpoint} (ending at {target}); its log: {}",
+             {checkpoint} (before {target}); its log: {}",
             control.state_name(),
             control.checkpoint,
             control.min_recovery_point,
@@ -404,28 +407,49 @@ pub fn stop_before(
 ) -> Result<Lsn, String> {
     let wal = dir.join("pg_wal");
     let size = u64::from(segment_size);
-    let file_of = |lsn: Lsn, tli: u32| {
-        wal.join(SegmentName::of(tli, lsn, segment_size).file_name(segment_size))
-    };
-    // The header of the first page of the segment the last record starts in gives the
-    // timeline and the rest.
-    let first = segment_files_in(&wal, segment_size)
-        .map_err(|e| format!("{}: {e}", wal.display()))?
-        .into_iter()
-        .find(|f| !f.partial && f.segment.segno == segno_of(last_start, segment_size))
-        .ok_or_else(|| format!("no WAL segment holds {last_start}"))?;
+    // The segment files there, by number (under the newest timeline, if two).
+    let mut files = std::collections::BTreeMap::new();
+    for file in
+        segment_files_in(&wal, segment_size).map_err(|e| format!("{}: {e}", wal.display()))?
+    {
+        if !file.partial {
+            let newest = files
+                .get(&file.segment.segno)
+                .is_none_or(|(tli, _)| *tli < file.segment.tli);
+            if newest {
+                files.insert(file.segment.segno, (file.segment.tli, file.path));
+            }
+        }
+    }
     let read_header = |path: &Path, page: Lsn| -> Option<PageHeader> {
         let file = fs::File::open(path).ok()?;
         let mut buf = [0; LONG_HEADER_LEN];
         file.read_exact_at(&mut buf, page.0 % size).ok()?;
         PageHeader::decode(&buf, page, segment_size, XLOG_PAGE_MAGIC).ok()
     };
-    // The segment's first page: the long header, with the system identifier a next
-    // segment's needs.
-    let template_page = Lsn(last_start.0 - last_start.0 % size);
-    let template = read_header(&first.path, template_page)
-        .ok_or_else(|| format!("the WAL page at {template_page} has no valid header"))?;
-    let tli = template.tli;
+    let (_, last_path) = files
+        .get(&segno_of(last_start, segment_size))
+        .ok_or_else(|| format!("no WAL segment holds {last_start}"))?;
+    // The timeline is that of the page the last record starts on (a segment where the
+    // timeline switched begins on the one before); the long header of its segment's first
+    // page has the system identifier a next segment's needs.
+    let page_of = |lsn: Lsn| Lsn(lsn.0 - lsn.0 % XLOG_BLCKSZ as u64);
+    let tli = read_header(last_path, page_of(last_start))
+        .ok_or_else(|| {
+            format!(
+                "the WAL page at {} has no valid header",
+                page_of(last_start)
+            )
+        })?
+        .tli;
+    let segment_page = Lsn(last_start.0 - last_start.0 % size);
+    let template = read_header(last_path, segment_page)
+        .ok_or_else(|| format!("the WAL page at {segment_page} has no valid header"))?;
+    let template = PageHeader { tli, ..template };
+    let path_of = |lsn: Lsn| match files.get(&segno_of(lsn, segment_size)) {
+        Some((_, path)) => path.clone(),
+        None => wal.join(SegmentName::of(tli, lsn, segment_size).file_name(segment_size)),
+    };
     let checkpoint = Checkpoint {
         tli,
         prev_tli: tli,
@@ -434,11 +458,11 @@ pub fn stop_before(
     let record = checkpoint_record(last_start, &checkpoint);
     let noop_at = next_record_start(record_end(next, record.len(), segment_size), segment_size);
     let noop = encode_record(next, RM_XLOG_ID, XLOG_NOOP, 0, &[]);
-    let header_of = |page: Lsn| Ok(read_header(&file_of(page, tli), page).unwrap_or(template));
+    let header_of = |page: Lsn| Ok(read_header(&path_of(page), page).unwrap_or(template));
     let mut writes = place_record(next, &record, segment_size, header_of)?;
     writes.extend(place_record(noop_at, &noop, segment_size, header_of)?);
     for (lsn, bytes) in writes {
-        let path = file_of(lsn, tli);
+        let path = path_of(lsn);
         let file = fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -521,7 +545,6 @@ fn append_tree(tar: &mut tar::Builder<impl Write>, dir: &Path, prefix: &str) -> 
 mod tests {
     use super::*;
     use postgres_wal::record::RECORD_HEADER_LEN;
-    use postgres_wal::XLOG_BLCKSZ;
 
     /// A shut-down directory as a replay leaves it: five 1 MiB segments, a history file,
     /// recovery's signal file and the settings the basebackup added.

@@ -224,7 +224,7 @@ impl Receivers {
             }
         });
         // Before page ingest starts (after a restart it has stored WAL to read at once): held
-        // at the checkpoints of the next snapshot's window, so it does not pass them unseen.
+        // where the next snapshot goes, so it does not pass that unseen.
         if let Some(conf) = &snapshot_conf {
             super::snapshots::hold_at_next(&timeline, &shared, conf);
         }

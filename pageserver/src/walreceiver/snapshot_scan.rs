@@ -19,7 +19,8 @@ use pageserver_api::datadir::ClusterCounters;
 use postgres_wal::edit::next_record_start;
 use postgres_wal::page::LONG_HEADER_LEN;
 use postgres_wal::record::{
-    parse_parts, RM_XACT_ID, RM_XLOG_ID, XLOG_PARAMETER_CHANGE, XLOG_SWITCH,
+    parse_parts, RM_XACT_ID, RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, XLOG_CHECKPOINT_SHUTDOWN,
+    XLOG_PARAMETER_CHANGE, XLOG_SWITCH,
 };
 use postgres_wal::xact::xact_end_details;
 use postgres_wal::{DecodedRecord, WalDecoder, XLOG_BLCKSZ};
@@ -35,6 +36,8 @@ const SCAN_CHUNK: u64 = 4 << 20;
 /// The resource managers whose records' main data moves the counters: XLOG, transactions,
 /// `pg_xact`, multixacts, standby.
 const COUNTER_RMGRS: [u8; 5] = [0, 1, 3, 6, 8];
+const RM_STANDBY_ID: u8 = 8;
+const XLOG_RUNNING_XACTS: u8 = 0x10;
 
 /// Where the next snapshot goes: at the end of the first record starting at or past where
 /// page ingest is held, which page ingest stops before.
@@ -50,6 +53,9 @@ pub(super) struct Target {
     pub next: Lsn,
     /// The counters at `end`.
     pub counters: ClusterCounters,
+    /// A transaction id no transaction running at `end` is older than (a checkpoint's
+    /// `oldestActiveXid`).
+    pub oldest_active_xid: u32,
     /// The most prepared transactions the primary allowed in the WAL before it (its
     /// parameter-change records): the replay needs as many slots.
     pub max_prepared_xacts: u32,
@@ -66,6 +72,9 @@ pub(super) struct Scan {
     /// Records ending at or before this are skipped: the counters are those there.
     counters_from: Lsn,
     counters: ClusterCounters,
+    /// No transaction running is older: the newest running-transactions record's or online
+    /// checkpoint's, or the next id after a shutdown checkpoint.
+    oldest_active_xid: u32,
     /// The end of the last record decoded.
     last_end: Lsn,
     max_prepared_xacts: u32,
@@ -73,16 +82,22 @@ pub(super) struct Scan {
 
 impl Scan {
     /// A scan for the snapshot after the one at `snapshot`, whose counters are `counters`
-    /// as at `counters_from`.
+    /// as at `counters_from`, and no transaction running there older than
+    /// `oldest_active_xid`.
     pub fn new(
         snapshot: Lsn,
         counters_from: Lsn,
         counters: ClusterCounters,
+        oldest_active_xid: u32,
         segment_size: u32,
     ) -> Scan {
         // From the WAL page `counters_from` is on, whose header says where its first record
-        // starts.
-        let start = Lsn(counters_from.0 - counters_from.0 % XLOG_BLCKSZ as u64);
+        // starts; from the page before if it is a page's start (after an `XLOG_SWITCH` ending
+        // there, the pages after are padding without headers), as page ingest does.
+        let mut start = Lsn(counters_from.0 - counters_from.0 % XLOG_BLCKSZ as u64);
+        if start == counters_from && !start.0.is_multiple_of(u64::from(segment_size)) {
+            start = Lsn(start.0 - XLOG_BLCKSZ as u64);
+        }
         Scan {
             snapshot,
             segment_size,
@@ -93,6 +108,7 @@ impl Scan {
             fed: start,
             counters_from,
             counters,
+            oldest_active_xid,
             last_end: snapshot,
             max_prepared_xacts: 0,
         }
@@ -124,6 +140,7 @@ impl Scan {
                     ingest_to: self.last_end.max(self.snapshot),
                     next: self.after(&record),
                     counters: self.counters,
+                    oldest_active_xid: self.oldest_active_xid,
                     max_prepared_xacts: self.max_prepared_xacts,
                 }));
             }
@@ -170,6 +187,25 @@ impl Scan {
             _ => None,
         };
         follow(&mut self.counters, record, main, xact_end.as_ref()).map_err(at)?;
+        let info = record.header.rm_info();
+        let u32_at = |off: usize| {
+            main.get(off..off + 4)
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .ok_or_else(|| at(format!("{} bytes of main data", main.len())))
+        };
+        match (record.header.rmid, info) {
+            // xl_running_xacts: xcnt, subxcnt, subxid_overflow (padded to 4), nextXid,
+            // oldestRunningXid.
+            (RM_STANDBY_ID, XLOG_RUNNING_XACTS) => self.oldest_active_xid = u32_at(16)?,
+            (RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE) => {
+                // CheckPoint's oldestActiveXid, its last field but the padding.
+                self.oldest_active_xid = u32_at(80)?;
+            }
+            (RM_XLOG_ID, XLOG_CHECKPOINT_SHUTDOWN) => {
+                self.oldest_active_xid = self.counters.next_xid as u32;
+            }
+            _ => {}
+        }
         Ok(())
     }
 }
@@ -202,7 +238,7 @@ mod tests {
     }
 
     fn scan_to(dir: &Path, snapshot: Lsn, flushed: Lsn, from: Lsn) -> Option<Target> {
-        let mut scan = Scan::new(snapshot, snapshot, counters(), SEGMENT);
+        let mut scan = Scan::new(snapshot, snapshot, counters(), 990, SEGMENT);
         for _ in 0..8 {
             if let Some(target) = scan.step(dir, flushed, from).unwrap() {
                 return Some(target);
@@ -249,5 +285,31 @@ mod tests {
         assert_eq!(target.next, records[2].start);
         assert_eq!(target.next, Lsn(2 * u64::from(SEGMENT) + 40));
         assert_eq!(target.ingest_to, records[0].end_rec_ptr());
+    }
+
+    #[test]
+    fn the_oldest_running_transaction_is_the_last_running_transactions_records() {
+        let mut wal = WalBuilder::new(Lsn(u64::from(SEGMENT)), SEGMENT);
+        wal.main_data_record(RM_XLOG_ID, 0x30, 1001, &[7; 300]);
+        let from = wal.main_data_record(RM_XLOG_ID, 0x30, 1002, &[7; 300]);
+        let (dir, records) = stored(&wal);
+        let snapshot = records[0].start;
+        let target = scan_to(dir.path(), snapshot, wal.end(), from).unwrap();
+        // None seen: the snapshot's.
+        assert_eq!(target.oldest_active_xid, 990);
+
+        let mut wal = WalBuilder::new(Lsn(u64::from(SEGMENT)), SEGMENT);
+        wal.main_data_record(RM_XLOG_ID, 0x30, 1001, &[7; 300]);
+        // xcnt, subxcnt, subxid_overflow, nextXid, oldestRunningXid, latestCompletedXid.
+        let mut running = Vec::new();
+        for field in [0u32, 0, 0, 1010, 995, 1009] {
+            running.extend_from_slice(&field.to_le_bytes());
+        }
+        wal.main_data_record(RM_STANDBY_ID, XLOG_RUNNING_XACTS, 0, &running);
+        let from = wal.main_data_record(RM_XLOG_ID, 0x30, 1002, &[7; 300]);
+        let (dir, records) = stored(&wal);
+        let target = scan_to(dir.path(), records[0].start, wal.end(), from).unwrap();
+        assert_eq!(target.oldest_active_xid, 995);
+        assert_eq!(target.counters.next_xid, 1010);
     }
 }

@@ -47,10 +47,11 @@ use pageserver_api::datadir::{
     counters_key, snapshot_list_key, ClusterCounters, Snapshot, SnapshotKind, SnapshotList,
 };
 use postgres_wal::edit::back_by;
+use postgres_wal::segment::segno_of;
 use utils::Lsn;
 
 use super::pg_replay::{self, PgPrograms, ReplayRunError};
-use super::replay_plan::replay_of;
+use super::replay_plan::{latest_segment_file, replay_of};
 use super::snapshot_scan::{Scan, Target};
 use super::state::{IngestLimit, Shared};
 use crate::datadir::checkpoint_start::CHECKPOINT_RECORD_SPACE;
@@ -241,8 +242,15 @@ fn round(
         return Ok(None);
     }
     if scan.as_ref().is_none_or(|s| s.snapshot != newest.lsn) {
-        let (counters_from, counters) = counters_of(timeline, &newest)?;
-        *scan = Some(Scan::new(newest.lsn, counters_from, counters, segment_size));
+        let (counters_from, counters, oldest_active) =
+            counters_of(timeline, &newest, segment_size)?;
+        *scan = Some(Scan::new(
+            newest.lsn,
+            counters_from,
+            counters,
+            oldest_active,
+            segment_size,
+        ));
     }
     let s = scan.as_mut().expect("set above");
     let Some(target) = s.step(timeline.dir(), flushed, from)? else {
@@ -270,10 +278,17 @@ fn round(
     Ok(Some(target.end))
 }
 
-/// The counters of `snapshot`, and where they are PostgreSQL's (after replaying to there):
-/// at the snapshot itself when they are a shutdown checkpoint's, or were followed to it (a
-/// background snapshot's); else at the redo point of the checkpoint they are from.
-fn counters_of(timeline: &Timeline, snapshot: &Snapshot) -> Result<(Lsn, ClusterCounters), String> {
+/// The counters of `snapshot`, where they are PostgreSQL's (after replaying to there), and a
+/// transaction id no transaction running there is older than. The counters are at the
+/// snapshot itself when they are a shutdown checkpoint's or were followed to it (a background
+/// snapshot's); else (a backup's) at the redo point of the checkpoint they are from, when the
+/// timeline stores the WAL from there, or else taken as at the snapshot, as page ingest takes
+/// them.
+fn counters_of(
+    timeline: &Timeline,
+    snapshot: &Snapshot,
+    segment_size: u32,
+) -> Result<(Lsn, ClusterCounters, u32), String> {
     let counters = timeline
         .get_page(counters_key(), snapshot.lsn)
         .map_err(|e| format!("reading the counters: {e}"))?
@@ -284,13 +299,20 @@ fn counters_of(timeline: &Timeline, snapshot: &Snapshot) -> Result<(Lsn, Cluster
             )
         })?;
     let counters = ClusterCounters::decode(&counters).map_err(|e| e.to_string())?;
-    let background = snapshot.kind == SnapshotKind::Stopped && snapshot.wal_from < snapshot.lsn;
-    if counters.exact || background {
-        return Ok((snapshot.lsn, counters));
-    }
     let (_, control, _) = crate::datadir::control_file_at(timeline, snapshot.lsn)
         .map_err(|e| format!("the snapshot's pg_control: {e}"))?;
-    Ok((control.checkpoint_copy.redo, counters))
+    // A shutdown checkpoint's is 0: nothing runs, none older than the next.
+    let oldest_active = match control.checkpoint_copy.oldest_active_xid {
+        0 => counters.next_xid as u32,
+        xid => xid,
+    };
+    let background = snapshot.kind == SnapshotKind::Stopped && snapshot.wal_from < snapshot.lsn;
+    let redo = control.checkpoint_copy.redo;
+    let stored = latest_segment_file(timeline.dir(), segno_of(redo, segment_size), segment_size);
+    if counters.exact || background || redo >= snapshot.lsn || stored.is_none() {
+        return Ok((snapshot.lsn, counters, oldest_active));
+    }
+    Ok((redo, counters, oldest_active))
 }
 
 /// With page ingest held before the snapshot's last record: waits for it to get there (and
@@ -408,6 +430,7 @@ fn make_snapshot(
     let checkpoint = control.checkpoint_copy.online_at(
         target.next,
         &target.counters,
+        target.oldest_active_xid,
         control.track_commit_timestamp,
     );
     let stop = pg_replay::stop_before(

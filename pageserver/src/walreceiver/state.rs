@@ -78,7 +78,7 @@ fn lsn_text<S: serde::Serializer>(lsn: &Option<Lsn>, s: S) -> Result<S::Ok, S::E
 }
 
 /// Where page ingest stops, while a background snapshot wants it to: before the first record
-/// that starts at or past `from` (the snapshot's is the end of the record before that one).
+/// that starts at or past `from` (the snapshot is at the end of that record).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct IngestLimit {
     pub from: Option<Lsn>,

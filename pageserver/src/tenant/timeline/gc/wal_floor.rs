@@ -1,7 +1,7 @@
 //! Which of its WAL a timeline keeps: a restore at LSN X replays the WAL from the newest
 //! snapshot at or below X (`http::routes::datadir`), so the WAL from a snapshot on is needed
-//! while some LSN that restores from that snapshot is still restorable (from the redo point of
-//! its checkpoint, for a background snapshot, whose `pg_wal/` is that WAL). Those are every LSN
+//! while some LSN that restores from that snapshot is still restorable (from its `wal_from`,
+//! for a background snapshot, whose `pg_wal/` is that WAL: just below it). Those are every LSN
 //! at or above the GC cutoff, and every LSN GC retains (branch points) or a read leases. WAL
 //! below the oldest such snapshot serves no restore, and a GC pass lets the WAL archive remove
 //! its segments (`remote_timeline_client::wal_archive`), locally and in the store.
@@ -13,7 +13,7 @@ use crate::tenant::timeline::Timeline;
 
 /// The oldest LSN whose WAL a restore may still read, given the snapshots (oldest first), the
 /// GC cutoff and the LSNs kept beyond it: where the WAL of the snapshot the oldest restorable
-/// LSN replays from begins (a background snapshot's at its checkpoint's redo point); `None`
+/// LSN replays from begins (a background snapshot's at its `wal_from`); `None`
 /// without snapshots (nothing is known, so nothing goes).
 pub fn wal_floor(snapshots: &[Snapshot], cutoff: Lsn, kept: &[Lsn]) -> Option<Lsn> {
     let oldest = *snapshots.first()?;
