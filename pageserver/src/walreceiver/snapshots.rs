@@ -233,14 +233,16 @@ fn round(
     crate::metrics::BACKGROUND_SNAPSHOT_LAG_BYTES
         .with_label_values(labels)
         .set(flushed.0.saturating_sub(newest.lsn.0) as i64);
-    let programs = conf.programs.as_ref().map_err(Clone::clone)?;
-    // Page ingest stops before the record the snapshot's replay stops before: set before the
-    // scan looks, so that page ingest is not past it when the scan finds it.
+    // Page ingest stops before the snapshot's last record: set before the scan looks, so that
+    // page ingest is not past it when the scan finds it (not without the programs to make it).
     let from = conf.hold_after(newest.lsn, last).max(not_before);
-    shared.set_ingest_limit(IngestLimit::from(from));
+    if conf.programs.is_ok() {
+        shared.set_ingest_limit(IngestLimit::from(from));
+    }
     if flushed <= from {
         return Ok(None);
     }
+    let programs = conf.programs.as_ref().map_err(Clone::clone)?;
     if scan.as_ref().is_none_or(|s| s.snapshot != newest.lsn) {
         let (counters_from, counters, oldest_active) =
             counters_of(timeline, &newest, segment_size)?;
