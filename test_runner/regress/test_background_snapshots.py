@@ -95,6 +95,18 @@ def wait_snapshot_past(timeline: TimelineHandle, lsn: Lsn, timeout: float = 180)
     return wait_until(made, timeout=timeout, interval=0.1, what=f"a background snapshot past {lsn}")
 
 
+def kept_idle(replay_dir) -> bool:
+    """The replay's directory is gone, or kept as the last snapshot left it: a cluster shut
+    down, without recovery's files or WAL segments."""
+    if not replay_dir.exists():
+        return True
+    left = [name for name in ["postmaster.pid", "recovery.signal", "standby.signal"] if (replay_dir / name).exists()]
+    segments = [p.name for p in (replay_dir / "pg_wal").iterdir() if len(p.name) == 24]
+    assert (replay_dir / "global" / "pg_control").exists(), sorted(os.listdir(replay_dir))
+    assert not left and not segments, (left, segments)
+    return True
+
+
 def snapshot_below(timeline: TimelineHandle, lsn: Lsn) -> tuple[Lsn, str]:
     """The LSN and kind of the snapshot a basebackup at `lsn` starts from."""
     r = requests.get(f"{timeline.url}/basebackup", params={"lsn": str(lsn)}, timeout=120)
@@ -123,7 +135,8 @@ def test_a_background_snapshot_is_where_restores_start_and_pages_answer(pg: PgEn
     at or past it, in the middle of the primary's work, no checkpoint of its near. Pages that
     needed redo just below it answer exactly at it; a restore at it starts right there (its
     archive has a checkpoint record put just before the record after it: nothing is replayed),
-    one past it replays from there; the replay's directory is gone."""
+    one past it replays from there. The next snapshot replays on in the directory this one
+    kept, which goes with its timeline."""
     distance = 16 << 20
     ps = pageserver_factory.start(snapshot_settings(pg))
     timeline = TimelineHandle.create(ps)
@@ -188,18 +201,31 @@ def test_a_background_snapshot_is_where_restores_start_and_pages_answer(pg: PgEn
 
     metrics = ps.http.metrics_text()
     assert 'pageserver_background_snapshots_total{result="made"}' in metrics
+    assert imported_line(ps, snapshots_made(ps)[0])["kept"] == "false", "the first one unpacks the backup's snapshot"
     replay_dir = pg.base / "snapshot_replay"
-    wait_until(lambda: not receiver(timeline).json()["snapshot_running"] and not replay_dir.exists(), timeout=120, what="the snapshots done, their directory gone")
+    newest = wait_until(lambda: not receiver(timeline).json()["snapshot_running"] and kept_idle(replay_dir) and snapshots_made(ps)[-1], timeout=120, what="the snapshots done, their directory kept")
 
-    # The next one starts from this one (page ingest went on after it: ingested past it above).
+    # The next one goes on from this one in the directory it kept: it unpacks only the WAL and
+    # pg_control, and restores whole (page ingest went on after it: ingested past it above).
     primary.pgbench("-c", "2", "-t", "200", "-n")
+    total = primary.psql("SELECT sum(abalance) FROM pgbench_accounts")
+    written = Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()"))
     fill(primary, 150_000)
-    second = wait_snapshot_past(timeline, made)
+    second = wait_snapshot_past(timeline, written)
+    line = imported_line(ps, second)
+    assert line["kept"] == "true" and Lsn.parse(line["from"]) >= newest, line
+    assert int(line["blocks_changed"]) > 0, line
     assert snapshot_below(timeline, second) == (second, "stopped")
     again, snapshot = pg.restore(timeline.url, "at_second", second)
     assert snapshot == second
     start_promoted_quietly(again)
     assert again.psql(BALANCED) == "t"
+    assert again.psql("SELECT sum(abalance) FROM pgbench_accounts") == total
+    again.stop()
+
+    # The timeline goes: so does the copy of its cluster.
+    ps.http.timeline_delete(timeline.tenant_id, timeline.timeline_id)
+    wait_until(lambda: not replay_dir.exists(), timeout=60, what="the kept directory removed with its timeline")
 
 
 @pytest.mark.needs_testing
@@ -234,7 +260,7 @@ def test_kill_during_a_background_snapshot(pg: PgEnv, pageserver_factory: Pagese
     assert snapshot_below(timeline, Lsn.parse(before)) == (first, "backup")
     made = wait_snapshot_past(timeline, end)
     assert snapshot_below(timeline, made) == (made, "stopped")
-    wait_until(lambda: not receiver(timeline).json()["snapshot_running"] and not replay_dir.exists(), timeout=120, what="the snapshots done, their directory gone")
+    wait_until(lambda: not receiver(timeline).json()["snapshot_running"] and kept_idle(replay_dir), timeout=120, what="the snapshots done, their directory idle")
     restored, snapshot = pg.restore(timeline.url, "restored", made)
     assert snapshot == made
     start_promoted_quietly(restored)
@@ -346,7 +372,7 @@ def test_background_snapshots_killed_at_random_points(pg: PgEnv, pageserver_fact
     killed) the pageserver or the replaying PostgreSQL gets `kill -9`. Each time a snapshot past
     the last one comes all the same; every one restores to a cluster whose pgbench balances add
     up (a half-imported snapshot mixes pages of two points); at the end every page of
-    `pgbench_accounts` is exact at the newest, the replay's directory is gone, and a restore at
+    `pgbench_accounts` is exact at the newest, the replay's directory is idle, and a restore at
     the last LSN has the primary's rows. PAGESERVER_TEST_SNAPSHOT_KILLS rounds (default 4),
     PAGESERVER_TEST_SEED (default 1)."""
     rounds = int(os.environ.get("PAGESERVER_TEST_SNAPSHOT_KILLS", "4"))
@@ -412,7 +438,7 @@ def test_background_snapshots_killed_at_random_points(pg: PgEnv, pageserver_fact
         assert restored.psql(BALANCED) == "t", f"seed {seed}, round {n}, kills {kills}"
         restored.stop("immediate")
 
-    wait_until(lambda: not receiver(timeline).json()["snapshot_running"] and not replay_dir.exists(), timeout=240, interval=0.1, what="no snapshot running, its directory gone")
+    wait_until(lambda: not receiver(timeline).json()["snapshot_running"] and kept_idle(replay_dir), timeout=240, interval=0.1, what="no snapshot running, its directory idle")
     newest = newest_snapshot(timeline)
     wait_ingested(timeline, newest)
     statuses = page_statuses(primary, timeline, "pgbench_accounts", newest)

@@ -3,11 +3,13 @@
 //! The snapshot is the newest one at or below the LSN (the snapshot list read at that LSN);
 //! everything is read at the snapshot's own LSN, so the archive is exactly what was imported
 //! then ([`Restore::Snapshot`]), with the WAL that takes it to the LSN when PostgreSQL replays
-//! it ([`Restore::Replay`]); or everything is read at the LSN itself, where page ingest made
-//! every page, with a shutdown checkpoint there of our making ([`Restore::Materialized`],
-//! `materialize.rs`). Members come in the file directory's path order (every directory before
-//! what it holds), then each database's relation forks, segment by segment. Contents are read block by
-//! block as the archive is written: memory stays at a block, whatever the directory's size.
+//! it ([`Restore::Replay`]), or only that WAL and the few files it changes, for a directory
+//! that holds the snapshot already ([`Restore::ReplayOver`]); or everything is read at the LSN
+//! itself, where page ingest made every page, with a shutdown checkpoint there of our making
+//! ([`Restore::Materialized`], `materialize.rs`). Members come in the file directory's path
+//! order (every directory before what it holds), then each database's relation forks, segment
+//! by segment. Contents are read block by block as the archive is written: memory stays at a
+//! block, whatever the directory's size.
 //! Every value read is checked (a chunk or block of the wrong length, or a missing one, stops
 //! the archive with an error rather than writing a wrong file). Members have their permission
 //! bits (0777) and no owner; setuid, setgid and sticky are never written, whatever a snapshot
@@ -42,6 +44,13 @@ pub enum Restore<'a> {
     Replay(&'a Replay),
     /// Starts at an LSN with nothing to replay: the pages there, shut down there.
     Materialized(&'a Materialized),
+    /// Replays as [`Restore::Replay`] does, unpacked over a directory that holds the snapshot
+    /// already (the replay directory a background snapshot kept, `walreceiver/snapshots.rs`):
+    /// only what a replay adds to the snapshot's files or changes in them, `pg_control` (which
+    /// starts at the checkpoint record put before the snapshot's next record),
+    /// `postgresql.auto.conf`, the signal files and `pg_wal/`. Only for a snapshot that starts
+    /// at such a checkpoint record (a background snapshot's); for another, an error.
+    ReplayOver(&'a Replay),
 }
 
 /// The snapshot a basebackup at `lsn` gives: checks the LSN and finds it.
@@ -114,10 +123,11 @@ pub fn write_basebackup(
     restore: Restore<'_>,
     out: impl Write,
 ) -> Result<(), BasebackupError> {
-    let (replay, materialized) = match restore {
-        Restore::Snapshot => (None, None),
-        Restore::Replay(replay) => (Some(replay), None),
-        Restore::Materialized(m) => (None, Some(m)),
+    let (replay, materialized, over) = match restore {
+        Restore::Snapshot => (None, None, false),
+        Restore::Replay(replay) => (Some(replay), None, false),
+        Restore::Materialized(m) => (None, Some(m), false),
+        Restore::ReplayOver(replay) => (Some(replay), None, true),
     };
     let at = materialized.map_or(snapshot.lsn, |m| m.at);
     // A background snapshot's replay that starts at its checkpoint record.
@@ -125,6 +135,13 @@ pub fn write_basebackup(
         Some(replay) => checkpoint_start::plan(timeline, snapshot, replay)?,
         None => None,
     };
+    if over && start.is_none() {
+        return Err(BasebackupError::NotMaterialized(format!(
+            "the snapshot at {} does not start at a checkpoint record put before its next \
+             record: only its whole data directory replays from it",
+            snapshot.lsn
+        )));
+    }
     let read =
         |key: Key| -> Result<Option<Bytes>, BasebackupError> { Ok(timeline.get_page(key, at)?) };
     let files = read(file_dir_key())?
@@ -138,6 +155,10 @@ pub fn write_basebackup(
     // The snapshot's own `postgresql.auto.conf`, when a replay appends to it.
     let mut auto_conf = None;
     for entry in &files.entries {
+        // Over the snapshot's files: only those a replay changes.
+        if over && entry.path != PG_CONTROL_PATH && entry.path != AUTO_CONF {
+            continue;
+        }
         let mut header = tar::Header::new_gnu();
         // The permission bits only: an import refuses or drops setuid, setgid and sticky, and
         // a snapshot stored before it did must not give them back either (restored as root,

@@ -202,8 +202,10 @@ pub enum ReplayRunError {
 }
 
 /// Runs PostgreSQL on `dir` (a basebackup whose WAL holds a record at `target`) until it shuts
-/// down right before `target`, after the checkpoint record at `checkpoint`; checks that it did. It has at least
-/// `max_prepared_xacts` slots for prepared transactions. `cancel` is asked every 100 ms. An error quotes the end of PostgreSQL's log.
+/// down right before `target`, after the checkpoint record at `checkpoint`; checks that it
+/// did. It has `max_prepared_xacts` slots for prepared transactions (as many as the primary
+/// has: its `pg_control`'s, or more if its WAL raised them since). `cancel` is asked every
+/// 100 ms. An error quotes the end of PostgreSQL's log.
 pub fn replay_to(
     programs: &PgPrograms,
     dir: &Path,
@@ -219,12 +221,6 @@ pub fn replay_to(
     let log = &socket_dir.path().join("postgres.log");
     let config = socket_dir.path();
     write_config(config).map_err(|e| failed(format!("its configuration files: {e}")))?;
-    let max_prepared = fs::read(dir.join(pg_control::PG_CONTROL_PATH))
-        .map_err(|e| e.to_string())
-        .and_then(|b| pg_control::parse(&b).map_err(|e| e.to_string()))
-        .map_err(|e| failed(format!("the pg_control it starts from: {e}")))?
-        .max_prepared_xacts
-        .max(max_prepared_xacts);
     as_archive_recovery(dir).map_err(|e| failed(format!("its recovery signal files: {e}")))?;
     if let Some(ids) = programs.run_as {
         chown_all(dir, ids).map_err(|e| failed(format!("giving the directory to pg_user: {e}")))?;
@@ -254,9 +250,8 @@ pub fn replay_to(
         format!("hba_file={}", config.join(HBA_FILE).display()),
         format!("ident_file={}", config.join(IDENT_FILE).display()),
         "shared_buffers=128MB".to_owned(),
-        // Replaying a PREPARE TRANSACTION needs a free slot, as many as the primary has: its
-        // pg_control's, or more if its WAL raised them since.
-        format!("max_prepared_transactions={max_prepared}"),
+        // Replaying a PREPARE TRANSACTION needs a free slot.
+        format!("max_prepared_transactions={max_prepared_xacts}"),
         // What the primary's ALTER SYSTEM settings (postgresql.auto.conf) could hold that
         // would stop or slow this replay here: a delay, libraries, TLS files and huge pages of
         // its host. (Another recovery target there stops the replay with an error saying so:

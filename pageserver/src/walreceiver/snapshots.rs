@@ -14,13 +14,15 @@
 //!     └─▶ page ingest reaches that record (it stops before it); with remote storage, the
 //!         WAL archive reaches S
 //!     └─▶ one at a time per server: basebackup of P with the WAL up to S, unpacked into the
-//!         server's `snapshot_replay_dir`; an online checkpoint record put at N (redo N, the
-//!         counters at S) and a no-op after it (`pg_replay::stop_before`)
+//!         server's `snapshot_replay_dir` (only the WAL, `pg_control` and the recovery files
+//!         when the directory holds P already: [`KeptDir`]); an online checkpoint record put
+//!         at N (redo N, the counters at S) and a no-op after it (`pg_replay::stop_before`)
 //!     └─▶ PostgreSQL replays to the no-op and shuts down: its restartpoint at the checkpoint
 //!         writes every page as at S (`pg_replay.rs`)
 //!     └─▶ imported at S (only what differs from the timeline's state below S is stored; not
 //!         its `pg_wal/`), its WAL listed from just before N (`Snapshot::wal_from`)
-//!     └─▶ the directory removed, page ingest let go: it resumes after S
+//!     └─▶ the directory kept, holding S, for the next snapshot; page ingest let go: it
+//!         resumes after S
 //! ```
 //!
 //! Why a checkpoint record put at N: PostgreSQL writes the pages it replayed only at a
@@ -31,12 +33,21 @@
 //! (`datadir/checkpoint_start.rs`), and replays from N. The timeline's own WAL is never
 //! changed.
 //!
+//! Why the directory is kept: a snapshot otherwise unpacks the whole cluster from the one
+//! before, which took half of its time (docs/benchmarks.md); kept, it replays on from where
+//! the last one stopped, and the basebackup gives it only the WAL, `pg_control` (starting at
+//! the checkpoint record put before P's next record, as a restore from P does) and the
+//! recovery files (`Restore::ReplayOver`). It is kept only while it is known to hold the
+//! newest snapshot exactly as imported: by this process, after a snapshot that succeeded.
+//!
 //! Crash safety: the import is one [`crate::tenant::timeline::Import`], durable whole at its
-//! commit or not at all; the directory of a killed replay is removed by the next snapshot,
-//! before it starts. A stop (the receiver's, the timeline's shutdown) stops
-//! the replay at once (`SIGQUIT`). Disk: one directory the size of the cluster at a time per
-//! server ([`ONE_AT_A_TIME`]). Memory: a WAL chunk and a record while scanning, and what an
-//! import holds.
+//! commit or not at all; the directory of a failed or killed replay is removed (by the next
+//! snapshot, before it starts, after a crash), and one that another timeline's snapshot, a
+//! newer snapshot of another origin or a restart made stale is made again. A stop (the
+//! receiver's, the timeline's shutdown) stops the replay at once (`SIGQUIT`); a receiver that
+//! stops removes the directory it kept. Disk: one directory the size of the cluster per
+//! server, kept between snapshots ([`ONE_AT_A_TIME`]). Memory: a WAL chunk and a record while
+//! scanning, and what an import holds.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -48,7 +59,7 @@ use pageserver_api::datadir::{
 };
 use postgres_wal::edit::back_by;
 use postgres_wal::segment::segno_of;
-use utils::Lsn;
+use utils::{Lsn, TenantId, TimelineId};
 
 use super::pg_replay::{self, PgPrograms, ReplayRunError};
 use super::replay_plan::{latest_segment_file, replay_of};
@@ -60,8 +71,30 @@ use crate::datadir::{import_replayed, snapshot_at, write_basebackup, Restore};
 use crate::tenant::timeline::Timeline;
 
 /// Only one replay runs on a server at a time: each holds a copy of a cluster on disk and
-/// keeps a CPU busy.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+/// keeps a CPU busy. The lock also holds what the replay directory holds between snapshots.
+static ONE_AT_A_TIME: Mutex<Option<KeptDir>> = Mutex::new(None);
+
+/// The snapshot the replay directory holds, as the snapshot that made it left it (its
+/// directory imported there): the next snapshot of that timeline from that snapshot replays it
+/// on, and unpacks only the WAL and the files a replay changes (`Restore::ReplayOver`), not
+/// the whole cluster. Known to this process only: a replay runs without fsync, so after a
+/// restart the directory is never trusted and is made again from the snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct KeptDir {
+    tenant: TenantId,
+    timeline: TimelineId,
+    lsn: Lsn,
+}
+
+impl KeptDir {
+    fn of(timeline: &Timeline, lsn: Lsn) -> KeptDir {
+        KeptDir {
+            tenant: timeline.tenant_id(),
+            timeline: timeline.timeline_id(),
+            lsn,
+        }
+    }
+}
 /// The longest a replay may run.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(3600);
 /// The longest page ingest may take to reach the snapshot's last record.
@@ -154,6 +187,18 @@ pub(super) fn run(timeline: Arc<Timeline>, shared: Arc<Shared>, conf: SnapshotCo
         }
     }
     let _ = crate::metrics::BACKGROUND_SNAPSHOT_LAG_BYTES.remove_label_values(&labels);
+    // A receiver that stops (its timeline detached or deleted, the server stopping) leaves no
+    // copy of its cluster behind. (Another timeline's snapshot running now replaces it.)
+    if let Ok(mut kept) = ONE_AT_A_TIME.try_lock() {
+        if kept.is_some_and(|k| {
+            k.tenant == timeline.tenant_id() && k.timeline == timeline.timeline_id()
+        }) {
+            *kept = None;
+            if let Err(e) = pg_replay::remove_dir(&conf.replay_dir) {
+                tracing::warn!("removing {}: {e}", conf.replay_dir.display());
+            }
+        }
+    }
 }
 
 /// Lifts every hold on page ingest when dropped.
@@ -355,10 +400,15 @@ fn hold_ingest_and_snapshot(
             target.end
         ));
     }
-    let _one = loop {
+    let mut kept = loop {
         match ONE_AT_A_TIME.try_lock() {
             Ok(guard) => break guard,
-            Err(std::sync::TryLockError::Poisoned(e)) => break e.into_inner(),
+            // What the directory holds is not known after a panic: made again.
+            Err(std::sync::TryLockError::Poisoned(e)) => {
+                let mut guard = e.into_inner();
+                *guard = None;
+                break guard;
+            }
             Err(std::sync::TryLockError::WouldBlock) => {}
         }
         if stopped() {
@@ -369,22 +419,31 @@ fn hold_ingest_and_snapshot(
     };
     shared.state().snapshot_running = true;
     let dir = &conf.replay_dir;
-    let stored = make_snapshot(timeline, shared, programs, dir, target);
-    // Whatever happened: the copy goes (a crash leaves it to the next snapshot, which
-    // removes it first).
-    if let Err(e) = pg_replay::remove_dir(dir) {
-        tracing::warn!("removing {}: {e}", dir.display());
+    // Taken: until this snapshot is made, the directory holds nothing to go on from.
+    let from = kept.take();
+    let stored = make_snapshot(timeline, shared, programs, dir, target, from);
+    match stored {
+        // Kept for the next snapshot, which goes on from this one.
+        Ok(_) => *kept = Some(KeptDir::of(timeline, target.end)),
+        // The copy goes (a crash leaves it to the next snapshot, which removes it first).
+        Err(_) => {
+            if let Err(e) = pg_replay::remove_dir(dir) {
+                tracing::warn!("removing {}: {e}", dir.display());
+            }
+        }
     }
     Ok(Some(stored?))
 }
 
 /// Replays the newest snapshot to `target.end` and imports the result there; the bytes stored.
+/// `kept`: the snapshot `dir` holds already, if any.
 fn make_snapshot(
     timeline: &Arc<Timeline>,
     shared: &Shared,
     programs: &PgPrograms,
     dir: &Path,
     target: &Target,
+    kept: Option<KeptDir>,
 ) -> Result<u64, String> {
     let base = timeline.last_record_lsn();
     let snapshot = snapshot_at(timeline, base).map_err(|e| e.to_string())?;
@@ -407,17 +466,25 @@ fn make_snapshot(
     let segment_size = shared.segment_size.load(Ordering::Acquire);
     // Each step's seconds are logged: where a snapshot's time goes.
     let started = Instant::now();
-    pg_replay::prepare_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    // The directory holds the snapshot already: only the WAL and the files a replay changes.
+    let over = kept == Some(KeptDir::of(timeline, snapshot.lsn));
+    let restore = if over {
+        Restore::ReplayOver(&replay)
+    } else {
+        pg_replay::prepare_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        Restore::Replay(&replay)
+    };
     let (reader, writer) = std::io::pipe().map_err(|e| format!("a pipe: {e}"))?;
     std::thread::scope(|scope| {
         // By reference: the pipe closes when the thread ends, also when the basebackup fails
         // (which never ends its archive), so the unpack sees the end.
         let written = scope.spawn(move || {
             let writer = writer;
-            write_basebackup(timeline, snapshot, Restore::Replay(&replay), &writer)
+            write_basebackup(timeline, snapshot, restore, &writer)
         });
         let mut archive = tar::Archive::new(reader);
         archive.set_preserve_permissions(true);
+        archive.set_overwrite(true);
         let unpacked = archive.unpack(dir);
         drop(archive);
         let written = written
@@ -451,7 +518,7 @@ fn make_snapshot(
         dir,
         target.next,
         stop,
-        target.max_prepared_xacts,
+        control.max_prepared_xacts.max(target.max_prepared_xacts),
         REPLAY_TIMEOUT,
         &cancel,
     )
@@ -485,7 +552,7 @@ fn make_snapshot(
         Ok::<_, String>(report)
     })?;
     tracing::info!(tenant = %timeline.tenant_id(), timeline = %timeline.timeline_id(),
-        lsn = %target.end, wal_from = %wal_from,
+        lsn = %target.end, wal_from = %wal_from, from = %snapshot.lsn, kept = over,
         blocks_changed = report.blocks_changed, blocks_new = report.blocks_new,
         blocks_unchanged = report.blocks_unchanged, bytes_read = report.bytes_read,
         unpack_seconds = (unpacked - started).as_secs_f64(),
