@@ -47,5 +47,14 @@ pub use basebackup::{
 pub use import::{import_archive, import_replayed, ImportError, ImportReport};
 pub use materialize::{control_file_at, plan as plan_materialized, starts_clean, Materialized};
 
+/// Whether `path` (relative to a data directory) names a segment of a relation fork, which an
+/// import stores block by block.
+pub fn is_relation_file(path: &str) -> bool {
+    matches!(
+        path::classify(path, true),
+        Ok(path::DatadirPath::Relation { .. })
+    )
+}
+
 #[cfg(test)]
 mod tests;

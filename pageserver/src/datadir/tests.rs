@@ -17,6 +17,7 @@ use crate::tenant::test_support::small_cache;
 use crate::tenant::timeline::{PutRecord, Timeline, TimelineConf, TimelineError};
 
 mod members;
+mod unread;
 mod wal;
 
 /// One member of a synthetic data directory.

@@ -49,6 +49,7 @@
 //! server, kept between snapshots ([`ONE_AT_A_TIME`]). Memory: a WAL chunk and a record while
 //! scanning, and what an import holds.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -61,7 +62,7 @@ use postgres_wal::edit::back_by;
 use postgres_wal::segment::segno_of;
 use utils::{Lsn, TenantId, TimelineId};
 
-use super::pg_replay::{self, PgPrograms, ReplayRunError};
+use super::pg_replay::{self, FileStamp, PgPrograms, ReplayRunError};
 use super::replay_plan::{latest_segment_file, replay_of};
 use super::snapshot_scan::{Scan, Target};
 use super::state::{IngestLimit, Shared};
@@ -77,22 +78,26 @@ static ONE_AT_A_TIME: Mutex<Option<KeptDir>> = Mutex::new(None);
 /// The snapshot the replay directory holds, as the snapshot that made it left it (its
 /// directory imported there): the next snapshot of that timeline from that snapshot replays it
 /// on, and unpacks only the WAL and the files a replay changes (`Restore::ReplayOver`), not
-/// the whole cluster. Known to this process only: a replay runs without fsync, so after a
-/// restart the directory is never trusted and is made again from the snapshot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// the whole cluster; and it reads only the relation files the replay wrote (their stamps
+/// changed), the others' blocks being the snapshot's. Known to this process only: a replay
+/// runs without fsync, so after a restart the directory is never trusted and is made again
+/// from the snapshot.
+#[derive(Debug)]
 struct KeptDir {
     tenant: TenantId,
     timeline: TimelineId,
     lsn: Lsn,
+    /// Its relation files' stamps when it was imported.
+    stamps: BTreeMap<String, FileStamp>,
 }
 
 impl KeptDir {
-    fn of(timeline: &Timeline, lsn: Lsn) -> KeptDir {
-        KeptDir {
-            tenant: timeline.tenant_id(),
-            timeline: timeline.timeline_id(),
-            lsn,
-        }
+    fn holds(&self, timeline: &Timeline, lsn: Lsn) -> bool {
+        self.is_of(timeline) && self.lsn == lsn
+    }
+
+    fn is_of(&self, timeline: &Timeline) -> bool {
+        self.tenant == timeline.tenant_id() && self.timeline == timeline.timeline_id()
     }
 }
 /// The longest a replay may run.
@@ -190,9 +195,7 @@ pub(super) fn run(timeline: Arc<Timeline>, shared: Arc<Shared>, conf: SnapshotCo
     // A receiver that stops (its timeline detached or deleted, the server stopping) leaves no
     // copy of its cluster behind. (Another timeline's snapshot running now replaces it.)
     if let Ok(mut kept) = ONE_AT_A_TIME.try_lock() {
-        if kept.is_some_and(|k| {
-            k.tenant == timeline.tenant_id() && k.timeline == timeline.timeline_id()
-        }) {
+        if kept.as_ref().is_some_and(|k| k.is_of(&timeline)) {
             *kept = None;
             if let Err(e) = pg_replay::remove_dir(&conf.replay_dir) {
                 tracing::warn!("removing {}: {e}", conf.replay_dir.display());
@@ -421,22 +424,30 @@ fn hold_ingest_and_snapshot(
     let dir = &conf.replay_dir;
     // Taken: until this snapshot is made, the directory holds nothing to go on from.
     let from = kept.take();
-    let stored = make_snapshot(timeline, shared, programs, dir, target, from);
-    match stored {
+    match make_snapshot(timeline, shared, programs, dir, target, from) {
         // Kept for the next snapshot, which goes on from this one.
-        Ok(_) => *kept = Some(KeptDir::of(timeline, target.end)),
+        Ok((stored, stamps)) => {
+            *kept = Some(KeptDir {
+                tenant: timeline.tenant_id(),
+                timeline: timeline.timeline_id(),
+                lsn: target.end,
+                stamps,
+            });
+            Ok(Some(stored))
+        }
         // The copy goes (a crash leaves it to the next snapshot, which removes it first).
-        Err(_) => {
+        Err(e) => {
             if let Err(e) = pg_replay::remove_dir(dir) {
                 tracing::warn!("removing {}: {e}", dir.display());
             }
+            Err(e)
         }
     }
-    Ok(Some(stored?))
 }
 
-/// Replays the newest snapshot to `target.end` and imports the result there; the bytes stored.
-/// `kept`: the snapshot `dir` holds already, if any.
+/// Replays the newest snapshot to `target.end` and imports the result there; the bytes stored,
+/// and the stamps of the relation files imported. `kept`: the snapshot `dir` holds already,
+/// if any.
 fn make_snapshot(
     timeline: &Arc<Timeline>,
     shared: &Shared,
@@ -444,7 +455,7 @@ fn make_snapshot(
     dir: &Path,
     target: &Target,
     kept: Option<KeptDir>,
-) -> Result<u64, String> {
+) -> Result<(u64, BTreeMap<String, FileStamp>), String> {
     let base = timeline.last_record_lsn();
     let snapshot = snapshot_at(timeline, base).map_err(|e| e.to_string())?;
     // Held until the import: GC keeps what the basebackup reads.
@@ -467,7 +478,8 @@ fn make_snapshot(
     // Each step's seconds are logged: where a snapshot's time goes.
     let started = Instant::now();
     // The directory holds the snapshot already: only the WAL and the files a replay changes.
-    let over = kept == Some(KeptDir::of(timeline, snapshot.lsn));
+    let kept = kept.filter(|k| k.holds(timeline, snapshot.lsn));
+    let over = kept.is_some();
     let restore = if over {
         Restore::ReplayOver(&replay)
     } else {
@@ -532,12 +544,25 @@ fn make_snapshot(
     // A restore starts at the checkpoint put right before the record at `next`.
     let wal_from = back_by(target.next, CHECKPOINT_RECORD_SPACE, segment_size);
     let import_started = Instant::now();
+    // The relation files the replay did not write (stamped as when the kept directory was
+    // imported) hold what the timeline holds: listed, not read.
+    let stamps = pg_replay::relation_file_stamps(dir)
+        .map_err(|e| format!("the replayed directory's relation files: {e}"))?;
+    let unread: Vec<(String, u64)> = match &kept {
+        Some(kept) => stamps
+            .iter()
+            .filter(|(path, stamp)| kept.stamps.get(*path) == Some(*stamp))
+            .map(|(path, stamp)| (path.clone(), stamp.len))
+            .collect(),
+        None => Vec::new(),
+    };
+    let left_out: BTreeSet<String> = unread.iter().map(|(path, _)| path.clone()).collect();
     fail::fail_point!("background-snapshot-before-import");
     let (reader, writer) = std::io::pipe().map_err(|e| format!("a pipe: {e}"))?;
     let report = std::thread::scope(|scope| {
         let written = scope.spawn(move || {
             let writer = writer;
-            pg_replay::tar_dir(dir, &writer)
+            pg_replay::tar_dir(dir, &writer, &left_out)
         });
         let report = import_replayed(
             timeline,
@@ -545,6 +570,7 @@ fn make_snapshot(
             target.end,
             wal_from,
             Some(target.counters),
+            &unread,
         );
         let written = written.join().expect("the archive thread does not panic");
         let report = report.map_err(|e| format!("importing the replayed directory: {e}"))?;
@@ -555,11 +581,12 @@ fn make_snapshot(
         lsn = %target.end, wal_from = %wal_from, from = %snapshot.lsn, kept = over,
         blocks_changed = report.blocks_changed, blocks_new = report.blocks_new,
         blocks_unchanged = report.blocks_unchanged, bytes_read = report.bytes_read,
+        relation_files = stamps.len(), relation_files_unread = unread.len(),
         unpack_seconds = (unpacked - started).as_secs_f64(),
         replay_seconds = (replayed - unpacked).as_secs_f64(),
         import_seconds = import_started.elapsed().as_secs_f64(),
         "background snapshot imported");
-    Ok(report.bytes_stored)
+    Ok((report.bytes_stored, stamps))
 }
 
 /// The `pg_control` of the unpacked directory.

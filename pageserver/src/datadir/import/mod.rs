@@ -159,7 +159,7 @@ pub fn import_archive(
     input: impl Read,
     lsn: Option<Lsn>,
 ) -> Result<ImportReport, ImportError> {
-    import_with(timeline, input, lsn, None, None)
+    import_with(timeline, input, lsn, None, None, &[])
 }
 
 /// [`import_archive`] of a directory PostgreSQL replayed to `lsn` and shut down there (a
@@ -167,15 +167,19 @@ pub fn import_archive(
 /// (its checkpoint record, or the checkpoint's redo point) on is the timeline's own (unless
 /// `wal_from` is `lsn`: then it holds that WAL itself); and the cluster's counters at the
 /// snapshot are given rather than taken from its `pg_control` (those page ingest followed),
-/// when known.
+/// when known. `unread`: relation segment files of the directory left out of the archive, each
+/// with its size, that the caller knows unchanged since the timeline's newest snapshot (the
+/// replay did not write them): their blocks are taken as stored, unread, and an error says so
+/// if the timeline's relation does not have them all.
 pub fn import_replayed(
     timeline: &Timeline,
     input: impl Read,
     lsn: Lsn,
     wal_from: Lsn,
     counters: Option<ClusterCounters>,
+    unread: &[(String, u64)],
 ) -> Result<ImportReport, ImportError> {
-    import_with(timeline, input, Some(lsn), Some(wal_from), counters)
+    import_with(timeline, input, Some(lsn), Some(wal_from), counters, unread)
 }
 
 fn import_with(
@@ -184,6 +188,7 @@ fn import_with(
     lsn: Option<Lsn>,
     wal_from: Option<Lsn>,
     counters: Option<ClusterCounters>,
+    unread: &[(String, u64)],
 ) -> Result<ImportReport, ImportError> {
     let import = timeline.begin_import()?;
     let mut importer = Importer::new(import, timeline.conf().max_value_size)?;
@@ -192,6 +197,9 @@ fn import_with(
     let mut input = TailReader::new(input);
     importer.read_archive(&mut input)?;
     importer.report.bytes_read = input.total;
+    for (path, size) in unread {
+        importer.keep_unread_segment(path, *size)?;
+    }
     importer.finish(lsn)
 }
 
@@ -406,6 +414,32 @@ impl<'t> Importer<'t> {
             let value = Value::Image(Bytes::copy_from_slice(&buf));
             self.put_from_member(key, &value, &mut stored, BLCKSZ)?;
         }
+        Ok(())
+    }
+
+    /// Lists a relation segment file left out of the archive as unchanged (see
+    /// [`import_replayed`]): its blocks must be the stored relation's.
+    fn keep_unread_segment(&mut self, path: &str, size: u64) -> Result<(), ImportError> {
+        let DatadirPath::Relation { rel, segno } = classify(path, true)? else {
+            return Err(ImportError::Invalid(format!(
+                "{path:?}, left out of the archive as an unchanged relation file, is not one"
+            )));
+        };
+        let blocks = size / BLCKSZ as u64;
+        let first = u64::from(segno) * u64::from(RELSEG_BLOCKS);
+        let old_size = u64::from(self.old_size(&rel));
+        let whole = size.is_multiple_of(BLCKSZ as u64)
+            && blocks <= u64::from(RELSEG_BLOCKS)
+            && first + blocks <= old_size
+            && (blocks == u64::from(RELSEG_BLOCKS) || first + blocks == old_size);
+        if !whole {
+            return Err(ImportError::Invalid(format!(
+                "relation file {path:?} ({size} bytes), left out of the archive as unchanged, \
+                 is not what the timeline holds of its relation ({old_size} blocks)"
+            )));
+        }
+        self.listing.add_segment(path, rel, segno, blocks as u32)?;
+        self.report.blocks_unchanged += blocks;
         Ok(())
     }
 
