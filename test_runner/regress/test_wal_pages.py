@@ -35,7 +35,8 @@ def start_ingesting(pg: PgEnv, timeline: TimelineHandle, *settings: str) -> PgCl
     primary = pg.new_cluster("primary").start("listen_addresses=127.0.0.1", *settings)
     primary.pgbench("-i", "-s", "1", "-q")
     pg.import_process(timeline.url, primary.basebackup_process())
-    r = requests.put(f"{timeline.url}/wal_receiver", json={"connstr": connstr(primary), "ingest_pages": True}, timeout=60)
+    # Pages from the WAL alone: no background snapshots, though the WAL passes their distance.
+    r = requests.put(f"{timeline.url}/wal_receiver", json={"connstr": connstr(primary), "ingest_pages": True, "snapshot_wal_distance": 0}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["ingest_pages"] is True
     return primary

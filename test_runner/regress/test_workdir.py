@@ -52,7 +52,7 @@ def test_fresh_workdir_gets_the_first_starts_settings(pageserver_factory: Pagese
         "upload_queue_wait_timeout": "30s",
         "max_local_layer_bytes": 0,
         "test_remote_failures": 0,
-        "snapshot_wal_distance": "512MiB",
+        "snapshot_wal_distance": "64MiB",
         "wait_lsn_timeout": "60s",
         "max_lsn_waiters": 1024,
         "max_value_size": "1MiB",
