@@ -47,13 +47,13 @@ pub use basebackup::{
 pub use import::{import_archive, import_replayed, ImportError, ImportReport};
 pub use materialize::{control_file_at, plan as plan_materialized, starts_clean, Materialized};
 
-/// Whether `path` (relative to a data directory) names a segment of a relation fork, which an
-/// import stores block by block.
-pub fn is_relation_file(path: &str) -> bool {
-    matches!(
-        path::classify(path, true),
-        Ok(path::DatadirPath::Relation { .. })
-    )
+/// The relation fork whose segment `path` (relative to a data directory) is, if it is one: an
+/// import stores those block by block.
+pub fn relation_of_file(path: &str) -> Option<pageserver_api::datadir::RelTag> {
+    match path::classify(path, true) {
+        Ok(path::DatadirPath::Relation { rel, .. }) => Some(rel),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -575,7 +575,7 @@ pub fn relation_file_stamps(dir: &Path) -> io::Result<BTreeMap<String, FileStamp
             let kind = entry.file_type()?;
             if kind.is_dir() {
                 dirs.push((entry.path(), format!("{path}/")));
-            } else if kind.is_file() && crate::datadir::is_relation_file(&path) {
+            } else if kind.is_file() && crate::datadir::relation_of_file(&path).is_some() {
                 let m = entry.metadata()?;
                 let stamp = FileStamp {
                     len: m.len(),

@@ -10,17 +10,23 @@
 //! restore from the next snapshot starts right at it with these counters, replaying none of
 //! the WAL that would have moved them.
 //!
+//! It also lists the relations whose files the replay may write ([`Touched`]): those a block
+//! reference or an smgr record names. A relation file of none of them, whose stamp the replay
+//! left as it was, is not read by the import (`snapshots.rs`).
+//!
 //! Memory: a chunk of WAL, one record (whole for the records whose main data moves the
-//! counters, as page ingest keeps them; the header alone for others past that).
+//! counters, as page ingest keeps them; the header alone for others past that), and a set of
+//! relations (at most the cluster's).
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use pageserver_api::datadir::ClusterCounters;
 use postgres_wal::edit::next_record_start;
 use postgres_wal::page::LONG_HEADER_LEN;
 use postgres_wal::record::{
-    parse_parts, RM_XACT_ID, RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE, XLOG_CHECKPOINT_SHUTDOWN,
-    XLOG_PARAMETER_CHANGE, XLOG_SWITCH,
+    parse_parts, RecordParts, RM_SMGR_ID, RM_XACT_ID, RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE,
+    XLOG_CHECKPOINT_SHUTDOWN, XLOG_PARAMETER_CHANGE, XLOG_SWITCH,
 };
 use postgres_wal::xact::xact_end_details;
 use postgres_wal::{DecodedRecord, WalDecoder, XLOG_BLCKSZ};
@@ -59,7 +65,62 @@ pub(super) struct Target {
     /// The most prepared transactions the primary allowed in the WAL before it (its
     /// parameter-change records): the replay needs as many slots.
     pub max_prepared_xacts: u32,
+    /// The relations the WAL from the snapshot to `end` names.
+    pub touched: Touched,
 }
+
+/// The relations (tablespace, database, relfilenode: every fork) whose files the WAL after a
+/// snapshot names, in a block reference (the visibility map and free space map pages redo
+/// changes without one are forks of the same relation) or an smgr record (a fork created,
+/// a relation truncated); or all of them, when a record was too long to read its block
+/// references.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Touched {
+    pub all: bool,
+    pub relations: BTreeSet<(u32, u32, u32)>,
+}
+
+impl Touched {
+    /// Whether the WAL may have changed a file of relation (`spc`, `db`, `rel`).
+    pub fn names(&self, spc: u32, db: u32, rel: u32) -> bool {
+        self.all || self.relations.contains(&(spc, db, rel))
+    }
+
+    fn note(&mut self, record: &DecodedRecord, parts: Option<&RecordParts>) {
+        let Some(parts) = parts else {
+            self.all = true;
+            return;
+        };
+        for block in &parts.blocks {
+            let r = block.rel;
+            self.relations.insert((r.spcnode, r.dbnode, r.relnode));
+        }
+        if record.header.rmid == RM_SMGR_ID {
+            // xl_smgr_create: the RelFileNode first; xl_smgr_truncate: after the block
+            // number. An smgr record of another layout: every relation.
+            let main = &record.bytes[parts.main_data.clone()];
+            let at = match record.header.rm_info() {
+                XLOG_SMGR_CREATE => 0,
+                XLOG_SMGR_TRUNCATE => 4,
+                _ => {
+                    self.all = true;
+                    return;
+                }
+            };
+            match main.get(at..at + 12) {
+                Some(node) => {
+                    let u32_at =
+                        |i: usize| u32::from_le_bytes(node[i..i + 4].try_into().expect("4 bytes"));
+                    self.relations.insert((u32_at(0), u32_at(4), u32_at(8)));
+                }
+                None => self.all = true,
+            }
+        }
+    }
+}
+
+const XLOG_SMGR_CREATE: u8 = 0x10;
+const XLOG_SMGR_TRUNCATE: u8 = 0x20;
 
 /// A decoding of the stored WAL from a snapshot on.
 pub(super) struct Scan {
@@ -78,6 +139,7 @@ pub(super) struct Scan {
     /// The end of the last record decoded.
     last_end: Lsn,
     max_prepared_xacts: u32,
+    touched: Touched,
 }
 
 impl Scan {
@@ -111,6 +173,7 @@ impl Scan {
             oldest_active_xid,
             last_end: snapshot,
             max_prepared_xacts: 0,
+            touched: Touched::default(),
         }
     }
 
@@ -132,7 +195,15 @@ impl Scan {
             if end <= self.counters_from {
                 continue;
             }
-            self.follow(&record)?;
+            let whole = record.bytes.len() == record.header.tot_len as usize;
+            let parts = whole
+                .then(|| parse_parts(&record.bytes))
+                .transpose()
+                .map_err(|e| format!("the record at {}: {e}", record.start))?;
+            self.follow(&record, parts.as_ref())?;
+            if end > self.snapshot {
+                self.touched.note(&record, parts.as_ref());
+            }
             if record.start >= from && end > self.snapshot {
                 return Ok(Some(Target {
                     end,
@@ -142,6 +213,7 @@ impl Scan {
                     counters: self.counters,
                     oldest_active_xid: self.oldest_active_xid,
                     max_prepared_xacts: self.max_prepared_xacts,
+                    touched: std::mem::take(&mut self.touched),
                 }));
             }
             self.last_end = end;
@@ -160,11 +232,15 @@ impl Scan {
         }
     }
 
-    fn follow(&mut self, record: &DecodedRecord) -> Result<(), String> {
+    /// Follows the counters through `record` (`parts`: its parts, when it is whole).
+    fn follow(
+        &mut self,
+        record: &DecodedRecord,
+        parts: Option<&RecordParts>,
+    ) -> Result<(), String> {
         let at = |e: String| format!("the record at {}: {e}", record.start);
-        let whole = record.bytes.len() == record.header.tot_len as usize;
-        let main = if whole {
-            &record.bytes[parse_parts(&record.bytes).map_err(at)?.main_data]
+        let main = if let Some(parts) = parts {
+            &record.bytes[parts.main_data.clone()]
         } else if COUNTER_RMGRS.contains(&record.header.rmid) {
             return Err(at(format!(
                 "{} bytes, longer than is read",
@@ -271,6 +347,40 @@ mod tests {
         // Not there yet: the WAL past the limit is not flushed.
         let from = Lsn(records.last().unwrap().end.0 + 1);
         assert!(scan_to(dir.path(), snapshot, flushed, from).is_none());
+    }
+
+    /// A record's parts: a reference to block 0 of the main fork of `rel`, no data or image.
+    fn block_ref_parts(rel: (u32, u32, u32)) -> Vec<u8> {
+        let mut parts = vec![0u8, 0, 0, 0];
+        for n in [rel.0, rel.1, rel.2, 0] {
+            parts.extend_from_slice(&n.to_le_bytes());
+        }
+        parts
+    }
+
+    #[test]
+    fn the_relations_named_after_the_snapshot_are_listed() {
+        let mut wal = WalBuilder::new(Lsn(u64::from(SEGMENT)), SEGMENT);
+        wal.record(10, 0, 1001, &block_ref_parts((1663, 5, 100)));
+        wal.record(10, 0, 1002, &block_ref_parts((1663, 5, 200)));
+        // xl_smgr_truncate: blkno, the relation, flags.
+        let mut truncate = 7u32.to_le_bytes().to_vec();
+        for n in [1663u32, 5, 300, 1] {
+            truncate.extend_from_slice(&n.to_le_bytes());
+        }
+        wal.main_data_record(RM_SMGR_ID, XLOG_SMGR_TRUNCATE, 0, &truncate);
+        let from = wal.main_data_record(RM_XLOG_ID, 0x30, 1003, &[7; 300]);
+        let (dir, records) = stored(&wal);
+        let snapshot = records[0].end_rec_ptr();
+        let target = scan_to(dir.path(), snapshot, wal.end(), from).unwrap();
+        let touched = &target.touched;
+        assert!(!touched.all);
+        assert_eq!(
+            touched.relations.iter().copied().collect::<Vec<_>>(),
+            [(1663, 5, 200), (1663, 5, 300)],
+            "not the one before the snapshot"
+        );
+        assert!(touched.names(1663, 5, 300) && !touched.names(1663, 5, 100));
     }
 
     #[test]

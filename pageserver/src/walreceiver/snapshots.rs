@@ -78,8 +78,9 @@ static ONE_AT_A_TIME: Mutex<Option<KeptDir>> = Mutex::new(None);
 /// The snapshot the replay directory holds, as the snapshot that made it left it (its
 /// directory imported there): the next snapshot of that timeline from that snapshot replays it
 /// on, and unpacks only the WAL and the files a replay changes (`Restore::ReplayOver`), not
-/// the whole cluster; and it reads only the relation files the replay wrote (their stamps
-/// changed), the others' blocks being the snapshot's. Known to this process only: a replay
+/// the whole cluster; and it reads only the relation files of relations the WAL since names
+/// or whose stamps changed, the others' blocks being the snapshot's. Known to this process
+/// only: a replay
 /// runs without fsync, so after a restart the directory is never trusted and is made again
 /// from the snapshot.
 #[derive(Debug)]
@@ -544,14 +545,24 @@ fn make_snapshot(
     // A restore starts at the checkpoint put right before the record at `next`.
     let wal_from = back_by(target.next, CHECKPOINT_RECORD_SPACE, segment_size);
     let import_started = Instant::now();
-    // The relation files the replay did not write (stamped as when the kept directory was
-    // imported) hold what the timeline holds: listed, not read.
+    // The relation files of relations no WAL record since the kept snapshot names, which the
+    // replay did not write either (stamped as when the kept directory was imported), hold
+    // what the timeline holds: listed, not read. (Both: page ingest stores versions of every
+    // page a record names, also where the replay left the file as it was; and a stamp alone
+    // could miss a write on a file system with coarse times. Empty files, the segments a
+    // truncation leaves, are read: they cost nothing.)
     let stamps = pg_replay::relation_file_stamps(dir)
         .map_err(|e| format!("the replayed directory's relation files: {e}"))?;
+    let untouched = |path: &str| {
+        crate::datadir::relation_of_file(path)
+            .is_some_and(|rel| !target.touched.names(rel.spcnode, rel.dbnode, rel.relnode))
+    };
     let unread: Vec<(String, u64)> = match &kept {
         Some(kept) => stamps
             .iter()
-            .filter(|(path, stamp)| kept.stamps.get(*path) == Some(*stamp))
+            .filter(|(path, stamp)| {
+                stamp.len > 0 && kept.stamps.get(*path) == Some(*stamp) && untouched(path)
+            })
             .map(|(path, stamp)| (path.clone(), stamp.len))
             .collect(),
         None => Vec::new(),

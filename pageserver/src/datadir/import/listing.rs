@@ -119,7 +119,7 @@ impl Entry {
 pub struct Fork {
     pub rel: RelTag,
     /// Where its last segment with blocks ends (an empty segment past the data, which
-    /// PostgreSQL leaves after a truncation until the next checkpoint, adds none).
+    /// PostgreSQL leaves after a truncation until the relation is dropped, adds none).
     pub size: u32,
     /// The blocks of all its segments together: `size` unless a segment is missing or short.
     pub blocks: u64,
