@@ -48,9 +48,10 @@ pub enum LogFormat {
 
 /// The default `snapshot_wal_distance`, measured (docs/benchmarks.md, *Restore with background
 /// snapshots*): a restore replays pgbench's WAL at about 8 ms per MiB on top of about 3 s at a
-/// snapshot, so at 64 MiB a restore at a random LSN took 1.06× a restore at a snapshot (the goal
-/// is 1.25×; at 128 MiB 1.19× to 1.56× from run to run, at 512 MiB 1.59×). A snapshot goes on
-/// from the last one's kept directory, so it costs about what the WAL changed (4 to 7 s per
+/// snapshot, so at 64 MiB a restore at a random LSN took 1.06× and 1.07× a restore at a
+/// snapshot (the goal is 1.25×; at 128 MiB 1.19× to 1.56× from run to run, at 512 MiB 1.59×).
+/// A snapshot goes on
+/// from the last one's kept directory, so it costs about what the WAL changed (4 to 9 s per
 /// 64 MiB of `pgbench -s 50` here), not what the cluster holds; raise it where that background
 /// work (and, with page ingest, its hold) costs more than restores are worth.
 pub const DEFAULT_SNAPSHOT_WAL_DISTANCE: u64 = 64 << 20;
