@@ -80,9 +80,8 @@ static ONE_AT_A_TIME: Mutex<Option<KeptDir>> = Mutex::new(None);
 /// on, and unpacks only the WAL and the files a replay changes (`Restore::ReplayOver`), not
 /// the whole cluster; and it reads only the relation files of relations the WAL since names
 /// or whose stamps changed, the others' blocks being the snapshot's. Known to this process
-/// only: a replay
-/// runs without fsync, so after a restart the directory is never trusted and is made again
-/// from the snapshot.
+/// only: a replay runs without fsync, so after a restart the directory is never trusted and
+/// is made again from the snapshot.
 #[derive(Debug)]
 struct KeptDir {
     tenant: TenantId,
@@ -101,6 +100,7 @@ impl KeptDir {
         self.tenant == timeline.tenant_id() && self.timeline == timeline.timeline_id()
     }
 }
+
 /// The longest a replay may run.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(3600);
 /// The longest page ingest may take to reach the snapshot's last record.
