@@ -206,7 +206,8 @@ def test_a_background_snapshot_is_where_restores_start_and_pages_answer(pg: PgEn
     newest = wait_until(lambda: not receiver(timeline).json()["snapshot_running"] and kept_idle(replay_dir) and snapshots_made(ps)[-1], timeout=120, what="the snapshots done, their directory kept")
 
     # The next one goes on from this one in the directory it kept: it unpacks only the WAL and
-    # pg_control, reads only the relation files the replay wrote, and restores whole (page ingest went on after it: ingested past it above).
+    # pg_control, reads only what of the relation files the replay wrote, and restores whole
+    # (page ingest went on after it: ingested past it above).
     primary.pgbench("-c", "2", "-t", "200", "-n")
     total = primary.psql("SELECT sum(abalance) FROM pgbench_accounts")
     written = Lsn.parse(primary.psql("SELECT pg_current_wal_insert_lsn()"))
@@ -215,8 +216,10 @@ def test_a_background_snapshot_is_where_restores_start_and_pages_answer(pg: PgEn
     line = imported_line(ps, second)
     assert line["kept"] == "true" and Lsn.parse(line["from"]) >= newest, line
     assert int(line["blocks_changed"]) > 0, line
-    # The catalogs' files, which the replay did not write, were not read.
+    # The catalogs' files, which the replay did not write, were not read; of pgbench's, only
+    # the blocks the WAL names (and those past where they ended).
     assert 0 < int(line["relation_files_unread"]) < int(line["relation_files"]), line
+    assert int(line["relation_files_partly_read"]) > 0 and int(line["blocks_read_of_those"]) > 0, line
     assert snapshot_below(timeline, second) == (second, "stopped")
     again, snapshot = pg.restore(timeline.url, "at_second", second)
     assert snapshot == second

@@ -44,14 +44,14 @@ pub mod wal_versions;
 pub use basebackup::{
     snapshot_at, write_basebackup, BasebackupError, Replay, Restore, PROMOTE_TRIGGER_FILE,
 };
-pub use import::{import_archive, import_replayed, ImportError, ImportReport};
+pub use import::{import_archive, import_replayed, ImportError, ImportReport, PartlyRead};
 pub use materialize::{control_file_at, plan as plan_materialized, starts_clean, Materialized};
 
-/// The relation fork whose segment `path` (relative to a data directory) is, if it is one: an
-/// import stores those block by block.
-pub fn relation_of_file(path: &str) -> Option<pageserver_api::datadir::RelTag> {
+/// The relation fork whose segment `path` (relative to a data directory) is, if it is one, and
+/// the segment's number: an import stores those block by block.
+pub fn relation_of_file(path: &str) -> Option<(pageserver_api::datadir::RelTag, u32)> {
     match path::classify(path, true) {
-        Ok(path::DatadirPath::Relation { rel, .. }) => Some(rel),
+        Ok(path::DatadirPath::Relation { rel, segno }) => Some((rel, segno)),
         _ => None,
     }
 }

@@ -41,7 +41,8 @@
 //! (`snapshots.rs`) has stock PostgreSQL (`pg_replay.rs`) replay the newest snapshot to the
 //! first record boundary that much WAL later, and imports what it shuts down with as a new
 //! snapshot there; page ingest waits there meanwhile. `snapshot_scan.rs` decodes the WAL up to
-//! there for the counters the snapshot starts with.
+//! there for the counters the snapshot starts with and what it names of the relations' files,
+//! of which `snapshot_reads.rs` has the import read only what the replay may have written.
 
 mod base_backup;
 pub mod commit_time;
@@ -51,6 +52,8 @@ mod page_ingest;
 mod pg_replay;
 mod receiver;
 pub mod replay_plan;
+mod replayed_files;
+mod snapshot_reads;
 mod snapshot_scan;
 mod snapshots;
 mod state;

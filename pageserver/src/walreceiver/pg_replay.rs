@@ -26,9 +26,8 @@
 //! buffers, and the primary's `max_prepared_transactions` from `pg_control`. It is stopped (`SIGQUIT`,
 //! PostgreSQL's immediate shutdown) when the snapshot is cancelled or takes too long.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -184,7 +183,7 @@ pub fn remove_dir(dir: &Path) -> io::Result<()> {
 }
 
 /// Gives `path` and all under it to `uid` and `gid`; what is theirs already is left as it is,
-/// so that its change time says the replay did not write it (`relation_file_stamps`).
+/// so that its change time says the replay did not write it (`replayed_files::relation_file_stamps`).
 fn chown_all(path: &Path, (uid, gid): (u32, u32)) -> io::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let metadata = fs::symlink_metadata(path)?;
@@ -505,89 +504,6 @@ pub fn finish_dir(dir: &Path, segment_size: u32) -> io::Result<()> {
         fs::remove_file(file.path)?;
     }
     Ok(())
-}
-
-/// Writes `dir` as a tar archive to `out`: directories before what they hold, names sorted,
-/// modes as they are, leaving out the files in `left_out` (paths relative to `dir`); the
-/// import reads it as it would a `pg_basebackup`'s.
-pub fn tar_dir(dir: &Path, out: impl Write, left_out: &BTreeSet<String>) -> io::Result<()> {
-    // Not dropped on an error: a builder's drop ends the archive, and the import must see a
-    // cut-off one (and store nothing), never a short archive that looks whole.
-    let mut tar = std::mem::ManuallyDrop::new(tar::Builder::new(out));
-    tar.mode(tar::HeaderMode::Complete);
-    tar.follow_symlinks(false);
-    append_tree(&mut tar, dir, "", left_out)?;
-    tar.finish()?;
-    // SAFETY: taken once, and `tar` is not used after.
-    drop(unsafe { std::mem::ManuallyDrop::take(&mut tar) });
-    Ok(())
-}
-
-fn append_tree(
-    tar: &mut tar::Builder<impl Write>,
-    dir: &Path,
-    prefix: &str,
-    left_out: &BTreeSet<String>,
-) -> io::Result<()> {
-    let mut entries: Vec<_> = fs::read_dir(dir)?.collect::<io::Result<_>>()?;
-    entries.sort_by_key(|e| e.file_name());
-    for entry in entries {
-        let name = entry.file_name();
-        let name = name
-            .to_str()
-            .ok_or_else(|| io::Error::other(format!("a file name that is not UTF-8: {name:?}")))?;
-        let path = format!("{prefix}{name}");
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            tar.append_dir(&path, entry.path())?;
-            append_tree(tar, &entry.path(), &format!("{path}/"), left_out)?;
-        } else if !left_out.contains(&path) {
-            // Symlinks too, as they are (the import refuses them, saying which).
-            tar.append_path_with_name(entry.path(), &path)?;
-        }
-    }
-    Ok(())
-}
-
-/// What says a file was not written since: its size, modification and change times to the
-/// nanosecond, and its inode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FileStamp {
-    pub len: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-    ino: u64,
-}
-
-/// The stamp of every relation segment file under `dir` (regular files only, symlinks not
-/// followed), by path relative to `dir`.
-pub fn relation_file_stamps(dir: &Path) -> io::Result<BTreeMap<String, FileStamp>> {
-    use std::os::unix::fs::MetadataExt;
-    let mut stamps = BTreeMap::new();
-    let mut dirs = vec![(dir.to_owned(), String::new())];
-    while let Some((at, prefix)) = dirs.pop() {
-        for entry in fs::read_dir(&at)? {
-            let entry = entry?;
-            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                continue;
-            };
-            let path = format!("{prefix}{name}");
-            let kind = entry.file_type()?;
-            if kind.is_dir() {
-                dirs.push((entry.path(), format!("{path}/")));
-            } else if kind.is_file() && crate::datadir::relation_of_file(&path).is_some() {
-                let m = entry.metadata()?;
-                let stamp = FileStamp {
-                    len: m.len(),
-                    mtime: (m.mtime(), m.mtime_nsec()),
-                    ctime: (m.ctime(), m.ctime_nsec()),
-                    ino: m.ino(),
-                };
-                stamps.insert(path, stamp);
-            }
-        }
-    }
-    Ok(stamps)
 }
 
 #[cfg(test)]

@@ -10,23 +10,23 @@
 //! restore from the next snapshot starts right at it with these counters, replaying none of
 //! the WAL that would have moved them.
 //!
-//! It also lists the relations whose files the replay may write ([`Touched`]): those a block
-//! reference or an smgr record names. A relation file of none of them, whose stamp the replay
-//! left as it was, is not read by the import (`snapshots.rs`).
+//! It also lists what of the relations' files the replay may write ([`Touched`]): the main-fork
+//! blocks block references name, and every fork of a relation named otherwise. The import
+//! reads only those of the replayed directory (`snapshot_reads.rs`).
 //!
 //! Memory: a chunk of WAL, one record (whole for the records whose main data moves the
-//! counters, as page ingest keeps them; the header alone for others past that), and a set of
-//! relations (at most the cluster's).
+//! counters, as page ingest keeps them; the header alone for others past that), a set of
+//! relations (at most the cluster's) and at most [`MAX_NAMED_BLOCKS`] block numbers.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use pageserver_api::datadir::ClusterCounters;
 use postgres_wal::edit::next_record_start;
 use postgres_wal::page::LONG_HEADER_LEN;
 use postgres_wal::record::{
-    parse_parts, RecordParts, RM_SMGR_ID, RM_XACT_ID, RM_XLOG_ID, XLOG_CHECKPOINT_ONLINE,
-    XLOG_CHECKPOINT_SHUTDOWN, XLOG_PARAMETER_CHANGE, XLOG_SWITCH,
+    parse_parts, RecordParts, RM_DBASE_ID, RM_SMGR_ID, RM_XACT_ID, RM_XLOG_ID,
+    XLOG_CHECKPOINT_ONLINE, XLOG_CHECKPOINT_SHUTDOWN, XLOG_PARAMETER_CHANGE, XLOG_SWITCH,
 };
 use postgres_wal::xact::xact_end_details;
 use postgres_wal::{DecodedRecord, WalDecoder, XLOG_BLCKSZ};
@@ -43,6 +43,7 @@ const SCAN_CHUNK: u64 = 4 << 20;
 /// `pg_xact`, multixacts, standby.
 const COUNTER_RMGRS: [u8; 5] = [0, 1, 3, 6, 8];
 const RM_STANDBY_ID: u8 = 8;
+const RM_TBLSPC_ID: u8 = 5;
 const XLOG_RUNNING_XACTS: u8 = 0x10;
 
 /// Where the next snapshot goes: at the end of the first record starting at or past where
@@ -65,25 +66,64 @@ pub(super) struct Target {
     /// The most prepared transactions the primary allowed in the WAL before it (its
     /// parameter-change records): the replay needs as many slots.
     pub max_prepared_xacts: u32,
-    /// The relations the WAL from the snapshot to `end` names.
+    /// What the WAL from the snapshot to `end` names of the relations' files.
     pub touched: Touched,
 }
 
-/// The relations (tablespace, database, relfilenode: every fork) whose files the WAL after a
-/// snapshot names, in a block reference (the visibility map and free space map pages redo
-/// changes without one are forks of the same relation) or an smgr record (a fork created,
-/// a relation truncated); or all of them, when a record was too long to read its block
-/// references.
+/// What the WAL after a snapshot names of the relations' files, so what the replay may write
+/// there: per relation (tablespace, database, relfilenode), the main-fork blocks its block
+/// references name; every fork of a relation a record names in another fork (the visibility
+/// map and free space map pages redo changes without a reference are forks of the relation
+/// whose heap block a record names) or in an smgr record (a fork created, a relation
+/// truncated) is written anywhere. Everything is, after a record too long to read its block
+/// references, or a database or tablespace record.
+///
+/// Memory: the relations (at most the cluster's) and at most [`MAX_NAMED_BLOCKS`] block
+/// numbers; past those, the relations they were of are taken as written anywhere.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Touched {
     pub all: bool,
+    /// Every relation named, in any fork or an smgr record.
     pub relations: BTreeSet<(u32, u32, u32)>,
+    /// The main-fork blocks named, of the relations not in `anywhere`.
+    main_blocks: BTreeMap<(u32, u32, u32), BTreeSet<u32>>,
+    /// The relations whose main fork may be written anywhere.
+    anywhere: BTreeSet<(u32, u32, u32)>,
+    blocks: usize,
 }
 
+/// The most main-fork block numbers a [`Touched`] keeps (about 8 MiB of them; 8 GiB of pages,
+/// past what the default `snapshot_wal_distance` of WAL names).
+pub(super) const MAX_NAMED_BLOCKS: usize = 1 << 20;
+
+/// What the WAL names of one relation fork (see [`Touched`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Named<'a> {
+    /// Nothing: the replay writes none of its blocks.
+    Nothing,
+    /// These blocks of it only (the relation's numbers); those past its size before too.
+    Blocks(&'a BTreeSet<u32>),
+    /// It may be written anywhere.
+    Anywhere,
+}
+
+const NO_BLOCKS: &BTreeSet<u32> = &BTreeSet::new();
+const MAIN_FORK: u8 = 0;
+
 impl Touched {
-    /// Whether the WAL may have changed a file of relation (`spc`, `db`, `rel`).
-    pub fn names(&self, spc: u32, db: u32, rel: u32) -> bool {
-        self.all || self.relations.contains(&(spc, db, rel))
+    /// What the WAL names of fork `fork` of relation (`spc`, `db`, `rel`).
+    pub fn named(&self, spc: u32, db: u32, rel: u32, fork: u8) -> Named<'_> {
+        let r = (spc, db, rel);
+        if self.all || (self.relations.contains(&r) && fork != MAIN_FORK) {
+            return Named::Anywhere;
+        }
+        if !self.relations.contains(&r) {
+            return Named::Nothing;
+        }
+        if self.anywhere.contains(&r) {
+            return Named::Anywhere;
+        }
+        Named::Blocks(self.main_blocks.get(&r).unwrap_or(NO_BLOCKS))
     }
 
     fn note(&mut self, record: &DecodedRecord, parts: Option<&RecordParts>) {
@@ -91,9 +131,24 @@ impl Touched {
             self.all = true;
             return;
         };
+        // A database or tablespace created or dropped: a database's files copied from its
+        // template at a path an earlier one's had (its OID used again) would otherwise be
+        // taken for those.
+        if [RM_DBASE_ID, RM_TBLSPC_ID].contains(&record.header.rmid) {
+            self.all = true;
+            return;
+        }
         for block in &parts.blocks {
-            let r = block.rel;
-            self.relations.insert((r.spcnode, r.dbnode, r.relnode));
+            let r = (block.rel.spcnode, block.rel.dbnode, block.rel.relnode);
+            self.relations.insert(r);
+            if block.fork == MAIN_FORK && !self.anywhere.contains(&r) {
+                if self.blocks >= MAX_NAMED_BLOCKS {
+                    self.all_blocks_anywhere();
+                    self.anywhere.insert(r);
+                } else if self.main_blocks.entry(r).or_default().insert(block.block) {
+                    self.blocks += 1;
+                }
+            }
         }
         if record.header.rmid == RM_SMGR_ID {
             // xl_smgr_create: the RelFileNode first; xl_smgr_truncate: after the block
@@ -111,11 +166,24 @@ impl Touched {
                 Some(node) => {
                     let u32_at =
                         |i: usize| u32::from_le_bytes(node[i..i + 4].try_into().expect("4 bytes"));
-                    self.relations.insert((u32_at(0), u32_at(4), u32_at(8)));
+                    let r = (u32_at(0), u32_at(4), u32_at(8));
+                    self.relations.insert(r);
+                    self.anywhere.insert(r);
+                    if let Some(blocks) = self.main_blocks.remove(&r) {
+                        self.blocks -= blocks.len();
+                    }
                 }
                 None => self.all = true,
             }
         }
+    }
+
+    /// Past [`MAX_NAMED_BLOCKS`]: every relation with blocks named is taken as written
+    /// anywhere, and their block numbers go.
+    fn all_blocks_anywhere(&mut self) {
+        self.anywhere.extend(self.main_blocks.keys().copied());
+        self.main_blocks.clear();
+        self.blocks = 0;
     }
 }
 
@@ -289,6 +357,7 @@ impl Scan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use postgres_wal::record::{BlockRef, RelFileNode};
     use postgres_wal::synthetic::WalBuilder;
 
     const SEGMENT: u32 = 1 << 20;
@@ -349,20 +418,26 @@ mod tests {
         assert!(scan_to(dir.path(), snapshot, flushed, from).is_none());
     }
 
-    /// A record's parts: a reference to block 0 of the main fork of `rel`, no data or image.
-    fn block_ref_parts(rel: (u32, u32, u32)) -> Vec<u8> {
-        let mut parts = vec![0u8, 0, 0, 0];
-        for n in [rel.0, rel.1, rel.2, 0] {
+    /// A record's parts: a reference to block `block` of fork `fork` of `rel`, no data or
+    /// image.
+    fn block_ref_parts(rel: (u32, u32, u32), fork: u8, block: u32) -> Vec<u8> {
+        let mut parts = vec![0u8, fork, 0, 0];
+        for n in [rel.0, rel.1, rel.2, block] {
             parts.extend_from_slice(&n.to_le_bytes());
         }
         parts
     }
 
     #[test]
-    fn the_relations_named_after_the_snapshot_are_listed() {
+    fn the_blocks_named_after_the_snapshot_are_listed() {
         let mut wal = WalBuilder::new(Lsn(u64::from(SEGMENT)), SEGMENT);
-        wal.record(10, 0, 1001, &block_ref_parts((1663, 5, 100)));
-        wal.record(10, 0, 1002, &block_ref_parts((1663, 5, 200)));
+        wal.record(10, 0, 1001, &block_ref_parts((1663, 5, 100), 0, 1));
+        wal.record(10, 0, 1002, &block_ref_parts((1663, 5, 200), 0, 7));
+        wal.record(10, 0, 1002, &block_ref_parts((1663, 5, 200), 0, 3));
+        wal.record(10, 0, 1002, &block_ref_parts((1663, 5, 200), 0, 7));
+        // Its free space map: that fork anywhere, the main fork's blocks still listed.
+        wal.record(10, 0, 1002, &block_ref_parts((1663, 5, 200), 1, 0));
+        wal.record(10, 0, 1002, &block_ref_parts((1663, 5, 300), 0, 2));
         // xl_smgr_truncate: blkno, the relation, flags.
         let mut truncate = 7u32.to_le_bytes().to_vec();
         for n in [1663u32, 5, 300, 1] {
@@ -380,7 +455,61 @@ mod tests {
             [(1663, 5, 200), (1663, 5, 300)],
             "not the one before the snapshot"
         );
-        assert!(touched.names(1663, 5, 300) && !touched.names(1663, 5, 100));
+        assert_eq!(touched.named(1663, 5, 100, 0), Named::Nothing);
+        assert_eq!(
+            touched.named(1663, 5, 200, 0),
+            Named::Blocks(&BTreeSet::from([3, 7]))
+        );
+        for fork in [1, 2] {
+            assert_eq!(touched.named(1663, 5, 200, fork), Named::Anywhere);
+        }
+        // Truncated: anywhere, also where a block was named.
+        assert_eq!(touched.named(1663, 5, 300, 0), Named::Anywhere);
+    }
+
+    #[test]
+    fn after_a_database_record_every_file_is_written_anywhere() {
+        let mut wal = WalBuilder::new(Lsn(u64::from(SEGMENT)), SEGMENT);
+        wal.record(10, 0, 1001, &block_ref_parts((1663, 5, 100), 0, 1));
+        wal.main_data_record(RM_DBASE_ID, 0x00, 1002, &[0; 16]);
+        let from = wal.main_data_record(RM_XLOG_ID, 0x30, 1003, &[7; 300]);
+        let (dir, records) = stored(&wal);
+        let target = scan_to(dir.path(), records[0].start, wal.end(), from).unwrap();
+        assert!(target.touched.all);
+        assert_eq!(target.touched.named(1663, 7, 1, 0), Named::Anywhere);
+    }
+
+    #[test]
+    fn past_the_most_blocks_kept_the_relations_named_are_written_anywhere() {
+        let mut touched = Touched::default();
+        let rel = RelFileNode {
+            spcnode: 1663,
+            dbnode: 5,
+            relnode: 100,
+        };
+        let mut record = WalBuilder::new(Lsn(u64::from(SEGMENT)), SEGMENT);
+        record.record(10, 0, 1001, &block_ref_parts((1663, 5, 100), 0, 0));
+        let (_dir, records) = stored(&record);
+        let mut parts = parse_parts(&records[0].bytes).unwrap();
+        let block = parts.blocks[0].clone();
+        // Records of 1,024 references each, alternately to two relations, one block past.
+        for first in (0..=MAX_NAMED_BLOCKS as u32).step_by(1024) {
+            parts.blocks = (first..first + 1024)
+                .map(|n| BlockRef {
+                    rel: RelFileNode {
+                        relnode: 100 + n % 2,
+                        ..rel
+                    },
+                    block: n,
+                    ..block.clone()
+                })
+                .collect();
+            touched.note(&records[0], Some(&parts));
+        }
+        assert!(touched.blocks <= MAX_NAMED_BLOCKS);
+        assert_eq!(touched.named(1663, 5, 100, 0), Named::Anywhere);
+        assert_eq!(touched.named(1663, 5, 101, 0), Named::Anywhere);
+        assert_eq!(touched.named(1663, 5, 102, 0), Named::Nothing);
     }
 
     #[test]

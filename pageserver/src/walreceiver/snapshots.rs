@@ -49,7 +49,7 @@
 //! server, kept between snapshots ([`ONE_AT_A_TIME`]). Memory: a WAL chunk and a record while
 //! scanning, and what an import holds.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -62,8 +62,10 @@ use postgres_wal::edit::back_by;
 use postgres_wal::segment::segno_of;
 use utils::{Lsn, TenantId, TimelineId};
 
-use super::pg_replay::{self, FileStamp, PgPrograms, ReplayRunError};
+use super::pg_replay::{self, PgPrograms, ReplayRunError};
 use super::replay_plan::{latest_segment_file, replay_of};
+use super::replayed_files::{self, FileStamp};
+use super::snapshot_reads;
 use super::snapshot_scan::{Scan, Target};
 use super::state::{IngestLimit, Shared};
 use crate::datadir::checkpoint_start::CHECKPOINT_RECORD_SPACE;
@@ -545,35 +547,18 @@ fn make_snapshot(
     // A restore starts at the checkpoint put right before the record at `next`.
     let wal_from = back_by(target.next, CHECKPOINT_RECORD_SPACE, segment_size);
     let import_started = Instant::now();
-    // The relation files of relations no WAL record since the kept snapshot names, which the
-    // replay did not write either (stamped as when the kept directory was imported), hold
-    // what the timeline holds: listed, not read. (Both: page ingest stores versions of every
-    // page a record names, also where the replay left the file as it was; and a stamp alone
-    // could miss a write on a file system with coarse times. Empty files, the segments a
-    // truncation leaves, are read: they cost nothing.)
-    let stamps = pg_replay::relation_file_stamps(dir)
+    // Of a kept directory, only what the replay may have written is read (`snapshot_reads.rs`).
+    let stamps = replayed_files::relation_file_stamps(dir)
         .map_err(|e| format!("the replayed directory's relation files: {e}"))?;
-    let untouched = |path: &str| {
-        crate::datadir::relation_of_file(path)
-            .is_some_and(|rel| !target.touched.names(rel.spcnode, rel.dbnode, rel.relnode))
-    };
-    let unread: Vec<(String, u64)> = match &kept {
-        Some(kept) => stamps
-            .iter()
-            .filter(|(path, stamp)| {
-                stamp.len > 0 && kept.stamps.get(*path) == Some(*stamp) && untouched(path)
-            })
-            .map(|(path, stamp)| (path.clone(), stamp.len))
-            .collect(),
-        None => Vec::new(),
-    };
-    let left_out: BTreeSet<String> = unread.iter().map(|(path, _)| path.clone()).collect();
+    let partly_read =
+        snapshot_reads::partly_read(&stamps, kept.as_ref().map(|k| &k.stamps), &target.touched);
+    let partly_read = &partly_read[..];
     fail::fail_point!("background-snapshot-before-import");
     let (reader, writer) = std::io::pipe().map_err(|e| format!("a pipe: {e}"))?;
     let report = std::thread::scope(|scope| {
         let written = scope.spawn(move || {
             let writer = writer;
-            pg_replay::tar_dir(dir, &writer, &left_out)
+            replayed_files::tar_dir(dir, &writer, partly_read)
         });
         let report = import_replayed(
             timeline,
@@ -581,7 +566,7 @@ fn make_snapshot(
             target.end,
             wal_from,
             Some(target.counters),
-            &unread,
+            partly_read,
         );
         let written = written.join().expect("the archive thread does not panic");
         let report = report.map_err(|e| format!("importing the replayed directory: {e}"))?;
@@ -592,7 +577,10 @@ fn make_snapshot(
         lsn = %target.end, wal_from = %wal_from, from = %snapshot.lsn, kept = over,
         blocks_changed = report.blocks_changed, blocks_new = report.blocks_new,
         blocks_unchanged = report.blocks_unchanged, bytes_read = report.bytes_read,
-        relation_files = stamps.len(), relation_files_unread = unread.len(),
+        relation_files = stamps.len(),
+        relation_files_unread = partly_read.iter().filter(|f| f.blocks.is_empty()).count(),
+        relation_files_partly_read = partly_read.iter().filter(|f| !f.blocks.is_empty()).count(),
+        blocks_read_of_those = partly_read.iter().map(|f| f.blocks.len()).sum::<usize>(),
         unpack_seconds = (unpacked - started).as_secs_f64(),
         replay_seconds = (replayed - unpacked).as_secs_f64(),
         import_seconds = import_started.elapsed().as_secs_f64(),

@@ -162,24 +162,47 @@ pub fn import_archive(
     import_with(timeline, input, lsn, None, None, &[])
 }
 
+/// A relation segment file of a replayed directory whose archive member holds only some of its
+/// blocks, the others being unchanged since the timeline's newest snapshot (see
+/// [`import_replayed`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PartlyRead {
+    /// Its path in the data directory.
+    pub path: String,
+    /// Its size there.
+    pub size: u64,
+    /// The blocks its member holds, in this order, numbered within the file from 0 (the
+    /// member is these blocks one after the other); every other block must be one the
+    /// timeline's relation holds. None: the archive has no member for it, and the file must
+    /// be what the timeline holds of the relation.
+    pub blocks: Vec<u32>,
+}
+
 /// [`import_archive`] of a directory PostgreSQL replayed to `lsn` and shut down there (a
 /// background snapshot): its `pg_wal/` holds no segment, as the WAL it needs from `wal_from`
 /// (its checkpoint record, or the checkpoint's redo point) on is the timeline's own (unless
 /// `wal_from` is `lsn`: then it holds that WAL itself); and the cluster's counters at the
 /// snapshot are given rather than taken from its `pg_control` (those page ingest followed),
-/// when known. `unread`: relation segment files of the directory left out of the archive, each
-/// with its size, that the caller knows unchanged since the timeline's newest snapshot (the
-/// replay did not write them): their blocks are taken as stored, unread, and an error says so
-/// if the timeline's relation does not have them all.
+/// when known. `partly_read`: relation segment files the archive holds only in part, or not
+/// at all, which the caller knows unchanged since the timeline's newest snapshot but for the
+/// blocks it holds (the replay wrote no others): the blocks left out are taken as stored,
+/// unread, and an error says so if the timeline's relation does not have them.
 pub fn import_replayed(
     timeline: &Timeline,
     input: impl Read,
     lsn: Lsn,
     wal_from: Lsn,
     counters: Option<ClusterCounters>,
-    unread: &[(String, u64)],
+    partly_read: &[PartlyRead],
 ) -> Result<ImportReport, ImportError> {
-    import_with(timeline, input, Some(lsn), Some(wal_from), counters, unread)
+    import_with(
+        timeline,
+        input,
+        Some(lsn),
+        Some(wal_from),
+        counters,
+        partly_read,
+    )
 }
 
 fn import_with(
@@ -188,17 +211,25 @@ fn import_with(
     lsn: Option<Lsn>,
     wal_from: Option<Lsn>,
     counters: Option<ClusterCounters>,
-    unread: &[(String, u64)],
+    partly_read: &[PartlyRead],
 ) -> Result<ImportReport, ImportError> {
     let import = timeline.begin_import()?;
     let mut importer = Importer::new(import, timeline.conf().max_value_size)?;
     importer.counters = counters;
     importer.wal_from = wal_from;
+    importer.partly_read = partly_read.iter().map(|f| (f.path.as_str(), f)).collect();
     let mut input = TailReader::new(input);
     importer.read_archive(&mut input)?;
     importer.report.bytes_read = input.total;
-    for (path, size) in unread {
-        importer.keep_unread_segment(path, *size)?;
+    // The ones the archive has no member for.
+    for file in std::mem::take(&mut importer.partly_read).into_values() {
+        if !file.blocks.is_empty() {
+            return Err(ImportError::Invalid(format!(
+                "relation file {:?}, to be read in part, is not in the archive",
+                file.path
+            )));
+        }
+        importer.keep_unread_segment(&file.path, file.size)?;
     }
     importer.finish(lsn)
 }
@@ -223,6 +254,8 @@ struct Importer<'t> {
     counters: Option<ClusterCounters>,
     /// Where a replayed directory's WAL begins in the timeline's (see [`import_replayed`]).
     wal_from: Option<Lsn>,
+    /// The relation files held in part, by path, until their member (see [`import_replayed`]).
+    partly_read: BTreeMap<&'t str, &'t PartlyRead>,
     report: ImportReport,
 }
 
@@ -276,6 +309,7 @@ impl<'t> Importer<'t> {
             newest_wal: None,
             counters: None,
             wal_from: None,
+            partly_read: BTreeMap::new(),
             report: ImportReport::default(),
         })
     }
@@ -358,7 +392,14 @@ impl<'t> Importer<'t> {
                 DatadirPath::Relation { rel, segno } => {
                     // Not stored (a basebackup writes relation files 0600), but refused alike.
                     stored_mode(&path, member_kind, mode)?;
-                    self.import_relation_segment(&mut entry, &path, rel, segno, size)?
+                    match self.partly_read.remove(path.as_str()) {
+                        Some(file) => {
+                            self.import_part_of_segment(&mut entry, file, rel, segno, size)?
+                        }
+                        None => {
+                            self.import_relation_segment(&mut entry, &path, rel, segno, size)?
+                        }
+                    }
                 }
                 DatadirPath::Other(path) => {
                     let mode = stored_mode(&path, member_kind, mode)?;
@@ -401,19 +442,96 @@ impl<'t> Importer<'t> {
         let mut buf = vec![0u8; BLCKSZ];
         for blknum in first..end {
             data.read_exact(&mut buf).map_err(ImportError::Read)?;
-            let key = rel.block_key(blknum);
-            if blknum < old_size {
-                if self.import.read_current(key)?.as_deref() == Some(&buf[..]) {
-                    self.report.blocks_unchanged += 1;
-                    continue;
-                }
-                self.report.blocks_changed += 1;
-            } else {
-                self.report.blocks_new += 1;
-            }
-            let value = Value::Image(Bytes::copy_from_slice(&buf));
-            self.put_from_member(key, &value, &mut stored, BLCKSZ)?;
+            self.import_block(rel, blknum, old_size, &buf, &mut stored)?;
         }
+        Ok(())
+    }
+
+    /// Stores block `blknum` of `rel` as `page` if it differs from the timeline's (or is past
+    /// its `old_size`).
+    fn import_block(
+        &mut self,
+        rel: RelTag,
+        blknum: u32,
+        old_size: u32,
+        page: &[u8],
+        stored: &mut u64,
+    ) -> Result<(), ImportError> {
+        let key = rel.block_key(blknum);
+        if blknum < old_size {
+            if self.import.read_current(key)?.as_deref() == Some(page) {
+                self.report.blocks_unchanged += 1;
+                return Ok(());
+            }
+            self.report.blocks_changed += 1;
+        } else {
+            self.report.blocks_new += 1;
+        }
+        let value = Value::Image(Bytes::copy_from_slice(page));
+        self.put_from_member(key, &value, stored, BLCKSZ)
+    }
+
+    /// A relation segment file whose member holds only some of its blocks (see
+    /// [`import_replayed`]): those are imported as any block is, and the others must be the
+    /// stored relation's.
+    fn import_part_of_segment(
+        &mut self,
+        data: &mut impl Read,
+        file: &PartlyRead,
+        rel: RelTag,
+        segno: u32,
+        member_size: u64,
+    ) -> Result<(), ImportError> {
+        let path = &file.path;
+        let size = file.size;
+        let blocks = size / BLCKSZ as u64;
+        let invalid = |what: String| {
+            Err(ImportError::Invalid(format!(
+                "relation file {path:?} ({size} bytes), read in part: {what}"
+            )))
+        };
+        if !size.is_multiple_of(BLCKSZ as u64) || blocks > u64::from(RELSEG_BLOCKS) {
+            return invalid(format!(
+                "not a whole number of {BLCKSZ}-byte blocks within one 1 GiB segment"
+            ));
+        }
+        if member_size != file.blocks.len() as u64 * BLCKSZ as u64 {
+            return invalid(format!(
+                "its member is {member_size} bytes, not its {} blocks read",
+                file.blocks.len()
+            ));
+        }
+        if !file.blocks.is_sorted_by(|a, b| a < b)
+            || file.blocks.last().is_some_and(|b| u64::from(*b) >= blocks)
+        {
+            return invalid("the blocks read are not in order within it".to_string());
+        }
+        let first = segno * RELSEG_BLOCKS;
+        let old_size = self.old_size(&rel);
+        // Every block from the first the timeline does not hold on must be read.
+        let held = u64::from(old_size.saturating_sub(first)).min(blocks);
+        let read_past = file
+            .blocks
+            .iter()
+            .filter(|b| u64::from(**b) >= held)
+            .count();
+        if read_past as u64 != blocks - held {
+            return invalid(format!(
+                "blocks it leaves out are not what the timeline holds of its relation \
+                 ({old_size} blocks)"
+            ));
+        }
+        self.listing.add_segment(path, rel, segno, blocks as u32)?;
+        let mut stored = 0;
+        let mut buf = vec![0u8; BLCKSZ];
+        for block in &file.blocks {
+            let Some(blknum) = first.checked_add(*block) else {
+                return invalid("it reaches past block 2^32".to_string());
+            };
+            data.read_exact(&mut buf).map_err(ImportError::Read)?;
+            self.import_block(rel, blknum, old_size, &buf, &mut stored)?;
+        }
+        self.report.blocks_unchanged += blocks - file.blocks.len() as u64;
         Ok(())
     }
 
