@@ -68,6 +68,8 @@ pub(super) struct Target {
     pub max_prepared_xacts: u32,
     /// What the WAL from the snapshot to `end` names of the relations' files.
     pub touched: Touched,
+    /// That snapshot's LSN.
+    pub scanned_from: Lsn,
 }
 
 /// What the WAL after a snapshot names of the relations' files, so what the replay may write
@@ -141,7 +143,12 @@ impl Touched {
         for block in &parts.blocks {
             let r = (block.rel.spcnode, block.rel.dbnode, block.rel.relnode);
             self.relations.insert(r);
-            if block.fork == MAIN_FORK && !self.anywhere.contains(&r) {
+            let named_already = || {
+                self.main_blocks
+                    .get(&r)
+                    .is_some_and(|b| b.contains(&block.block))
+            };
+            if block.fork == MAIN_FORK && !self.anywhere.contains(&r) && !named_already() {
                 if self.blocks >= MAX_NAMED_BLOCKS {
                     self.all_blocks_anywhere();
                     self.anywhere.insert(r);
@@ -282,6 +289,7 @@ impl Scan {
                     oldest_active_xid: self.oldest_active_xid,
                     max_prepared_xacts: self.max_prepared_xacts,
                     touched: std::mem::take(&mut self.touched),
+                    scanned_from: self.snapshot,
                 }));
             }
             self.last_end = end;

@@ -481,7 +481,8 @@ fn make_snapshot(
     // Each step's seconds are logged: where a snapshot's time goes.
     let started = Instant::now();
     // The directory holds the snapshot already: only the WAL and the files a replay changes.
-    let kept = kept.filter(|k| k.holds(timeline, snapshot.lsn));
+    // (And what the scan listed the WAL's writes from.)
+    let kept = kept.filter(|k| k.holds(timeline, snapshot.lsn) && k.lsn == target.scanned_from);
     let over = kept.is_some();
     let restore = if over {
         Restore::ReplayOver(&replay)
@@ -566,7 +567,7 @@ fn make_snapshot(
             target.end,
             wal_from,
             Some(target.counters),
-            partly_read,
+            (base, partly_read),
         );
         let written = written.join().expect("the archive thread does not panic");
         let report = report.map_err(|e| format!("importing the replayed directory: {e}"))?;

@@ -159,7 +159,7 @@ pub fn import_archive(
     input: impl Read,
     lsn: Option<Lsn>,
 ) -> Result<ImportReport, ImportError> {
-    import_with(timeline, input, lsn, None, None, &[])
+    import_with(timeline, input, lsn, None, None, None)
 }
 
 /// A relation segment file of a replayed directory whose archive member holds only some of its
@@ -186,15 +186,18 @@ pub struct PartlyRead {
 /// when known. `partly_read`: relation segment files the archive holds only in part, or not
 /// at all, which the caller knows unchanged since the timeline's newest snapshot but for the
 /// blocks it holds (the replay wrote no others): the blocks left out are taken as stored,
-/// unread, and an error says so if the timeline's relation does not have them.
+/// unread, and an error says so if the timeline's relation does not have them, or if the
+/// timeline is no longer at `base`, the last record LSN the caller knew it at (something
+/// else was stored since, whose blocks those are not).
 pub fn import_replayed(
     timeline: &Timeline,
     input: impl Read,
     lsn: Lsn,
     wal_from: Lsn,
     counters: Option<ClusterCounters>,
-    partly_read: &[PartlyRead],
+    (base, partly_read): (Lsn, &[PartlyRead]),
 ) -> Result<ImportReport, ImportError> {
+    let partly_read = Some((base, partly_read));
     import_with(
         timeline,
         input,
@@ -211,9 +214,20 @@ fn import_with(
     lsn: Option<Lsn>,
     wal_from: Option<Lsn>,
     counters: Option<ClusterCounters>,
-    partly_read: &[PartlyRead],
+    partly_read: Option<(Lsn, &[PartlyRead])>,
 ) -> Result<ImportReport, ImportError> {
     let import = timeline.begin_import()?;
+    let partly_read = match partly_read {
+        Some((base, files)) if !files.is_empty() && import.base_lsn() != base => {
+            return Err(ImportError::Invalid(format!(
+                "the timeline moved from {base} to {} since the relation files to read in part \
+                 were listed",
+                import.base_lsn()
+            )))
+        }
+        Some((_, files)) => files,
+        None => &[],
+    };
     let mut importer = Importer::new(import, timeline.conf().max_value_size)?;
     importer.counters = counters;
     importer.wal_from = wal_from;

@@ -114,7 +114,15 @@ fn replayed_at_0x2000(
     archive: &[u8],
     partly_read: &[PartlyRead],
 ) -> Result<ImportReport, ImportError> {
-    import_replayed(tl, archive, Lsn(0x2000), Lsn(0x2000), None, partly_read)
+    let base = Lsn(0x1000);
+    import_replayed(
+        tl,
+        archive,
+        Lsn(0x2000),
+        Lsn(0x2000),
+        None,
+        (base, partly_read),
+    )
 }
 
 /// The first cluster, then its relation 16384 grown from 3 to 5 blocks with block 1 changed.
@@ -184,4 +192,19 @@ fn a_file_read_in_part_that_is_not_as_listed_is_refused() {
     // Nothing of them stored.
     assert_eq!(tl.last_record_lsn(), Lsn(0x1000));
     assert_eq!(basebackup(&tl, Lsn(0x1000)), (Lsn(0x1000), datadir(0x1000)));
+}
+
+#[test]
+fn files_read_in_part_are_refused_once_the_timeline_moved_on() {
+    let (tl, _dir, second) = grown();
+    let (archive, partly_read) = in_part(&second, &[("base/5/16384", &[1, 3, 4])]);
+    // Listed at 0x1000; an import at 0x1800 came between.
+    import_archive(&tl, &tar_of(&datadir(0x1800))[..], None).unwrap();
+    let e = replayed_at_0x2000(&tl, &archive, &partly_read).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("the timeline moved from 0/1000 to 0/1800 since"),
+        "{e}"
+    );
+    assert_eq!(tl.last_record_lsn(), Lsn(0x1800));
 }
