@@ -205,7 +205,7 @@ pub static INGEST_L0_WAIT_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
 pub static BACKPRESSURE_FLUSHES: LazyLock<IntCounter> = LazyLock::new(|| {
     counter(
         "pageserver_ingest_backpressure_flushes_total",
-        "Times an ingest flushed frozen layers itself because more than max_frozen_layers waited",
+        "Times an ingest waited for the oldest frozen layer's write (or wrote it) because more than max_frozen_layers waited",
     )
 });
 pub static LAYER_FLUSH_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {

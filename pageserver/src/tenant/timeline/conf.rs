@@ -20,7 +20,8 @@ pub struct TimelineConf {
     /// Freeze the open layer once its first version is this old.
     #[serde(deserialize_with = "duration")]
     pub checkpoint_timeout: Duration,
-    /// When more frozen layers than this wait for their flush, a put flushes them itself.
+    /// When more frozen layers than this wait for their flush, a put waits until the oldest is
+    /// written (writing it itself when no flush runs).
     pub max_frozen_layers: usize,
     /// Reads that may wait for an LSN at once; more are refused.
     pub max_lsn_waiters: usize,

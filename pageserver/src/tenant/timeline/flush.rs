@@ -4,6 +4,9 @@
 
 use super::*;
 
+/// How often a batch held for backpressure looks whether the running flush wrote a layer.
+const FLUSH_WATCH_INTERVAL: Duration = Duration::from_millis(5);
+
 impl Timeline {
     /// Freezes the open layer if it has reached `checkpoint_timeout` by `now`. Returns whether
     /// frozen layers wait for a flush.
@@ -30,48 +33,83 @@ impl Timeline {
     /// Like [`Timeline::flush_frozen`], but stops once `disk_consistent_lsn` reaches `target`,
     /// leaving layers frozen later for the next flush.
     pub(super) fn flush_frozen_until(&self, target: Lsn) -> Result<(), TimelineError> {
-        let _flusher = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let flusher = self.flush_lock.lock().unwrap_or_else(|e| e.into_inner());
         self.check_layer_set_known()?;
         while self.disk_consistent_lsn() < target && !self.is_stopped() {
-            // Only flushers remove frozen layers, and flush_lock admits one: the oldest stays
-            // the oldest while it is written.
-            let Some(frozen) = self.layer_map().frozen.first().cloned() else {
+            if !self.flush_oldest_frozen(&flusher)? {
                 break;
-            };
-            if let Some(remote) = self.remote.get() {
-                // Shutdown does not wait: its flush must finish whatever the store does. A
-                // store that takes nothing for upload_queue_wait_timeout fails the flush: its
-                // layer stays frozen, and the next flush tries again.
-                remote.wait_for_upload_room(&|| self.is_shutting_down())?;
             }
-            let started = Instant::now();
-            let end = frozen.end_lsn().expect("frozen layers have an end");
-            let written = frozen.write_to_disk(&self.dir, self.tenant_id, self.timeline_id)?;
-            let durable = Lsn(end.0 - 1);
-            let mut change = LayerChange::new(ChangeKind::Flush);
-            change.flushed_frozen = true;
-            change.disk_consistent_lsn = Some(durable);
-            change
-                .add
-                .extend(written.map(|w| NewLayerFile::delta(&w, LayerLevel::L0)));
-            // The commit point: from here the layer is the timeline's.
-            let delta = self.commit(change)?.pop();
-            crate::metrics::LAYER_FLUSHES.inc();
-            crate::metrics::LAYER_FLUSH_SECONDS.observe(started.elapsed().as_secs_f64());
-            if let Some(delta) = &delta {
-                crate::metrics::LAYER_FLUSH_BYTES.inc_by(delta.file_size());
-            }
-            tracing::debug!(
-                tenant = %self.tenant_id,
-                timeline = %self.timeline_id,
-                layer = delta.as_ref().and_then(|d| d.file_name()).unwrap_or_default(),
-                values = frozen.len(),
-                bytes = frozen.bytes_written(),
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "flushed a frozen layer; disk_consistent_lsn is now {durable}"
-            );
         }
         Ok(())
+    }
+
+    /// For ingest backpressure, under `write_lock`: returns once at most `max_frozen_layers`
+    /// frozen layers wait, having written the oldest itself when no flush runs, or waited for
+    /// the flush that runs to write it (the background flush writes every frozen layer under
+    /// one hold of `flush_lock`, so it is watched, not queued behind). So a batch waits for
+    /// about one layer's write, not for every frozen layer's.
+    pub(super) fn flush_frozen_to_bound(&self) -> Result<(), TimelineError> {
+        while self.layer_map().frozen.len() > self.conf.max_frozen_layers && !self.is_stopped() {
+            let flusher = match self.flush_lock.try_lock() {
+                Ok(guard) => guard,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    std::thread::sleep(FLUSH_WATCH_INTERVAL);
+                    continue;
+                }
+            };
+            self.check_layer_set_known()?;
+            if !self.flush_oldest_frozen(&flusher)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the oldest frozen layer to a delta layer file and commits it, advancing
+    /// `disk_consistent_lsn`; false if none is frozen. `_flusher`: `flush_lock`, held (only
+    /// flushers remove frozen layers, and it admits one: the oldest stays the oldest while it
+    /// is written).
+    pub(super) fn flush_oldest_frozen(
+        &self,
+        _flusher: &MutexGuard<'_, ()>,
+    ) -> Result<bool, TimelineError> {
+        let Some(frozen) = self.layer_map().frozen.first().cloned() else {
+            return Ok(false);
+        };
+        if let Some(remote) = self.remote.get() {
+            // Shutdown does not wait: its flush must finish whatever the store does. A
+            // store that takes nothing for upload_queue_wait_timeout fails the flush: its
+            // layer stays frozen, and the next flush tries again.
+            remote.wait_for_upload_room(&|| self.is_shutting_down())?;
+        }
+        let started = Instant::now();
+        let end = frozen.end_lsn().expect("frozen layers have an end");
+        let written = frozen.write_to_disk(&self.dir, self.tenant_id, self.timeline_id)?;
+        let durable = Lsn(end.0 - 1);
+        let mut change = LayerChange::new(ChangeKind::Flush);
+        change.flushed_frozen = true;
+        change.disk_consistent_lsn = Some(durable);
+        change
+            .add
+            .extend(written.map(|w| NewLayerFile::delta(&w, LayerLevel::L0)));
+        // The commit point: from here the layer is the timeline's.
+        let delta = self.commit(change)?.pop();
+        crate::metrics::LAYER_FLUSHES.inc();
+        crate::metrics::LAYER_FLUSH_SECONDS.observe(started.elapsed().as_secs_f64());
+        if let Some(delta) = &delta {
+            crate::metrics::LAYER_FLUSH_BYTES.inc_by(delta.file_size());
+        }
+        tracing::debug!(
+            tenant = %self.tenant_id,
+            timeline = %self.timeline_id,
+            layer = delta.as_ref().and_then(|d| d.file_name()).unwrap_or_default(),
+            values = frozen.len(),
+            bytes = frozen.bytes_written(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "flushed a frozen layer; disk_consistent_lsn is now {durable}"
+        );
+        Ok(true)
     }
 
     /// Before a batch that may have to flush (the frozen layers are at `max_frozen_layers`):

@@ -75,11 +75,13 @@ impl Timeline {
             false
         };
         if backlog {
-            // Still holding write_lock: other writers wait too, which is the point. The batch
-            // is stored and readable whatever happens here, so a failed flush is not this
-            // batch's failure: the layers stay frozen and the flush loop retries them.
+            // Still holding write_lock: other writers wait too, which is the point; for the
+            // oldest frozen layer's write only (the background flush's, or this thread's when
+            // none runs), not every frozen layer's. The batch is stored and readable whatever
+            // happens here, so a failed flush is not this batch's failure: the layers stay
+            // frozen and the flush loop retries them.
             crate::metrics::BACKPRESSURE_FLUSHES.inc();
-            if let Err(e) = self.flush_frozen() {
+            if let Err(e) = self.flush_frozen_to_bound() {
                 tracing::error!(
                     tenant = %self.tenant_id,
                     timeline = %self.timeline_id,

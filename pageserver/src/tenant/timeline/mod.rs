@@ -63,9 +63,11 @@
 //! background flush loop), on [`Timeline::checkpoint`], and on shutdown. Writing frozen layers
 //! to disk ([`Timeline::flush_frozen`]) holds only `flush_lock`, so puts go on into a new open
 //! layer meanwhile; readers see a frozen layer until its delta layer replaces it in one swap
-//! of the map snapshot. When more than `max_frozen_layers` wait, the putting thread flushes them
-//! itself before returning: ingest slows to the disk's pace instead of filling memory and the
-//! ephemeral files without bound. With remote storage a flush also waits, for at most
+//! of the map snapshot. When more than `max_frozen_layers` wait, the putting thread waits, still
+//! holding `write_lock`, until the oldest is written (by the background flush when it runs,
+//! watched; else by the putting thread itself): ingest slows to the disk's pace instead of
+//! filling memory and the ephemeral files without bound, and a batch waits for one layer's
+//! write, not for every frozen layer's. With remote storage a flush also waits, for at most
 //! `upload_queue_wait_timeout`, while the upload queue is over its bound; a batch that may have
 //! to flush waits so first, outside `write_lock`, and is refused (`UploadQueueFull`, a 503)
 //! with nothing stored if the store takes nothing meanwhile.
@@ -81,9 +83,9 @@
 //! until compaction brings the depth below that (refused with a 503 after `L0_STOP_MAX_WAIT`), with
 //! a log line and the `pageserver_ingest_l0_wait_seconds` histogram. The wait happens outside
 //! `write_lock` (nothing else waits behind a held batch) and the count is checked again under
-//! it, so one batch at a time goes through on the room there is. A batch can flush at most
-//! `max_frozen_layers + 1` layers itself, so the L0 count stays at or below
-//! `l0_stop_threshold + max_frozen_layers`. With `compaction_threshold = 0` there is no loop
+//! it, so one batch at a time goes through on the room there is. At most
+//! `max_frozen_layers + 1` frozen layers wait to be flushed past that check, so the L0 count
+//! stays at or below `l0_stop_threshold + max_frozen_layers`. With `compaction_threshold = 0` there is no loop
 //! and no backpressure.
 //!
 //! # Failure

@@ -14,7 +14,8 @@ fn conf() -> TimelineConf {
     TimelineConf::default()
 }
 
-/// Freezes after a few pages and flushes inline as soon as two layers wait: the model test
+/// Freezes after a few pages and flushes inline as soon as two layers wait (no flush loop
+/// runs): the model test
 /// crosses many layer boundaries without any explicit checkpoint.
 pub(super) fn small_layers_conf() -> TimelineConf {
     TimelineConf {
@@ -292,7 +293,7 @@ fn a_refused_batch_changes_nothing() {
 }
 
 #[test]
-fn puts_continue_while_a_flush_is_in_progress() {
+fn puts_continue_while_a_flush_is_in_progress_and_wait_for_one_layer_past_the_backlog() {
     let dir = tempfile::tempdir().unwrap();
     let tl = shared_timeline(dir.path(), 3, 64);
     // A flush in progress holds flush_lock for as long as it writes; hold it here instead.
@@ -315,7 +316,7 @@ fn puts_continue_while_a_flush_is_in_progress() {
         let page = tl.get_page(rel_key(lsn as u32), Lsn(60)).unwrap().unwrap();
         assert_eq!(page[0], lsn as u8);
     }
-    // A third frozen layer is over the backlog: that put flushes, so it waits for the lock.
+    // A third frozen layer is over the backlog: that put waits until the oldest is written.
     let blocked = std::thread::spawn({
         let tl = tl.clone();
         move || {
@@ -330,12 +331,38 @@ fn puts_continue_while_a_flush_is_in_progress() {
         assert!(Instant::now() < deadline, "the third layer never filled");
         std::thread::yield_now();
     }
-    assert!(!blocked.is_finished(), "a put over the backlog must flush");
-    drop(flushing);
+    assert!(
+        !blocked.is_finished(),
+        "a put over the backlog waits for a flush"
+    );
+    // The flush in progress writes the oldest layer and goes on holding the lock (as the
+    // background flush does, for every frozen layer): the put sees the layer written and
+    // answers, without waiting for the rest.
+    assert!(tl.flush_oldest_frozen(&flushing).unwrap());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !blocked.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the put waited for more than one layer"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     blocked.join().unwrap();
-    assert_eq!(tl.layer_counts().frozen, 0);
-    assert_eq!(tl.disk_consistent_lsn(), Lsn(90));
-    assert_eq!(tl.layer_counts().deltas, 3);
+    assert_eq!(tl.layer_counts().frozen, 2);
+    assert_eq!(tl.disk_consistent_lsn(), Lsn(30));
+    drop(flushing);
+    // With no flush running, the put over the backlog writes the oldest one itself: one.
+    for lsn in 10..=12u64 {
+        tl.put(rel_key(lsn as u32), Lsn(lsn * 10), &image(lsn as u8))
+            .unwrap();
+    }
+    assert_eq!(tl.layer_counts().frozen, 2);
+    assert_eq!(tl.disk_consistent_lsn(), Lsn(60));
+    assert_eq!(tl.layer_counts().deltas, 2);
+    for lsn in 1..=12u64 {
+        let page = tl.get_page(rel_key(lsn as u32), Lsn(120)).unwrap().unwrap();
+        assert_eq!(page[0], lsn as u8);
+    }
 }
 
 #[test]
