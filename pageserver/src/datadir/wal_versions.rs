@@ -64,7 +64,8 @@ use super::wal_multixact::multixact_record;
 /// Resource manager of `heap_xlog_*2` records (pruning, freezing, multi-inserts, ...).
 pub const RM_HEAP2_ID: u8 = 9;
 
-const MAIN_FORKNUM: u8 = 0;
+/// The main fork's number (the free space map's and the visibility map's follow).
+pub const MAIN_FORKNUM: u8 = 0;
 const FSM_FORKNUM: u8 = 1;
 const VISIBILITYMAP_FORKNUM: u8 = 2;
 

@@ -35,6 +35,7 @@ use utils::Lsn;
 use super::page_ingest::{MAX_RECORD_LEN, MAX_XACT_RECORD_LEN};
 use super::wal_reader::WalReader;
 use crate::datadir::wal_counters::follow;
+use crate::datadir::wal_versions::MAIN_FORKNUM;
 
 /// WAL decoded per step (the thread looks at its stop flag between steps).
 const SCAN_CHUNK: u64 = 4 << 20;
@@ -110,13 +111,12 @@ pub(super) enum Named<'a> {
 }
 
 const NO_BLOCKS: &BTreeSet<u32> = &BTreeSet::new();
-const MAIN_FORK: u8 = 0;
 
 impl Touched {
     /// What the WAL names of fork `fork` of relation (`spc`, `db`, `rel`).
     pub fn named(&self, spc: u32, db: u32, rel: u32, fork: u8) -> Named<'_> {
         let r = (spc, db, rel);
-        if self.all || (self.relations.contains(&r) && fork != MAIN_FORK) {
+        if self.all || (self.relations.contains(&r) && fork != MAIN_FORKNUM) {
             return Named::Anywhere;
         }
         if !self.relations.contains(&r) {
@@ -148,7 +148,7 @@ impl Touched {
                     .get(&r)
                     .is_some_and(|b| b.contains(&block.block))
             };
-            if block.fork == MAIN_FORK && !self.anywhere.contains(&r) && !named_already() {
+            if block.fork == MAIN_FORKNUM && !self.anywhere.contains(&r) && !named_already() {
                 if self.blocks >= MAX_NAMED_BLOCKS {
                     self.all_blocks_anywhere();
                     self.anywhere.insert(r);

@@ -80,8 +80,8 @@ static ONE_AT_A_TIME: Mutex<Option<KeptDir>> = Mutex::new(None);
 /// The snapshot the replay directory holds, as the snapshot that made it left it (its
 /// directory imported there): the next snapshot of that timeline from that snapshot replays it
 /// on, and unpacks only the WAL and the files a replay changes (`Restore::ReplayOver`), not
-/// the whole cluster; and it reads only the relation files of relations the WAL since names
-/// or whose stamps changed, the others' blocks being the snapshot's. Known to this process
+/// the whole cluster; and it reads only what of the relation files the WAL since names
+/// (`snapshot_reads.rs`), the other blocks being the snapshot's. Known to this process
 /// only: a replay runs without fsync, so after a restart the directory is never trusted and
 /// is made again from the snapshot.
 #[derive(Debug)]

@@ -173,7 +173,7 @@ pub struct PartlyRead {
     pub size: u64,
     /// The blocks its member holds, in this order, numbered within the file from 0 (the
     /// member is these blocks one after the other); every other block must be one the
-    /// timeline's relation holds. None: the archive has no member for it, and the file must
+    /// timeline's relation holds. Empty: the archive has no member for it, and the file must
     /// be what the timeline holds of the relation.
     pub blocks: Vec<u32>,
 }
