@@ -58,10 +58,8 @@ fn state_with(dir: &std::path::Path, timelines: usize) -> Arc<AppState> {
         })
         .expect("page cache"),
     );
-    let storage = RemoteStorage::new(&RemoteStorageConfig::LocalFs {
-        local_path: dir.join("remote"),
-    })
-    .expect("remote storage");
+    let storage = RemoteStorage::new(&RemoteStorageConfig::local_dir(dir.join("remote")))
+        .expect("remote storage");
     let remote = Arc::new(RemoteContext::new(storage, 1 << 30, 0).expect("remote context"));
     let timeline_conf = TimelineConf {
         // Only the checkpoints below flush.

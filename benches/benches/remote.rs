@@ -12,8 +12,8 @@
 //!   (as the prefetch goes).
 //! * **ingest**: `INGEST_BYTES` of 8 KiB images, LSNs advancing by the bytes ingested, with
 //!   the default settings but `checkpoint_distance` of `CHECKPOINT_DISTANCE`, compaction and
-//!   image creation running; once with remote storage, once without (the baseline), on fresh
-//!   work directories. With remote storage, `disk_consistent_lsn - remote_consistent_lsn` is
+//!   image creation running; without remote storage (the baseline), with it uploading by hard
+//!   link (`hard_links = true`) and copying (the default), each on a fresh work directory. With remote storage, `disk_consistent_lsn - remote_consistent_lsn` is
 //!   sampled after every batch: its maximum is the upload lag.
 //! * **download**: one L1 layer of about 256 MiB is evicted, then one GetPage that needs it
 //!   downloads it. Baseline: a plain copy of the same object (with fsync). Then it is evicted
@@ -60,21 +60,19 @@ fn cache() -> Arc<PageCache> {
 }
 
 fn manager(workdir: &Path, remote: Option<&Path>, conf: TimelineConf) -> TenantManager {
+    let remote = remote.map(RemoteStorageConfig::local_dir);
     manager_with_queue(workdir, remote, conf, 1 << 30)
 }
 
 /// A manager whose flushes wait while more than `queue` bytes wait for upload.
 fn manager_with_queue(
     workdir: &Path,
-    remote: Option<&Path>,
+    remote: Option<RemoteStorageConfig>,
     conf: TimelineConf,
     queue: u64,
 ) -> TenantManager {
-    let context = remote.map(|dir| {
-        let storage = RemoteStorage::new(&RemoteStorageConfig::LocalFs {
-            local_path: dir.to_owned(),
-        })
-        .unwrap();
+    let context = remote.map(|config| {
+        let storage = RemoteStorage::new(&config).unwrap();
         Arc::new(RemoteContext::new(storage, queue, 0).unwrap())
     });
     TenantManager::load_with_remote(workdir, cache(), conf, context)
@@ -221,26 +219,34 @@ fn ingest_with_and_without_uploads(root: &Path) {
     };
     let pages = INGEST_BYTES / PAGE_SZ as u64;
     let keys = 128 * MIB / PAGE_SZ as u64;
+    // (name, remote storage: None, or whether uploads may hard-link, upload_queue_max_bytes)
     let cases = [
-        ("without uploads", false, 0),
+        ("without uploads", None, 0),
         (
-            "with uploads, upload_queue_max_bytes 2 x checkpoint_distance (the default's ratio)",
-            true,
+            "with uploads by hard link (hard_links = true), upload_queue_max_bytes 2 x checkpoint_distance (the default's ratio)",
+            Some(true),
             2 * CHECKPOINT_DISTANCE,
         ),
-        ("with uploads, upload_queue_max_bytes 1 GiB", true, 1 << 30),
+        (
+            "with uploads copied (the default), same bound",
+            Some(false),
+            2 * CHECKPOINT_DISTANCE,
+        ),
+        (
+            "with uploads copied, upload_queue_max_bytes 1 GiB",
+            Some(false),
+            1 << 30,
+        ),
     ];
     // Two rounds, the cases alternating, so a disk that slows as it fills weighs on each alike.
     let mut results: Vec<(&str, f64, u64)> = Vec::new();
     for (name, remote, queue) in cases.iter().chain(cases.iter()).copied() {
         let dir = root.join(format!("run{}", results.len()));
-        let remote_dir = dir.join("remote");
-        let mgr = manager_with_queue(
-            &dir.join("work"),
-            remote.then_some(remote_dir.as_path()),
-            conf.clone(),
-            queue,
-        );
+        let remote = remote.map(|hard_links| RemoteStorageConfig::LocalFs {
+            local_path: dir.join("remote"),
+            hard_links,
+        });
+        let mgr = manager_with_queue(&dir.join("work"), remote, conf.clone(), queue);
         let timeline = mgr
             .create_tenant(None)
             .unwrap()

@@ -507,11 +507,13 @@ impl PageServerConf {
     /// Where layers are uploaded, relative paths resolved against `workdir`.
     pub fn remote_storage(&self, workdir: &Path) -> RemoteStorageConfig {
         match &self.remote_storage {
-            None => RemoteStorageConfig::LocalFs {
-                local_path: workdir.join(DEFAULT_REMOTE_DIR),
-            },
-            Some(RemoteStorageConfig::LocalFs { local_path }) => RemoteStorageConfig::LocalFs {
+            None => RemoteStorageConfig::local_dir(workdir.join(DEFAULT_REMOTE_DIR)),
+            Some(RemoteStorageConfig::LocalFs {
+                local_path,
+                hard_links,
+            }) => RemoteStorageConfig::LocalFs {
                 local_path: workdir.join(local_path),
+                hard_links: *hard_links,
             },
             Some(s3) => s3.clone(),
         }

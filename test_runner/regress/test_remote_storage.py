@@ -10,7 +10,7 @@ import pytest
 from fixtures.ingest import Workload, key
 from fixtures.pageserver import Pageserver
 from fixtures.plugin import PageserverFactory
-from fixtures.remote_storage import RemoteStore
+from fixtures.remote_storage import RemoteStore, TomlInline
 from fixtures.timeline import TimelineHandle
 from fixtures.utils import Lsn, wait_until
 
@@ -168,3 +168,48 @@ def test_large_layers_upload_in_parts_and_download_whole(pageserver_factory: Pag
     )
     ps.http.page_cache_drop()
     timeline.verify(samples_per_key=2)
+
+
+def test_hard_linked_uploads_are_the_layer_files_and_outlive_them(pageserver_factory: PageserverFactory, tmp_path):
+    """`hard_links = true` on a directory beside the work directory: every object is its layer
+    file's inode (no second write); compaction's deletions and evictions remove only their own
+    names; an evicted layer is downloaded back as a copy, and every read answers as before."""
+    store = RemoteStore("local", root=tmp_path / "linked-remote")
+    linked = {"remote_storage": TomlInline({"local_path": str(store.root), "hard_links": True})}
+    ps = pageserver_factory.start({**ON_REQUEST, **linked})
+    timeline = TimelineHandle.create(ps)
+    work = Workload(6, KEYS)
+    tl_dir = ps.timeline_dir(timeline.tenant_id, timeline.timeline_id)
+    prefix = store.timeline_prefix(timeline.tenant_id, timeline.timeline_id)
+
+    def shared(index: dict) -> None:
+        for name in index["layers"]:
+            local, remote = (tl_dir / name).stat(), (store.root / f"{prefix}{name}-00000001").stat()
+            assert (local.st_dev, local.st_ino, local.st_nlink) == (remote.st_dev, remote.st_ino, 2), name
+
+    rounds(timeline, work, 4)
+    shared(wait_uploaded(store, timeline))
+    ps.http.compact(timeline.tenant_id, timeline.timeline_id)
+    index = wait_uploaded(store, timeline)
+    assert {layer["level"] for layer in index["layers"].values()} == {"L1"}
+    shared(index)
+    assert not [p for p in store.root.rglob("*") if "#" in p.name], "a staging name was left"
+
+    # A small local budget evicts the L1s: their objects keep the bytes, now the only name.
+    ps.stop()
+    ps.config["max_local_layer_bytes"] = "1KiB"
+    ps.start()
+    wait_until(
+        lambda: all(not (tl_dir / name).exists() for name in index["layers"]),
+        timeout=60,
+        what="the L1s evicted",
+    )
+    for name in index["layers"]:
+        assert (store.root / f"{prefix}{name}-00000001").stat().st_nlink == 1, name
+    # Reads download them back, as copies: the objects are not written through.
+    ps.http.page_cache_drop()
+    timeline.verify()
+    assert any((tl_dir / name).exists() for name in index["layers"])
+    for name in index["layers"]:
+        assert (store.root / f"{prefix}{name}-00000001").stat().st_nlink == 1, name
+    store.check_consistent(timeline.tenant_id, timeline.timeline_id)

@@ -1,4 +1,4 @@
-//! Which backend, and where: `remote_storage = { local_path = "..." }` or
+//! Which backend, and where: `remote_storage = { local_path = "...", hard_links = false }` or
 //! `remote_storage = { bucket = "...", prefix = "...", endpoint = "...", region = "...",
 //! use_instance_metadata = false }`. What the S3 fields leave out comes from the environment
 //! by AWS's conventions (`s3.rs`).
@@ -14,6 +14,11 @@ pub enum RemoteStorageConfig {
     /// Objects are files under this directory.
     LocalFs {
         local_path: PathBuf,
+        /// Whether an upload of a file its caller declares immutable makes the object a hard
+        /// link to it, where the directory is on the file's file system, rather than write its
+        /// bytes a second time. The two names then share one inode, and the object shares the
+        /// local file's fate (`local_link.rs`). Off by default: an object is a copy.
+        hard_links: bool,
     },
     S3(S3Config),
 }
@@ -34,12 +39,24 @@ pub struct S3Config {
     pub use_instance_metadata: bool,
 }
 
+impl RemoteStorageConfig {
+    /// A local directory with the defaults: every object a copy.
+    pub fn local_dir(local_path: impl Into<PathBuf>) -> RemoteStorageConfig {
+        RemoteStorageConfig::LocalFs {
+            local_path: local_path.into(),
+            hard_links: false,
+        }
+    }
+}
+
 /// The table as written: the fields of either backend, checked by `TryFrom`.
 #[derive(Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     local_path: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hard_links: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     bucket: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -82,9 +99,18 @@ impl TryFrom<RawConfig> for RemoteStorageConfig {
                 if local_path.as_os_str().is_empty() {
                     return Err("remote_storage: local_path is empty".to_owned());
                 }
-                Ok(RemoteStorageConfig::LocalFs { local_path })
+                Ok(RemoteStorageConfig::LocalFs {
+                    local_path,
+                    hard_links: raw.hard_links.unwrap_or(false),
+                })
             }
             (None, Some(bucket)) => {
+                if raw.hard_links.is_some() {
+                    return Err(
+                        "remote_storage: hard_links is a local_path setting, and bucket names S3"
+                            .to_owned(),
+                    );
+                }
                 if bucket.is_empty() {
                     return Err("remote_storage: bucket is empty".to_owned());
                 }
@@ -122,8 +148,12 @@ impl TryFrom<RawConfig> for RemoteStorageConfig {
 impl From<RemoteStorageConfig> for RawConfig {
     fn from(config: RemoteStorageConfig) -> RawConfig {
         match config {
-            RemoteStorageConfig::LocalFs { local_path } => RawConfig {
+            RemoteStorageConfig::LocalFs {
+                local_path,
+                hard_links,
+            } => RawConfig {
                 local_path: Some(local_path),
+                hard_links: hard_links.then_some(true),
                 ..RawConfig::default()
             },
             RemoteStorageConfig::S3(s3) => RawConfig {

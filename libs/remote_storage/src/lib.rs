@@ -5,7 +5,9 @@
 //!
 //! - a **local directory** (`LocalFs`): every object a file under the directory, written to a
 //!   staging name, fsynced, and renamed (or hard-linked, for a conditional create) into place,
-//!   with the directory fsynced, so an object is whole or absent after a crash;
+//!   with the directory fsynced, so an object is whole or absent after a crash; with
+//!   `hard_links`, the upload of a file its caller declares immutable links the file itself
+//!   into place (`local_link.rs`);
 //! - an **S3 bucket** (`S3`): any S3 API endpoint (AWS, or a local server with plain HTTP),
 //!   path-style requests, region, endpoint and credentials by AWS's conventions, and never a
 //!   request to the EC2 instance metadata service unless the settings ask for it (`s3.rs`).
@@ -60,13 +62,15 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 mod config;
 mod faults;
 mod local_file;
+mod local_link;
 mod retry;
 mod s3;
 mod transfer;
 
 pub use config::{RemoteStorageConfig, S3Config};
 use faults::FaultInjection;
-pub use local_file::{LocalFile, StdFile};
+pub use local_file::{Inode, LocalFile, StdFile};
+use local_link::LinkingDir;
 pub use retry::RetryPolicy;
 use retry::{classify, AttemptError};
 
@@ -267,6 +271,8 @@ pub struct RemoteStorage {
     part_size: usize,
     /// [`OBJECTS_IN_FLIGHT`] or [`LOCAL_OBJECTS_IN_FLIGHT`].
     objects_in_flight: usize,
+    /// A local directory with `hard_links`: where immutable files are uploaded by link.
+    linking: Option<Arc<LinkingDir>>,
 }
 
 impl fmt::Debug for RemoteStorage {
@@ -295,8 +301,12 @@ impl RemoteStorage {
             ),
             RemoteStorageConfig::S3(_) => (PARTS_IN_FLIGHT, PART_SIZE, OBJECTS_IN_FLIGHT),
         };
+        let mut linking = None;
         let (store, multipart, prefix, description) = match config {
-            RemoteStorageConfig::LocalFs { local_path } => {
+            RemoteStorageConfig::LocalFs {
+                local_path,
+                hard_links,
+            } => {
                 std::fs::create_dir_all(local_path).map_err(|e| {
                     RemoteError::Config(format!(
                         "cannot create remote storage directory {}: {e}",
@@ -311,8 +321,12 @@ impl RemoteStorage {
                         ))
                     })?
                     .with_fsync(true);
+                let store = Arc::new(store);
+                if *hard_links {
+                    linking = Some(Arc::new(LinkingDir::new(store.clone(), local_path.clone())));
+                }
                 (
-                    Arc::new(store) as Arc<dyn ObjectStore>,
+                    store as Arc<dyn ObjectStore>,
                     None,
                     String::new(),
                     format!("local directory {}", local_path.display()),
@@ -343,6 +357,7 @@ impl RemoteStorage {
             parts_in_flight,
             part_size,
             objects_in_flight,
+            linking,
         })
     }
 

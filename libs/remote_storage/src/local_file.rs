@@ -31,6 +31,30 @@ pub trait LocalFile: Send + Sync + fmt::Debug {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
     /// Makes every write so far durable.
     fn sync_all(&self) -> io::Result<()>;
+    /// For a file that nothing will write again (it is only ever replaced whole, under a new
+    /// inode, or removed): its inode, so that an upload into a local directory on the same
+    /// file system may make the object a hard link to it (`local_link.rs`). `None`, the
+    /// default: the file may still change, and an upload copies its bytes.
+    fn immutable_inode(&self) -> io::Result<Option<Inode>> {
+        Ok(None)
+    }
+}
+
+/// A file's identity on its machine: its device and inode numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Inode {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+impl Inode {
+    pub fn of(metadata: &std::fs::Metadata) -> Inode {
+        use std::os::unix::fs::MetadataExt;
+        Inode {
+            dev: metadata.dev(),
+            ino: metadata.ino(),
+        }
+    }
 }
 
 /// A `std::fs::File` and its path.
@@ -38,6 +62,7 @@ pub trait LocalFile: Send + Sync + fmt::Debug {
 pub struct StdFile {
     file: File,
     path: PathBuf,
+    immutable: bool,
 }
 
 impl StdFile {
@@ -46,6 +71,16 @@ impl StdFile {
         Ok(StdFile {
             file: File::open(path)?,
             path: path.to_owned(),
+            immutable: false,
+        })
+    }
+
+    /// Opens `path` for reading, declaring that nothing will write the file again (see
+    /// [`LocalFile::immutable_inode`]).
+    pub fn open_immutable(path: &Path) -> io::Result<StdFile> {
+        Ok(StdFile {
+            immutable: true,
+            ..StdFile::open(path)?
         })
     }
 
@@ -54,6 +89,7 @@ impl StdFile {
         Ok(StdFile {
             file: File::create(path)?,
             path: path.to_owned(),
+            immutable: false,
         })
     }
 }
@@ -77,6 +113,13 @@ impl LocalFile for StdFile {
 
     fn sync_all(&self) -> io::Result<()> {
         self.file.sync_all()
+    }
+
+    fn immutable_inode(&self) -> io::Result<Option<Inode>> {
+        if !self.immutable {
+            return Ok(None);
+        }
+        Ok(Some(Inode::of(&self.file.metadata()?)))
     }
 }
 

@@ -24,7 +24,8 @@
 //!
 //! A local directory has no requests to bound: an upload is written in parts through
 //! `object_store`'s local multipart writer, and a download copies the open file, each retried
-//! whole.
+//! whole. An upload of a file the caller declares immutable is a hard link instead, where the
+//! directory allows (`local_link.rs`).
 //!
 //! What a download wrote is checksummed as it streamed, not as it lies on disk: a caller that
 //! must trust the file reads it back (the pageserver does, through the same seam).
@@ -81,6 +82,19 @@ impl RemoteStorage {
         let len = blocking(&upload.file, |f| f.size())
             .await
             .map_err(|e| upload.local_error(e))?;
+        if let Some(dir) = &self.linking {
+            let inode = blocking(&upload.file, |f| f.immutable_inode())
+                .await
+                .map_err(|e| upload.local_error(e))?;
+            if let Some(inode) = inode {
+                let linked = self
+                    .upload_by_link(dir, &upload, &location, inode, len)
+                    .await?;
+                if let Some(sent) = linked {
+                    return Ok(sent);
+                }
+            }
+        }
         if len <= self.part_size as u64 {
             let (bytes, sent) = upload.read_whole(len).await?;
             return self
@@ -373,9 +387,9 @@ impl RemoteStorage {
 }
 
 /// One upload's local side.
-struct Upload<'a> {
-    key: &'a RemotePath,
-    file: Arc<dyn LocalFile>,
+pub(crate) struct Upload<'a> {
+    pub(crate) key: &'a RemotePath,
+    pub(crate) file: Arc<dyn LocalFile>,
     expected: Option<Transferred>,
 }
 
@@ -390,7 +404,7 @@ impl Upload<'_> {
 
     /// The next part of at most `part_size` bytes from `sent.len` of a file of `len` bytes;
     /// counts it into `sent`.
-    async fn read_part(
+    pub(crate) async fn read_part(
         &self,
         sent: &mut Transferred,
         len: u64,
@@ -404,23 +418,14 @@ impl Upload<'_> {
             Ok(buf)
         })
         .await
-        .map_err(|e| {
-            if e.kind() == io::ErrorKind::UnexpectedEof {
-                self.local_error(io::Error::other(format!(
-                    "the file changed during the upload: it ends before byte {}, {len} expected",
-                    at + n as u64
-                )))
-            } else {
-                self.local_error(e)
-            }
-        })?;
+        .map_err(|e| self.read_failed(e, at + n as u64, len))?;
         sent.len += n as u64;
         sent.crc32c = crc32c::crc32c_append(sent.crc32c, &buf);
         Ok(Bytes::from(buf))
     }
 
     /// Whether what was read is what the caller expects the file to be.
-    fn check(&self, sent: Transferred) -> Result<(), RemoteError> {
+    pub(crate) fn check(&self, sent: Transferred) -> Result<(), RemoteError> {
         match self.expected {
             Some(expected) if expected != sent => Err(self.local_error(io::Error::other(format!(
                 "read {} bytes with CRC-32C {:#010x}; the file should be {} bytes with {:#010x}",
@@ -430,7 +435,18 @@ impl Upload<'_> {
         }
     }
 
-    fn local_error(&self, source: io::Error) -> RemoteError {
+    /// A read of the file up to byte `end` of `len` failed with `e`.
+    pub(crate) fn read_failed(&self, e: io::Error, end: u64, len: u64) -> RemoteError {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            self.local_error(io::Error::other(format!(
+                "the file changed during the upload: it ends before byte {end}, {len} expected"
+            )))
+        } else {
+            self.local_error(e)
+        }
+    }
+
+    pub(crate) fn local_error(&self, source: io::Error) -> RemoteError {
         local_error("upload", self.key, self.file.path(), source)
     }
 }

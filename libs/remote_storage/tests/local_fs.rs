@@ -6,8 +6,14 @@ use bytes::Bytes;
 use remote_storage::{RemoteError, RemotePath, RemoteStorage, RemoteStorageConfig, RetryPolicy};
 
 fn storage(dir: &std::path::Path) -> RemoteStorage {
+    RemoteStorage::new(&RemoteStorageConfig::local_dir(dir.join("remote"))).unwrap()
+}
+
+/// The same, with `hard_links = true`.
+fn linking_storage(dir: &std::path::Path) -> RemoteStorage {
     RemoteStorage::new(&RemoteStorageConfig::LocalFs {
         local_path: dir.join("remote"),
+        hard_links: true,
     })
     .unwrap()
 }
@@ -180,10 +186,21 @@ fn settings_parse_with_clear_errors() {
     };
     assert_eq!(
         parse(r#"{"local_path": "/d"}"#).unwrap(),
-        RemoteStorageConfig::LocalFs {
-            local_path: "/d".into()
-        }
+        RemoteStorageConfig::local_dir("/d")
     );
+    let linking = RemoteStorageConfig::LocalFs {
+        local_path: "/d".into(),
+        hard_links: true,
+    };
+    assert_eq!(
+        parse(r#"{"local_path": "/d", "hard_links": true}"#).unwrap(),
+        linking
+    );
+    // Written back as read: the default left out, the other setting kept.
+    for config in [RemoteStorageConfig::local_dir("/d"), linking] {
+        let text = serde_json::to_string(&config).unwrap();
+        assert_eq!(parse(&text).unwrap(), config, "{text}");
+    }
     match parse(r#"{"bucket": "b", "prefix": "/p/q/", "endpoint": "http://127.0.0.1:9000"}"#)
         .unwrap()
     {
@@ -218,6 +235,10 @@ fn settings_parse_with_clear_errors() {
         (
             r#"{"local_path": "/d", "use_instance_metadata": true}"#,
             "use_instance_metadata is an S3 setting",
+        ),
+        (
+            r#"{"bucket": "b", "hard_links": true}"#,
+            "hard_links is a local_path setting",
         ),
     ] {
         let err = parse(bad).unwrap_err();
@@ -258,6 +279,9 @@ impl remote_storage::LocalFile for FaultyReads {
     fn sync_all(&self) -> std::io::Result<()> {
         self.inner.sync_all()
     }
+    fn immutable_inode(&self) -> std::io::Result<Option<remote_storage::Inode>> {
+        self.inner.immutable_inode()
+    }
 }
 
 #[tokio::test]
@@ -265,7 +289,8 @@ async fn an_upload_whose_reads_fail_or_differ_never_replaces_the_object() {
     use remote_storage::{LocalFile, StdFile, Transferred};
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
-    let remote = storage(dir.path());
+    // Files declared immutable go by link, the others are copied.
+    let remote = linking_storage(dir.path());
     // In one request, and in parts (past the local part size, not a multiple of it).
     for len in [1000, 2 * remote_storage::LOCAL_PART_SIZE + 777] {
         let data: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
@@ -277,25 +302,37 @@ async fn an_upload_whose_reads_fail_or_differ_never_replaces_the_object() {
         };
         let k = key(&format!("layer-{len}"));
         remote.put(&k, Bytes::from_static(b"old")).await.unwrap();
-        let faulty = |lie| -> Arc<dyn LocalFile> {
-            Arc::new(FaultyReads {
-                inner: StdFile::open(&local).unwrap(),
-                from: len as u64 - 1,
-                lie,
-            })
-        };
-        let failed = remote.upload(&k, faulty(false), Some(expected)).await;
-        assert!(
-            matches!(&failed, Err(RemoteError::LocalIo { source, .. }) if source.to_string().contains("injected")),
-            "{failed:?}"
-        );
-        assert_eq!(&remote.get(&k).await.unwrap()[..], b"old");
-        let lied = remote.upload(&k, faulty(true), Some(expected)).await;
-        assert!(
-            matches!(&lied, Err(RemoteError::LocalIo { source, .. }) if source.to_string().contains("the file should be")),
-            "{lied:?}"
-        );
-        assert_eq!(&remote.get(&k).await.unwrap()[..], b"old");
+        // Copied, and (immutable) linked: the link is checked through the same reads.
+        for immutable in [false, true] {
+            let faulty = |lie| -> Arc<dyn LocalFile> {
+                let open = if immutable {
+                    StdFile::open_immutable
+                } else {
+                    StdFile::open
+                };
+                Arc::new(FaultyReads {
+                    inner: open(&local).unwrap(),
+                    from: len as u64 - 1,
+                    lie,
+                })
+            };
+            let failed = remote.upload(&k, faulty(false), Some(expected)).await;
+            assert!(
+                matches!(&failed, Err(RemoteError::LocalIo { source, .. }) if source.to_string().contains("injected")),
+                "{failed:?}"
+            );
+            assert_eq!(&remote.get(&k).await.unwrap()[..], b"old");
+            let lied = remote.upload(&k, faulty(true), Some(expected)).await;
+            assert!(
+                matches!(&lied, Err(RemoteError::LocalIo { source, .. }) if source.to_string().contains("the file should be")),
+                "{lied:?}"
+            );
+            assert_eq!(&remote.get(&k).await.unwrap()[..], b"old");
+            assert_eq!(
+                staging_names(&dir.path().join("remote")),
+                Vec::<String>::new()
+            );
+        }
         // Reads that are right: the object is the file.
         let sent = remote
             .upload(&k, Arc::new(StdFile::open(&local).unwrap()), Some(expected))
@@ -342,4 +379,135 @@ impl remote_storage::LocalFile for UploadOfLen {
     fn sync_all(&self) -> std::io::Result<()> {
         self.0.sync_all()
     }
+}
+
+/// Names under `root` that are not objects: staging names a failed upload left.
+fn staging_names(root: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut dirs = vec![root.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.to_string_lossy().contains('#') {
+                found.push(path.display().to_string());
+            }
+        }
+    }
+    found
+}
+
+fn inode(path: &std::path::Path) -> (u64, u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).unwrap();
+    (m.dev(), m.ino(), m.nlink())
+}
+
+#[tokio::test]
+async fn an_immutable_file_is_uploaded_as_a_hard_link_that_outlives_its_name() {
+    use remote_storage::{StdFile, Transferred};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let linking = linking_storage(dir.path());
+    let copying = storage(dir.path());
+    std::fs::create_dir(dir.path().join("work")).unwrap();
+    let data: Vec<u8> = (0..3 * remote_storage::LOCAL_PART_SIZE + 5)
+        .map(|i| (i * 7 % 253) as u8)
+        .collect();
+    let expected = Transferred {
+        len: data.len() as u64,
+        crc32c: crc32c::crc32c(&data),
+    };
+    let local = dir.path().join("work/layer");
+    std::fs::write(&local, &data).unwrap();
+    let object = |name: &str| dir.path().join("remote/t/").join(name);
+
+    // Declared immutable, into a directory that links: the object is the file's inode, made
+    // in a directory that did not exist.
+    let k = key("t/linked");
+    let file = Arc::new(StdFile::open_immutable(&local).unwrap());
+    assert_eq!(
+        linking.upload(&k, file, Some(expected)).await.unwrap(),
+        expected
+    );
+    let (dev, ino, links) = inode(&local);
+    assert_eq!(inode(&object("linked")), (dev, ino, 2));
+    assert_eq!(links, 2);
+    // Every other case is a copy: a file not declared immutable, a directory set to copy.
+    for (name, remote, file) in [
+        ("plain", &linking, StdFile::open(&local).unwrap()),
+        ("copied", &copying, StdFile::open_immutable(&local).unwrap()),
+    ] {
+        let k = key(&format!("t/{name}"));
+        let sent = remote.upload(&k, Arc::new(file), Some(expected)).await;
+        assert_eq!(sent.unwrap(), expected);
+        assert_ne!(inode(&object(name)).1, ino, "{name}");
+    }
+    // A path replaced after the file was opened: the object holds what the opened file holds,
+    // copied, and is neither inode.
+    let opened = Arc::new(StdFile::open_immutable(&local).unwrap());
+    let replacement = dir.path().join("work/layer.tmp");
+    std::fs::write(&replacement, b"another file").unwrap();
+    std::fs::rename(&replacement, &local).unwrap();
+    let k2 = key("t/replaced");
+    assert_eq!(
+        linking.upload(&k2, opened, Some(expected)).await.unwrap(),
+        expected
+    );
+    assert!(linking.get(&k2).await.unwrap() == data);
+    let (_, replaced_ino, _) = inode(&object("replaced"));
+    assert!(replaced_ino != ino && replaced_ino != inode(&local).1);
+
+    // The local name goes (an eviction): the object stays, whole, and lists as before.
+    std::fs::remove_file(&local).unwrap();
+    assert_eq!(inode(&object("linked")), (dev, ino, 1));
+    assert!(linking.get(&k).await.unwrap() == data);
+    let mut listed: Vec<_> = linking
+        .list(&key("t"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| (o.key.to_string(), o.size))
+        .collect();
+    listed.sort();
+    let len = data.len() as u64;
+    let names = ["copied", "linked", "plain", "replaced"];
+    assert_eq!(listed, names.map(|n| (format!("t/{n}"), len)).to_vec());
+    assert_eq!(
+        staging_names(&dir.path().join("remote")),
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test]
+async fn an_upload_to_another_file_system_copies() {
+    use remote_storage::{StdFile, Transferred};
+    use std::sync::Arc;
+    // /dev/shm is a tmpfs where it exists: another file system than the temporary directory's.
+    let shm = std::path::Path::new("/dev/shm");
+    let work = tempfile::tempdir().unwrap();
+    let Ok(remote_dir) = tempfile::tempdir_in(shm) else {
+        eprintln!("no /dev/shm here: the case is not run");
+        return;
+    };
+    if inode(work.path()).0 == inode(remote_dir.path()).0 {
+        eprintln!("/dev/shm is on the temporary directory's file system: the case is not run");
+        return;
+    }
+    let remote = linking_storage(remote_dir.path());
+    let local = work.path().join("layer");
+    let data = vec![7u8; 100_000];
+    std::fs::write(&local, &data).unwrap();
+    let expected = Transferred {
+        len: data.len() as u64,
+        crc32c: crc32c::crc32c(&data),
+    };
+    for name in ["a", "b"] {
+        let file = Arc::new(StdFile::open_immutable(&local).unwrap());
+        let sent = remote.upload(&key(name), file, Some(expected)).await;
+        assert_eq!(sent.unwrap(), expected);
+        assert!(remote.get(&key(name)).await.unwrap() == data);
+    }
+    assert_eq!(inode(&local).2, 1);
 }

@@ -292,9 +292,7 @@ fn the_first_file_records_the_first_starts_overrides() {
 fn remote_storage_is_a_directory_in_the_workdir_unless_set() {
     let dir = tempfile::tempdir().unwrap();
     let workdir = dir.path();
-    let local = |path: &Path| RemoteStorageConfig::LocalFs {
-        local_path: path.to_owned(),
-    };
+    let local = |path: &Path| RemoteStorageConfig::local_dir(path.to_owned());
     let conf = PageServerConf::load(workdir, &[]).unwrap();
     assert_eq!(conf.remote_storage(workdir), local(&workdir.join("remote")));
     let conf =
@@ -303,6 +301,15 @@ fn remote_storage_is_a_directory_in_the_workdir_unless_set() {
     let conf =
         PageServerConf::load(workdir, &["remote_storage={local_path=\"/abs\"}".into()]).unwrap();
     assert_eq!(conf.remote_storage(workdir), local(Path::new("/abs")));
+    let linked = "remote_storage={local_path=\"shared\", hard_links=true}";
+    let conf = PageServerConf::load(workdir, &[linked.into()]).unwrap();
+    assert_eq!(
+        conf.remote_storage(workdir),
+        RemoteStorageConfig::LocalFs {
+            local_path: workdir.join("shared"),
+            hard_links: true
+        }
+    );
     let conf = PageServerConf::load(
         workdir,
         &[

@@ -15,7 +15,7 @@
 use std::io;
 use std::path::Path;
 
-use remote_storage::LocalFile;
+use remote_storage::{Inode, LocalFile};
 
 use crate::io::virtual_file::{FileIo, VirtualFile};
 
@@ -24,17 +24,39 @@ const READ_CHUNK: usize = 1 << 20;
 
 /// See the module documentation.
 #[derive(Debug)]
-pub struct TransferFile(VirtualFile, Option<u64>);
+pub struct TransferFile {
+    file: VirtualFile,
+    /// Where an upload of a file still being filled stops.
+    limit: Option<u64>,
+    /// Whether nothing will write the file again: see [`TransferFile::open_immutable`].
+    immutable: bool,
+}
 
 impl TransferFile {
+    fn new(file: VirtualFile, limit: Option<u64>, immutable: bool) -> TransferFile {
+        TransferFile {
+            file,
+            limit,
+            immutable,
+        }
+    }
+
     /// Opens `path` for an upload.
     pub fn open(path: &Path) -> io::Result<TransferFile> {
-        VirtualFile::open(path).map(|f| TransferFile(f, None))
+        VirtualFile::open(path).map(|f| TransferFile::new(f, None, false))
+    }
+
+    /// Opens `path`, a file nothing of ours writes again (a layer file: written under a
+    /// temporary name, fsynced and renamed into place, and only ever replaced whole), for an
+    /// upload that may make the object a hard link to it (remote storage's `local_link.rs`:
+    /// the object then shares the file's fate).
+    pub fn open_immutable(path: &Path) -> io::Result<TransferFile> {
+        VirtualFile::open(path).map(|f| TransferFile::new(f, None, true))
     }
 
     /// Opens `path` for an upload of its first `len` bytes (a file still being filled).
     pub fn open_prefix(path: &Path, len: u64) -> io::Result<TransferFile> {
-        VirtualFile::open(path).map(|f| TransferFile(f, Some(len)))
+        VirtualFile::open(path).map(|f| TransferFile::new(f, Some(len), false))
     }
 
     /// Creates `path` for a download, replacing a file left there by an earlier attempt.
@@ -43,25 +65,25 @@ impl TransferFile {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
-        VirtualFile::create_durable(path).map(|f| TransferFile(f, None))
+        VirtualFile::create_durable(path).map(|f| TransferFile::new(f, None, false))
     }
 
     /// The length and CRC-32C of the file (of its first bytes, for a prefix) as the disk
     /// holds it now.
     pub fn read_back(&self) -> io::Result<(u64, u32)> {
         let len = self.size()?;
-        Ok((len, crc32c_of(&self.0, len)?))
+        Ok((len, crc32c_of(&self.file, len)?))
     }
 }
 
 impl LocalFile for TransferFile {
     fn path(&self) -> &Path {
-        self.0.path()
+        self.file.path()
     }
 
     fn size(&self) -> io::Result<u64> {
-        let len = self.0.metadata()?.len();
-        Ok(self.1.map_or(len, |limit| limit.min(len)))
+        let len = self.file.metadata()?.len();
+        Ok(self.limit.map_or(len, |limit| limit.min(len)))
     }
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -69,24 +91,31 @@ impl LocalFile for TransferFile {
             if action.as_deref() != Some("corrupt") {
                 return Err(io::Error::other("failpoint remote-upload-read"));
             }
-            self.0.read_exact_at(buf, offset)?;
+            self.file.read_exact_at(buf, offset)?;
             if let Some(byte) = buf.first_mut() {
                 *byte ^= 0xff;
             }
             Ok(())
         });
-        self.0.read_exact_at(buf, offset)
+        self.file.read_exact_at(buf, offset)
     }
 
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         fail::fail_point!("remote-download-torn-write", |_| self
-            .0
+            .file
             .write_all_at(&buf[..buf.len() / 2], offset));
-        self.0.write_all_at(buf, offset)
+        self.file.write_all_at(buf, offset)
     }
 
     fn sync_all(&self) -> io::Result<()> {
-        self.0.sync_all()
+        self.file.sync_all()
+    }
+
+    fn immutable_inode(&self) -> io::Result<Option<Inode>> {
+        if !self.immutable {
+            return Ok(None);
+        }
+        Ok(Some(Inode::of(&self.file.metadata()?)))
     }
 }
 

@@ -22,10 +22,7 @@ use crate::tenant::timeline::{PutRecord, Timeline, TimelineConf};
 use crate::PAGE_SZ;
 
 fn state(dir: &Path) -> SharedState {
-    let storage = RemoteStorage::new(&RemoteStorageConfig::LocalFs {
-        local_path: dir.join("remote"),
-    })
-    .unwrap();
+    let storage = RemoteStorage::new(&RemoteStorageConfig::local_dir(dir.join("remote"))).unwrap();
     let remote = Arc::new(RemoteContext::new(storage, 1 << 30, 0).unwrap());
     let cache = small_cache(64);
     let (tenants, _) = TenantManager::load_with_remote(

@@ -613,7 +613,7 @@ impl RemoteTimelineClient {
     ) -> Result<bool, RemoteClientError> {
         let key = layer_path(&self.remote_dir, name, layer.generation)?;
         let path = self.local_dir.join(name);
-        let opened = TransferFile::open(&path);
+        let opened = TransferFile::open_immutable(&path);
         if let Err(e) = &opened {
             if e.kind() == std::io::ErrorKind::NotFound && !self.is_still_wanted(name) {
                 return Ok(false);

@@ -20,16 +20,14 @@ use crate::tenant::timeline::{PutRecord, TimelineConf};
 use crate::PAGE_SZ;
 
 fn context(remote: &Path, failures: u32) -> Arc<RemoteContext> {
-    let storage = RemoteStorage::new(&RemoteStorageConfig::LocalFs {
-        local_path: remote.to_owned(),
-    })
-    .unwrap()
-    .with_injected_failures(failures)
-    .with_retry_policy(remote_storage::RetryPolicy {
-        initial: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(5),
-        timeout: Duration::from_secs(10),
-    });
+    let storage = RemoteStorage::new(&RemoteStorageConfig::local_dir(remote.to_owned()))
+        .unwrap()
+        .with_injected_failures(failures)
+        .with_retry_policy(remote_storage::RetryPolicy {
+            initial: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(5),
+            timeout: Duration::from_secs(10),
+        });
     Arc::new(RemoteContext::new(storage, 1 << 30, 0).unwrap())
 }
 
@@ -385,15 +383,13 @@ fn a_branch_index_waits_for_the_ancestor_to_reach_the_branch_point() {
 fn a_store_that_takes_nothing_fails_flushes_and_batches_after_the_wait() {
     let dir = tempfile::tempdir().unwrap();
     let (workdir, remote) = (dir.path().join("work"), dir.path().join("remote"));
-    let storage = RemoteStorage::new(&RemoteStorageConfig::LocalFs {
-        local_path: remote.clone(),
-    })
-    .unwrap()
-    .with_retry_policy(remote_storage::RetryPolicy {
-        initial: Duration::from_millis(1),
-        max_backoff: Duration::from_millis(5),
-        timeout: Duration::from_millis(50),
-    });
+    let storage = RemoteStorage::new(&RemoteStorageConfig::local_dir(remote.clone()))
+        .unwrap()
+        .with_retry_policy(remote_storage::RetryPolicy {
+            initial: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(5),
+            timeout: Duration::from_millis(50),
+        });
     let wait = Duration::from_millis(300);
     let context = Arc::new(
         RemoteContext::new(storage, 1, 0)

@@ -22,10 +22,7 @@ const KEYS: u32 = 24;
 const LSNS: [u64; 4] = [0x10, 0x20, 0x30, 0x40];
 
 fn load(workdir: &Path, remote: &Path, budget: u64) -> TenantManager {
-    let storage = RemoteStorage::new(&RemoteStorageConfig::LocalFs {
-        local_path: remote.to_owned(),
-    })
-    .unwrap();
+    let storage = RemoteStorage::new(&RemoteStorageConfig::local_dir(remote.to_owned())).unwrap();
     let context = Arc::new(RemoteContext::new(storage, 1 << 30, budget).unwrap());
     let conf = TimelineConf {
         compaction_threshold: 0,
