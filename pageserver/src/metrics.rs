@@ -208,6 +208,14 @@ pub static BACKPRESSURE_FLUSHES: LazyLock<IntCounter> = LazyLock::new(|| {
         "Times an ingest waited for the oldest frozen layer's write (or wrote it) because more than max_frozen_layers waited",
     )
 });
+pub static INGEST_PACE_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    register_histogram!(
+        "pageserver_ingest_pace_seconds",
+        "Time ingest batches were held after they were stored, each for its bytes over the measured flush rate, while the frozen layers were at max_frozen_layers",
+        LATENCY_BUCKETS.to_vec()
+    )
+    .expect("metric names are unique")
+});
 pub static LAYER_FLUSH_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     register_histogram!(
         "pageserver_layer_flush_seconds",
@@ -541,6 +549,7 @@ pub fn register_all(wait_lsn_timeout: Duration) {
         WAIT_LSN_SECONDS.with_label_values(&[outcome]);
     }
     LazyLock::force(&LAYER_FLUSH_SECONDS);
+    LazyLock::force(&INGEST_PACE_SECONDS);
     for reason in ["slowdown", "stop"] {
         INGEST_L0_WAIT_SECONDS.with_label_values(&[reason]);
     }

@@ -396,8 +396,10 @@ fn a_store_that_takes_nothing_fails_flushes_and_batches_after_the_wait() {
             .unwrap()
             .with_upload_room_timeout(wait),
     );
+    // Layers of 16 pages: the 8-page puts below fill none.
     let conf = TimelineConf {
         max_frozen_layers: 1,
+        checkpoint_distance: 16 * PAGE_SZ as u64,
         ..conf()
     };
     let (mgr, _) =
@@ -431,16 +433,23 @@ fn a_store_that_takes_nothing_fails_flushes_and_batches_after_the_wait() {
         msg.contains("over upload_queue_max_bytes 1") && msg.contains("the last upload error"),
         "{msg}"
     );
-    // A batch that could have to flush is refused the same way, and stores nothing.
-    let last = timeline.last_record_lsn();
-    let batch = |lsn| {
-        vec![PutRecord {
-            key: rel_key(0),
-            lsn: Lsn(lsn),
-            value: Value::Image(Bytes::from(vec![3u8; PAGE_SZ])),
-        }]
+    // The frozen layers are at their bound. A batch that leaves the open layer short of
+    // checkpoint_distance freezes and flushes nothing: it is stored.
+    let batch = |lsn, pages: u32| -> Vec<PutRecord> {
+        (0..pages)
+            .map(|k| PutRecord {
+                key: rel_key(k),
+                lsn: Lsn(lsn),
+                value: Value::Image(Bytes::from(vec![3u8; PAGE_SZ])),
+            })
+            .collect()
     };
-    let e = timeline.put_batch(&batch(0x30)).unwrap_err();
+    timeline.put_batch(&batch(0x30, 1)).unwrap();
+    // A batch that would fill it could have to flush: it is refused the same way, and stores
+    // nothing.
+    let last = timeline.last_record_lsn();
+    assert_eq!(last, Lsn(0x30));
+    let e = timeline.put_batch(&batch(0x40, 16)).unwrap_err();
     assert!(
         matches!(
             e,
@@ -459,13 +468,13 @@ fn a_store_that_takes_nothing_fails_flushes_and_batches_after_the_wait() {
         client.last_error()
     );
     timeline.checkpoint().unwrap();
-    timeline.put_batch(&batch(0x30)).unwrap();
+    timeline.put_batch(&batch(0x40, 16)).unwrap();
     timeline.checkpoint().unwrap();
     assert!(
         client.wait_settled(Duration::from_secs(20)),
         "{:?}",
         client.last_error()
     );
-    assert_eq!(timeline.remote_consistent_lsn(), Some(Lsn(0x30)));
+    assert_eq!(timeline.remote_consistent_lsn(), Some(Lsn(0x40)));
     timeline.shutdown(false).unwrap();
 }

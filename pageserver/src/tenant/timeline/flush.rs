@@ -77,6 +77,9 @@ impl Timeline {
         let Some(frozen) = self.layer_map().frozen.first().cloned() else {
             return Ok(false);
         };
+        // What the pacer measures: the time the layer takes to leave the frozen queue, the wait
+        // for the upload queue included (uploads slower than flushes drain it at their pace).
+        let waited_from = Instant::now();
         if let Some(remote) = self.remote.get() {
             // Shutdown does not wait: its flush must finish whatever the store does. A
             // store that takes nothing for upload_queue_wait_timeout fails the flush: its
@@ -95,6 +98,12 @@ impl Timeline {
             .extend(written.map(|w| NewLayerFile::delta(&w, LayerLevel::L0)));
         // The commit point: from here the layer is the timeline's.
         let delta = self.commit(change)?.pop();
+        let representative = self.conf.checkpoint_distance / 2;
+        (self.pacer).flushed(
+            frozen.bytes_written(),
+            waited_from.elapsed(),
+            representative,
+        );
         crate::metrics::LAYER_FLUSHES.inc();
         crate::metrics::LAYER_FLUSH_SECONDS.observe(started.elapsed().as_secs_f64());
         if let Some(delta) = &delta {
@@ -112,15 +121,30 @@ impl Timeline {
         Ok(true)
     }
 
-    /// Before a batch that may have to flush (the frozen layers are at `max_frozen_layers`):
-    /// waits, outside `write_lock`, for room in the upload queue, so that a store that takes
-    /// nothing refuses the batch (503, nothing stored) after `upload_queue_wait_timeout`
-    /// instead of holding it, and every batch behind it, in the flush.
-    pub(super) fn wait_for_upload_room_before_batch(&self) -> Result<(), TimelineError> {
+    /// Before a batch that may have to flush (the frozen layers are at `max_frozen_layers`, and
+    /// the batch's `records` may fill the open layer): waits, outside `write_lock`, for room in
+    /// the upload queue, so that a store that takes nothing refuses the batch (503, nothing
+    /// stored) after `upload_queue_wait_timeout` instead of holding it, and every batch behind
+    /// it, in the flush. A batch that leaves the open layer short of `checkpoint_distance`
+    /// freezes nothing and flushes nothing, and goes on at the pacer's rate: only the batch that
+    /// would freeze waits here, not every batch while the frozen layers are at the bound.
+    pub(super) fn wait_for_upload_room_before_batch(
+        &self,
+        records: &[PutRecord],
+    ) -> Result<(), TimelineError> {
         let Some(remote) = self.remote.get() else {
             return Ok(());
         };
-        if self.layer_map().frozen.len() < self.conf.max_frozen_layers {
+        let map = self.layer_map();
+        if map.frozen.len() < self.conf.max_frozen_layers {
+            return Ok(());
+        }
+        // An estimate on the high side: each value as serialized, plus room for its key, LSN
+        // and length in the ephemeral file.
+        let batch: usize = records.iter().map(|r| r.value.serialized_len() + 64).sum();
+        let open = map.open.as_ref().map_or(0, |open| open.bytes_written());
+        drop(map);
+        if open + (batch as u64) < self.conf.checkpoint_distance {
             return Ok(());
         }
         remote.wait_for_upload_room(&|| self.is_shutting_down())

@@ -29,7 +29,7 @@ impl Timeline {
         let mut writer = loop {
             if !records.is_empty() {
                 self.wait_for_l0_room()?;
-                self.wait_for_upload_room_before_batch()?;
+                self.wait_for_upload_room_before_batch(records)?;
             }
             let writer = self.writer();
             if records.is_empty() || !self.l0_stopped() {
@@ -51,6 +51,7 @@ impl Timeline {
         self.validate_batch(records)?;
 
         let open = self.open_layer_for(&mut writer, first.lsn, last.lsn)?;
+        let bytes_before = open.bytes_written();
         // No lock on the layer map from here: readers go on while the batch is stored, and
         // each version is readable as soon as it is (a read at or below last_record_lsn does
         // not see the ones above it).
@@ -66,6 +67,7 @@ impl Timeline {
                 return Err(e.into());
             }
         }
+        let stored = open.bytes_written() - bytes_before;
         let full = open.bytes_written() >= self.conf.checkpoint_distance;
         self.advance_last_record_lsn(last.lsn);
         let backlog = if full {
@@ -90,7 +92,22 @@ impl Timeline {
             }
         }
         drop(writer);
+        self.pace(stored);
         Ok(())
+    }
+
+    /// Holds a batch that stored `stored` bytes for its share of the flush's time while the
+    /// frozen layers are at their bound (`pacing.rs`). The batch is stored and readable; only
+    /// its answer waits.
+    fn pace(&self, stored: u64) {
+        if self.layer_map().frozen.len() < self.conf.max_frozen_layers.max(1) {
+            return;
+        }
+        let hold = self.pacer.hold_for(stored, Instant::now());
+        if !hold.is_zero() && !self.is_shutting_down() {
+            crate::metrics::INGEST_PACE_SECONDS.observe(hold.as_secs_f64());
+            std::thread::sleep(hold);
+        }
     }
 
     /// The open layer a batch from `first` to `last` goes into: the current one if it can hold

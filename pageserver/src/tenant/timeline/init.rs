@@ -155,6 +155,7 @@ impl Timeline {
             write_lock: Mutex::new(WriterState::default()),
             broken: Mutex::new(None),
             flush_lock: Mutex::new(()),
+            pacer: Default::default(),
             compaction_lock: Mutex::new(()),
             image_lock: Mutex::new(()),
             manifest: Mutex::new(manifest),

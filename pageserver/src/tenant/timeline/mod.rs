@@ -67,10 +67,14 @@
 //! holding `write_lock`, until the oldest is written (by the background flush when it runs,
 //! watched; else by the putting thread itself): ingest slows to the disk's pace instead of
 //! filling memory and the ephemeral files without bound, and a batch waits for one layer's
-//! write, not for every frozen layer's. With remote storage a flush also waits, for at most
+//! write, not for every frozen layer's. Before it comes to that, while `max_frozen_layers`
+//! wait, each batch is held after it is stored (outside `write_lock`) for its bytes over the
+//! measured flush rate (`pacing.rs`): the open layer then fills no faster than the flush
+//! empties the queue, and the slowdown is spread over every batch instead of landing on one. With remote storage a flush also waits, for at most
 //! `upload_queue_wait_timeout`, while the upload queue is over its bound; a batch that may have
-//! to flush waits so first, outside `write_lock`, and is refused (`UploadQueueFull`, a 503)
-//! with nothing stored if the store takes nothing meanwhile.
+//! to flush (the frozen layers at their bound, and the batch would fill the open layer) waits
+//! so first, outside `write_lock`, and is refused (`UploadQueueFull`, a 503) with nothing
+//! stored if the store takes nothing meanwhile.
 //!
 //! # Backpressure on L0 layers
 //!
@@ -463,6 +467,9 @@ pub struct Timeline {
     /// Apart from `write_lock` so that describing the timeline never waits for a put.
     broken: Mutex<Option<Broken>>,
     flush_lock: Mutex<()>,
+    /// Holds batches at the flush's pace while the frozen layers are at their bound
+    /// (`pacing.rs`).
+    pacer: pacing::FlushPacer,
     /// Held by a compaction: one at a time.
     compaction_lock: Mutex<()>,
     /// Held by image creation and by GC: one of them at a time, never waited for by L0
@@ -713,6 +720,7 @@ pub mod layer_set;
 mod lifecycle;
 mod lsn_lease;
 mod lsn_wait;
+mod pacing;
 mod read;
 mod residence;
 pub mod scan;

@@ -293,6 +293,50 @@ fn a_refused_batch_changes_nothing() {
 }
 
 #[test]
+fn batches_are_paced_at_the_measured_flush_rate_only_while_the_frozen_layers_are_at_their_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    // Layers of four pages, one frozen layer allowed; no flush loop: flushes are the test's.
+    let conf = TimelineConf {
+        checkpoint_distance: 4 * PAGE_SZ as u64,
+        max_frozen_layers: 1,
+        ..TimelineConf::default()
+    };
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(64), conf).unwrap();
+    let mut lsn = 0;
+    let mut put = |tl: &Timeline| {
+        lsn += 10;
+        tl.put(rel_key(lsn as u32), Lsn(lsn), &image(lsn as u8))
+            .unwrap();
+    };
+    // Before any flush there is no rate to pace by: the batch that freezes a layer and those
+    // after it go through without a hold.
+    for _ in 0..6 {
+        put(&tl);
+    }
+    assert_eq!(tl.layer_counts().frozen, 1);
+    assert_eq!(tl.pacer.held_total(), Duration::ZERO);
+    // One flush of a full layer measures the rate; with no layer frozen, nothing is held.
+    tl.flush_frozen().unwrap();
+    put(&tl);
+    assert_eq!(tl.layer_counts().frozen, 0);
+    assert_eq!(tl.pacer.held_total(), Duration::ZERO);
+    // The batch that freezes the next layer brings the frozen layers to the bound: it and
+    // every batch after it is held, each for about its bytes at the rate, none past MAX_PACE.
+    put(&tl);
+    assert_eq!(tl.layer_counts().frozen, 1);
+    let first = tl.pacer.held_total();
+    assert!(first > Duration::ZERO);
+    put(&tl);
+    let second = tl.pacer.held_total() - first;
+    assert!(second > Duration::ZERO && second <= pacing::MAX_PACE);
+    // Flushed again: below the bound, no hold.
+    tl.flush_frozen().unwrap();
+    let before = tl.pacer.held_total();
+    put(&tl);
+    assert_eq!(tl.pacer.held_total(), before);
+}
+
+#[test]
 fn puts_continue_while_a_flush_is_in_progress_and_wait_for_one_layer_past_the_backlog() {
     let dir = tempfile::tempdir().unwrap();
     let tl = shared_timeline(dir.path(), 3, 64);
