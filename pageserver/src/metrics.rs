@@ -211,7 +211,7 @@ pub static BACKPRESSURE_FLUSHES: LazyLock<IntCounter> = LazyLock::new(|| {
 pub static INGEST_PACE_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
     register_histogram!(
         "pageserver_ingest_pace_seconds",
-        "Time ingest batches were held after they were stored, each for its bytes over the measured flush rate, while the frozen layers were at max_frozen_layers",
+        "Time HTTP ingest answers were held after their batch was stored, each for its bytes over the measured flush rate, while the frozen layers were at max_frozen_layers",
         LATENCY_BUCKETS.to_vec()
     )
     .expect("metric names are unique")

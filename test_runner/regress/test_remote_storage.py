@@ -170,13 +170,14 @@ def test_large_layers_upload_in_parts_and_download_whole(pageserver_factory: Pag
     timeline.verify(samples_per_key=2)
 
 
-def test_hard_linked_uploads_are_the_layer_files_and_outlive_them(pageserver_factory: PageserverFactory, tmp_path):
-    """`hard_links = true` on a directory beside the work directory: every object is its layer
-    file's inode (no second write); compaction's deletions and evictions remove only their own
-    names; an evicted layer is downloaded back as a copy, and every read answers as before."""
-    store = RemoteStore("local", root=tmp_path / "linked-remote")
-    linked = {"remote_storage": TomlInline({"local_path": str(store.root), "hard_links": True})}
+def test_hard_linked_uploads_are_the_layer_files_and_outlive_them(pageserver_factory: PageserverFactory):
+    """`hard_links = true` on a directory in the work directory (so on its file system): every
+    object is its layer file's inode (no second write); compaction's deletions and evictions
+    remove only their own names; an evicted layer is downloaded back as a copy, and every read
+    answers as before."""
+    linked = {"remote_storage": TomlInline({"local_path": "linked-remote", "hard_links": True})}
     ps = pageserver_factory.start({**ON_REQUEST, **linked})
+    store = RemoteStore("local", root=ps.workdir / "linked-remote")
     timeline = TimelineHandle.create(ps)
     work = Workload(6, KEYS)
     tl_dir = ps.timeline_dir(timeline.tenant_id, timeline.timeline_id)
@@ -213,3 +214,4 @@ def test_hard_linked_uploads_are_the_layer_files_and_outlive_them(pageserver_fac
     for name in index["layers"]:
         assert (store.root / f"{prefix}{name}-00000001").stat().st_nlink == 1, name
     store.check_consistent(timeline.tenant_id, timeline.timeline_id)
+    assert not [p for p in store.root.rglob("*") if "#" in p.name], "a staging name was left"

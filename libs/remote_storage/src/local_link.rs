@@ -16,7 +16,11 @@
 //!    directory made for it) fsynced; the file itself was fsynced when it was written.
 //!
 //! A crash before step 4 leaves only a staging name, which no listing shows, as a crash in
-//! `object_store`'s own writes does.
+//! `object_store`'s own writes does. Short of a crash, the attempt's staging name is removed on
+//! every way out but a placed object: an error, a retry, the upload's future dropped. An upload
+//! again of an object that is already this inode (its answer lost, or a restart before the
+//! index listed it) removes the staging name rather than renaming it over itself, which
+//! would leave both names.
 //!
 //! **The fate-sharing rule.** The object and the local file are one inode. The store keeps
 //! the bytes when the local name goes (an eviction, a detach, a work directory removed), but
@@ -72,8 +76,10 @@ impl LinkingDir {
 enum Staged {
     /// The caller's inode, under this staging name.
     Linked(PathBuf),
-    /// No link: copy instead, for this reason.
+    /// No link can be made in this directory: copy instead, for this reason (said once).
     CannotLink(String),
+    /// The file at the path is not the one opened: copy this upload from the open file.
+    Replaced(String),
 }
 
 impl RemoteStorage {
@@ -97,9 +103,12 @@ impl RemoteStorage {
             })?;
         let source = upload.file.path().to_owned();
         self.retrying("upload", key, || async {
+            // Removes the staging name on every way out but a placed object: an error, a
+            // retry, or this future dropped (a stopped upload queue aborts its task).
+            let guard = StagingGuard::default();
             let staged = {
-                let (source, dest) = (source.clone(), dest.clone());
-                blocking(move || stage(&source, &dest, inode)).await
+                let (source, dest, slot) = (source.clone(), dest.clone(), guard.slot());
+                blocking(move || stage(&source, &dest, inode, &slot)).await
             };
             let staging = match staged {
                 Ok(Staged::Linked(staging)) => staging,
@@ -112,28 +121,59 @@ impl RemoteStorage {
                     }
                     return Ok(None);
                 }
+                Ok(Staged::Replaced(why)) => {
+                    tracing::debug!("remote storage: {why}: copied");
+                    return Ok(None);
+                }
                 Err(e) => return Err(transient("linking", &dest, e)),
             };
-            let checked = read_whole(upload, len)
+            let sent = read_whole(upload, len)
                 .await
-                .and_then(|sent| upload.check(sent).map(|()| sent));
-            let placed = {
-                let (staging, dest) = (staging.clone(), dest.clone());
-                let ok = checked.is_ok();
-                blocking(move || {
-                    if ok {
-                        place(&staging, &dest)
-                    } else {
-                        std::fs::remove_file(&staging)
-                    }
-                })
+                .and_then(|sent| upload.check(sent).map(|()| sent))
+                .map_err(AttemptError::Final)?;
+            let (slot, dest2) = (guard.slot(), dest.clone());
+            blocking(move || place(&staging, &dest2, &slot))
                 .await
-            };
-            let sent = checked.map_err(AttemptError::Final)?;
-            placed.map_err(|e| transient("placing", &dest, e))?;
+                .map_err(|e| transient("placing", &dest, e))?;
             Ok(Some(sent))
         })
         .await
+    }
+}
+
+/// The staging name an attempt made, shared with the blocking task that makes it.
+#[derive(Default)]
+struct StagingState {
+    /// Made and not yet renamed into place.
+    path: Option<PathBuf>,
+    /// The attempt is over: a name made from now on is removed at once.
+    abandoned: bool,
+}
+
+type StagingSlot = Arc<std::sync::Mutex<StagingState>>;
+
+/// Removes the attempt's staging name when dropped, unless it was placed.
+#[derive(Default)]
+struct StagingGuard(StagingSlot);
+
+impl StagingGuard {
+    fn slot(&self) -> StagingSlot {
+        self.0.clone()
+    }
+}
+
+impl Drop for StagingGuard {
+    fn drop(&mut self) {
+        let mut state = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        state.abandoned = true;
+        if let Some(path) = state.path.take() {
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(
+                    "remote storage: removing staging name {}: {e}",
+                    path.display()
+                );
+            }
+        }
     }
 }
 
@@ -164,9 +204,9 @@ async fn read_whole(upload: &Upload<'_>, len: u64) -> Result<Transferred, Remote
     read.map_err(|(e, end)| upload.read_failed(e, end, len))
 }
 
-/// Steps 1 and 2: links `source` to a free staging name beside `dest` and checks that it is
-/// `inode`.
-fn stage(source: &Path, dest: &Path, inode: Inode) -> io::Result<Staged> {
+/// Steps 1 and 2: links `source` to a free staging name beside `dest`, recorded in `slot`
+/// (whose guard removes it), and checks that it is the regular file `inode`.
+fn stage(source: &Path, dest: &Path, inode: Inode, slot: &StagingSlot) -> io::Result<Staged> {
     let parent = dest.parent().unwrap_or(Path::new("/"));
     make_dirs(parent)?;
     let mut n = 1u32;
@@ -177,6 +217,14 @@ fn stage(source: &Path, dest: &Path, inode: Inode) -> io::Result<Staged> {
         match std::fs::hard_link(source, &staging) {
             Ok(()) => break staging,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => n += 1,
+            // Gone since it was opened (a layer retired meanwhile): the open file is still
+            // there to copy from.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok(Staged::Replaced(format!(
+                    "{} was removed after it was opened",
+                    source.display()
+                )))
+            }
             Err(e) if cannot_link(&e) => {
                 return Ok(Staged::CannotLink(format!(
                     "no hard link from {} to {}: {e}",
@@ -187,9 +235,19 @@ fn stage(source: &Path, dest: &Path, inode: Inode) -> io::Result<Staged> {
             Err(e) => return Err(e),
         }
     };
-    if Inode::of(&std::fs::metadata(&staging)?) != inode {
-        std::fs::remove_file(&staging)?;
-        return Ok(Staged::CannotLink(format!(
+    {
+        let mut state = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if state.abandoned {
+            std::fs::remove_file(&staging)?;
+            return Err(io::Error::other("the upload was abandoned"));
+        }
+        state.path = Some(staging.clone());
+    }
+    // Not followed: a symbolic link at the source's path is linked as itself, and is no
+    // layer file.
+    let staged = std::fs::symlink_metadata(&staging)?;
+    if !staged.is_file() || Inode::of(&staged) != inode {
+        return Ok(Staged::Replaced(format!(
             "{} was replaced after it was opened",
             source.display()
         )));
@@ -197,9 +255,22 @@ fn stage(source: &Path, dest: &Path, inode: Inode) -> io::Result<Staged> {
     Ok(Staged::Linked(staging))
 }
 
-/// Step 4: renames `staging` onto `dest` and makes the rename durable.
-fn place(staging: &Path, dest: &Path) -> io::Result<()> {
-    std::fs::rename(staging, dest)?;
+/// Step 4: renames `staging` onto `dest` and makes the rename durable. Where `dest` is
+/// already this inode (an upload again of an object placed before, by an attempt whose
+/// answer was lost or by a run before a restart), a rename would do nothing and leave the
+/// staging name: it is removed instead.
+fn place(staging: &Path, dest: &Path, slot: &StagingSlot) -> io::Result<()> {
+    let same = match std::fs::symlink_metadata(dest) {
+        Ok(placed) => Inode::of(&placed) == Inode::of(&std::fs::symlink_metadata(staging)?),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Err(e) => return Err(e),
+    };
+    if same {
+        std::fs::remove_file(staging)?;
+    } else {
+        std::fs::rename(staging, dest)?;
+    }
+    slot.lock().unwrap_or_else(|e| e.into_inner()).path = None;
     fsync_dir(dest.parent().unwrap_or(Path::new("/")))
 }
 

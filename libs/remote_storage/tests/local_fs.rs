@@ -434,6 +434,18 @@ async fn an_immutable_file_is_uploaded_as_a_hard_link_that_outlives_its_name() {
     let (dev, ino, links) = inode(&local);
     assert_eq!(inode(&object("linked")), (dev, ino, 2));
     assert_eq!(links, 2);
+    // Uploaded again (its answer lost, or after a restart): the object stays that inode, and
+    // no second name is left behind.
+    let file = Arc::new(StdFile::open_immutable(&local).unwrap());
+    assert_eq!(
+        linking.upload(&k, file, Some(expected)).await.unwrap(),
+        expected
+    );
+    assert_eq!(inode(&object("linked")), (dev, ino, 2));
+    assert_eq!(
+        staging_names(&dir.path().join("remote")),
+        Vec::<String>::new()
+    );
     // Every other case is a copy: a file not declared immutable, a directory set to copy.
     for (name, remote, file) in [
         ("plain", &linking, StdFile::open(&local).unwrap()),
@@ -459,6 +471,19 @@ async fn an_immutable_file_is_uploaded_as_a_hard_link_that_outlives_its_name() {
     let (_, replaced_ino, _) = inode(&object("replaced"));
     assert!(replaced_ino != ino && replaced_ino != inode(&local).1);
 
+    // A path removed after the file was opened (a layer retired meanwhile): copied from the
+    // open file.
+    let removed = dir.path().join("work/retired");
+    std::fs::write(&removed, &data).unwrap();
+    let opened = Arc::new(StdFile::open_immutable(&removed).unwrap());
+    std::fs::remove_file(&removed).unwrap();
+    let k3 = key("t/retired");
+    assert_eq!(
+        linking.upload(&k3, opened, Some(expected)).await.unwrap(),
+        expected
+    );
+    assert!(linking.get(&k3).await.unwrap() == data);
+
     // The local name goes (an eviction): the object stays, whole, and lists as before.
     std::fs::remove_file(&local).unwrap();
     assert_eq!(inode(&object("linked")), (dev, ino, 1));
@@ -472,7 +497,7 @@ async fn an_immutable_file_is_uploaded_as_a_hard_link_that_outlives_its_name() {
         .collect();
     listed.sort();
     let len = data.len() as u64;
-    let names = ["copied", "linked", "plain", "replaced"];
+    let names = ["copied", "linked", "plain", "replaced", "retired"];
     assert_eq!(listed, names.map(|n| (format!("t/{n}"), len)).to_vec());
     assert_eq!(
         staging_names(&dir.path().join("remote")),

@@ -103,14 +103,18 @@ async fn store_batch(
     body_len: u64,
 ) -> ApiResult<Json<JsonValue>> {
     let count = records.len();
-    let timeline = blocking(move || {
-        timeline.put_batch(&records)?;
+    let (timeline, hold) = blocking(move || {
+        let hold = timeline.put_batch_paced(&records)?;
         // Counted here: a batch is stored even if its client hangs up before the answer.
         crate::metrics::INGEST_RECORDS.inc_by(count as u64);
         crate::metrics::INGEST_BYTES.inc_by(body_len);
-        Ok(timeline)
+        Ok((timeline, hold))
     })
     .await?;
+    // The answer waits at the flush's pace, on the runtime: no blocking thread is held.
+    if !hold.is_zero() {
+        tokio::time::sleep(hold).await;
+    }
     Ok(Json(json!({
         "records": count,
         "last_record_lsn": timeline.last_record_lsn().to_string(),

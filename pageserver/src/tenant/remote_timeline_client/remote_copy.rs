@@ -26,6 +26,11 @@ impl RemoteCopy for RemoteTimelineClient {
         self.wakeup.notify_one();
     }
 
+    fn has_upload_room(&self) -> bool {
+        let state = self.state();
+        state.plan.pending_bytes() <= self.context.upload_queue_max_bytes || state.plan.is_fenced()
+    }
+
     fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool) -> Result<(), TimelineError> {
         let limit = self.context.upload_queue_max_bytes;
         let max_wait = self.context.upload_room_timeout;

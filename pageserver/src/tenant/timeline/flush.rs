@@ -132,22 +132,38 @@ impl Timeline {
         &self,
         records: &[PutRecord],
     ) -> Result<(), TimelineError> {
-        let Some(remote) = self.remote.get() else {
-            return Ok(());
-        };
+        match self.remote.get() {
+            Some(remote) if self.may_have_to_flush(records) => {
+                remote.wait_for_upload_room(&|| self.is_shutting_down())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `records`, stored now, may make the batch flush: the frozen layers are at their
+    /// bound, and the batch may fill the open layer. Checked before `write_lock` (to wait for
+    /// room outside it) and again under it, where no other batch can fill the layer first.
+    pub(super) fn may_have_to_flush(&self, records: &[PutRecord]) -> bool {
         let map = self.layer_map();
         if map.frozen.len() < self.conf.max_frozen_layers {
-            return Ok(());
+            return false;
         }
         // An estimate on the high side: each value as serialized, plus room for its key, LSN
         // and length in the ephemeral file.
-        let batch: usize = records.iter().map(|r| r.value.serialized_len() + 64).sum();
+        let batch: u64 = records
+            .iter()
+            .map(|r| r.value.serialized_len() as u64 + 64)
+            .sum();
         let open = map.open.as_ref().map_or(0, |open| open.bytes_written());
-        drop(map);
-        if open + (batch as u64) < self.conf.checkpoint_distance {
-            return Ok(());
-        }
-        remote.wait_for_upload_room(&|| self.is_shutting_down())
+        open + batch >= self.conf.checkpoint_distance
+    }
+
+    /// Under `write_lock`: whether this batch may have to flush while the upload queue has no
+    /// room, so that it must let go of the lock and wait outside it first.
+    pub(super) fn must_wait_for_upload_room(&self, records: &[PutRecord]) -> bool {
+        self.remote
+            .get()
+            .is_some_and(|remote| !remote.has_upload_room() && self.may_have_to_flush(records))
     }
 
     /// Freezes the open layer and writes every frozen layer to disk. Returns when everything

@@ -18,6 +18,27 @@ impl Timeline {
     /// batch is validated first: a refused batch changes nothing. Returns once every version is
     /// readable.
     pub fn put_batch(&self, records: &[PutRecord]) -> Result<(), TimelineError> {
+        self.store_batch(records).map(drop)
+    }
+
+    /// [`Timeline::put_batch`], paced: returns how long the caller is to hold its answer
+    /// while the frozen layers are at their bound (`pacing.rs`), zero otherwise. The batch is
+    /// stored and readable either way; the caller waits without holding a thread (an HTTP
+    /// request sleeps on the runtime), so that ingest slows to the flush's pace.
+    pub fn put_batch_paced(&self, records: &[PutRecord]) -> Result<Duration, TimelineError> {
+        let stored = self.store_batch(records)?;
+        if stored == 0 || self.layer_map().frozen.len() < self.conf.max_frozen_layers.max(1) {
+            return Ok(Duration::ZERO);
+        }
+        let hold = self.pacer.hold_for(stored, Instant::now());
+        if !hold.is_zero() {
+            crate::metrics::INGEST_PACE_SECONDS.observe(hold.as_secs_f64());
+        }
+        Ok(hold)
+    }
+
+    /// Stores a batch; returns the bytes it added to the open layer.
+    fn store_batch(&self, records: &[PutRecord]) -> Result<u64, TimelineError> {
         // Held outside write_lock, so that a held batch keeps no checkpoint, flush or shutdown
         // waiting; then checked again under it, so that batches that waited together do not
         // all go through on the same room.
@@ -32,7 +53,10 @@ impl Timeline {
                 self.wait_for_upload_room_before_batch(records)?;
             }
             let writer = self.writer();
-            if records.is_empty() || !self.l0_stopped() {
+            // Again under the lock: a batch that went in meanwhile may have left this one the
+            // batch that fills the open layer, with no room to flush it.
+            if records.is_empty() || !(self.l0_stopped() || self.must_wait_for_upload_room(records))
+            {
                 break writer;
             }
         };
@@ -43,7 +67,7 @@ impl Timeline {
             return Err(TimelineError::Broken { reason });
         }
         let (Some(first), Some(last)) = (records.first(), records.last()) else {
-            return Ok(());
+            return Ok(0);
         };
         if self.lifecycle.get() == Lifecycle::Importing {
             return Err(TimelineError::ImportInProgress);
@@ -92,22 +116,7 @@ impl Timeline {
             }
         }
         drop(writer);
-        self.pace(stored);
-        Ok(())
-    }
-
-    /// Holds a batch that stored `stored` bytes for its share of the flush's time while the
-    /// frozen layers are at their bound (`pacing.rs`). The batch is stored and readable; only
-    /// its answer waits.
-    fn pace(&self, stored: u64) {
-        if self.layer_map().frozen.len() < self.conf.max_frozen_layers.max(1) {
-            return;
-        }
-        let hold = self.pacer.hold_for(stored, Instant::now());
-        if !hold.is_zero() && !self.is_shutting_down() {
-            crate::metrics::INGEST_PACE_SECONDS.observe(hold.as_secs_f64());
-            std::thread::sleep(hold);
-        }
+        Ok(stored)
     }
 
     /// The open layer a batch from `first` to `last` goes into: the current one if it can hold

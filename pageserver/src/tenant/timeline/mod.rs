@@ -68,13 +68,15 @@
 //! watched; else by the putting thread itself): ingest slows to the disk's pace instead of
 //! filling memory and the ephemeral files without bound, and a batch waits for one layer's
 //! write, not for every frozen layer's. Before it comes to that, while `max_frozen_layers`
-//! wait, each batch is held after it is stored (outside `write_lock`) for its bytes over the
-//! measured flush rate (`pacing.rs`): the open layer then fills no faster than the flush
-//! empties the queue, and the slowdown is spread over every batch instead of landing on one. With remote storage a flush also waits, for at most
+//! wait, the answer to each HTTP batch is held after the batch is stored (outside `write_lock`,
+//! holding no thread) for its bytes over the measured flush rate (`pacing.rs`): the open layer
+//! then fills no faster than the flush empties the queue, and the slowdown is spread over every
+//! batch instead of landing on one. With remote storage a flush also waits, for at most
 //! `upload_queue_wait_timeout`, while the upload queue is over its bound; a batch that may have
 //! to flush (the frozen layers at their bound, and the batch would fill the open layer) waits
 //! so first, outside `write_lock`, and is refused (`UploadQueueFull`, a 503) with nothing
-//! stored if the store takes nothing meanwhile.
+//! stored if the store takes nothing meanwhile; under `write_lock` it checks again (another
+//! batch may have filled the layer first) and lets go of the lock to wait if it must.
 //!
 //! # Backpressure on L0 layers
 //!
@@ -390,6 +392,8 @@ pub trait RemoteCopy: Send + Sync {
     /// `Ok`), or for at most `upload_queue_wait_timeout` (then
     /// [`TimelineError::UploadQueueFull`]).
     fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool) -> Result<(), TimelineError>;
+    /// Whether a flush would find room in the upload queue now, without waiting.
+    fn has_upload_room(&self) -> bool;
     /// Everything at or below it is in remote storage.
     fn remote_consistent_lsn(&self) -> Lsn;
     /// Whether the store holds layer file `name` as listed (so its local copy may be evicted).

@@ -1,6 +1,10 @@
-//! Ingest pacing: once the frozen layers reach `max_frozen_layers`, each batch is held, after
-//! it is stored and outside `write_lock`, for as long as the flush takes to write its bytes, so
-//! that ingest slows to the flush's pace a little at every batch rather than all at once.
+//! Ingest pacing: once the frozen layers reach `max_frozen_layers`, the answer to each batch
+//! is held, after the batch is stored and outside `write_lock`, for as long as the flush takes
+//! to write its bytes, so that ingest slows to the flush's pace a little at every batch rather
+//! than all at once. [`Timeline::put_batch_paced`](super::Timeline::put_batch_paced) returns
+//! the hold and its caller waits it out without holding a thread (the HTTP ingest route sleeps
+//! on the runtime); the WAL receiver's batches are not paced (it answers no one per batch, and
+//! holds its step lock while it stores one).
 //!
 //! Without it, a batch that freezes the layer one past the bound waits (under `write_lock`, with
 //! every batch behind it) for whatever is left of the oldest frozen layer's write: seconds, when

@@ -302,38 +302,37 @@ fn batches_are_paced_at_the_measured_flush_rate_only_while_the_frozen_layers_are
         ..TimelineConf::default()
     };
     let tl = Timeline::create(dir.path(), TENANT, TIMELINE, small_cache(64), conf).unwrap();
-    let mut lsn = 0;
-    let mut put = |tl: &Timeline| {
-        lsn += 10;
-        tl.put(rel_key(lsn as u32), Lsn(lsn), &image(lsn as u8))
-            .unwrap();
+    let lsn = std::cell::Cell::new(0u64);
+    let next = || {
+        lsn.set(lsn.get() + 10);
+        [rec(lsn.get() as u32, lsn.get(), &image(lsn.get() as u8))]
     };
+    let put = |tl: &Timeline| tl.put_batch_paced(&next()).unwrap();
     // Before any flush there is no rate to pace by: the batch that freezes a layer and those
-    // after it go through without a hold.
+    // after it are not held.
     for _ in 0..6 {
-        put(&tl);
+        assert_eq!(put(&tl), Duration::ZERO);
     }
     assert_eq!(tl.layer_counts().frozen, 1);
-    assert_eq!(tl.pacer.held_total(), Duration::ZERO);
     // One flush of a full layer measures the rate; with no layer frozen, nothing is held.
     tl.flush_frozen().unwrap();
-    put(&tl);
+    assert_eq!(put(&tl), Duration::ZERO);
     assert_eq!(tl.layer_counts().frozen, 0);
-    assert_eq!(tl.pacer.held_total(), Duration::ZERO);
     // The batch that freezes the next layer brings the frozen layers to the bound: it and
     // every batch after it is held, each for about its bytes at the rate, none past MAX_PACE.
-    put(&tl);
+    let first = put(&tl);
     assert_eq!(tl.layer_counts().frozen, 1);
-    let first = tl.pacer.held_total();
-    assert!(first > Duration::ZERO);
-    put(&tl);
-    let second = tl.pacer.held_total() - first;
+    assert!(first > Duration::ZERO && first <= pacing::MAX_PACE);
+    let second = put(&tl);
     assert!(second > Duration::ZERO && second <= pacing::MAX_PACE);
+    assert_eq!(tl.pacer.held_total(), first + second);
+    // Plain put_batch (the WAL receiver's, which answers no one) is stored unpaced.
+    let before = tl.pacer.held_total();
+    tl.put_batch(&next()).unwrap();
+    assert_eq!(tl.pacer.held_total(), before);
     // Flushed again: below the bound, no hold.
     tl.flush_frozen().unwrap();
-    let before = tl.pacer.held_total();
-    put(&tl);
-    assert_eq!(tl.pacer.held_total(), before);
+    assert_eq!(put(&tl), Duration::ZERO);
 }
 
 #[test]
