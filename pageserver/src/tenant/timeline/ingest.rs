@@ -54,8 +54,12 @@ impl Timeline {
             }
             let writer = self.writer();
             // Again under the lock: a batch that went in meanwhile may have left this one the
-            // batch that fills the open layer, with no room to flush it.
-            if records.is_empty() || !(self.l0_stopped() || self.must_wait_for_upload_room(records))
+            // batch that fills the open layer, with no room to flush it. A timeline shutting
+            // down stops waiting for room (so the wait returns at once): it is refused below,
+            // rather than looping.
+            if records.is_empty()
+                || self.is_shutting_down()
+                || !(self.l0_stopped() || self.must_wait_for_upload_room(records))
             {
                 break writer;
             }
