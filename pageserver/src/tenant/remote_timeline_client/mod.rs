@@ -34,7 +34,9 @@
 //! (`pageserver_upload_queue_wait_seconds`, and a log line per wait), for at most
 //! `upload_queue_wait_timeout`; then the flush fails with
 //! [`TimelineError::UploadQueueFull`](crate::tenant::timeline::TimelineError::UploadQueueFull),
-//! which an ingest batch answers as 503 with `Retry-After`.
+//! which an ingest batch answers as 503 with `Retry-After`. Before that, while the queue is over
+//! its bound, the timeline paces HTTP ingest by the time the queue needs to drain at the rate
+//! layers have been reaching the store (`upload_rate.rs`; `timeline/pacing.rs`).
 //!
 //! # WAL
 //!
@@ -80,6 +82,7 @@ mod remote_copy;
 #[cfg(test)]
 mod tests;
 mod upload_plan;
+mod upload_rate;
 mod wal_archive;
 mod wal_commits;
 pub mod wal_index;
@@ -88,6 +91,7 @@ use index::{
     classify_object, index_path, layer_path, timeline_path, IndexLayer, IndexPart, RemoteObject,
 };
 use upload_plan::{Step, UploadPlan};
+use upload_rate::UploadRate;
 use wal_index::WalIndex;
 
 use discovery::parse_index;
@@ -218,6 +222,8 @@ struct ClientState {
     claims: Vec<Bytes>,
     /// The error of the last failed step, until a step succeeds.
     last_error: Option<String>,
+    /// How fast layers have been reaching the store (`upload_rate.rs`).
+    upload_rate: UploadRate,
 }
 
 /// See the module documentation.
@@ -311,6 +317,7 @@ impl RemoteTimelineClient {
                 stopping: false,
                 claims: Vec::new(),
                 last_error: None,
+                upload_rate: UploadRate::default(),
             }),
             progressed: Condvar::new(),
             wakeup: tokio::sync::Notify::new(),
@@ -493,10 +500,16 @@ impl RemoteTimelineClient {
                     })
                     .buffer_unordered(storage.objects_in_flight());
                 let mut first_error = None;
+                // The rate's samples: each layer over the time since the step's previous one.
+                let mut previous = Instant::now();
                 while let Some((name, layer, result)) = uploads.next().await {
                     match result {
                         Ok(true) => {
-                            self.state().plan.layer_uploaded(&name, layer);
+                            let mut state = self.state();
+                            state.upload_rate.uploaded(layer.size, previous.elapsed());
+                            previous = Instant::now();
+                            state.plan.layer_uploaded(&name, layer);
+                            drop(state);
                             self.progressed.notify_all();
                         }
                         Ok(false) => {}

@@ -31,6 +31,15 @@ impl RemoteCopy for RemoteTimelineClient {
         state.plan.pending_bytes() <= self.context.upload_queue_max_bytes || state.plan.is_fenced()
     }
 
+    fn upload_backlog(&self) -> Duration {
+        let state = self.state();
+        if state.plan.is_fenced() {
+            return Duration::ZERO;
+        }
+        let over = (state.plan.pending_bytes()).saturating_sub(self.context.upload_queue_max_bytes);
+        state.upload_rate.time_for(over)
+    }
+
     fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool) -> Result<(), TimelineError> {
         let limit = self.context.upload_queue_max_bytes;
         let max_wait = self.context.upload_room_timeout;

@@ -379,17 +379,61 @@ fn a_branch_index_waits_for_the_ancestor_to_reach_the_branch_point() {
     main.stop(true);
 }
 
-#[test]
-fn a_store_that_takes_nothing_fails_flushes_and_batches_after_the_wait() {
-    let dir = tempfile::tempdir().unwrap();
-    let (workdir, remote) = (dir.path().join("work"), dir.path().join("remote"));
-    let storage = RemoteStorage::new(&RemoteStorageConfig::local_dir(remote.clone()))
+/// A directory store whose operations give up after 50 ms of retries.
+fn failing_fast(remote: &Path) -> RemoteStorage {
+    RemoteStorage::new(&RemoteStorageConfig::local_dir(remote.to_owned()))
         .unwrap()
         .with_retry_policy(remote_storage::RetryPolicy {
             initial: Duration::from_millis(1),
             max_backoff: Duration::from_millis(5),
             timeout: Duration::from_millis(50),
-        });
+        })
+}
+
+/// Takes the store at `remote` away: a file where its directory was fails every operation.
+/// Returns where the directory went.
+fn take_away(remote: &Path) -> std::path::PathBuf {
+    let away = remote.with_extension("away");
+    std::fs::rename(remote, &away).unwrap();
+    std::fs::write(remote, b"not a directory").unwrap();
+    away
+}
+
+/// Undoes [`take_away`].
+fn bring_back(remote: &Path, away: &Path) {
+    std::fs::remove_file(remote).unwrap();
+    std::fs::rename(away, remote).unwrap();
+}
+
+/// A new timeline in `workdir` uploading through `context`, with layers of 16 pages and
+/// `max_frozen_layers`; the manager, which must outlive the timeline, comes back too.
+fn small_layers(
+    workdir: &Path,
+    context: Arc<RemoteContext>,
+    max_frozen_layers: usize,
+) -> (
+    TenantManager,
+    Arc<crate::tenant::timeline::Timeline>,
+    Arc<super::RemoteTimelineClient>,
+) {
+    let conf = TimelineConf {
+        max_frozen_layers,
+        checkpoint_distance: 16 * PAGE_SZ as u64,
+        ..conf()
+    };
+    let (mgr, _) =
+        TenantManager::load_with_remote(workdir, small_cache(256), conf, Some(context)).unwrap();
+    let tenant = mgr.create_tenant(None).unwrap();
+    let timeline = tenant.create_timeline(None).unwrap();
+    let client = tenant.remote_client(timeline.timeline_id()).unwrap();
+    (mgr, timeline, client)
+}
+
+#[test]
+fn a_store_that_takes_nothing_fails_flushes_and_batches_after_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let (workdir, remote) = (dir.path().join("work"), dir.path().join("remote"));
+    let storage = failing_fast(&remote);
     let wait = Duration::from_millis(300);
     let context = Arc::new(
         RemoteContext::new(storage, 1, 0)
@@ -397,22 +441,11 @@ fn a_store_that_takes_nothing_fails_flushes_and_batches_after_the_wait() {
             .with_upload_room_timeout(wait),
     );
     // Layers of 16 pages: the 8-page puts below fill none.
-    let conf = TimelineConf {
-        max_frozen_layers: 1,
-        checkpoint_distance: 16 * PAGE_SZ as u64,
-        ..conf()
-    };
-    let (mgr, _) =
-        TenantManager::load_with_remote(&workdir, small_cache(256), conf, Some(context)).unwrap();
-    let tenant = mgr.create_tenant(None).unwrap();
-    let timeline = tenant.create_timeline(None).unwrap();
-    let client = tenant.remote_client(timeline.timeline_id()).unwrap();
+    let (_mgr, timeline, client) = small_layers(&workdir, context, 1);
     assert!(client.wait_settled(Duration::from_secs(20)));
 
     // The store goes down: a file where its directory was fails every operation.
-    let away = dir.path().join("remote.away");
-    std::fs::rename(&remote, &away).unwrap();
-    std::fs::write(&remote, b"not a directory").unwrap();
+    let away = take_away(&remote);
     // The first layer goes into the queue, which is then over its bound of one byte.
     put_images(&timeline, 0x10, 8);
     timeline.checkpoint().unwrap();
@@ -460,8 +493,7 @@ fn a_store_that_takes_nothing_fails_flushes_and_batches_after_the_wait() {
     assert_eq!(timeline.last_record_lsn(), last);
 
     // The store is back: the queue drains, and the same batch goes through.
-    std::fs::remove_file(&remote).unwrap();
-    std::fs::rename(&away, &remote).unwrap();
+    bring_back(&remote, &away);
     assert!(
         client.wait_settled(Duration::from_secs(20)),
         "{:?}",
@@ -476,5 +508,63 @@ fn a_store_that_takes_nothing_fails_flushes_and_batches_after_the_wait() {
         client.last_error()
     );
     assert_eq!(timeline.remote_consistent_lsn(), Some(Lsn(0x40)));
+    timeline.shutdown(false).unwrap();
+}
+
+#[test]
+fn an_upload_queue_over_its_bound_paces_batches_before_the_frozen_layers_reach_theirs() {
+    use crate::tenant::timeline::RemoteCopy;
+    let dir = tempfile::tempdir().unwrap();
+    let (workdir, remote) = (dir.path().join("work"), dir.path().join("remote"));
+    let storage = failing_fast(&remote);
+    // Any layer waiting for upload puts the queue over its bound of one byte.
+    let context = Arc::new(RemoteContext::new(storage, 1, 0).unwrap());
+    // Layers of 16 pages, two may wait frozen: no batch below reaches that bound.
+    let (_mgr, timeline, client) = small_layers(&workdir, context, 2);
+    let one_page = |lsn| {
+        vec![PutRecord {
+            key: rel_key(0),
+            lsn: Lsn(lsn),
+            value: Value::Image(Bytes::from(vec![7u8; PAGE_SZ])),
+        }]
+    };
+    // A layer uploads: the rate is timed, and the queue is empty again. Nothing is held.
+    put_images(&timeline, 0x10, 8);
+    timeline.checkpoint().unwrap();
+    assert!(client.wait_settled(Duration::from_secs(20)));
+    assert_eq!(client.upload_backlog(), Duration::ZERO);
+    assert_eq!(
+        timeline.put_batch_paced(&one_page(0x18)).unwrap(),
+        Duration::ZERO
+    );
+
+    // The store goes away with a layer in the queue: the queue is over its bound, and how long
+    // it needs to drain at the timed rate is spread over the batches stored meanwhile, though
+    // no layer is frozen.
+    let away = take_away(&remote);
+    put_images(&timeline, 0x20, 8);
+    timeline.checkpoint().unwrap();
+    assert!(client.upload_backlog() > Duration::ZERO);
+    assert_eq!(timeline.layer_counts().frozen, 0);
+    let held = timeline.put_batch_paced(&one_page(0x28)).unwrap();
+    assert!(
+        held > Duration::ZERO && held <= client.upload_backlog(),
+        "{held:?}"
+    );
+    // Plain put_batch (the WAL receiver's) is not held.
+    timeline.put_batch(&one_page(0x29)).unwrap();
+
+    // The store is back: the queue drains, and batches go unheld again.
+    bring_back(&remote, &away);
+    assert!(
+        client.wait_settled(Duration::from_secs(20)),
+        "{:?}",
+        client.last_error()
+    );
+    assert_eq!(client.upload_backlog(), Duration::ZERO);
+    assert_eq!(
+        timeline.put_batch_paced(&one_page(0x30)).unwrap(),
+        Duration::ZERO
+    );
     timeline.shutdown(false).unwrap();
 }

@@ -158,6 +158,27 @@ impl Timeline {
         open + batch >= self.conf.checkpoint_distance
     }
 
+    /// What a batch stored now is paced by (`pacing.rs`): whether the frozen layers are at
+    /// their bound, the upload queue's backlog, and the bytes that can still be stored before a
+    /// batch has to wait for a flush (an estimate: a layer also freezes on its LSN span and at
+    /// a checkpoint).
+    pub(super) fn pace(&self) -> pacing::Pace {
+        let upload_backlog = self
+            .remote
+            .get()
+            .map_or(Duration::ZERO, |remote| remote.upload_backlog());
+        let distance = self.conf.checkpoint_distance;
+        let map = self.layer_map();
+        let bound = self.conf.max_frozen_layers.max(1);
+        let free_slots = bound.saturating_sub(map.frozen.len()) as u64;
+        let open = map.open.as_ref().map_or(0, |open| open.bytes_written());
+        pacing::Pace {
+            frozen_at_bound: map.frozen.len() >= bound,
+            upload_backlog,
+            room: free_slots * distance + distance.saturating_sub(open),
+        }
+    }
+
     /// Under `write_lock`: whether this batch may have to flush while the upload queue has no
     /// room, so that it must let go of the lock and wait outside it first.
     pub(super) fn must_wait_for_upload_room(&self, records: &[PutRecord]) -> bool {

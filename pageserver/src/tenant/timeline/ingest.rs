@@ -22,15 +22,20 @@ impl Timeline {
     }
 
     /// [`Timeline::put_batch`], paced: returns how long the caller is to hold its answer
-    /// while the frozen layers are at their bound (`pacing.rs`), zero otherwise. The batch is
-    /// stored and readable either way; the caller waits without holding a thread (an HTTP
-    /// request sleeps on the runtime), so that ingest slows to the flush's pace.
+    /// while the frozen layers are at their bound or the upload queue is over its own
+    /// (`pacing.rs`), zero otherwise. The batch is stored and readable either way; the caller
+    /// waits without holding a thread (an HTTP request sleeps on the runtime), so that ingest
+    /// slows to the pace of the flush and of the uploads.
     pub fn put_batch_paced(&self, records: &[PutRecord]) -> Result<Duration, TimelineError> {
         let stored = self.store_batch(records)?;
-        if stored == 0 || self.layer_map().frozen.len() < self.conf.max_frozen_layers.max(1) {
+        if stored == 0 {
             return Ok(Duration::ZERO);
         }
-        let hold = self.pacer.hold_for(stored, Instant::now());
+        let pace = self.pace();
+        if !pace.applies() {
+            return Ok(Duration::ZERO);
+        }
+        let hold = self.pacer.hold_for(stored, Instant::now(), pace);
         if !hold.is_zero() {
             crate::metrics::INGEST_PACE_SECONDS.observe(hold.as_secs_f64());
         }

@@ -71,7 +71,9 @@
 //! wait, the answer to each HTTP batch is held after the batch is stored (outside `write_lock`,
 //! holding no thread) for its bytes over the measured flush rate (`pacing.rs`): the open layer
 //! then fills no faster than the flush empties the queue, and the slowdown is spread over every
-//! batch instead of landing on one. With remote storage a flush also waits, for at most
+//! batch instead of landing on one; while the upload queue is over its bound, each batch is also
+//! held for its share of the time the queue needs to drain, spread over the bytes that can still
+//! be stored before a batch must wait. With remote storage a flush also waits, for at most
 //! `upload_queue_wait_timeout`, while the upload queue is over its bound; a batch that may have
 //! to flush (the frozen layers at their bound, and the batch would fill the open layer) waits
 //! so first, outside `write_lock`, and is refused (`UploadQueueFull`, a 503) with nothing
@@ -394,6 +396,10 @@ pub trait RemoteCopy: Send + Sync {
     fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool) -> Result<(), TimelineError>;
     /// Whether a flush would find room in the upload queue now, without waiting.
     fn has_upload_room(&self) -> bool;
+    /// How long the upload queue will take to get back within its bound at the rate uploads
+    /// have been going: zero while it is within it, or before any upload was timed. What the
+    /// ingest pacer spreads over the batches that can still be stored before one must wait.
+    fn upload_backlog(&self) -> Duration;
     /// Everything at or below it is in remote storage.
     fn remote_consistent_lsn(&self) -> Lsn;
     /// Whether the store holds layer file `name` as listed (so its local copy may be evicted).
