@@ -3,6 +3,8 @@
 //!
 //! * `write_blob/ephemeral/{size}`: a real EphemeralFile in a temp dir with a 64 MiB page cache;
 //!   every full block is written with a positional write and pre-warmed into the cache.
+//! * `write_blob/ephemeral_nowarm/{size}`: the same, created without pre-warm (as an import's
+//!   files are): what the copy of each written block into the page cache costs.
 //! * `write_blob/vec_baseline/{size}`: `append_blob_to_vec` into a `Vec<u8>` that is cleared
 //!   (keeping its capacity) every 64 MiB so memory stays bounded.
 //! * `write_blob/pwrite_baseline/{size}`: the same encoding into one 8 KiB buffer written with a
@@ -51,18 +53,25 @@ fn write_blob(c: &mut Criterion) {
         let blob: Vec<u8> = (0..size).map(|i| i as u8).collect();
         group.throughput(Throughput::Bytes(size as u64));
 
-        group.bench_with_input(BenchmarkId::new("ephemeral", size), &blob, |b, blob| {
-            b.iter_custom(|iters| {
-                let file = EphemeralFile::create(dir.path(), cache.clone()).expect("create");
-                let start = Instant::now();
-                for _ in 0..iters {
-                    black_box(file.write_blob(black_box(blob)).expect("write_blob"));
-                }
-                let elapsed = start.elapsed();
-                drop(file);
-                elapsed
-            })
-        });
+        for (series, pre_warm) in [("ephemeral", true), ("ephemeral_nowarm", false)] {
+            group.bench_with_input(BenchmarkId::new(series, size), &blob, |b, blob| {
+                b.iter_custom(|iters| {
+                    let file = if pre_warm {
+                        EphemeralFile::create(dir.path(), cache.clone())
+                    } else {
+                        EphemeralFile::create_without_pre_warm(dir.path(), cache.clone())
+                    }
+                    .expect("create");
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        black_box(file.write_blob(black_box(blob)).expect("write_blob"));
+                    }
+                    let elapsed = start.elapsed();
+                    drop(file);
+                    elapsed
+                })
+            });
+        }
 
         group.bench_with_input(BenchmarkId::new("vec_baseline", size), &blob, |b, blob| {
             let mut buf: Vec<u8> = Vec::with_capacity(VEC_RESET_BYTES + 32 * 1024);
