@@ -91,7 +91,7 @@ use index::{
     classify_object, index_path, layer_path, timeline_path, IndexLayer, IndexPart, RemoteObject,
 };
 use upload_plan::{Step, UploadPlan};
-use upload_rate::UploadRate;
+use upload_rate::{DrainEstimate, UploadRate};
 use wal_index::WalIndex;
 
 use discovery::parse_index;
@@ -242,6 +242,8 @@ pub struct RemoteTimelineClient {
     index_uploaded: tokio::sync::Notify,
     /// Index uploads of this branch held back because the ancestor's store lagged.
     held_for_ancestor: AtomicU64,
+    /// How long the queue needs to get back within its bound, for the ingest pacer.
+    drain: DrainEstimate,
     /// Layer downloads that failed lately: name → when, and the error (see
     /// [`FAILED_DOWNLOAD_SHARED_FOR`]).
     failed_downloads: Mutex<HashMap<String, (Instant, String)>>,
@@ -303,6 +305,7 @@ impl RemoteTimelineClient {
             ancestor: std::sync::OnceLock::new(),
             index_uploaded: tokio::sync::Notify::new(),
             held_for_ancestor: AtomicU64::new(0),
+            drain: DrainEstimate::default(),
             failed_downloads: Mutex::new(HashMap::new()),
             tenant_id,
             timeline_id,
@@ -483,9 +486,22 @@ impl RemoteTimelineClient {
                     .await;
                 }
             }
+            self.publish_drain(&self.state());
             self.progressed.notify_all();
         }
         self.progressed.notify_all();
+    }
+
+    /// Publishes how long the queue needs to get back within its bound (`upload_rate.rs`):
+    /// called under the state's lock after every change of the queue.
+    fn publish_drain(&self, state: &ClientState) {
+        let excess = if state.plan.is_fenced() || state.stopping {
+            0
+        } else {
+            (state.plan.pending_bytes()).saturating_sub(self.context.upload_queue_max_bytes)
+        };
+        let parallel = (self.context.storage.objects_in_flight()).min(state.plan.pending_layers());
+        self.drain.publish(excess, &state.upload_rate, parallel);
     }
 
     async fn execute(&self, step: Step) -> Result<(), RemoteClientError> {
@@ -495,20 +511,19 @@ impl RemoteTimelineClient {
             Step::UploadLayers(layers) => {
                 let mut uploads = futures::stream::iter(layers)
                     .map(|(name, layer)| async move {
+                        let started = Instant::now();
                         let result = self.upload_layer(&name, &layer).await;
-                        (name, layer, result)
+                        (name, layer, result, started.elapsed())
                     })
                     .buffer_unordered(storage.objects_in_flight());
                 let mut first_error = None;
-                // The rate's samples: each layer over the time since the step's previous one.
-                let mut previous = Instant::now();
-                while let Some((name, layer, result)) = uploads.next().await {
+                while let Some((name, layer, result, took)) = uploads.next().await {
                     match result {
                         Ok(true) => {
                             let mut state = self.state();
-                            state.upload_rate.uploaded(layer.size, previous.elapsed());
-                            previous = Instant::now();
+                            state.upload_rate.uploaded(layer.size, took);
                             state.plan.layer_uploaded(&name, layer);
+                            self.publish_drain(&state);
                             drop(state);
                             self.progressed.notify_all();
                         }

@@ -22,6 +22,7 @@ impl RemoteCopy for RemoteTimelineClient {
         });
         target.ancestry = self.ancestry;
         state.plan.set_target(target);
+        self.publish_drain(&state);
         drop(state);
         self.wakeup.notify_one();
     }
@@ -32,12 +33,7 @@ impl RemoteCopy for RemoteTimelineClient {
     }
 
     fn upload_backlog(&self) -> Duration {
-        let state = self.state();
-        if state.plan.is_fenced() {
-            return Duration::ZERO;
-        }
-        let over = (state.plan.pending_bytes()).saturating_sub(self.context.upload_queue_max_bytes);
-        state.upload_rate.time_for(over)
+        self.drain.backlog()
     }
 
     fn wait_for_upload_room(&self, cancelled: &dyn Fn() -> bool) -> Result<(), TimelineError> {
@@ -175,7 +171,10 @@ impl RemoteCopy for RemoteTimelineClient {
                 queued_bytes = self.queued_bytes(),
                 "stopping with uploads not done after {SHUTDOWN_DRAIN_TIMEOUT:?}; the next start resumes them");
         }
-        self.state().stopping = true;
+        let mut state = self.state();
+        state.stopping = true;
+        self.publish_drain(&state);
+        drop(state);
         self.wakeup.notify_one();
         self.progressed.notify_all();
         if let Some(task) = lock(&self.task).take() {

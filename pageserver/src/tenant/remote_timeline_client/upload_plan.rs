@@ -209,6 +209,15 @@ impl UploadPlan {
             .map_or(Lsn::INVALID, |i| i.disk_consistent_lsn)
     }
 
+    /// How many of the newest target's layers are not yet in the store.
+    pub(crate) fn pending_layers(&self) -> usize {
+        self.targets.back().map_or(0, |newest| {
+            (newest.layers.keys())
+                .filter(|name| !self.present.contains_key(*name))
+                .count()
+        })
+    }
+
     /// Bytes of the newest target's layers not yet in the store: the upload queue's length.
     pub(crate) fn pending_bytes(&self) -> u64 {
         let Some(newest) = self.targets.back() else {

@@ -175,7 +175,8 @@ impl Timeline {
         pacing::Pace {
             frozen_at_bound: map.frozen.len() >= bound,
             upload_backlog,
-            room: free_slots * distance + distance.saturating_sub(open),
+            room: (free_slots.saturating_mul(distance))
+                .saturating_add(distance.saturating_sub(open)),
         }
     }
 

@@ -104,7 +104,7 @@ impl FlushPacer {
         let backlog_share = pace
             .upload_backlog
             .mul_f64(bytes as f64 / pace.room.max(bytes).max(1) as f64);
-        let share = flush_share.max(backlog_share);
+        let share = flush_share.max(backlog_share).min(MAX_PACE);
         if share.is_zero() {
             return Duration::ZERO;
         }
