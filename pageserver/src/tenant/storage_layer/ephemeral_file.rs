@@ -20,8 +20,12 @@
 //! ```
 //!
 //! * [`EphemeralFile::write_blob`] copies the blob into the **tail** (block `len / PAGE_SZ`)
-//!   under the tail's write lock and then publishes the new [`EphemeralFile::len`]. Writers are
-//!   serialized by a writer mutex that no reader takes.
+//!   under the tail's write lock and then publishes the new [`EphemeralFile::len`]. A blob that
+//!   fits the tail takes that lock alone. A blob that does not (it seals a block) is written
+//!   under a writer mutex that no reader takes, with the tail *claimed* (a flag set and
+//!   cleared under the tail's lock) until its last piece is in: meanwhile a blob that fits
+//!   takes the writer mutex too, so no blob lands between another's pieces. A failed write
+//!   leaves the claim, so every later write goes to the writer mutex and is refused.
 //! * When a copy fills the tail, the writer **seals** it, all under the tail's write lock: the
 //!   tail (an `Arc<[u8; PAGE_SZ]>` no one else holds) is moved, not copied, to the end of the
 //!   **sealed run** and published there, a zeroed block takes its place, and only then does
@@ -119,7 +123,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::format::blob_io::{BlobHeader, BlobTooLarge};
@@ -175,8 +179,13 @@ pub struct EphemeralFile {
     tail: RwLock<Arc<[u8; PAGE_SZ]>>,
     /// The blocks right before the tail that are sealed but not yet written, for readers.
     sealed: RwLock<SealedRun>,
-    /// Serializes writers; readers never take it, so it may be held across I/O.
+    /// Serializes the writers of blobs that seal a block (and of every blob while one of
+    /// those is in progress); readers never take it, so it may be held across I/O.
     writer: Mutex<WriterState>,
+    /// Set, under the tail's write lock, by a writer holding `writer` for a blob that does not
+    /// fit the tail, until it is appended; left set once the file is broken. While it is set,
+    /// a blob that fits the tail takes `writer` too instead of appending at once.
+    claimed: AtomicBool,
     /// Whether a written block is inserted into the page cache.
     pre_warm: bool,
 }
@@ -239,6 +248,7 @@ impl EphemeralFile {
             len: AtomicU64::new(0),
             tail: RwLock::new(Arc::new([0u8; PAGE_SZ])),
             sealed: RwLock::new(SealedRun::new()),
+            claimed: AtomicBool::new(false),
             writer: Mutex::new(WriterState {
                 broken: false,
                 run: SealedRun::new(),
@@ -277,31 +287,52 @@ impl EphemeralFile {
     /// byte and a page) saves a copy of the whole value.
     #[inline]
     pub fn write_blob_parts(&self, parts: &[&[u8]]) -> Result<u64, EphemeralWriteError> {
+        let blob_len = parts.iter().map(|part| part.len()).sum();
+        let header = BlobHeader::new(blob_len)?;
+        let header = header.as_bytes();
+        let total = header.len() + blob_len;
+        // Most blobs fit in the tail: the tail's lock alone, once for the header and the blob,
+        // unless another writer has claimed the tail for a blob that does not fit it.
+        {
+            let mut tail = self.write_tail();
+            if !self.claimed.load(Ordering::Relaxed) {
+                // `len` changes only under the tail's write lock, which we hold.
+                let offset = self.len.load(Ordering::Relaxed);
+                let used = (offset % PAGE_SZ as u64) as usize;
+                if used + total < PAGE_SZ {
+                    let bytes = Arc::make_mut(&mut tail);
+                    let mut at = used;
+                    for piece in std::iter::once(header).chain(parts.iter().copied()) {
+                        bytes[at..at + piece.len()].copy_from_slice(piece);
+                        at += piece.len();
+                    }
+                    self.len.store(offset + total as u64, Ordering::Release);
+                    return Ok(offset);
+                }
+            }
+        }
+        self.write_blob_claimed(header, parts)
+    }
+
+    /// A blob that seals a block, or that comes while another writer holds the claim: under
+    /// the writer mutex, with the tail claimed so that no blob that fits the tail goes in
+    /// between this one's pieces. A failure leaves the claim (and the file broken): every
+    /// later write comes here and is refused.
+    #[cold]
+    fn write_blob_claimed(
+        &self,
+        header: &[u8],
+        parts: &[&[u8]],
+    ) -> Result<u64, EphemeralWriteError> {
         let mut writer = self.lock_writer();
         if writer.broken {
             return Err(EphemeralWriteError::Broken {
                 path: self.path.clone(),
             });
         }
-        let blob_len = parts.iter().map(|part| part.len()).sum();
-        let header = BlobHeader::new(blob_len)?;
-        let header = header.as_bytes();
-        // Only writers change `len`, and we are the writer.
+        self.set_claimed(true);
+        // Only writers change `len`, and no other writer appends while we hold the claim.
         let offset = self.len.load(Ordering::Relaxed);
-        // Most blobs fit in the tail: one lock for the header and the blob.
-        let used = (offset % PAGE_SZ as u64) as usize;
-        let total = header.len() + blob_len;
-        if used + total < PAGE_SZ {
-            let mut tail = self.write_tail();
-            let bytes = Arc::make_mut(&mut tail);
-            let mut at = used;
-            for piece in std::iter::once(header).chain(parts.iter().copied()) {
-                bytes[at..at + piece.len()].copy_from_slice(piece);
-                at += piece.len();
-            }
-            self.len.store(offset + total as u64, Ordering::Release);
-            return Ok(offset);
-        }
         self.append(&mut writer, header)?;
         for part in parts {
             self.append(&mut writer, part)?;
@@ -309,7 +340,15 @@ impl EphemeralFile {
         if writer.run.pages.len() == WRITE_STEP_BLOCKS {
             self.write_sealed(&mut writer)?;
         }
+        self.set_claimed(false);
         Ok(offset)
+    }
+
+    /// Sets or clears the claim on the tail, under the tail's write lock (so a writer in the
+    /// fast path either finished before or sees it).
+    fn set_claimed(&self, claimed: bool) {
+        let _tail = self.write_tail();
+        self.claimed.store(claimed, Ordering::Relaxed);
     }
 
     /// Copies `src` into the tail, sealing each tail it fills. A full run of sealed blocks is
