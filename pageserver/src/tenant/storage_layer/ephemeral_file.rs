@@ -79,9 +79,9 @@
 //! deadlock. The one rule for readers: do not ask for the tail block again while holding a lease
 //! on it (a writer waiting for the lock would be let in first, and wait for that lease). The
 //! sealed copies and cached pages hold no lock at all. The invariant that replaces "no write while
-//! a lease lives": a lease on the tail delays the next append into the tail by as long as it is
-//! held, and delays nothing else; a lease on any other block delays nothing. No lease sees its
-//! block change:
+//! a lease lives": a lease on the tail delays the next append into the tail (and a sealing
+//! write's taking or giving up of the claim) by as long as it is held, and delays nothing else;
+//! a lease on any other block delays nothing. No lease sees its block change:
 //!
 //! ```
 //! # use std::sync::Arc;
@@ -290,34 +290,42 @@ impl EphemeralFile {
         let blob_len = parts.iter().map(|part| part.len()).sum();
         let header = BlobHeader::new(blob_len)?;
         let header = header.as_bytes();
-        let total = header.len() + blob_len;
-        // Most blobs fit in the tail: the tail's lock alone, once for the header and the blob,
-        // unless another writer has claimed the tail for a blob that does not fit it.
-        {
-            let mut tail = self.write_tail();
-            if !self.claimed.load(Ordering::Relaxed) {
-                // `len` changes only under the tail's write lock, which we hold.
-                let offset = self.len.load(Ordering::Relaxed);
-                let used = (offset % PAGE_SZ as u64) as usize;
-                if used + total < PAGE_SZ {
-                    let bytes = Arc::make_mut(&mut tail);
-                    let mut at = used;
-                    for piece in std::iter::once(header).chain(parts.iter().copied()) {
-                        bytes[at..at + piece.len()].copy_from_slice(piece);
-                        at += piece.len();
-                    }
-                    self.len.store(offset + total as u64, Ordering::Release);
-                    return Ok(offset);
-                }
-            }
+        // Most blobs fit in the tail: the tail's lock alone, once for the header and the blob.
+        match self.append_in_tail(header, parts, header.len() + blob_len) {
+            Some(offset) => Ok(offset),
+            None => self.write_blob_claimed(header, parts),
         }
-        self.write_blob_claimed(header, parts)
     }
 
-    /// A blob that seals a block, or that comes while another writer holds the claim: under
-    /// the writer mutex, with the tail claimed so that no blob that fits the tail goes in
-    /// between this one's pieces. A failure leaves the claim (and the file broken): every
-    /// later write comes here and is refused.
+    /// Copies a blob of `total` bytes (`header` and `parts`) into the tail under its write lock
+    /// and publishes it, if it fits there and no writer holds the claim; else `None`.
+    #[inline(always)]
+    fn append_in_tail(&self, header: &[u8], parts: &[&[u8]], total: usize) -> Option<u64> {
+        let mut tail = self.write_tail();
+        if self.claimed.load(Ordering::Relaxed) {
+            return None;
+        }
+        // `len` changes only under the tail's write lock, which we hold.
+        let offset = self.len.load(Ordering::Relaxed);
+        let used = (offset % PAGE_SZ as u64) as usize;
+        if used + total >= PAGE_SZ {
+            return None;
+        }
+        let bytes = Arc::make_mut(&mut tail);
+        let mut at = used;
+        for piece in std::iter::once(header).chain(parts.iter().copied()) {
+            bytes[at..at + piece.len()].copy_from_slice(piece);
+            at += piece.len();
+        }
+        self.len.store(offset + total as u64, Ordering::Release);
+        Some(offset)
+    }
+
+    /// A blob that seals a block, or that came while another writer held the claim: under the
+    /// writer mutex. One that fits the tail now goes in at once (the claim is never held
+    /// outside this mutex but on a broken file, refused here first); one that does not claims
+    /// the tail, so that no blob that fits goes in between its pieces. A failure leaves the
+    /// claim (and the file broken): every later write comes here and is refused.
     #[cold]
     fn write_blob_claimed(
         &self,
@@ -329,6 +337,10 @@ impl EphemeralFile {
             return Err(EphemeralWriteError::Broken {
                 path: self.path.clone(),
             });
+        }
+        let total = header.len() + parts.iter().map(|part| part.len()).sum::<usize>();
+        if let Some(offset) = self.append_in_tail(header, parts, total) {
+            return Ok(offset);
         }
         self.set_claimed(true);
         // Only writers change `len`, and no other writer appends while we hold the claim.

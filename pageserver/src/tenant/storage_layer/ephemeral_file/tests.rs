@@ -434,11 +434,14 @@ fn concurrent_writers_never_interleave_their_blobs() {
     let dir = tempfile::tempdir().unwrap();
     let cache = small_cache(4);
     let file = EphemeralFile::create(dir.path(), cache).unwrap();
+    // Both start together, so that they overlap even on a busy machine.
+    let start = std::sync::Barrier::new(2);
     let written: Vec<Vec<(u64, usize, usize)>> = std::thread::scope(|s| {
         let writers: Vec<_> = (0..2usize)
             .map(|w| {
-                let file = &file;
+                let (file, start) = (&file, &start);
                 s.spawn(move || {
+                    start.wait();
                     let mut rng = fastrand::Rng::with_seed(w as u64);
                     (0..1500)
                         .map(|n| {
