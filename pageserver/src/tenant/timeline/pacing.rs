@@ -97,17 +97,19 @@ impl FlushPacer {
     /// the batch is to be held (zero while neither share applies).
     pub(super) fn hold_for(&self, bytes: u64, now: Instant, pace: Pace) -> Duration {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // In seconds, capped before they become a Duration: a rate read absurdly low makes a
+        // long hold, never an overflow.
         let flush_share = match state.rate {
-            Some(rate) if pace.frozen_at_bound => Duration::from_secs_f64(bytes as f64 / rate),
-            _ => Duration::ZERO,
+            Some(rate) if pace.frozen_at_bound => bytes as f64 / rate,
+            _ => 0.0,
         };
-        let backlog_share = pace
-            .upload_backlog
-            .mul_f64(bytes as f64 / pace.room.max(bytes).max(1) as f64);
-        let share = flush_share.max(backlog_share).min(MAX_PACE);
-        if share.is_zero() {
+        let backlog_share =
+            pace.upload_backlog.as_secs_f64() * bytes as f64 / pace.room.max(bytes).max(1) as f64;
+        let share = flush_share.max(backlog_share).min(MAX_PACE.as_secs_f64());
+        if share.is_nan() || share <= 0.0 {
             return Duration::ZERO;
         }
+        let share = Duration::from_secs_f64(share);
         let start = state.schedule_end.map_or(now, |end| end.max(now));
         let end = (start + share).min(now + MAX_PACE);
         state.schedule_end = Some(end);
@@ -160,6 +162,14 @@ mod tests {
         // Once the schedule is past, a batch starts its own slot from when it was stored.
         let later = now + Duration::from_secs(1);
         assert!((ms(pacer.hold_for(MIB, later, AT_BOUND)) - 10.0).abs() < 0.01);
+        // Never longer than MAX_PACE, however far the schedule runs, or however long the
+        // backlog reads.
+        let endless = Pace {
+            upload_backlog: Duration::MAX,
+            room: 0,
+            ..AT_BOUND
+        };
+        assert_eq!(pacer.hold_for(40 * MIB, later, endless), MAX_PACE);
         // Never longer than MAX_PACE, however far the schedule runs.
         for _ in 0..10 {
             assert!(pacer.hold_for(40 * MIB, later, AT_BOUND) <= MAX_PACE);
