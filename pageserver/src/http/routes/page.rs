@@ -111,7 +111,8 @@ async fn store_batch(
         Ok((timeline, hold))
     })
     .await?;
-    // The answer waits at the flush's pace, on the runtime: no blocking thread is held.
+    // The answer waits at the pace of the flush and the uploads (`timeline/pacing.rs`), on the
+    // runtime: no blocking thread is held.
     if !hold.is_zero() {
         tokio::time::sleep(hold).await;
     }

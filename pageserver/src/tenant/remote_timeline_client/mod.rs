@@ -492,6 +492,12 @@ impl RemoteTimelineClient {
         self.progressed.notify_all();
     }
 
+    /// Whether the upload queue is within its bound (a fenced plan uploads nothing more: it
+    /// holds no flush back).
+    fn has_room(&self, state: &ClientState) -> bool {
+        state.plan.pending_bytes() <= self.context.upload_queue_max_bytes || state.plan.is_fenced()
+    }
+
     /// Publishes how long the queue needs to get back within its bound (`upload_rate.rs`):
     /// called under the state's lock after every change of the queue.
     fn publish_drain(&self, state: &ClientState) {

@@ -28,8 +28,7 @@ impl RemoteCopy for RemoteTimelineClient {
     }
 
     fn has_upload_room(&self) -> bool {
-        let state = self.state();
-        state.plan.pending_bytes() <= self.context.upload_queue_max_bytes || state.plan.is_fenced()
+        self.has_room(&self.state())
     }
 
     fn upload_backlog(&self) -> Duration {
@@ -40,18 +39,14 @@ impl RemoteCopy for RemoteTimelineClient {
         let limit = self.context.upload_queue_max_bytes;
         let max_wait = self.context.upload_room_timeout;
         let mut state = self.state();
-        if state.plan.pending_bytes() <= limit || state.plan.is_fenced() {
+        if self.has_room(&state) {
             return Ok(());
         }
         let started = Instant::now();
         tracing::warn!(tenant = %self.tenant_id, timeline = %self.timeline_id,
             queued_bytes = state.plan.pending_bytes(), limit,
             "a flush waits for the upload queue: more than upload_queue_max_bytes of layers wait for upload");
-        while state.plan.pending_bytes() > limit
-            && !state.stopping
-            && !state.plan.is_fenced()
-            && !cancelled()
-        {
+        while !self.has_room(&state) && !state.stopping && !cancelled() {
             let left = max_wait.saturating_sub(started.elapsed());
             if left.is_zero() {
                 let queued_bytes = state.plan.pending_bytes();

@@ -209,26 +209,22 @@ impl UploadPlan {
             .map_or(Lsn::INVALID, |i| i.disk_consistent_lsn)
     }
 
-    /// How many of the newest target's layers are not yet in the store.
-    pub(crate) fn pending_layers(&self) -> usize {
-        self.targets.back().map_or(0, |newest| {
-            (newest.layers.keys())
-                .filter(|name| !self.present.contains_key(*name))
-                .count()
-        })
+    /// The newest target's layers not yet in the store: the upload queue.
+    fn pending(&self) -> impl Iterator<Item = &IndexLayer> {
+        (self.targets.back().into_iter())
+            .flat_map(|newest| newest.layers.iter())
+            .filter(|(name, _)| !self.present.contains_key(*name))
+            .map(|(_, layer)| layer)
     }
 
-    /// Bytes of the newest target's layers not yet in the store: the upload queue's length.
+    /// How many layers wait in the upload queue.
+    pub(crate) fn pending_layers(&self) -> usize {
+        self.pending().count()
+    }
+
+    /// Bytes of the layers waiting in the upload queue: the queue's length.
     pub(crate) fn pending_bytes(&self) -> u64 {
-        let Some(newest) = self.targets.back() else {
-            return 0;
-        };
-        newest
-            .layers
-            .iter()
-            .filter(|(name, _)| !self.present.contains_key(*name))
-            .map(|(_, l)| l.size)
-            .sum()
+        self.pending().map(|layer| layer.size).sum()
     }
 
     pub(crate) fn is_fenced(&self) -> bool {

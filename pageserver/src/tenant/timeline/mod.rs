@@ -477,9 +477,9 @@ pub struct Timeline {
     /// Apart from `write_lock` so that describing the timeline never waits for a put.
     broken: Mutex<Option<Broken>>,
     flush_lock: Mutex<()>,
-    /// Holds batches at the flush's pace while the frozen layers are at their bound
-    /// (`pacing.rs`).
-    pacer: pacing::FlushPacer,
+    /// Holds HTTP batches at the pace of the flush and of the uploads while the frozen layers or
+    /// the upload queue are at their bounds (`pacing.rs`).
+    pacer: pacing::IngestPacer,
     /// Held by a compaction: one at a time.
     compaction_lock: Mutex<()>,
     /// Held by image creation and by GC: one of them at a time, never waited for by L0

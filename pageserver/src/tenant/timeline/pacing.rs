@@ -63,7 +63,7 @@ impl Pace {
 
 /// See the module documentation.
 #[derive(Debug, Default)]
-pub(super) struct FlushPacer {
+pub(super) struct IngestPacer {
     state: Mutex<PacerState>,
 }
 
@@ -77,7 +77,7 @@ struct PacerState {
     held: Duration,
 }
 
-impl FlushPacer {
+impl IngestPacer {
     /// A flush wrote a layer of `bytes` in `took`. Only a layer of at least `representative`
     /// bytes counts: a small one (frozen by a checkpoint or by `checkpoint_timeout`) is mostly
     /// the fixed cost of its fsyncs, and would read the rate far too low.
@@ -149,7 +149,7 @@ mod tests {
 
     #[test]
     fn batches_are_held_for_their_bytes_at_the_measured_rate_in_shared_slots() {
-        let pacer = FlushPacer::default();
+        let pacer = IngestPacer::default();
         let now = Instant::now();
         // No flush measured: nothing to pace by.
         assert_eq!(pacer.hold_for(MIB, now, AT_BOUND), Duration::ZERO);
@@ -179,7 +179,7 @@ mod tests {
 
     #[test]
     fn an_upload_backlog_is_spread_over_the_room_left_whatever_the_frozen_layers() {
-        let pacer = FlushPacer::default();
+        let pacer = IngestPacer::default();
         let now = Instant::now();
         // No flush measured, no layer frozen: an upload queue 8 s from its bound, with 256 MiB
         // of room left, holds a 2 MiB batch for its 1/128 of the 8 s.
@@ -225,7 +225,7 @@ mod tests {
 
     #[test]
     fn the_rate_follows_full_layers_and_ignores_small_ones() {
-        let pacer = FlushPacer::default();
+        let pacer = IngestPacer::default();
         pacer.flushed(0, Duration::from_secs(1), 0);
         pacer.flushed(MIB, Duration::ZERO, 0);
         // A small layer, mostly fsync: not a measure of the rate.
