@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
 };
+use pageserver::format::compression::Compression;
 use pageserver::page_cache::{PageCache, PageCacheConfig};
 use pageserver::tenant::storage_layer::inmemory_layer::InMemoryLayer;
 use pageserver::PAGE_SZ;
@@ -161,7 +162,7 @@ fn ingest(c: &mut Criterion) {
                 let layer = frozen_layer(dir.path(), &cache, &value);
                 let start = Instant::now();
                 let path = layer
-                    .write_to_disk(dir.path(), tenant_id, timeline_id)
+                    .write_to_disk(dir.path(), tenant_id, timeline_id, Compression::Off)
                     .expect("write_to_disk")
                     .expect("a non-empty layer")
                     .path;

@@ -401,7 +401,7 @@ fn verify_accepts_a_sound_layer() {
     assert_eq!(
         lines(layer_cmd("verify", &f.layer, &[])),
         [format!(
-            "{}: ok: entries=7 images=3 deltas=4 wal_records=0 value_bytes=16579 index_blocks=1 manifest: none beside it",
+            "{}: ok: entries=7 images=3 deltas=4 wal_records=0 value_bytes=16579 compressed=0 index_blocks=1 manifest: none beside it",
             f.layer.display()
         )]
     );
@@ -428,7 +428,7 @@ fn verify_checks_a_layer_against_the_manifest_beside_it() {
     assert_eq!(
         lines(layer_cmd("verify", &f.layer, &[])),
         [format!(
-            "{}: ok: entries=7 images=3 deltas=4 wal_records=0 value_bytes=16579 index_blocks=1 manifest: listed as L0, size and crc32c match",
+            "{}: ok: entries=7 images=3 deltas=4 wal_records=0 value_bytes=16579 compressed=0 index_blocks=1 manifest: listed as L0, size and crc32c match",
             f.layer.display()
         )]
     );

@@ -3,11 +3,14 @@
 //! the damaged file and reading every key of it must give, for each read, either the versions
 //! that were written or an error that names the file: never a panic, never a changed page. (Every block carries a checksum,
 //! so most damage is caught there; the target checks that none gets past as a wrong answer.)
+//! The layer is written compressing (a version 2 file): most values are stored as Zstandard
+//! frames, a third of them (noise) as they are, so damage reaches the decompressor too.
 
 use std::sync::OnceLock;
 
 use crate::damage::{assert_names_damaged_file, Original};
 use bytes::Bytes;
+use pageserver::format::compression::Compression;
 use pageserver::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerWriter};
 use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value};
@@ -39,6 +42,8 @@ fn layer() -> &'static Layer {
             Lsn(0x10),
             Lsn(0x10 + VERSIONS + 1),
         )
+        .unwrap()
+        .with_compression(Compression::Zstd { level: 1 })
         .unwrap();
         let mut written = Vec::new();
         for n in 0..KEYS {
@@ -47,7 +52,10 @@ fn layer() -> &'static Layer {
                 // Sizes from a few bytes to past a block, so values span blocks.
                 let len = (n as usize * 397 + v as usize * 1031) % (PAGE_SZ + 600) + 1;
                 let page: Vec<u8> = (0..len)
-                    .map(|i| (i as u32 ^ (n * 7 + v as u32)) as u8)
+                    .map(|i| match n % 3 {
+                        0 => ((i as u32 ^ n).wrapping_mul(2_654_435_761) >> 11) as u8,
+                        _ => (i as u32 ^ (n * 7 + v as u32)) as u8,
+                    })
                     .collect();
                 let value = Value::Image(Bytes::from(page));
                 writer.put_value(key(n), lsn, &value).unwrap();
@@ -55,10 +63,15 @@ fn layer() -> &'static Layer {
             }
         }
         let layer = writer.finish().unwrap();
-        Layer {
-            original: Original::read(dir, &layer.path),
-            written,
-        }
+        let original = Original::read(dir, &layer.path);
+        let report = DeltaLayer::open(&layer.path, original.cache.clone(), MAX_VALUE_SIZE)
+            .and_then(|l| l.verify())
+            .unwrap();
+        assert!(
+            report.compressed > 0 && report.compressed < report.entries,
+            "both stored forms: {report:?}"
+        );
+        Layer { original, written }
     })
 }
 

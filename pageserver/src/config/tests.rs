@@ -1,4 +1,5 @@
 use super::*;
+use crate::format::compression::Compression;
 
 #[test]
 fn the_default_file_says_what_the_defaults_are() {
@@ -14,6 +15,30 @@ fn the_default_file_says_what_the_defaults_are() {
         PageServerConf::load(empty.path(), &[]).unwrap(),
         PageServerConf::default()
     );
+}
+
+#[test]
+fn layer_compression_parses_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let load = |o: &str| PageServerConf::load(dir.path(), &[o.to_owned()]);
+    assert_eq!(
+        load("layer_compression=zstd")
+            .unwrap()
+            .timeline
+            .layer_compression,
+        Compression::Zstd { level: 1 }
+    );
+    assert_eq!(
+        load("layer_compression='zstd:-2'")
+            .unwrap()
+            .timeline
+            .layer_compression,
+        Compression::Zstd { level: -2 }
+    );
+    let err = load("layer_compression=gzip").unwrap_err().to_string();
+    assert!(err.contains("unknown compression \"gzip\""), "{err}");
+    let err = load("layer_compression='zstd:99'").unwrap_err().to_string();
+    assert!(err.contains("zstd level 99 is outside -7..=19"), "{err}");
 }
 
 #[test]

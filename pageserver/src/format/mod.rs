@@ -1,9 +1,11 @@
 //! The formats below layers: 8 KiB blocks read through the page cache ([`block_io`]),
-//! length-prefixed blobs that span blocks ([`blob_io`]), and the on-disk B-tree of layer
-//! indexes ([`disk_btree`]). Nothing here knows what a layer, a key's history or a timeline is.
+//! length-prefixed blobs that span blocks ([`blob_io`]), the on-disk B-tree of layer
+//! indexes ([`disk_btree`]), and the per-value compression layers may store ([`compression`]).
+//! Nothing here knows what a layer, a key's history or a timeline is.
 
 pub mod blob_io;
 pub mod block_io;
+pub mod compression;
 pub mod disk_btree;
 
 /// `N` bytes of `bytes` from `off`, for decoding fixed layouts. Panics if they are not all

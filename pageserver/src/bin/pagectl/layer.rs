@@ -8,9 +8,7 @@
 
 use std::io::Read;
 
-use pageserver::tenant::storage_layer::delta_layer::{
-    self, DeltaLayer, DELTA_FORMAT_VERSION, DELTA_MAGIC,
-};
+use pageserver::tenant::storage_layer::delta_layer::{self, DeltaLayer, DELTA_MAGIC};
 use pageserver::tenant::storage_layer::image_layer::{
     self, ImageLayer, IMAGE_FORMAT_VERSION, IMAGE_MAGIC,
 };
@@ -232,7 +230,7 @@ fn delta_summary(layer: &DeltaLayer, out: &mut impl Write) -> Result<(), Error> 
     summary_head(
         layer.path(),
         DELTA_MAGIC,
-        DELTA_FORMAT_VERSION,
+        s.format_version,
         s.tenant_id,
         s.timeline_id,
         keys,
@@ -531,8 +529,14 @@ fn verify(file: &Path, max_value_size: usize, out: &mut impl Write) -> Result<()
             writeln!(
                 out,
                 "{path}: ok: entries={} images={} deltas={} wal_records={} value_bytes={} \
-                 index_blocks={} manifest: {manifest}",
-                r.entries, r.images, r.deltas, r.wal_records, r.value_bytes, r.index_blocks
+                 compressed={} index_blocks={} manifest: {manifest}",
+                r.entries,
+                r.images,
+                r.deltas,
+                r.wal_records,
+                r.value_bytes,
+                r.compressed,
+                r.index_blocks
             )?;
         }
         LayerFile::Image(l) => {

@@ -104,6 +104,7 @@ use pageserver_api::{Key, Value};
 use utils::Lsn;
 
 use crate::format::blob_io::{BlobReadError, BlockCursor};
+use crate::format::compression::Compression;
 use crate::page_cache::PageCache;
 use crate::tenant::storage_layer::delta_layer::{DeltaLayerWriter, WrittenLayer};
 use crate::tenant::storage_layer::ephemeral_file::{EphemeralFile, EphemeralWriteError};
@@ -725,6 +726,7 @@ impl InMemoryLayer {
         timeline_dir: &Path,
         tenant_id: utils::TenantId,
         timeline_id: utils::TimelineId,
+        compression: Compression,
     ) -> Result<Option<WrittenLayer>, WriteToDiskError> {
         let Some(end_lsn) = self.end_lsn() else {
             return Err(WriteToDiskError::NotFrozen);
@@ -738,7 +740,8 @@ impl InMemoryLayer {
             timeline_id,
             self.range_start,
             end_lsn,
-        )?;
+        )?
+        .with_compression(compression)?;
         let reader = self.file.bypassing_cache();
         let cursor = BlockCursor::new(&reader).with_max_blob_len(self.max_stored_len());
         let mut blob = Vec::new();

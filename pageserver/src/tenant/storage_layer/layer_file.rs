@@ -103,13 +103,16 @@ pub(crate) struct SummaryHead {
     pub key_start: Key,
     /// Exclusive.
     pub key_end: Key,
+    /// The kind's format version, one of [`SummaryLayout::versions`].
+    pub version: u16,
 }
 
 /// How one kind of layer lays out its summary block: the shared head, its own big-endian
 /// fields, the CRC-32C of every byte before `crc_off` at `crc_off`, and zeros after it.
 pub(crate) struct SummaryLayout {
     pub magic: u32,
-    pub version: u16,
+    /// The format versions readers accept, oldest first.
+    pub versions: &'static [u16],
     pub crc_off: usize,
     /// The kind's own reserved fields, (offset, length), which must be zero.
     pub reserved: &'static [(usize, usize)],
@@ -130,7 +133,7 @@ impl SummaryLayout {
         let mut b = Box::new([0u8; PAGE_SZ]);
         let mut put = |off: usize, bytes: &[u8]| b[off..off + bytes.len()].copy_from_slice(bytes);
         put(MAGIC, &self.magic.to_be_bytes());
-        put(VERSION, &self.version.to_be_bytes());
+        put(VERSION, &head.version.to_be_bytes());
         put(TENANT, head.tenant_id.as_bytes());
         put(TIMELINE, head.timeline_id.as_bytes());
         put(KEY_START, &head.key_start.to_bytes());
@@ -155,7 +158,7 @@ impl SummaryLayout {
             ));
         }
         let version = u16::from_be_bytes(array_at(b, VERSION));
-        if version != self.version {
+        if !self.versions.contains(&version) {
             return Err(format!("unsupported format version {version}"));
         }
         let stored = u32_at(b, self.crc_off);
@@ -170,6 +173,7 @@ impl SummaryLayout {
             timeline_id: TimelineId::from_bytes(array_at(b, TIMELINE)),
             key_start: Key::from_bytes(array_at(b, KEY_START)),
             key_end: Key::from_bytes(array_at(b, KEY_END)),
+            version,
         };
         if head.key_start >= head.key_end {
             return Err(format!(

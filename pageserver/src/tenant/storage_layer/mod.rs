@@ -269,6 +269,9 @@ pub struct LayerRecords {
     pub records: Vec<(Lsn, Value)>,
     /// The last record needs no older history: older layers need not be visited.
     pub complete: bool,
+    /// Some record was stored compressed: a reader that keeps the page it makes spares the
+    /// next read the decompression.
+    pub decompressed: bool,
 }
 
 /// Where a version's value lies in its layer: what a scan buffers instead of the value, so

@@ -177,13 +177,16 @@ impl Timeline {
                 }
                 let w = match &mut writer {
                     Some(w) => w,
-                    None => writer.insert(DeltaLayerWriter::new(
-                        &self.dir,
-                        self.tenant_id,
-                        self.timeline_id,
-                        lsn_start,
-                        lsn_end,
-                    )?),
+                    None => writer.insert(
+                        DeltaLayerWriter::new(
+                            &self.dir,
+                            self.tenant_id,
+                            self.timeline_id,
+                            lsn_start,
+                            lsn_end,
+                        )?
+                        .with_compression(self.conf.layer_compression)?,
+                    ),
                 };
                 let value = chain.next(key, lsn, value, self.conf.max_value_size);
                 w.put_value(key, lsn, &value)?;

@@ -5,6 +5,8 @@
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::format::compression::Compression;
 use utils::units::{duration, size, size_usize};
 
 /// Settings a timeline needs; each is a top-level key of `pageserver.toml`.
@@ -47,6 +49,9 @@ pub struct TimelineConf {
     /// as far as the WAL archive's commit times tell; 0: off.
     #[serde(deserialize_with = "duration")]
     pub pitr_interval: Duration,
+    /// How layer files store their values: `"off"`, `"zstd"` or `"zstd:<level>"`. Files
+    /// already written keep theirs; readers take both.
+    pub layer_compression: Compression,
 }
 
 impl Default for TimelineConf {
@@ -65,6 +70,7 @@ impl Default for TimelineConf {
             image_creation_delta_percent: 100,
             gc_horizon: 64 * 1024 * 1024,
             pitr_interval: Duration::from_secs(7 * 24 * 3600),
+            layer_compression: Compression::Off,
         }
     }
 }

@@ -88,7 +88,12 @@ impl Timeline {
         }
         let started = Instant::now();
         let end = frozen.end_lsn().expect("frozen layers have an end");
-        let written = frozen.write_to_disk(&self.dir, self.tenant_id, self.timeline_id)?;
+        let written = frozen.write_to_disk(
+            &self.dir,
+            self.tenant_id,
+            self.timeline_id,
+            self.conf.layer_compression,
+        )?;
         let durable = Lsn(end.0 - 1);
         let mut change = LayerChange::new(ChangeKind::Flush);
         change.flushed_frozen = true;

@@ -213,11 +213,14 @@ impl Import<'_> {
                 return self.put(key, value);
             }
             let timeline = self.timeline;
-            self.runs.push(DeltaLayerWriter::new_undated(
-                &timeline.dir,
-                timeline.tenant_id,
-                timeline.timeline_id,
-            )?);
+            self.runs.push(
+                DeltaLayerWriter::new_undated(
+                    &timeline.dir,
+                    timeline.tenant_id,
+                    timeline.timeline_id,
+                )?
+                .with_compression(timeline.conf.layer_compression)?,
+            );
         }
         let run = self.runs.last_mut().expect("one was just ensured");
         run.put_undated(key, value)?;
@@ -306,9 +309,12 @@ impl Import<'_> {
             .move_to_lsn(lsn)
             .expect("an import's layer is unshared, unfrozen and at one LSN");
         layer.freeze(Lsn(lsn.0 + 1))?;
-        if let Some(w) =
-            layer.write_to_disk(&timeline.dir, timeline.tenant_id, timeline.timeline_id)?
-        {
+        if let Some(w) = layer.write_to_disk(
+            &timeline.dir,
+            timeline.tenant_id,
+            timeline.timeline_id,
+            timeline.conf.layer_compression,
+        )? {
             written.push(w);
         }
         Ok(())

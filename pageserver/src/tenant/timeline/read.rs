@@ -152,6 +152,9 @@ impl Timeline {
         let mut records: Vec<(Lsn, Value)> = Vec::new();
         let keys = key..key.next();
         let mut history = KeyHistory::from_floor(floor);
+        // A page made from a decompressed value is kept even when it took one version: the
+        // next read then skips the decompression (as it skips the redo of a longer history).
+        let mut decompressed = false;
         for layer in map.newest_first() {
             if !layer.may_hold(&keys, lsn) {
                 // Nothing at or below lsn, or not this key: skipped without I/O.
@@ -161,7 +164,9 @@ impl Timeline {
                 break;
             }
             crate::io::read_cost::layer_visited();
-            let found = layer.get(key, lsn)?.records;
+            let found = layer.get(key, lsn)?;
+            decompressed |= found.decompressed;
+            let found = found.records;
             let taken = history.take(&layer, key, &found);
             records.extend(found.into_iter().take(taken));
             if history.is_complete() {
@@ -198,7 +203,7 @@ impl Timeline {
             .map_err(|source| TimelineError::of_redo(key, lsn, &records, source))?;
         if let (Some(page), Some(newest)) = (&page, newest) {
             // The page is the same for every LSN from its newest version up to `lsn`.
-            if records.len() > 1 {
+            if records.len() > 1 || decompressed {
                 if let Ok(full) = <&[u8; PAGE_SZ]>::try_from(&page[..]) {
                     // Best effort: a full cache just means no memorized copy.
                     let _ = self.cache.memorize_materialized(&mat_key, newest, full);

@@ -60,8 +60,10 @@ pub struct VerifyReport {
     pub wal_records: u64,
     /// Blocks of the index, from its first block to its root.
     pub index_blocks: u64,
-    /// Bytes of serialized values, without blob headers and checksums.
+    /// Bytes of stored values (a compressed one as stored), without blob headers and checksums.
     pub value_bytes: u64,
+    /// Values stored compressed (a version 2 file's).
+    pub compressed: u64,
 }
 
 impl DeltaLayer {
@@ -158,6 +160,7 @@ impl DeltaLayer {
                 report.entries += 1;
                 // `read_value` checked that the blob holds a checksum.
                 report.value_bytes += (buf.len() - VALUE_CRC_LEN) as u64;
+                report.compressed += u64::from(buf.first() == Some(&COMPRESSED_VALUE_KIND));
                 match value {
                     Value::Image(_) => report.images += 1,
                     Value::Delta { .. } => report.deltas += 1,

@@ -8,18 +8,23 @@
 //! ```text
 //! block 0                 summary (below)
 //! blocks 1 ..             values: blobs (blob_io format) back to back from byte 8192,
-//!                         each the serialized Value of one (key, lsn) followed by the
+//!                         each the stored value of one (key, lsn) followed by the
 //!                         CRC-32C of those bytes (4 bytes, big-endian)
 //! blocks index_start ..   B-tree index (disk_btree), block numbers relative to index_start:
 //!                         key ++ big-endian lsn (26 bytes) -> blob offset << 1 | will_init
 //! ```
+//!
+//! A stored value is the value's byte format (`pageserver_api::value`: kind 0, 1 or 2), or, in
+//! a version 2 file only, kind 3: the byte `0x03` then one Zstandard frame of the value's byte
+//! format (`format::compression`), written where it saves at least an eighth. A version 1 file
+//! is what a writer without compression makes; readers take both.
 //!
 //! Summary (block 0, big-endian, the rest of the block zero):
 //!
 //! ```text
 //! offset size field
 //!      0    4 magic              0x44454C54 ("DELT")
-//!      4    2 format version     1
+//!      4    2 format version     1, or 2 if values may be compressed
 //!      6    2 reserved           0
 //!      8   16 tenant id
 //!     24   16 timeline id
@@ -76,6 +81,7 @@ use crate::format::blob_io::{BlobHeader, BlobReadError, BlockCursor};
 use crate::format::block_io::{
     read_range_through_cache, warm_blocks_through_cache, FileBlockReader,
 };
+use crate::format::compression::{decompress, Compression, ValueCompressor};
 use crate::format::disk_btree::{
     node_is_valid, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
@@ -92,7 +98,13 @@ use crate::tenant::storage_layer::{
 use crate::PAGE_SZ;
 
 pub const DELTA_MAGIC: u32 = 0x4445_4C54;
-pub const DELTA_FORMAT_VERSION: u16 = 1;
+/// The version of a file whose values are all stored as they are.
+pub const DELTA_FORMAT_VERSION_PLAIN: u16 = 1;
+/// The version of a file whose values may be stored compressed (kind 3).
+pub const DELTA_FORMAT_VERSION: u16 = 2;
+
+/// The kind byte of a compressed stored value, after the value kinds of `pageserver_api::value`.
+const COMPRESSED_VALUE_KIND: u8 = 3;
 
 const INDEX_KEY_LEN: usize = 26;
 const KEY_LEN: usize = 18;
@@ -125,6 +137,8 @@ pub struct DeltaLayer {
     summary: Summary,
     /// The longest value blob (serialized value and its checksum) a read accepts.
     max_blob_len: usize,
+    /// The longest serialized value a compressed one may decompress to.
+    max_value_len: usize,
 }
 
 impl DeltaLayer {
@@ -141,6 +155,7 @@ impl DeltaLayer {
             file,
             summary,
             max_blob_len: max_stored_value_len(max_value_size).saturating_add(VALUE_CRC_LEN),
+            max_value_len: max_stored_value_len(max_value_size),
         })
     }
 
@@ -212,15 +227,16 @@ impl DeltaLayer {
     }
 
     /// The value stored at `entry`'s offset, which ends at byte `end` (where the next value
-    /// starts, or the end of the values): exactly the blocks it spans are needed, and each run
-    /// of them that the page cache lacks is read with one call.
+    /// starts, or the end of the values), and whether it was stored compressed: exactly the
+    /// blocks it spans are needed, and each run of them that the page cache lacks is read with
+    /// one call.
     fn read_value_range(
         &self,
         key: Key,
         lsn: Lsn,
         entry: u64,
         end: u64,
-    ) -> Result<Value, LayerFileError> {
+    ) -> Result<(Value, bool), LayerFileError> {
         let offset = entry >> 1;
         self.check_offset(key, lsn, offset)?;
         // The longest a stored value can be: its blob header, the blob, nothing else.
@@ -253,7 +269,9 @@ impl DeltaLayer {
                 bytes.len() - header_len
             )));
         }
-        self.decode_value_bytes(key, lsn, entry, bytes.slice(header_len..))
+        let compressed = bytes.get(header_len) == Some(&COMPRESSED_VALUE_KIND);
+        let value = self.decode_value_bytes(key, lsn, entry, bytes.slice(header_len..))?;
+        Ok((value, compressed))
     }
 
     /// Brings the values of `versions` (listed by [`Self::versions_at_lsn`]) into the page
@@ -338,6 +356,9 @@ impl DeltaLayer {
         buf: &[u8],
     ) -> Result<Value, LayerFileError> {
         let body = self.checked_body(key, lsn, buf)?;
+        if body.first() == Some(&COMPRESSED_VALUE_KIND) {
+            return self.decode_compressed(key, lsn, entry, body);
+        }
         self.check_will_init(key, lsn, entry, Value::deserialize(body))
     }
 
@@ -350,12 +371,42 @@ impl DeltaLayer {
         entry: u64,
         buf: Bytes,
     ) -> Result<Value, LayerFileError> {
-        let body_len = self.checked_body(key, lsn, &buf)?.len();
+        let body = self.checked_body(key, lsn, &buf)?;
+        if body.first() == Some(&COMPRESSED_VALUE_KIND) {
+            return self.decode_compressed(key, lsn, entry, body);
+        }
+        let body_len = body.len();
         self.check_will_init(
             key,
             lsn,
             entry,
             Value::deserialize_bytes(buf.slice(..body_len)),
+        )
+    }
+
+    /// A compressed stored value (kind byte, then one frame), decompressed and decoded.
+    fn decode_compressed(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        entry: u64,
+        body: &[u8],
+    ) -> Result<Value, LayerFileError> {
+        if self.summary.format_version == DELTA_FORMAT_VERSION_PLAIN {
+            return Err(self.corrupt(format!(
+                "value of key {key} at {lsn} is compressed, in a version {DELTA_FORMAT_VERSION_PLAIN} file"
+            )));
+        }
+        let plain = decompress(&body[1..], self.max_value_len)
+            .map_err(|e| self.corrupt(format!("value of key {key} at {lsn}: {e}")))?;
+        if plain.first() == Some(&COMPRESSED_VALUE_KIND) {
+            return Err(self.corrupt(format!("value of key {key} at {lsn} is compressed twice")));
+        }
+        self.check_will_init(
+            key,
+            lsn,
+            entry,
+            Value::deserialize_bytes(Bytes::from(plain)),
         )
     }
 
@@ -447,7 +498,8 @@ impl DeltaLayer {
                         None => self.entry_above(tree, key, lsn)?,
                     },
                 };
-                let record = self.read_value_range(key, version, value, value_end)?;
+                let (record, compressed) = self.read_value_range(key, version, value, value_end)?;
+                result.decompressed |= compressed;
                 end = Some(value >> 1);
                 let base = record.will_init();
                 result.records.push((version, record));

@@ -19,7 +19,7 @@ mod summary_off {
 
 pub(super) const LAYOUT: SummaryLayout = SummaryLayout {
     magic: DELTA_MAGIC,
-    version: DELTA_FORMAT_VERSION,
+    versions: &[DELTA_FORMAT_VERSION_PLAIN, DELTA_FORMAT_VERSION],
     crc_off: summary_off::CHECKSUM,
     reserved: &[(summary_off::RESERVED, 4)],
 };
@@ -31,6 +31,8 @@ pub struct Summary {
     pub timeline_id: TimelineId,
     pub key_start: Key,
     pub key_end: Key,
+    /// [`DELTA_FORMAT_VERSION_PLAIN`], or [`DELTA_FORMAT_VERSION`] if values may be compressed.
+    pub format_version: u16,
     pub lsn_start: Lsn,
     pub lsn_end: Lsn,
     pub index_start_blk: u32,
@@ -46,6 +48,7 @@ impl Summary {
             timeline_id: self.timeline_id,
             key_start: self.key_start,
             key_end: self.key_end,
+            version: self.format_version,
         }
     }
 
@@ -73,6 +76,7 @@ impl Summary {
             timeline_id: head.timeline_id,
             key_start: head.key_start,
             key_end: head.key_end,
+            format_version: head.version,
             lsn_start: Lsn(u64_at(b, LSN_START)),
             lsn_end: Lsn(u64_at(b, LSN_END)),
             index_start_blk: u32_at(b, INDEX_START),

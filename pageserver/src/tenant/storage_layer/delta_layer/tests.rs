@@ -22,6 +22,8 @@ fn value_strategy() -> impl Strategy<Value = Value> {
     prop_oneof![
         (any::<u8>(), prop_oneof![Just(PAGE_SZ), 0usize..20_000])
             .prop_map(|(fill, len)| Value::Image(Bytes::from(vec![fill; len]))),
+        // Bytes that do not compress: a compressing writer stores them as they are.
+        prop::collection::vec(any::<u8>(), 0..600).prop_map(|b| Value::Image(Bytes::from(b))),
         (
             prop::bool::weighted(0.2),
             0u32..9000,
@@ -44,8 +46,22 @@ fn model_strategy() -> impl Strategy<Value = Model> {
     })
 }
 
+fn compression_strategy() -> impl Strategy<Value = Compression> {
+    prop_oneof![Just(Compression::Off), Just(Compression::Zstd { level: 1 })]
+}
+
 /// Writes the model through an InMemoryLayer into a delta layer; returns both.
 fn write(dir: &Path, cache: &Arc<PageCache>, model: &Model) -> (InMemoryLayer, PathBuf) {
+    write_with(dir, cache, model, Compression::Off)
+}
+
+/// [`write`], with the flush's writer compressing as `compression` says.
+fn write_with(
+    dir: &Path,
+    cache: &Arc<PageCache>,
+    model: &Model,
+    compression: Compression,
+) -> (InMemoryLayer, PathBuf) {
     let layer =
         InMemoryLayer::create(dir, cache.clone(), Lsn(100), DEFAULT_MAX_VALUE_SIZE).unwrap();
     // Puts must come in LSN order, not key order.
@@ -57,7 +73,7 @@ fn write(dir: &Path, cache: &Arc<PageCache>, model: &Model) -> (InMemoryLayer, P
     let end = Lsn(layer.last_lsn().0 + 1);
     layer.freeze(end).unwrap();
     let written = layer
-        .write_to_disk(dir, TENANT, TIMELINE)
+        .write_to_disk(dir, TENANT, TIMELINE, compression)
         .unwrap()
         .expect("non-empty layer");
     assert_eq!(written.summary.entries, model.len() as u64);
@@ -74,10 +90,11 @@ proptest! {
     fn delta_layer_answers_like_the_in_memory_layer(
         model in model_strategy(),
         probes in prop::collection::vec((0u32..13, 90u64..300), 40),
+        compression in compression_strategy(),
     ) {
         let dir = tempfile::tempdir().unwrap();
         let cache = small_cache(64);
-        let (mem, path) = write(dir.path(), &cache, &model);
+        let (mem, path) = write_with(dir.path(), &cache, &model, compression);
         let disk = DeltaLayer::open(&path, cache.clone(), DEFAULT_MAX_VALUE_SIZE).unwrap();
         let all = disk.iter().unwrap();
         let expected: Vec<_> = model.iter().map(|((k, l), v)| (*k, *l, v.clone())).collect();
@@ -105,10 +122,11 @@ proptest! {
         model in model_strategy(),
         position in any::<prop::sample::Index>(),
         bit in 0u8..8,
+        compression in compression_strategy(),
     ) {
         let dir = tempfile::tempdir().unwrap();
         let cache = small_cache(64);
-        let (mem, path) = write(dir.path(), &cache, &model);
+        let (mem, path) = write_with(dir.path(), &cache, &model, compression);
         let mut bytes = std::fs::read(&path).unwrap();
         let at = position.index(bytes.len());
         bytes[at] ^= 1 << bit;
@@ -131,6 +149,103 @@ proptest! {
             prop_assert!(msg.contains(path.file_name().unwrap().to_str().unwrap()), "{msg}");
         }
     }
+}
+
+/// Pages that compress (a heap page's rows) are stored compressed in a version 2 file, read back
+/// the same, and take a fraction of the plain file's bytes; a value too short or random to
+/// gain is stored as it is beside them.
+#[test]
+fn a_compressing_writer_stores_compressible_values_compressed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = small_cache(64);
+    let mut model = Model::new();
+    for k in 0..40u32 {
+        let mut page = vec![0u8; PAGE_SZ];
+        for (i, row) in page[64..].chunks_mut(97).enumerate() {
+            let text = format!("{k:4} | {i:6} | {}", "x".repeat(90));
+            row.copy_from_slice(&text.as_bytes()[..row.len()]);
+        }
+        model.insert(
+            (rel_key(k), Lsn(100 + u64::from(k))),
+            Value::Image(Bytes::from(page)),
+        );
+    }
+    let noise: Vec<u8> = (0..PAGE_SZ as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    model.insert((rel_key(40), Lsn(200)), Value::Image(Bytes::from(noise)));
+    model.insert(
+        (rel_key(41), Lsn(201)),
+        Value::Delta {
+            will_init: false,
+            patches: vec![Patch::new(8, vec![1, 2, 3])],
+        },
+    );
+
+    let (_, plain) = write(dir.path(), &cache, &model);
+    let plain_dir = tempfile::tempdir().unwrap();
+    std::fs::rename(&plain, plain_dir.path().join("plain")).unwrap();
+    let (_, packed) = write_with(dir.path(), &cache, &model, Compression::Zstd { level: 1 });
+    let plain = DeltaLayer::open(
+        &plain_dir.path().join("plain"),
+        cache.clone(),
+        DEFAULT_MAX_VALUE_SIZE,
+    )
+    .unwrap();
+    let packed = DeltaLayer::open(&packed, cache.clone(), DEFAULT_MAX_VALUE_SIZE).unwrap();
+    assert_eq!(plain.summary().format_version, DELTA_FORMAT_VERSION_PLAIN);
+    assert_eq!(packed.summary().format_version, DELTA_FORMAT_VERSION);
+    let expected: Vec<_> = model
+        .iter()
+        .map(|((k, l), v)| (*k, *l, v.clone()))
+        .collect();
+    assert_eq!(packed.iter().unwrap(), expected);
+    assert_eq!(plain.iter().unwrap(), expected);
+    for ((k, lsn), v) in &model {
+        assert_eq!(
+            packed.get(*k, *lsn).unwrap().records,
+            vec![(*lsn, v.clone())]
+        );
+    }
+    // 42 values of which 41 are pages: plain, more than 41 pages of values; compressed, the 40
+    // heap pages take less than a quarter of theirs (the noise page stays whole).
+    assert!(plain.summary().values_end > 41 * PAGE_SZ as u64);
+    assert!(
+        packed.summary().values_end < 12 * PAGE_SZ as u64,
+        "values end at byte {}",
+        packed.summary().values_end
+    );
+    let report = packed.verify().unwrap();
+    assert_eq!(report.entries, 42);
+}
+
+/// A version 1 file has no compressed values: one that holds a compressed value (a version 2
+/// file whose summary was rewritten to say version 1, CRC and all) is corrupt, and says so.
+#[test]
+fn a_compressed_value_in_a_version_1_file_is_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = small_cache(64);
+    let model: Model = [(
+        (rel_key(1), Lsn(100)),
+        Value::Image(Bytes::from(vec![5u8; PAGE_SZ])),
+    )]
+    .into();
+    let (_, path) = write_with(dir.path(), &cache, &model, Compression::Zstd { level: 1 });
+    // A reader whose value limit is below the page's refuses the frame's content size.
+    let small = DeltaLayer::open(&path, cache.clone(), 4096).unwrap();
+    let err = small.iter().unwrap_err().to_string();
+    assert!(err.contains("more than the"), "{err}");
+    drop(small);
+
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mut summary =
+        Summary::decode(bytes[..PAGE_SZ].try_into().unwrap(), bytes.len() as u64).unwrap();
+    summary.format_version = DELTA_FORMAT_VERSION_PLAIN;
+    bytes[..PAGE_SZ].copy_from_slice(&summary.encode()[..]);
+    std::fs::write(&path, &bytes).unwrap();
+    let layer = DeltaLayer::open(&path, cache.clone(), DEFAULT_MAX_VALUE_SIZE).unwrap();
+    let err = layer.get(rel_key(1), Lsn(100)).unwrap_err().to_string();
+    assert!(err.contains("is compressed, in a version 1 file"), "{err}");
 }
 
 #[test]

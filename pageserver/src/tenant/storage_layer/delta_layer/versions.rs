@@ -143,5 +143,6 @@ impl DeltaLayer {
         end: u64,
     ) -> Result<Value, LayerFileError> {
         self.read_value_range(key, lsn, entry, end)
+            .map(|(value, _)| value)
     }
 }

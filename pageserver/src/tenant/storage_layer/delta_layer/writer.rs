@@ -21,6 +21,8 @@ pub struct DeltaLayerWriter {
     last_key: Option<Key>,
     scratch: Vec<u8>,
     index: Index,
+    /// Set by [`DeltaLayerWriter::with_compression`]: the file is then of version 2.
+    compressor: Option<ValueCompressor>,
 }
 
 enum Index {
@@ -61,6 +63,7 @@ impl DeltaLayerWriter {
             last_key: None,
             scratch: Vec::new(),
             index: Index::Building(DiskBtreeBuilder::new(VecBlockSink::new())),
+            compressor: None,
         })
     }
 
@@ -88,7 +91,24 @@ impl DeltaLayerWriter {
             last_key: None,
             scratch: Vec::new(),
             index: Index::Undated(Vec::new()),
+            compressor: None,
         })
+    }
+
+    /// Stores the values that are worth it compressed (see `format::compression`), in a
+    /// version 2 file; [`Compression::Off`] keeps version 1.
+    pub fn with_compression(
+        mut self,
+        compression: Compression,
+    ) -> Result<DeltaLayerWriter, LayerFileError> {
+        self.compressor = match compression {
+            Compression::Off => None,
+            Compression::Zstd { level } => Some(
+                ValueCompressor::new(level)
+                    .map_err(|e| self.usage(format!("zstd level {level}: {e}")))?,
+            ),
+        };
+        Ok(self)
     }
 
     fn usage(&self, message: String) -> LayerFileError {
@@ -191,13 +211,28 @@ impl DeltaLayerWriter {
         Ok(out)
     }
 
-    /// Writes a value's bytes as the next blob, followed by their CRC-32C.
+    /// Writes a value's bytes as the next blob (compressed, if the writer compresses and the
+    /// frame is worth keeping), followed by the CRC-32C of the stored bytes.
     fn append_blob(&mut self, key: Key, serialized: &[u8], at: &str) -> Result<(), LayerFileError> {
-        let crc = crc32c::crc32c(serialized);
-        let header = BlobHeader::new(serialized.len() + VALUE_CRC_LEN)
-            .map_err(|e| self.usage(format!("value of key {key} at {at}: {e}")))?;
+        let frame = self
+            .compressor
+            .as_mut()
+            .and_then(|c| c.compress(serialized));
+        let (kind, stored): (&[u8], &[u8]) = match frame {
+            Some(frame) => (&[COMPRESSED_VALUE_KIND], frame),
+            None => (&[], serialized),
+        };
+        let crc = crc32c::crc32c_append(crc32c::crc32c(kind), stored);
+        let header = match BlobHeader::new(kind.len() + stored.len() + VALUE_CRC_LEN) {
+            Ok(header) => header,
+            Err(e) => {
+                let message = format!("value of key {key} at {at}: {e}");
+                return Err(self.usage(message));
+            }
+        };
         self.file.append(header.as_bytes())?;
-        self.file.append(serialized)?;
+        self.file.append(kind)?;
+        self.file.append(stored)?;
         self.file.append(&crc.to_be_bytes())?;
         self.first_key.get_or_insert(key);
         self.last_key = Some(key);
@@ -264,6 +299,10 @@ impl DeltaLayerWriter {
             timeline_id: self.timeline_id,
             key_start: first,
             key_end: last.next(),
+            format_version: match self.compressor {
+                Some(_) => DELTA_FORMAT_VERSION,
+                None => DELTA_FORMAT_VERSION_PLAIN,
+            },
             lsn_start: self.lsn_start,
             lsn_end: self.lsn_end,
             index_start_blk,

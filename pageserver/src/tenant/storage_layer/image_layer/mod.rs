@@ -431,6 +431,7 @@ impl ImageLayer {
         Ok(LayerRecords {
             records,
             complete: true,
+            decompressed: false,
         })
     }
 

@@ -17,7 +17,7 @@ mod summary_off {
 
 pub(super) const LAYOUT: SummaryLayout = SummaryLayout {
     magic: IMAGE_MAGIC,
-    version: IMAGE_FORMAT_VERSION,
+    versions: &[IMAGE_FORMAT_VERSION],
     crc_off: summary_off::CHECKSUM,
     reserved: &[],
 };
@@ -50,6 +50,7 @@ impl Summary {
             timeline_id: self.timeline_id,
             key_start: self.key_start,
             key_end: self.key_end,
+            version: IMAGE_FORMAT_VERSION,
         }
     }
 
