@@ -1,8 +1,9 @@
 """Compressed layers end to end: a real cluster imported by a server with `layer_compression =
 "zstd"` is stored in version 2 delta layers holding compressed values, in a fraction of the
-bytes, in the local files and in the object store alike; it restores to the same cluster; a
-server restarted with compression off reads those files and writes version 1 files beside them,
-and the timeline still restores and serves the same pages."""
+bytes, in the local files and in the object store alike; image creation writes version 2 image
+layers of compressed pages; the cluster restores the same from either; a server restarted with
+compression off reads those files and writes version 1 files beside them, and the timeline still
+restores and serves the same pages."""
 
 from __future__ import annotations
 
@@ -25,19 +26,19 @@ def delta_layers(timeline: TimelineHandle) -> list[dict]:
     ]
 
 
-def format_version(path) -> int:
+def format_version(path, magic: int = 0x44454C54) -> int:
     with open(path, "rb") as f:
-        magic, version = struct.unpack(">IH", f.read(6))
-    assert magic == 0x44454C54, hex(magic)
+        found, version = struct.unpack(">IH", f.read(6))
+    assert found == magic, hex(found)
     return version
 
 
 def verify(pagectl, path) -> dict[str, int]:
-    """`pagectl layer verify` of one file: its counts, `name=value` fields of the report."""
+    """`pagectl layer verify` of one file: the counts of its report (`name=number` fields)."""
     out = subprocess.run([str(pagectl), "layer", "verify", str(path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     fields = out.stdout.split(": ok: ", 1)[1].split(" manifest:")[0]
-    return {k: int(v) for k, v in (f.split("=") for f in fields.split())}
+    return {k: int(v) for k, v in (f.split("=") for f in fields.split()) if v.isdigit()}
 
 
 def test_a_compressed_import_restores_and_reads_across_a_change_of_setting(
@@ -51,6 +52,11 @@ def test_a_compressed_import_restores_and_reads_across_a_change_of_setting(
     db = int(cluster.psql("SELECT oid FROM pg_database WHERE datname = 'postgres'"))
     node = cluster.relfilenode("pgbench_accounts")
     cluster.stop()
+    # Block 7 of pgbench_accounts as of the first snapshot, for a GetPage after the restart.
+    key = struct.pack(">BIIIBI", 0, 1663, db, node, 0, 7)
+    with open(cluster.datadir / "base" / str(db) / str(node), "rb") as f:
+        f.seek(7 * BLCKSZ)
+        on_disk = f.read(BLCKSZ)
 
     report = pg.import_process(timeline.url, cluster.tar_process())
     first = Lsn.parse(report["lsn"])
@@ -82,38 +88,52 @@ def test_a_compressed_import_restores_and_reads_across_a_change_of_setting(
     for layer in layers:
         assert any(name.startswith(layer["file_name"]) and size == layer["size_bytes"] for name, size in objects.items()), layer["file_name"]
 
-    cluster_a, snapshot = pg.restore(timeline.url, "restored", first)
-    assert snapshot == first
-    cluster_a.start()
-    try:
-        assert cluster_a.state() == expected
-    finally:
-        cluster_a.stop()
-
-    # Compression off from here: the version 2 files are still read, new ones are version 1.
-    pageserver.restart(overrides={"layer_compression": "off"})
-    key = struct.pack(">BIIIBI", 0, 1663, db, node, 0, 7)
-    with open(cluster.datadir / "base" / str(db) / str(node), "rb") as f:
-        f.seek(7 * BLCKSZ)
-        on_disk = f.read(BLCKSZ)
-    for _ in range(2):
-        # The second read is answered from the page kept after the first decompression.
-        assert timeline.http.get_page(timeline.tenant_id, timeline.timeline_id, key, str(first)) == on_disk
-
-    cluster.start()
-    cluster.pgbench("-t", "200", "-n")
-    later = cluster.state()
-    cluster.stop()
-    report = pg.import_process(timeline.url, cluster.tar_process())
-    second = Lsn.parse(report["lsn"])
-    versions = {
-        format_version(tl_dir / l["file_name"]) for l in delta_layers(timeline)
-    }
-    assert versions == {1, 2}, versions
-    for name, lsn, state in [("at_first", first, expected), ("at_second", second, later)]:
-        restored, _ = pg.restore(timeline.url, name, lsn)
+    def restores(name: str, lsn: Lsn, state: dict) -> None:
+        restored, snapshot = pg.restore(timeline.url, name, lsn)
+        assert snapshot == lsn
         restored.start()
         try:
             assert restored.state() == state
         finally:
             restored.stop()
+
+    restores("at_first", first, expected)
+
+    # A second snapshot, then image creation over both: it compresses too, and the pages come
+    # back from version 2 image layers.
+    cluster.start()
+    cluster.pgbench("-t", "200", "-n")
+    later = cluster.state()
+    cluster.stop()
+    second = Lsn.parse(pg.import_process(timeline.url, cluster.tar_process())["lsn"])
+    imaged = timeline.http.compact(timeline.tenant_id, timeline.timeline_id, force_images=True)["image_creation"]
+    assert imaged["images"] > report["blocks_new"] // 2, imaged
+    images = [
+        l for l in timeline.http.layers(timeline.tenant_id, timeline.timeline_id) if l["kind"] == "image"
+    ]
+    assert images, imaged
+    image_compressed = 0
+    for layer in images:
+        path = tl_dir / layer["file_name"]
+        assert format_version(path, magic=0x494D474C) == 2, layer
+        image_compressed += verify(pageserver.binary.pagectl, path)["compressed"]
+    assert image_compressed > imaged["images"] // 2, (image_compressed, imaged)
+    assert imaged["bytes_written"] < imaged["images"] * BLCKSZ // 2, imaged
+    timeline.http.page_cache_drop()
+    restores("at_second_from_images", second, later)
+
+    # Compression off from here: the version 2 files are still read, new ones are version 1.
+    pageserver.restart(overrides={"layer_compression": "off"})
+    for _ in range(2):
+        # The second read is answered from the page kept after the first decompression.
+        assert timeline.http.get_page(timeline.tenant_id, timeline.timeline_id, key, str(first)) == on_disk
+
+    cluster.start()
+    cluster.pgbench("-t", "100", "-n")
+    latest = cluster.state()
+    cluster.stop()
+    third = Lsn.parse(pg.import_process(timeline.url, cluster.tar_process())["lsn"])
+    versions = {format_version(tl_dir / l["file_name"]) for l in delta_layers(timeline)}
+    assert versions == {1, 2}, versions
+    for name, lsn, state in [("first", first, expected), ("second", second, later), ("third", third, latest)]:
+        restores(name, lsn, state)

@@ -44,6 +44,15 @@ impl Original {
     }
 }
 
+/// Fails unless a layer written to be damaged stores both ways, so that damage reaches the
+/// decompressor and the plain reads alike: some of its `entries` `compressed`, not all.
+pub fn assert_both_stored_forms(compressed: u64, entries: u64) {
+    assert!(
+        compressed > 0 && compressed < entries,
+        "{compressed} of {entries} entries compressed: the layer should hold both forms"
+    );
+}
+
 /// Applies `input` to `bytes` as damage: each 4 bytes of it are a 24-bit offset (taken modulo
 /// the length) and a byte to XOR there.
 pub fn damage(bytes: &mut [u8], input: &[u8]) {

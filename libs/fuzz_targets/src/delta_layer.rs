@@ -8,7 +8,7 @@
 
 use std::sync::OnceLock;
 
-use crate::damage::{assert_names_damaged_file, Original};
+use crate::damage::{assert_both_stored_forms, assert_names_damaged_file, Original};
 use bytes::Bytes;
 use pageserver::format::compression::Compression;
 use pageserver::tenant::storage_layer::delta_layer::{DeltaLayer, DeltaLayerWriter};
@@ -67,10 +67,7 @@ fn layer() -> &'static Layer {
         let report = DeltaLayer::open(&layer.path, original.cache.clone(), MAX_VALUE_SIZE)
             .and_then(|l| l.verify())
             .unwrap();
-        assert!(
-            report.compressed > 0 && report.compressed < report.entries,
-            "both stored forms: {report:?}"
-        );
+        assert_both_stored_forms(report.compressed, report.entries);
         Layer { original, written }
     })
 }

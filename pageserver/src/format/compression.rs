@@ -39,6 +39,14 @@ impl Compression {
     pub fn is_off(&self) -> bool {
         matches!(self, Compression::Off)
     }
+
+    /// What a layer writer compresses with: none when off.
+    pub fn compressor(&self) -> std::io::Result<Option<ValueCompressor>> {
+        match self {
+            Compression::Off => Ok(None),
+            Compression::Zstd { level } => ValueCompressor::new(*level).map(Some),
+        }
+    }
 }
 
 impl fmt::Display for Compression {

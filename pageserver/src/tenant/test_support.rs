@@ -19,6 +19,19 @@ pub(crate) fn small_cache(pages: usize) -> Arc<PageCache> {
 }
 
 /// Block `n` of one Postgres relation.
+/// `len` bytes of a xorshift generator: what no compressor shrinks.
+pub(crate) fn noise(len: usize) -> Vec<u8> {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 pub(crate) fn rel_key(n: u32) -> Key {
     Key::rel_block(1663, 5, 16384, 0, n)
 }

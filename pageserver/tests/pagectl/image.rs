@@ -58,7 +58,7 @@ fn expected_images() -> Vec<String> {
 
 fn image_verify_line(path: &Path, manifest: &str) -> String {
     format!(
-        "{}: ok: lsn=0/1800 entries=3 image_bytes=16484 padding_bytes=8092 value_blocks=3 \
+        "{}: ok: lsn=0/1800 entries=3 image_bytes=16484 compressed=0 padding_bytes=8092 value_blocks=3 \
          checksum_blocks=1 index_blocks=1 manifest: {manifest}",
         path.display()
     )

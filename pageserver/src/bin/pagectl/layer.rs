@@ -9,9 +9,7 @@
 use std::io::Read;
 
 use pageserver::tenant::storage_layer::delta_layer::{self, DeltaLayer, DELTA_MAGIC};
-use pageserver::tenant::storage_layer::image_layer::{
-    self, ImageLayer, IMAGE_FORMAT_VERSION, IMAGE_MAGIC,
-};
+use pageserver::tenant::storage_layer::image_layer::{self, ImageLayer, IMAGE_MAGIC};
 use pageserver::tenant::storage_layer::{Layer, LayerName, LayerRecords};
 use pageserver::tenant::timeline::open_listed_layer;
 
@@ -262,7 +260,7 @@ fn image_summary(layer: &ImageLayer, out: &mut impl Write) -> Result<(), Error> 
     summary_head(
         layer.path(),
         IMAGE_MAGIC,
-        IMAGE_FORMAT_VERSION,
+        s.format_version,
         s.tenant_id,
         s.timeline_id,
         keys,
@@ -353,7 +351,13 @@ fn image_index(layer: &ImageLayer, filter: &Filter, out: &mut impl Write) -> Res
         if printed >= limit || filter.past(e.key) {
             return false;
         }
-        result = writeln!(out, "{} {lsn} offset={} len={}", e.key, e.offset, e.len);
+        // A compressed image's length is its frame's.
+        let compressed = if e.compressed { " compressed" } else { "" };
+        result = writeln!(
+            out,
+            "{} {lsn} offset={} len={}{compressed}",
+            e.key, e.offset, e.len
+        );
         printed += 1;
         result.is_ok()
     })?;
@@ -543,11 +547,12 @@ fn verify(file: &Path, max_value_size: usize, out: &mut impl Write) -> Result<()
             let r = l.verify()?;
             writeln!(
                 out,
-                "{path}: ok: lsn={} entries={} image_bytes={} padding_bytes={} value_blocks={} \
-                 checksum_blocks={} index_blocks={} manifest: {manifest}",
+                "{path}: ok: lsn={} entries={} image_bytes={} compressed={} padding_bytes={} \
+                 value_blocks={} checksum_blocks={} index_blocks={} manifest: {manifest}",
                 l.summary().lsn,
                 r.entries,
                 r.image_bytes,
+                r.compressed,
                 r.padding_bytes,
                 r.value_blocks,
                 r.checksum_blocks,

@@ -49,8 +49,8 @@ pub struct TimelineConf {
     /// as far as the WAL archive's commit times tell; 0: off.
     #[serde(deserialize_with = "duration")]
     pub pitr_interval: Duration,
-    /// How layer files store their values: `"off"`, `"zstd"` or `"zstd:<level>"`. Files
-    /// already written keep theirs; readers take both.
+    /// How new layer files (delta and image) store their values: `"off"`, `"zstd"` or
+    /// `"zstd:<level>"`. Files already written keep theirs; readers take both.
     pub layer_compression: Compression,
 }
 

@@ -201,7 +201,8 @@ impl Timeline {
                 self.timeline_id,
                 start..keys.end,
                 lsn,
-            )
+            )?
+            .with_compression(self.conf.layer_compression)
         };
         let mut writer = new_writer(keys.start)?;
         let mut cursor = ScanCursor::new(keys.start, keys.end, lsn);

@@ -101,13 +101,9 @@ impl DeltaLayerWriter {
         mut self,
         compression: Compression,
     ) -> Result<DeltaLayerWriter, LayerFileError> {
-        self.compressor = match compression {
-            Compression::Off => None,
-            Compression::Zstd { level } => Some(
-                ValueCompressor::new(level)
-                    .map_err(|e| self.usage(format!("zstd level {level}: {e}")))?,
-            ),
-        };
+        self.compressor = compression
+            .compressor()
+            .map_err(|e| self.usage(format!("compression {compression}: {e}")))?;
         Ok(self)
     }
 

@@ -11,17 +11,24 @@ pub struct IndexEntry {
     pub key: Key,
     /// Byte offset of the image in the file.
     pub offset: u64,
-    /// The image's length in bytes.
+    /// The stored image's length in bytes (its frame's, if compressed).
     pub len: usize,
+    /// The image is stored as one Zstandard frame (a version 2 file's).
+    pub compressed: bool,
 }
 
-impl IndexEntry {
-    fn from_stored(key: &[u8; KEY_LEN], stored: u64) -> IndexEntry {
-        let (offset, len) = split_index_value(stored);
+impl ImageLayer {
+    fn index_entry(&self, key: &[u8; KEY_LEN], stored: u64) -> IndexEntry {
+        let StoredImage {
+            offset,
+            len,
+            compressed,
+        } = self.stored(stored);
         IndexEntry {
             key: Key::from_bytes(*key),
             offset,
             len,
+            compressed,
         }
     }
 }
@@ -31,8 +38,10 @@ impl IndexEntry {
 pub struct VerifyReport {
     /// Index entries, each with its image.
     pub entries: u64,
-    /// Bytes of images.
+    /// Bytes of images as stored (a compressed one's frame).
     pub image_bytes: u64,
+    /// Images stored compressed (a version 2 file's).
+    pub compressed: u64,
     /// Zero bytes in the values region that no image holds: before images that would have
     /// straddled a block boundary, and after the last image.
     pub padding_bytes: u64,
@@ -55,7 +64,7 @@ impl ImageLayer {
         let index = self.index(Access::Scan);
         let tree = DiskBtreeReader::new(self.summary.index_root_blk, &index);
         tree.visit_from(&start.to_bytes(), |found, stored| {
-            visitor(IndexEntry::from_stored(found, stored))
+            visitor(self.index_entry(found, stored))
         })
         .map_err(|e| self.btree_error(e))
     }
@@ -65,7 +74,11 @@ impl ImageLayer {
     /// block it spans matches its checksum. An image does not repeat its key, so `entry` should
     /// be one that [`Self::visit_index`] gave: a made-up entry reads whatever bytes it points at.
     pub fn read_entry(&self, entry: &IndexEntry) -> Result<Bytes, LayerFileError> {
-        if entry.offset > MAX_IMAGE_OFFSET || entry.len > MAX_IMAGE_LEN {
+        let max_offset = match entry.compressed {
+            true => MAX_COMPRESSING_OFFSET,
+            false => MAX_IMAGE_OFFSET,
+        };
+        if entry.offset > max_offset || entry.len > MAX_IMAGE_LEN {
             return Err(LayerFileError::Usage {
                 kind: LayerFileKind::Image,
                 path: self.path().to_owned(),
@@ -75,9 +88,10 @@ impl ImageLayer {
                 ),
             });
         }
+        let flag = if entry.compressed { COMPRESSED_BIT } else { 0 };
         self.read_image(
             entry.key,
-            index_value(entry.offset, entry.len),
+            index_value(entry.offset, entry.len) | flag,
             Access::Point,
         )
     }
@@ -91,7 +105,8 @@ impl ImageLayer {
     /// - every value block matches its checksum in the table;
     /// - every key lies within the key range, and the index holds as many as the summary says;
     /// - the images lie in key order from byte 8192 to `values_end`, each where the placement
-    ///   rule puts it after the one before, and every byte between and after them is zero.
+    ///   rule puts it after the one before, and every byte between and after them is zero;
+    /// - every compressed image decompresses, to at most the largest image allowed.
     ///
     /// The values are read straight from the file, a chunk at a time, around the page cache.
     pub fn verify(&self) -> Result<VerifyReport, LayerFileError> {
@@ -115,7 +130,7 @@ impl ImageLayer {
         let tree = DiskBtreeReader::new(s.index_root_blk, &index);
         for entry in tree.iter_from(&[0u8; KEY_LEN]) {
             let (found, stored) = entry.map_err(|e| self.btree_error(e))?;
-            let e = IndexEntry::from_stored(&found, stored);
+            let e = self.index_entry(&found, stored);
             if e.key < s.key_start || e.key >= s.key_end {
                 return Err(self.corrupt(format!(
                     "key {} lies outside the layer's key range {}..{}",
@@ -138,7 +153,14 @@ impl ImageLayer {
                 )));
             }
             report.padding_bytes += values.skip_zeros(e.offset)?;
-            values.skip_image(e.len)?;
+            if e.compressed {
+                let frame = values.take_image(e.len)?;
+                decompress(&frame, self.max_image_len)
+                    .map_err(|err| self.corrupt(format!("image of key {}: {err}", e.key)))?;
+                report.compressed += 1;
+            } else {
+                values.skip_image(e.len)?;
+            }
             report.entries += 1;
             report.image_bytes += e.len as u64;
         }
@@ -239,6 +261,18 @@ impl ValueStream<'_> {
             self.pos += n as u64;
         }
         Ok(skipped)
+    }
+
+    /// The `len` bytes of a stored image, which the block checksums vouch for.
+    fn take_image(&mut self, len: usize) -> Result<Vec<u8>, LayerFileError> {
+        let mut out = Vec::with_capacity(len);
+        while out.len() < len {
+            let bytes = self.next_bytes()?;
+            let n = (len - out.len()).min(bytes.len());
+            out.extend_from_slice(&bytes[..n]);
+            self.pos += n as u64;
+        }
+        Ok(out)
     }
 
     /// Reads an image of `len` bytes, which the block checksums vouch for.

@@ -31,12 +31,18 @@
 //! **Index entries.** `offset << 25 | length`: offset below 2^39 (512 GiB), length below 2^25
 //! (32 MiB). An entry's image is bytes `offset .. offset + length`.
 //!
+//! **Compressed images (version 2).** In a version 2 file an entry's top bit says that its
+//! `length` bytes are one Zstandard frame of the image (`format::compression`), and offsets are
+//! below 2^38. A frame is placed like an image of its length, and written only where it saves
+//! at least an eighth; the other images of the file are stored as they are. A writer without
+//! compression writes version 1, and readers take both.
+//!
 //! Summary (block 0, big-endian, the rest of the block zero):
 //!
 //! ```text
 //! offset size field
 //!      0    4 magic                 0x494D474C ("IMGL")
-//!      4    2 format version        1
+//!      4    2 format version        1, or 2 if images may be compressed
 //!      6    2 reserved              0
 //!      8   16 tenant id
 //!     24   16 timeline id
@@ -92,6 +98,7 @@ use utils::{Lsn, TenantId, TimelineId};
 use crate::format::block_io::{
     warm_blocks_through_cache, BlockLease, BlockReadError, BlockReader, FileBlockReader,
 };
+use crate::format::compression::{decompress, Compression, ValueCompressor};
 use crate::format::disk_btree::{
     node_is_valid, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
 };
@@ -108,7 +115,10 @@ use crate::tenant::storage_layer::{
 use crate::PAGE_SZ;
 
 pub const IMAGE_MAGIC: u32 = 0x494D_474C;
-pub const IMAGE_FORMAT_VERSION: u16 = 1;
+/// The version of a file whose images are all stored as they are.
+pub const IMAGE_FORMAT_VERSION_PLAIN: u16 = 1;
+/// The version of a file whose images may be stored compressed.
+pub const IMAGE_FORMAT_VERSION: u16 = 2;
 
 /// The index key: the page key's bytes, whose order is key order.
 const KEY_LEN: usize = 18;
@@ -118,6 +128,10 @@ const LEN_BITS: u32 = 25;
 pub const MAX_IMAGE_LEN: usize = (1 << LEN_BITS) - 1;
 /// The largest offset an index entry can hold (offsets are below 2^39).
 pub const MAX_IMAGE_OFFSET: u64 = (1 << (64 - LEN_BITS)) - 1;
+/// In a version 2 file, the index entry's bit that says its image is stored compressed.
+const COMPRESSED_BIT: u64 = 1 << 63;
+/// The largest offset a version 2 index entry can hold, beside its compressed bit.
+pub const MAX_COMPRESSING_OFFSET: u64 = MAX_IMAGE_OFFSET >> 1;
 /// CRC-32Cs per checksum table block; its last 4 bytes are the block's own CRC-32C.
 pub const CRCS_PER_BLOCK: usize = PAGE_SZ / 4 - 1;
 /// The bytes of a checksum table block that its own CRC-32C covers.
@@ -129,6 +143,15 @@ fn index_value(offset: u64, len: usize) -> u64 {
 
 fn split_index_value(value: u64) -> (u64, usize) {
     (value >> LEN_BITS, (value & MAX_IMAGE_LEN as u64) as usize)
+}
+
+/// Where an index entry's image lies, and whether it is stored compressed.
+#[derive(Clone, Copy, Debug)]
+struct StoredImage {
+    offset: u64,
+    /// The stored bytes: the image's, or its frame's.
+    len: usize,
+    compressed: bool,
 }
 
 /// Where an image of `len` bytes goes when the values so far end at byte `end`: right there
@@ -296,10 +319,30 @@ impl ImageLayer {
         Ok(read(&block))
     }
 
+    /// An index entry as this file's version reads it.
+    fn stored(&self, entry: u64) -> StoredImage {
+        let compressed = self.summary.format_version != IMAGE_FORMAT_VERSION_PLAIN
+            && entry & COMPRESSED_BIT != 0;
+        let (offset, len) = split_index_value(if compressed {
+            entry & !COMPRESSED_BIT
+        } else {
+            entry
+        });
+        StoredImage {
+            offset,
+            len,
+            compressed,
+        }
+    }
+
     /// The image an index entry of `key` points at, after checking that the entry is one the
     /// format allows.
     fn read_image(&self, key: Key, stored: u64, access: Access) -> Result<Bytes, LayerFileError> {
-        let (offset, len) = split_index_value(stored);
+        let StoredImage {
+            offset,
+            len,
+            compressed,
+        } = self.stored(stored);
         let s = &self.summary;
         if offset < PAGE_SZ as u64 || offset + len as u64 > s.values_end {
             return Err(self.corrupt(format!(
@@ -350,6 +393,10 @@ impl ImageLayer {
                 image.extend_from_slice(&block[start..end])
             })?;
         }
+        if compressed {
+            image = decompress(&image, self.max_image_len)
+                .map_err(|e| self.corrupt(format!("image of key {key}: {e}")))?;
+        }
         Ok(Bytes::from(image))
     }
 
@@ -363,7 +410,10 @@ impl ImageLayer {
         let blocks: Vec<Range<u32>> = versions
             .iter()
             .filter_map(|v| match v.at {
-                ValueAt::Image { stored } => Some(split_index_value(stored)),
+                ValueAt::Image { stored } => {
+                    let stored = self.stored(stored);
+                    Some((stored.offset, stored.len))
+                }
                 _ => None,
             })
             .filter(|&(offset, len)| {
@@ -421,17 +471,20 @@ impl ImageLayer {
         let index = self.index(Access::Point);
         let tree = DiskBtreeReader::new(s.index_root_blk, &index);
         let found = tree.get(&key.to_bytes()).map_err(|e| self.btree_error(e))?;
-        let records = match found {
+        let (records, decompressed) = match found {
             Some(stored) => {
                 let image = self.read_image(key, stored, Access::Point)?;
-                vec![(s.lsn, Value::Image(image))]
+                (
+                    vec![(s.lsn, Value::Image(image))],
+                    self.stored(stored).compressed,
+                )
             }
-            None => Vec::new(),
+            None => (Vec::new(), false),
         };
         Ok(LayerRecords {
             records,
             complete: true,
-            decompressed: false,
+            decompressed,
         })
     }
 

@@ -17,7 +17,7 @@ mod summary_off {
 
 pub(super) const LAYOUT: SummaryLayout = SummaryLayout {
     magic: IMAGE_MAGIC,
-    versions: &[IMAGE_FORMAT_VERSION],
+    versions: &[IMAGE_FORMAT_VERSION_PLAIN, IMAGE_FORMAT_VERSION],
     crc_off: summary_off::CHECKSUM,
     reserved: &[],
 };
@@ -30,6 +30,8 @@ pub struct Summary {
     pub key_start: Key,
     /// Exclusive.
     pub key_end: Key,
+    /// [`IMAGE_FORMAT_VERSION_PLAIN`], or [`IMAGE_FORMAT_VERSION`] if images may be compressed.
+    pub format_version: u16,
     /// The LSN every image is the page at.
     pub lsn: Lsn,
     /// The first block of the checksum table, just after the last value block.
@@ -50,7 +52,7 @@ impl Summary {
             timeline_id: self.timeline_id,
             key_start: self.key_start,
             key_end: self.key_end,
-            version: IMAGE_FORMAT_VERSION,
+            version: self.format_version,
         }
     }
 
@@ -80,6 +82,7 @@ impl Summary {
             timeline_id: head.timeline_id,
             key_start: head.key_start,
             key_end: head.key_end,
+            format_version: head.version,
             lsn: Lsn(u64_at(b, LSN)),
             checksums_start_blk: u32_at(b, CHECKSUMS_START),
             index_start_blk: u32_at(b, INDEX_START),

@@ -25,6 +25,8 @@ pub struct ImageLayerWriter {
     block_crcs: Vec<u32>,
     /// The CRC-32C of the part of the current value block written so far.
     partial_crc: u32,
+    /// Set by [`ImageLayerWriter::with_compression`]: the file is then of version 2.
+    compressor: Option<ValueCompressor>,
 }
 
 /// What [`ImageLayerWriter::finish`] made: a durable layer file under its final name.
@@ -65,7 +67,20 @@ impl ImageLayerWriter {
             tree: DiskBtreeBuilder::new(VecBlockSink::new()),
             block_crcs: Vec::new(),
             partial_crc: 0,
+            compressor: None,
         })
+    }
+
+    /// Stores the images that are worth it compressed (see `format::compression`), in a
+    /// version 2 file; [`Compression::Off`] keeps version 1.
+    pub fn with_compression(
+        mut self,
+        compression: Compression,
+    ) -> Result<ImageLayerWriter, LayerFileError> {
+        self.compressor = compression
+            .compressor()
+            .map_err(|e| self.usage(format!("compression {compression}: {e}")))?;
+        Ok(self)
     }
 
     fn usage(&self, message: String) -> LayerFileError {
@@ -97,20 +112,43 @@ impl ImageLayerWriter {
                 image.len()
             )));
         }
+        // Out of the writer while its frame is borrowed, back before returning.
+        let mut compressor = self.compressor.take();
+        let result = self.put_stored(key, image, compressor.as_mut());
+        self.compressor = compressor;
+        result
+    }
+
+    /// [`Self::put_image`] of a checked image: its frame if `compressor` makes one worth
+    /// keeping, else the image.
+    fn put_stored(
+        &mut self,
+        key: Key,
+        image: &[u8],
+        compressor: Option<&mut ValueCompressor>,
+    ) -> Result<(), LayerFileError> {
+        let max_offset = match compressor {
+            Some(_) => MAX_COMPRESSING_OFFSET,
+            None => MAX_IMAGE_OFFSET,
+        };
+        let (stored, flag) = match compressor.and_then(|c| c.compress(image)) {
+            Some(frame) => (frame, COMPRESSED_BIT),
+            None => (image, 0),
+        };
         let end = self.file.offset();
-        let offset = placement(end, image.len());
-        if offset > MAX_IMAGE_OFFSET {
+        let offset = placement(end, stored.len());
+        if offset > max_offset {
             return Err(self.usage(format!(
-                "image of key {key} would start at byte {offset}, past the {MAX_IMAGE_OFFSET} an \
+                "image of key {key} would start at byte {offset}, past the {max_offset} an \
                  index entry can hold"
             )));
         }
         self.tree
-            .append(&key.to_bytes(), index_value(offset, image.len()))
+            .append(&key.to_bytes(), index_value(offset, stored.len()) | flag)
             .map_err(|e| self.usage(format!("key {key}: {e}")))?;
         // Less than a block: the image did not fit in the rest of the current one.
         self.append_values(&ZEROS[..(offset - end) as usize])?;
-        self.append_values(image)?;
+        self.append_values(stored)?;
         self.last_key = Some(key);
         Ok(())
     }
@@ -196,6 +234,10 @@ impl ImageLayerWriter {
             timeline_id: self.timeline_id,
             key_start: self.key_range.start,
             key_end: self.key_range.end,
+            format_version: match self.compressor {
+                Some(_) => IMAGE_FORMAT_VERSION,
+                None => IMAGE_FORMAT_VERSION_PLAIN,
+            },
             lsn: self.lsn,
             checksums_start_blk,
             index_start_blk,
