@@ -24,10 +24,11 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use benches::uncompressed;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
-use pageserver::tenant::timeline::{PutRecord, Timeline, TimelineConf};
+use pageserver::tenant::timeline::{PutRecord, Timeline};
 use pageserver::PAGE_SZ;
 use pageserver_api::value::Patch;
 use pageserver_api::{Key, Value};
@@ -47,7 +48,7 @@ fn build_timeline(dir: &std::path::Path, cache: Arc<PageCache>) -> Timeline {
         TenantId::from_bytes([1; 16]),
         TimelineId::from_bytes([2; 16]),
         cache,
-        TimelineConf::default(),
+        uncompressed(),
     )
     .expect("create timeline");
     for layer in 0..LAYERS {

@@ -24,7 +24,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
-use benches::thread_cpu_time;
+use benches::{thread_cpu_time, uncompressed};
 use criterion::Bencher;
 
 use bytes::Bytes;
@@ -64,7 +64,7 @@ fn state_with(dir: &std::path::Path, timelines: usize) -> Arc<AppState> {
     let timeline_conf = TimelineConf {
         // Only the checkpoints below flush.
         checkpoint_distance: 1 << 40,
-        ..TimelineConf::default()
+        ..uncompressed()
     };
     let (tenants, _) = TenantManager::load_with_remote(
         &dir.join("work"),

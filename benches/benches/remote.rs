@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use benches::uncompressed;
 use bytes::Bytes;
 use pageserver::io::read_cost::measure;
 use pageserver::page_cache::{PageCache, PageCacheConfig};
@@ -144,7 +145,7 @@ fn attach(root: &Path) {
         compaction_threshold: 0,
         compaction_target_size: layer_size,
         checkpoint_distance: 1 << 40,
-        ..TimelineConf::default()
+        ..uncompressed()
     };
     let pages = ATTACH_LAYERS * layer_size / PAGE_SZ as u64;
     let first = manager(&root.join("first"), Some(&remote), conf.clone());
@@ -215,7 +216,7 @@ fn attach(root: &Path) {
 fn ingest_with_and_without_uploads(root: &Path) {
     let conf = TimelineConf {
         checkpoint_distance: CHECKPOINT_DISTANCE,
-        ..TimelineConf::default()
+        ..uncompressed()
     };
     let pages = INGEST_BYTES / PAGE_SZ as u64;
     let keys = 128 * MIB / PAGE_SZ as u64;
@@ -295,7 +296,7 @@ fn download(root: &Path) {
         compaction_threshold: 0,
         compaction_target_size: 1 << 40,
         checkpoint_distance: 1 << 40,
-        ..TimelineConf::default()
+        ..uncompressed()
     };
     let mgr = manager(&root.join("work"), Some(&remote), conf);
     let tenant = mgr.create_tenant(None).unwrap();

@@ -52,6 +52,7 @@ use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
+use benches::uncompressed;
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use pageserver::http::routes::scan::body::scan_page_body;
@@ -154,7 +155,7 @@ fn conf() -> TimelineConf {
         image_creation_threshold: 0,
         checkpoint_distance: u64::MAX,
         checkpoint_timeout: Duration::from_secs(3600),
-        ..TimelineConf::default()
+        ..uncompressed()
     }
 }
 

@@ -44,6 +44,7 @@ def test_fresh_workdir_gets_the_first_starts_settings(pageserver_factory: Pagese
         "l0_stop_threshold": 12,
         "image_creation_threshold": 3,
         "image_creation_delta_percent": 100,
+        "layer_compression": "zstd",
         "gc_horizon": "64MiB",
         "remote_storage_connect_timeout": "5s",
         "remote_storage_request_timeout": "30s",

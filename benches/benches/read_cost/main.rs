@@ -78,9 +78,10 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
 mod scan;
+use benches::uncompressed;
 use pageserver::io::read_cost::{self, ReadCost};
 use pageserver::page_cache::{PageCache, PageCacheConfig};
-use pageserver::tenant::timeline::{PutRecord, Timeline, TimelineConf};
+use pageserver::tenant::timeline::{PutRecord, Timeline};
 use pageserver::PAGE_SZ;
 use pageserver_api::{Key, Value};
 use utils::{Lsn, TenantId, TimelineId};
@@ -134,7 +135,7 @@ impl Layer {
             TenantId::from_bytes([1; 16]),
             TimelineId::from_bytes([2; 16]),
             cache.clone(),
-            TimelineConf::default(),
+            uncompressed(),
         )
         .expect("create timeline");
         let batch: Vec<PutRecord> = (0..KEYS)

@@ -15,7 +15,7 @@ use pageserver_api::value::Patch;
 use pageserver_api::Value;
 use utils::{Lsn, TenantId, TimelineId};
 
-use super::{cost_columns, image, key, Tally, KEYS, LSN};
+use super::{cost_columns, image, key, uncompressed, Tally, KEYS, LSN};
 
 /// Keys per scan page.
 pub const SCAN_LIMIT: usize = 100;
@@ -81,7 +81,7 @@ impl ScanTimeline {
             cache.clone(),
             TimelineConf {
                 compaction_threshold: 0,
-                ..TimelineConf::default()
+                ..uncompressed()
             },
         )
         .expect("create timeline");

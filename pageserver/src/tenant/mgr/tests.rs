@@ -515,7 +515,12 @@ fn a_branch_reads_its_ancestor_below_its_lsn_and_its_own_history_above_it() {
 #[test]
 fn a_branch_copies_nothing_of_its_ancestor() {
     let workdir = tempfile::tempdir().unwrap();
-    let mgr = load(workdir.path(), TimelineConf::default());
+    // Pages stored as they are, so that the big timeline's files are big.
+    let conf = TimelineConf {
+        layer_compression: crate::format::compression::Compression::Off,
+        ..TimelineConf::default()
+    };
+    let mgr = load(workdir.path(), conf);
     let tenant = mgr.create_tenant(None).unwrap();
     let small = tenant.create_timeline(None).unwrap();
     small.put(rel_key(1), Lsn(0x10), &image(1)).unwrap();

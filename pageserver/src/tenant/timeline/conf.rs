@@ -70,7 +70,9 @@ impl Default for TimelineConf {
             image_creation_delta_percent: 100,
             gc_horizon: 64 * 1024 * 1024,
             pitr_interval: Duration::from_secs(7 * 24 * 3600),
-            layer_compression: Compression::Off,
+            layer_compression: Compression::Zstd {
+                level: Compression::DEFAULT_ZSTD_LEVEL,
+            },
         }
     }
 }

@@ -9,6 +9,7 @@ use pageserver_api::{reconstruct_page, Key, Value, DEFAULT_MAX_VALUE_SIZE};
 use utils::{Lsn, TenantId, TimelineId};
 
 use super::{PutRecord, Timeline, TimelineConf, TimelineError};
+use crate::format::compression::Compression;
 use crate::tenant::test_support::rel_key;
 use crate::PAGE_SZ;
 
@@ -20,8 +21,10 @@ pub type Model = BTreeMap<(Key, Lsn), Value>;
 
 pub fn conf() -> TimelineConf {
     TimelineConf {
-        // Several L1s out of a few hundred KiB of L0s.
+        // Several L1s out of a few hundred KiB of L0s: the counts the tests expect are of
+        // pages stored as they are (compressed, the model's pages shrink to a few L1s).
         compaction_target_size: 64 * 1024,
+        layer_compression: Compression::Off,
         ..TimelineConf::default()
     }
 }

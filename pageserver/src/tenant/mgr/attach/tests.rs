@@ -26,7 +26,10 @@ fn load(workdir: &Path, remote: &Path, budget: u64) -> TenantManager {
     let context = Arc::new(RemoteContext::new(storage, 1 << 30, budget).unwrap());
     let conf = TimelineConf {
         compaction_threshold: 0,
+        // Several L1 and image layers of the tests' pages, stored as they are (compressed,
+        // a page of one repeated byte takes a few bytes, and one layer holds them all).
         compaction_target_size: 64 * 1024,
+        layer_compression: crate::format::compression::Compression::Off,
         ..TimelineConf::default()
     };
     TenantManager::load_with_remote(workdir, small_cache(512), conf, Some(context))

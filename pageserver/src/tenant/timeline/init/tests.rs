@@ -6,6 +6,7 @@ use bytes::Bytes;
 use pageserver_api::Value;
 
 use super::*;
+use crate::format::compression::Compression;
 use crate::tenant::test_support::*;
 use crate::tenant::timeline::layer_set::manifest::store_legacy;
 use crate::tenant::timeline::PutRecord;
@@ -26,7 +27,12 @@ fn three_layers(dir: &Path, tenant: TenantId) -> Vec<PathBuf> {
         tenant,
         TIMELINE,
         small_cache(64),
-        TimelineConf::default(),
+        TimelineConf {
+            // Pages stored as they are: the third layer's fifth page makes it longer than the
+            // others (compressed, all three would fit one block of values).
+            layer_compression: Compression::Off,
+            ..TimelineConf::default()
+        },
     )
     .unwrap();
     for (n, lsn) in [0x10u64, 0x20, 0x30].into_iter().enumerate() {

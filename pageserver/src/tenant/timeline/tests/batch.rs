@@ -31,7 +31,7 @@ fn hot_reads_need_no_io_and_cold_ones_are_refused_whole() {
 
 #[test]
 fn a_cold_batch_of_neighbouring_pages_reads_its_values_in_one_run() {
-    let (_dir, cache, tl) = fresh_timeline(256);
+    let (_dir, cache, tl) = fresh_plain_timeline(256);
     let images: Vec<PutRecord> = (0..64).map(|k| rec(k, 10, &image(k as u8))).collect();
     tl.put_batch(&images).unwrap();
     tl.checkpoint().unwrap();
@@ -76,7 +76,7 @@ fn a_cold_batch_of_neighbouring_pages_reads_its_values_in_one_run() {
 
 #[test]
 fn a_cold_batch_reads_an_image_layer_in_one_run_of_checked_blocks() {
-    let (_dir, cache, tl) = fresh_timeline(256);
+    let (_dir, cache, tl) = fresh_plain_timeline(256);
     for round in 0..2u8 {
         let images: Vec<PutRecord> = (0..64)
             .map(|k| rec(k, 10 + u64::from(round), &image(k as u8 ^ round)))

@@ -4,6 +4,7 @@ use pageserver_api::value::Patch;
 use pageserver_api::DEFAULT_MAX_VALUE_SIZE;
 
 use super::*;
+use crate::format::compression::Compression;
 use crate::tenant::test_support::*;
 use crate::tenant::timeline::layer_set::manifest::METADATA_FILE;
 
@@ -28,9 +29,26 @@ pub(super) fn small_layers_conf() -> TimelineConf {
 /// A new timeline with default settings in a temporary directory, over a cache of
 /// `cache_pages` pages: the directory and cache come back too, for reloads and cache checks.
 fn fresh_timeline(cache_pages: usize) -> (tempfile::TempDir, Arc<PageCache>, Timeline) {
+    fresh_timeline_with(cache_pages, conf())
+}
+
+/// [`fresh_timeline`] whose layers store pages as they are: for the tests that count the
+/// blocks and reads of 8 KiB values (compressed, the tests' patterned pages take a few bytes).
+fn fresh_plain_timeline(cache_pages: usize) -> (tempfile::TempDir, Arc<PageCache>, Timeline) {
+    let conf = TimelineConf {
+        layer_compression: Compression::Off,
+        ..conf()
+    };
+    fresh_timeline_with(cache_pages, conf)
+}
+
+fn fresh_timeline_with(
+    cache_pages: usize,
+    conf: TimelineConf,
+) -> (tempfile::TempDir, Arc<PageCache>, Timeline) {
     let dir = tempfile::tempdir().unwrap();
     let cache = small_cache(cache_pages);
-    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf()).unwrap();
+    let tl = Timeline::create(dir.path(), TENANT, TIMELINE, cache.clone(), conf).unwrap();
     (dir, cache, tl)
 }
 
@@ -626,7 +644,7 @@ fn shutdown_flushes_and_refuses_later_puts() {
 #[test]
 fn read_cost_counts_layers_blocks_and_file_reads() {
     use crate::io::read_cost::{measure, ReadCost};
-    let (_dir, cache, tl) = fresh_timeline(64);
+    let (_dir, cache, tl) = fresh_plain_timeline(64);
     tl.put_batch(&[rec(1, 10, &image(1)), rec(2, 10, &image(2))])
         .unwrap();
     tl.checkpoint().unwrap();
