@@ -44,8 +44,8 @@ impl Original {
     }
 }
 
-/// Fails unless a layer written to be damaged stores both ways, so that damage reaches the
-/// decompressor and the plain reads alike: some of its `entries` `compressed`, not all.
+/// Fails unless a layer written to be damaged stores both ways, so that damage hits compressed
+/// and plain values alike: some of its `entries` `compressed`, not all.
 pub fn assert_both_stored_forms(compressed: u64, entries: u64) {
     assert!(
         compressed > 0 && compressed < entries,

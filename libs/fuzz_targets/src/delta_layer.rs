@@ -4,7 +4,9 @@
 //! that were written or an error that names the file: never a panic, never a changed page. (Every block carries a checksum,
 //! so most damage is caught there; the target checks that none gets past as a wrong answer.)
 //! The layer is written compressing (a version 2 file): most values are stored as Zstandard
-//! frames, a third of them (noise) as they are, so damage reaches the decompressor too.
+//! frames, a third of them (noise) as they are, so damage hits both stored forms. A frame's
+//! damage is caught by its value's CRC before it reaches the decoder; `value_frame` gives the
+//! decoder arbitrary frames.
 
 use std::sync::OnceLock;
 

@@ -3,8 +3,9 @@
 //! Opening the damaged file and reading every key of its range must give, for each read, the
 //! image that was written (or, for a key without one, no image), or an error that names the
 //! file. The layer is written compressing (a version 2 file): most images are stored as
-//! Zstandard frames, a third of them (noise) as they are, so damage reaches the decompressor
-//! and the compressed bit of the index entries too.
+//! Zstandard frames, a third of them (noise) as they are, so damage hits both stored forms and
+//! the compressed bit of the index entries. A frame's damage is caught by its block's checksum
+//! before it reaches the decoder; `value_frame` gives the decoder arbitrary frames.
 
 use std::sync::OnceLock;
 

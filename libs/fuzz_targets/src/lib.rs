@@ -26,4 +26,5 @@ pub mod remote_object_names;
 pub mod scan_token;
 pub mod tar_import;
 pub mod value;
+pub mod value_frame;
 pub mod wal_decoder;

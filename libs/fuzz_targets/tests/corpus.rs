@@ -41,6 +41,7 @@ replay_tests!(
     scan_token,
     tar_import,
     value,
+    value_frame,
     wal_decoder,
 );
 

@@ -9,8 +9,9 @@
 //! Frames are standard Zstandard frames (RFC 8878) that name their content size, without their
 //! own checksum (the layer's CRC-32C covers the stored bytes). Reading treats a frame as
 //! untrusted: the content size it names must be at most the reader's limit, the output buffer
-//! is sized from that checked figure, the decoder's window is bounded by it too (a frame cannot
-//! make the decoder allocate more), and the frame must make exactly the bytes it named.
+//! is sized from that checked figure, and the frame must make exactly the bytes it named. The
+//! frame is decoded in one pass straight into that buffer (libzstd's one-shot decoding keeps no
+//! window of its own), so a frame cannot make the decoder allocate more than the buffer.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -170,11 +171,8 @@ pub fn decompress(frame: &[u8], max_len: usize) -> Result<Vec<u8>, String> {
             Some(d) => d,
             None => cell.insert(zstd::bulk::Decompressor::new().map_err(bad)?),
         };
-        // The window a frame of this size needs at most, so that a frame claiming a larger
-        // one is refused before its memory is allocated.
-        decompressor
-            .set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(window_log(size)))
-            .map_err(bad)?;
+        // One pass into `out`, which bounds what the frame can make (whatever its blocks or
+        // window claim).
         decompressor
             .decompress_to_buffer(frame, &mut out)
             .map_err(bad)
@@ -185,12 +183,6 @@ pub fn decompress(frame: &[u8], max_len: usize) -> Result<Vec<u8>, String> {
         ));
     }
     Ok(out)
-}
-
-/// The smallest window log (at least libzstd's minimum, 10) whose window holds `size` bytes.
-fn window_log(size: usize) -> u32 {
-    let bits = usize::BITS - size.saturating_sub(1).leading_zeros();
-    bits.clamp(10, 31)
 }
 
 #[cfg(test)]
@@ -289,13 +281,5 @@ mod tests {
             .parse::<Compression>()
             .unwrap_err()
             .contains("not an integer"));
-    }
-
-    #[test]
-    fn window_logs_cover_their_sizes() {
-        assert_eq!(window_log(0), 10);
-        assert_eq!(window_log(8192), 13);
-        assert_eq!(window_log(8193), 14);
-        assert_eq!(window_log(1 << 20), 20);
     }
 }

@@ -396,7 +396,8 @@ fn print_delta_value(
     let value = layer.read_entry(entry)?;
     writeln!(out, "{} {} {}", entry.key, entry.lsn, describe(&value))?;
     if let Some(max) = raw {
-        // The encoding is canonical, so these are byte for byte the bytes in the file.
+        // The encoding is canonical, so these are byte for byte the bytes in the file (or, for
+        // a value stored compressed, the bytes its frame makes).
         let bytes = value.serialize().map_err(|e| Error::Path {
             path: layer.path().to_owned(),
             message: format!("value of key {} at {}: {e}", entry.key, entry.lsn),

@@ -14,7 +14,7 @@
 use pageserver_api::{Key, Value};
 use utils::Lsn;
 
-use super::{Layer, VersionRef};
+use super::{Layer, LayerRecords, VersionRef};
 
 /// A version as a layer hands it to a read: with its value ([`Layer::get`]) or as a reference
 /// to it ([`Layer::versions_at_lsn`]).
@@ -72,6 +72,17 @@ impl KeyHistory {
             self.complete = true;
         }
         self.complete
+    }
+
+    /// [`Self::take`] of what [`Layer::get_above`] handed back: a layer that stopped at the
+    /// floor (complete, with every version it handed back above the floor) completes the
+    /// history too.
+    pub fn take_records(&mut self, layer: &Layer, key: Key, found: &LayerRecords) -> usize {
+        let taken = self.take(layer, key, &found.records);
+        if found.complete && taken == found.records.len() {
+            self.complete = true;
+        }
+        taken
     }
 
     /// How many of `versions` (the key's versions in `layer`, newest first) the read takes;

@@ -105,6 +105,23 @@ impl Layer {
         })
     }
 
+    /// [`Layer::get`] for a read that already holds the page as of `floor` (a materialized
+    /// page): a delta layer reads no value at or below it, and stops there with the history
+    /// complete. Other layers answer as [`Layer::get`] (an in-memory layer's values cost no
+    /// read; an image layer's one image is below the floor only when the read skips the layer).
+    pub fn get_above(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        floor: Option<Lsn>,
+    ) -> Result<LayerRecords, LayerReadError> {
+        Ok(match self {
+            Layer::Delta(l) => l.get_above(key, lsn, floor)?,
+            Layer::OnDemand(l) => l.resident()?.get_above(key, lsn, floor)?,
+            Layer::InMemory(_) | Layer::Image(_) => self.get(key, lsn)?,
+        })
+    }
+
     /// Brings the values of `versions` (as [`Layer::versions_at_lsn`] listed them) into the
     /// page cache, in as few reads as their blocks allow, for the reads about to need them.
     /// An in-memory layer's blocks are in memory or were cached as written: it reads nothing.

@@ -227,11 +227,17 @@ impl Import<'_> {
         Ok(())
     }
 
-    /// Bytes the import has stored so far (serialized values in its run files and its
-    /// ephemeral file).
+    /// Bytes the import has stored so far: its values as blobs in its run files and its
+    /// ephemeral file, before any compression (the same figure whatever `layer_compression`
+    /// says).
     pub fn bytes_written(&self) -> u64 {
         let private = self.layer.as_ref().map_or(0, |l| l.bytes_written());
-        private + self.runs.iter().map(|r| r.values_bytes()).sum::<u64>()
+        private
+            + self
+                .runs
+                .iter()
+                .map(|r| r.plain_values_bytes())
+                .sum::<u64>()
     }
 
     /// Dates every version at `lsn` (above the base LSN) and makes them durable, as one

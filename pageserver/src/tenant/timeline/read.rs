@@ -164,11 +164,11 @@ impl Timeline {
                 break;
             }
             crate::io::read_cost::layer_visited();
-            let found = layer.get(key, lsn)?;
+            // Nothing at or below the materialized page is read (or decompressed) again.
+            let found = layer.get_above(key, lsn, floor)?;
             decompressed |= found.decompressed;
-            let found = found.records;
-            let taken = history.take(&layer, key, &found);
-            records.extend(found.into_iter().take(taken));
+            let taken = history.take_records(&layer, key, &found);
+            records.extend(found.records.into_iter().take(taken));
             if history.is_complete() {
                 break;
             }

@@ -473,6 +473,17 @@ impl DeltaLayer {
     /// The versions of `key` at or below `lsn`, newest first, down to the first that needs no
     /// older history.
     pub fn get(&self, key: Key, lsn: Lsn) -> Result<LayerRecords, LayerFileError> {
+        self.get_above(key, lsn, None)
+    }
+
+    /// [`Self::get`] for a read that already holds the page as of `floor`: the versions at or
+    /// below it are not read (nor decompressed), and reaching one completes the history.
+    pub fn get_above(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        floor: Option<Lsn>,
+    ) -> Result<LayerRecords, LayerFileError> {
         let mut result = LayerRecords::default();
         if key < self.summary.key_start
             || key >= self.summary.key_end
@@ -489,6 +500,10 @@ impl DeltaLayer {
                 let (found, value) = entry.map_err(|e: BtreeReadError| self.corrupt(e))?;
                 let (found_key, version) = split_index_key(&found);
                 if found_key != key {
+                    break;
+                }
+                if floor.is_some_and(|floor| version <= floor) {
+                    result.complete = true;
                     break;
                 }
                 let value_end = match end {

@@ -23,6 +23,8 @@ pub struct DeltaLayerWriter {
     index: Index,
     /// Set by [`DeltaLayerWriter::with_compression`]: the file is then of version 2.
     compressor: Option<ValueCompressor>,
+    /// The bytes the values written so far would take stored as they are.
+    plain_bytes: u64,
 }
 
 enum Index {
@@ -64,6 +66,7 @@ impl DeltaLayerWriter {
             scratch: Vec::new(),
             index: Index::Building(DiskBtreeBuilder::new(VecBlockSink::new())),
             compressor: None,
+            plain_bytes: 0,
         })
     }
 
@@ -92,6 +95,7 @@ impl DeltaLayerWriter {
             scratch: Vec::new(),
             index: Index::Undated(Vec::new()),
             compressor: None,
+            plain_bytes: 0,
         })
     }
 
@@ -118,6 +122,12 @@ impl DeltaLayerWriter {
     /// Bytes of values written so far (the file will be this plus its index and summary).
     pub fn values_bytes(&self) -> u64 {
         self.file.offset()
+    }
+
+    /// [`Self::values_bytes`] as if no value were compressed: what the values are, whatever the
+    /// setting (an import's report counts this).
+    pub fn plain_values_bytes(&self) -> u64 {
+        self.plain_bytes
     }
 
     /// Whether an undated writer holds `key` (a binary search of its keys).
@@ -218,6 +228,10 @@ impl DeltaLayerWriter {
             Some(frame) => (&[COMPRESSED_VALUE_KIND], frame),
             None => (&[], serialized),
         };
+        let plain_blob = serialized.len() + VALUE_CRC_LEN;
+        if let Ok(plain_header) = BlobHeader::new(plain_blob) {
+            self.plain_bytes += (plain_header.encoded_len() + plain_blob) as u64;
+        }
         let crc = crc32c::crc32c_append(crc32c::crc32c(kind), stored);
         let header = match BlobHeader::new(kind.len() + stored.len() + VALUE_CRC_LEN) {
             Ok(header) => header,

@@ -74,17 +74,24 @@ impl ImageLayer {
     /// block it spans matches its checksum. An image does not repeat its key, so `entry` should
     /// be one that [`Self::visit_index`] gave: a made-up entry reads whatever bytes it points at.
     pub fn read_entry(&self, entry: &IndexEntry) -> Result<Bytes, LayerFileError> {
-        let max_offset = match entry.compressed {
-            true => MAX_COMPRESSING_OFFSET,
-            false => MAX_IMAGE_OFFSET,
+        // A version 2 entry's offset leaves the top bit to the compressed flag; a version 1
+        // file has no compressed entries.
+        let v1 = self.summary.format_version == IMAGE_FORMAT_VERSION_PLAIN;
+        let max_offset = if v1 {
+            MAX_IMAGE_OFFSET
+        } else {
+            MAX_COMPRESSING_OFFSET
         };
-        if entry.offset > max_offset || entry.len > MAX_IMAGE_LEN {
+        if entry.offset > max_offset || entry.len > MAX_IMAGE_LEN || (v1 && entry.compressed) {
             return Err(LayerFileError::Usage {
                 kind: LayerFileKind::Image,
                 path: self.path().to_owned(),
                 message: format!(
-                    "no index entry can hold offset {} and length {}",
-                    entry.offset, entry.len
+                    "no index entry of this version {} file can hold offset {}, length {}{}",
+                    self.summary.format_version,
+                    entry.offset,
+                    entry.len,
+                    if entry.compressed { ", compressed" } else { "" }
                 ),
             });
         }

@@ -362,8 +362,13 @@ impl ImageLayer {
                 "image of key {key} at byte {offset}, {len} bytes long, straddles a block boundary"
             )));
         }
-        if len == 0 {
+        if len == 0 && !compressed {
             return Ok(Bytes::new());
+        }
+        if len == 0 {
+            return Err(self.corrupt(format!(
+                "image of key {key} is compressed into no bytes at all"
+            )));
         }
         let page = PAGE_SZ as u64;
         // Below `values_end`, which `open` bounded by the checksum table's start, a u32.

@@ -229,8 +229,7 @@ fn an_import_group_without_its_manifest_is_removed_on_load() {
 
 #[test]
 fn an_abandoned_import_leaves_no_run_file() {
-    // Pages stored as they are: the runs' bytes are counted below.
-    let (dir, _cache, tl) = fresh_plain_timeline(64);
+    let (dir, _cache, tl) = fresh_timeline(64);
     let mut import = tl.begin_import().unwrap();
     // Two runs: the lower keys start a second one.
     for k in (20..40).chain(0..10) {

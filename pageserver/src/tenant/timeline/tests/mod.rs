@@ -712,6 +712,38 @@ fn read_cost_counts_layers_blocks_and_file_reads() {
     );
 }
 
+/// A page made from one compressed value is memorized, so the next read neither decompresses
+/// it nor reads its value again (the layer, which holds a newer version of another key, is
+/// still asked for versions above the memorized one, from its index); a page of one value
+/// stored as it is is not memorized (its cached block is the page).
+#[test]
+fn a_page_made_from_a_compressed_value_is_memorized() {
+    use crate::io::read_cost::measure;
+    for (compression, memorized) in [
+        (Compression::Zstd { level: 1 }, true),
+        (Compression::Off, false),
+    ] {
+        let conf = TimelineConf {
+            layer_compression: compression,
+            ..conf()
+        };
+        let (_dir, cache, tl) = fresh_timeline_with(64, conf);
+        tl.put(rel_key(1), Lsn(10), &image(3)).unwrap();
+        tl.put(rel_key(2), Lsn(20), &image(4)).unwrap();
+        tl.checkpoint().unwrap();
+        let inserts = cache.stats().materialized_pages.inserts;
+        let page = tl.get_page(rel_key(1), Lsn(20)).unwrap().unwrap();
+        assert_eq!(page[..], [3u8; PAGE_SZ][..]);
+        let inserted = cache.stats().materialized_pages.inserts - inserts;
+        assert_eq!(inserted, u64::from(memorized), "{compression}");
+        let (again, cost) = measure(|| tl.get_page(rel_key(1), Lsn(20)));
+        assert_eq!(again.unwrap().unwrap(), page);
+        assert_eq!(cost.layers, 1, "{compression}: {cost}");
+        let values_read = cost.val_hit + cost.val_miss;
+        assert_eq!(values_read == 0, memorized, "{compression}: {cost}");
+    }
+}
+
 #[test]
 fn a_flush_inserts_nothing_into_the_page_cache_and_hot_pages_stay() {
     use crate::io::read_cost::measure;
