@@ -4,7 +4,7 @@
 //! decoder must hold its bounds for any bytes at all. The input is a frame itself, decoded with
 //! a limit of 64 KiB; and the input is compressed, its frame (where kept) decoded back.
 
-use pageserver::format::compression::{decompress, ValueCompressor};
+use pageserver::format::compression::{decompress, worth_keeping, ValueCompressor};
 
 /// The largest value a frame may name here.
 const LIMIT: usize = 64 * 1024;
@@ -27,7 +27,7 @@ pub fn check(input: &[u8]) {
     let mut compressor = ValueCompressor::new(1).expect("a level 1 context");
     if let Some(frame) = compressor.compress(input) {
         assert!(
-            frame.len() <= input.len() - input.len() / 8,
+            worth_keeping(input.len(), frame.len()),
             "a frame kept that saves too little"
         );
         let back = decompress(frame, input.len()).expect("a frame just made decodes");

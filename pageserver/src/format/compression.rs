@@ -97,7 +97,12 @@ impl<'de> serde::Deserialize<'de> for Compression {
 /// Whether a frame of `compressed` bytes is worth storing in place of `plain` bytes: it must
 /// save at least an eighth, so that the decompression a read pays buys real space.
 pub fn worth_keeping(plain: usize, compressed: usize) -> bool {
-    compressed <= plain - plain / 8
+    compressed <= largest_kept(plain)
+}
+
+/// The largest frame [`worth_keeping`] keeps of a value of `plain` bytes.
+fn largest_kept(plain: usize) -> usize {
+    plain - plain / 8
 }
 
 /// Values shorter than this are never compressed: a frame's header alone is 6 to 9 bytes, and
@@ -131,10 +136,10 @@ impl ValueCompressor {
             return None;
         }
         self.frame.clear();
-        // Room for a frame worth keeping and no more: libzstd stops as soon as a frame will
-        // not fit ("destination buffer too small"), which here means "not worth it".
-        let budget = input.len() - input.len() / 8;
-        self.frame.reserve_exact(budget);
+        // Room for a frame worth keeping: libzstd stops as soon as a frame will not fit
+        // ("destination buffer too small"), which here means "not worth it". (Room left from a
+        // longer value may fit a larger frame: the check below refuses it.)
+        self.frame.reserve_exact(largest_kept(input.len()));
         let written = self
             .context
             .compress_to_buffer(input, &mut self.frame)
