@@ -185,7 +185,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("crc_baseline", |b| {
         b.iter_custom(|iters| {
             cpu_time(iters, || {
-                black_box(crc32c::crc32c(&bytes));
+                black_box(utils::crc32c::crc32c(&bytes));
             })
         })
     });

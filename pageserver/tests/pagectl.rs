@@ -173,7 +173,7 @@ fn expected_index() -> Vec<String> {
 }
 
 fn crc(fill: u8, len: usize) -> String {
-    format!("{:#010x}", crc32c::crc32c(&vec![fill; len]))
+    format!("{:#010x}", utils::crc32c::crc32c(&vec![fill; len]))
 }
 
 fn expected_values() -> Vec<String> {
@@ -417,7 +417,7 @@ fn verify_checks_a_layer_against_the_manifest_beside_it() {
     let entry = LayerFileEntry {
         name: name.clone(),
         size: bytes.len() as u64,
-        crc32c: crc32c::crc32c(&bytes),
+        crc32c: utils::crc32c::crc32c(&bytes),
         level: LayerLevel::L0,
         group_size: 1,
     };

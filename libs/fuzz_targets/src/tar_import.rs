@@ -97,7 +97,7 @@ fn small_cluster_archive() -> Vec<u8> {
     control[32..40].copy_from_slice(&checkpoint.to_le_bytes());
     control[40..48].copy_from_slice(&checkpoint.to_le_bytes());
     control[48..52].copy_from_slice(&1u32.to_le_bytes());
-    let crc = crc32c::crc32c(&control[..288]);
+    let crc = utils::crc32c::crc32c(&control[..288]);
     control[288..292].copy_from_slice(&crc.to_le_bytes());
 
     let dirs = [

@@ -29,8 +29,8 @@ pub fn check(input: &[u8]) {
     for record in &whole.0 {
         assert_eq!(record.bytes.len(), record.header.tot_len as usize);
         assert!(record.bytes.len() >= RECORD_HEADER_LEN);
-        let crc = crc32c::crc32c_append(
-            crc32c::crc32c(&record.bytes[RECORD_HEADER_LEN..]),
+        let crc = utils::crc32c::crc32c_append(
+            utils::crc32c::crc32c(&record.bytes[RECORD_HEADER_LEN..]),
             &record.bytes[..20],
         );
         assert_eq!(crc, record.header.crc, "a record whose CRC does not check");

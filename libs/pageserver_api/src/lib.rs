@@ -23,7 +23,10 @@ pub mod reconstruct;
 pub mod value;
 
 pub use key::Key;
-pub use reconstruct::{apply_delta, reconstruct_page, RedoError, RedoErrorKind, ZERO_PAGE_SIZE};
+pub use reconstruct::{
+    apply_delta, reconstruct_page, reconstruct_page_taking, RedoError, RedoErrorKind,
+    ZERO_PAGE_SIZE,
+};
 pub use value::{
     Patch, Value, ValueDecodeError, ValueEncodeError, ValueField, DEFAULT_MAX_VALUE_SIZE,
 };

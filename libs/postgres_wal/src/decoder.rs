@@ -471,7 +471,7 @@ impl WalDecoder {
             bytes.extend_from_slice(&chunk[..header_part]);
             chunk = &chunk[header_part..];
         }
-        *body_crc = crc32c::crc32c_append(*body_crc, chunk);
+        *body_crc = utils::crc32c::crc32c_append(*body_crc, chunk);
         // The header is whole once the total is known: its resource manager is at 17.
         let limit = match keep_rmgr {
             Some((rmid, len)) if bytes.get(17) == Some(&rmid) => len.max(keep_up_to),
@@ -511,7 +511,7 @@ impl WalDecoder {
             unreachable!("still in the record");
         };
         let header = RecordHeader::decode(&bytes);
-        let crc = crc32c::crc32c_append(body_crc, &bytes[..crate::record::CRC_OFFSET]);
+        let crc = utils::crc32c::crc32c_append(body_crc, &bytes[..crate::record::CRC_OFFSET]);
         if crc != header.crc {
             return invalid(
                 start,

@@ -133,8 +133,8 @@ impl RecordHeader {
 /// The CRC-32C a whole record's header carries: of its bytes after the header, then of the
 /// header up to the CRC.
 pub fn record_crc(record: &[u8]) -> u32 {
-    crc32c::crc32c_append(
-        crc32c::crc32c(&record[RECORD_HEADER_LEN..]),
+    utils::crc32c::crc32c_append(
+        utils::crc32c::crc32c(&record[RECORD_HEADER_LEN..]),
         &record[..CRC_OFFSET],
     )
 }

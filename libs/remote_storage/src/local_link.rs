@@ -191,7 +191,7 @@ async fn read_whole(upload: &Upload<'_>, len: u64) -> Result<Transferred, Remote
             file.read_exact_at(&mut buf[..n], sent.len)
                 .map_err(|e| (e, sent.len + n as u64))?;
             sent.len += n as u64;
-            sent.crc32c = crc32c::crc32c_append(sent.crc32c, &buf[..n]);
+            sent.crc32c = utils::crc32c::crc32c_append(sent.crc32c, &buf[..n]);
         }
         Ok(sent)
     })

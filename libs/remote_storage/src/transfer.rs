@@ -339,7 +339,7 @@ impl RemoteStorage {
                 )));
             }
             done.len += chunk.len() as u64;
-            done.crc32c = crc32c::crc32c_append(done.crc32c, &chunk);
+            done.crc32c = utils::crc32c::crc32c_append(done.crc32c, &chunk);
             pending.extend_from_slice(&chunk);
             if pending.len() >= COPY_CHUNK {
                 pending = write_at(file, pending, at).await.map_err(local_err)?;
@@ -420,7 +420,7 @@ impl Upload<'_> {
         .await
         .map_err(|e| self.read_failed(e, at + n as u64, len))?;
         sent.len += n as u64;
-        sent.crc32c = crc32c::crc32c_append(sent.crc32c, &buf);
+        sent.crc32c = utils::crc32c::crc32c_append(sent.crc32c, &buf);
         Ok(Bytes::from(buf))
     }
 
@@ -502,7 +502,7 @@ fn copy_file(mut source: std::fs::File, dest: &dyn LocalFile) -> io::Result<Tran
         }
         dest.write_all_at(&buf[..n], done.len)?;
         done.len += n as u64;
-        done.crc32c = crc32c::crc32c_append(done.crc32c, &buf[..n]);
+        done.crc32c = utils::crc32c::crc32c_append(done.crc32c, &buf[..n]);
     }
     Ok(done)
 }

@@ -99,7 +99,10 @@ async fn files_upload_in_parts_and_download_whole() {
     std::fs::write(&local, &data).unwrap();
     let k = key("tenants/t/layer-00000001");
     let sent = remote.put_file(&k, &local).await.unwrap();
-    assert_eq!((sent.len, sent.crc32c), (len as u64, crc32c::crc32c(&data)));
+    assert_eq!(
+        (sent.len, sent.crc32c),
+        (len as u64, utils::crc32c::crc32c(&data))
+    );
     let small = dir.path().join("small");
     std::fs::write(&small, b"abc").unwrap();
     assert_eq!(remote.put_file(&key("small"), &small).await.unwrap().len, 3);
@@ -107,7 +110,7 @@ async fn files_upload_in_parts_and_download_whole() {
     let dest = dir.path().join("downloaded");
     let downloaded = remote.download_to_file(&k, &dest).await.unwrap();
     assert_eq!(downloaded.len, len as u64);
-    assert_eq!(downloaded.crc32c, crc32c::crc32c(&data));
+    assert_eq!(downloaded.crc32c, utils::crc32c::crc32c(&data));
     assert!(std::fs::read(&dest).unwrap() == data);
     let missing = remote
         .download_to_file(&key("absent"), &dir.path().join("x"))
@@ -298,7 +301,7 @@ async fn an_upload_whose_reads_fail_or_differ_never_replaces_the_object() {
         std::fs::write(&local, &data).unwrap();
         let expected = Transferred {
             len: len as u64,
-            crc32c: crc32c::crc32c(&data),
+            crc32c: utils::crc32c::crc32c(&data),
         };
         let k = key(&format!("layer-{len}"));
         remote.put(&k, Bytes::from_static(b"old")).await.unwrap();
@@ -417,7 +420,7 @@ async fn an_immutable_file_is_uploaded_as_a_hard_link_that_outlives_its_name() {
         .collect();
     let expected = Transferred {
         len: data.len() as u64,
-        crc32c: crc32c::crc32c(&data),
+        crc32c: utils::crc32c::crc32c(&data),
     };
     let local = dir.path().join("work/layer");
     std::fs::write(&local, &data).unwrap();
@@ -526,7 +529,7 @@ async fn an_upload_to_another_file_system_copies() {
     std::fs::write(&local, &data).unwrap();
     let expected = Transferred {
         len: data.len() as u64,
-        crc32c: crc32c::crc32c(&data),
+        crc32c: utils::crc32c::crc32c(&data),
     };
     for name in ["a", "b"] {
         let file = Arc::new(StdFile::open_immutable(&local).unwrap());

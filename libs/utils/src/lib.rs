@@ -6,6 +6,7 @@
 //! panicking. Keeping them in one dependency-light crate means every crate
 //! agrees on those forms.
 
+pub mod crc32c;
 pub mod generation;
 pub mod hex;
 pub mod id;

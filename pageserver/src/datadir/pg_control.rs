@@ -257,7 +257,7 @@ pub fn with_checkpoint_at(
 
 /// `b` with its CRC made again.
 fn with_crc(mut b: Vec<u8>) -> Vec<u8> {
-    let crc = crc32c::crc32c(&b[..CRC_OFFSET]);
+    let crc = utils::crc32c::crc32c(&b[..CRC_OFFSET]);
     b[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
     b
 }
@@ -336,7 +336,7 @@ pub fn parse(bytes: &[u8]) -> Result<ControlFile, ControlFileError> {
         return Err(ControlFileError::Version(version));
     }
     let stored = u32_at(CRC_OFFSET);
-    let computed = crc32c::crc32c(&bytes[..CRC_OFFSET]);
+    let computed = utils::crc32c::crc32c(&bytes[..CRC_OFFSET]);
     if stored != computed {
         return Err(ControlFileError::Crc { stored, computed });
     }
@@ -371,7 +371,7 @@ mod tests {
         b[168] = 1;
         b[172..176].copy_from_slice(&1u32.to_le_bytes()); // wal_level: kept
         b[252..256].copy_from_slice(&1u32.to_le_bytes());
-        let crc = crc32c::crc32c(&b[..CRC_OFFSET]);
+        let crc = utils::crc32c::crc32c(&b[..CRC_OFFSET]);
         b[CRC_OFFSET..CRC_OFFSET + 4].copy_from_slice(&crc.to_le_bytes());
         b
     }

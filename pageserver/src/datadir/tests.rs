@@ -41,7 +41,7 @@ fn pg_control(sysid: u64, state: u32, checkpoint: u64) -> Vec<u8> {
     bytes[32..40].copy_from_slice(&checkpoint.to_le_bytes());
     bytes[40..48].copy_from_slice(&checkpoint.to_le_bytes());
     bytes[48..52].copy_from_slice(&1u32.to_le_bytes());
-    let crc = crc32c::crc32c(&bytes[..288]);
+    let crc = utils::crc32c::crc32c(&bytes[..288]);
     bytes[288..292].copy_from_slice(&crc.to_le_bytes());
     bytes
 }

@@ -1,10 +1,12 @@
-//! The formats below layers: 8 KiB blocks read through the page cache ([`block_io`]),
+//! The formats below layers: 8 KiB blocks read through the page cache ([`block_io`]), or read
+//! in place when all of a range is cached ([`cached_range`]),
 //! length-prefixed blobs that span blocks ([`blob_io`]), the on-disk B-tree of layer
 //! indexes ([`disk_btree`]), and the per-value compression layers may store ([`compression`]).
 //! Nothing here knows what a layer, a key's history or a timeline is.
 
 pub mod blob_io;
 pub mod block_io;
+pub(crate) mod cached_range;
 pub mod compression;
 pub mod disk_btree;
 

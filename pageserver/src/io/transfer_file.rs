@@ -128,7 +128,7 @@ pub fn crc32c_of(file: &dyn FileIo, len: u64) -> io::Result<u32> {
     while offset < len {
         let n = (len - offset).min(READ_CHUNK as u64) as usize;
         file.read_exact_at(&mut buf[..n], offset)?;
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        crc = utils::crc32c::crc32c_append(crc, &buf[..n]);
         offset += n as u64;
     }
     Ok(crc)

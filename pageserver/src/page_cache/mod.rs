@@ -459,6 +459,16 @@ impl PageCache {
         self.lookup(file_key(file, blkno))
     }
 
+    /// Counts `blocks` hits on blocks of `file` that a reader found with
+    /// [`Self::peek_file_page`] and then read.
+    #[inline]
+    pub fn count_file_hits(&self, file: FileId, blocks: usize) {
+        let hits = &self.file_kind_counters(file).hits;
+        for _ in 0..blocks {
+            hits.inc();
+        }
+    }
+
     /// Block `blkno` of `file`, if cached.
     #[inline]
     pub fn get_file_page(&self, file: FileId, blkno: u32) -> Option<PageLease<'_>> {

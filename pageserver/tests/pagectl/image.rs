@@ -186,7 +186,7 @@ fn image_verify_checks_the_file_and_the_manifest_beside_it() {
     manifest.add_layer(LayerFileEntry {
         name: image_name(),
         size: bytes.len() as u64,
-        crc32c: crc32c::crc32c(&bytes),
+        crc32c: utils::crc32c::crc32c(&bytes),
         level: LayerLevel::Image,
         group_size: 1,
     });
@@ -216,7 +216,7 @@ fn image_verify_checks_the_file_and_the_manifest_beside_it() {
     manifest.add_layer(LayerFileEntry {
         name: image_name(),
         size: delta_bytes.len() as u64,
-        crc32c: crc32c::crc32c(&delta_bytes),
+        crc32c: utils::crc32c::crc32c(&delta_bytes),
         level: LayerLevel::Image,
         group_size: 1,
     });

@@ -474,6 +474,16 @@ proptest! {
     }
 
     #[test]
+    fn taking_gives_what_borrowing_gives(records in any_records(), limit in any_limit()) {
+        let mut owned = records.clone();
+        let taken = reconstruct_page_taking(&mut owned, limit);
+        prop_assert_eq!(taken, reconstruct_page(&records, limit));
+        // What is left still names the records.
+        let lsns = |r: &[(u64, Value)]| r.iter().map(|(lsn, _)| *lsn).collect::<Vec<_>>();
+        prop_assert_eq!(lsns(&owned), lsns(&records));
+    }
+
+    #[test]
     fn history_older_than_a_base_is_irrelevant(
         newer in any_records(),
         older in any_records(),
@@ -504,4 +514,51 @@ proptest! {
             Err(_) => prop_assert_eq!(after, page),
         }
     }
+}
+
+#[test]
+fn taking_redoes_an_unshared_image_in_its_own_buffer() {
+    let base: Vec<u8> = (0..8192).map(|i| i as u8).collect();
+    let base_at = base.as_ptr();
+    let mut records = vec![
+        (20u64, delta(false, vec![patch(1, b"yz")])),
+        (10u64, delta(false, vec![patch(0, b"x")])),
+        (5u64, Value::Image(Bytes::from(base))),
+    ];
+    let page = reconstruct_page_taking(&mut records, MAX).unwrap().unwrap();
+    assert_eq!(&page[..4], b"xyz\x03");
+    assert_eq!(page.as_ptr(), base_at, "redone in the image's own buffer");
+    assert_eq!(
+        records[2].1,
+        Value::Image(Bytes::new()),
+        "the image was taken"
+    );
+}
+
+#[test]
+fn taking_copies_an_image_someone_else_holds() {
+    let base = Bytes::from(vec![7u8; 8192]);
+    let mut records = vec![
+        (10u64, delta(false, vec![patch(0, b"x")])),
+        (5u64, Value::Image(base.clone())),
+    ];
+    let page = reconstruct_page_taking(&mut records, MAX).unwrap().unwrap();
+    assert_eq!(&page[..2], b"x\x07");
+    assert_eq!(
+        base,
+        vec![7u8; 8192],
+        "the other holder's bytes are unchanged"
+    );
+    assert_ne!(page.as_ptr(), base.as_ptr());
+}
+
+#[test]
+fn taking_a_lone_image_returns_it_and_keeps_it() {
+    let base = Bytes::from(vec![3u8; 8192]);
+    let mut records = vec![(5u64, Value::Image(base.clone()))];
+    assert_eq!(
+        reconstruct_page_taking(&mut records, MAX),
+        Ok(Some(base.clone()))
+    );
+    assert_eq!(records[0].1, Value::Image(base));
 }

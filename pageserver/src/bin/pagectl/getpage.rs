@@ -157,7 +157,7 @@ pub fn getpage(args: GetPageArgs, out: &mut impl Write) -> anyhow::Result<()> {
                 out,
                 "{key} {asked} page len={} crc={:#010x} read_at={read_at}",
                 page.page.len(),
-                crc32c::crc32c(&page.page)
+                utils::crc32c::crc32c(&page.page)
             )?;
             if args.raw {
                 super::hex_dump(&page.page, args.raw_bytes, out)?;

@@ -381,7 +381,7 @@ fn describe(value: &Value) -> String {
             "image len={} crc={:#010x}",
             page.len(),
             // A fingerprint to compare pages across layers.
-            crc32c::crc32c(page)
+            utils::crc32c::crc32c(page)
         ),
         Value::Delta { will_init, patches } => {
             let mut s = format!("delta will_init={will_init} patches=[");

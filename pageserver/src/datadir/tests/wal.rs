@@ -154,7 +154,7 @@ fn record_at(seg: &mut [u8], pos: &mut usize, start: u64, len: usize, prev: u64)
     record[8..16].copy_from_slice(&prev.to_le_bytes());
     record[16] = 0;
     record[17] = RM_HEAP_ID;
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&record[24..]), &record[..20]);
+    let crc = utils::crc32c::crc32c_append(utils::crc32c::crc32c(&record[24..]), &record[..20]);
     record[20..24].copy_from_slice(&crc.to_le_bytes());
     seg[*pos..*pos + len].copy_from_slice(&record);
     *pos += len;

@@ -143,7 +143,10 @@ const fn capacity(key_len: usize, level: u8) -> usize {
 
 /// The checksum of a node: CRC-32C over the whole block except the checksum field itself.
 fn node_checksum(block: &[u8; PAGE_SZ]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(&block[..CHECKSUM_OFF]), &block[HEADER_LEN..])
+    utils::crc32c::crc32c_append(
+        utils::crc32c::crc32c(&block[..CHECKSUM_OFF]),
+        &block[HEADER_LEN..],
+    )
 }
 
 /// `a < b` for keys of equal length, eight bytes at a time: the same as comparing the slices,

@@ -770,7 +770,7 @@ fn node_layout_is_as_documented() {
         [0xB7, 0xEE, 0x01, 0x00, 0x00, 0x02, 0x00, 0x02],
         "magic, version, level, count, key_len"
     );
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&block[..8]), &block[12..]);
+    let crc = utils::crc32c::crc32c_append(utils::crc32c::crc32c(&block[..8]), &block[12..]);
     assert_eq!(u32::from_be_bytes(block[8..12].try_into().unwrap()), crc);
     assert_eq!(
         block[12..32],

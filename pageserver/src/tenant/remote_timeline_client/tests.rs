@@ -132,7 +132,7 @@ fn layers_then_index_then_deletions_in_the_documented_layout() {
         let local = std::fs::read(timeline.dir().join(&l.name)).unwrap();
         let copy = std::fs::read(remote.join(format!("{prefix}{}-00000001", l.name))).unwrap();
         assert!(local == copy, "{}", l.name);
-        assert_eq!(crc32c::crc32c(&copy), l.crc32c);
+        assert_eq!(utils::crc32c::crc32c(&copy), l.crc32c);
     }
 
     // Compaction retires the three L0s: their objects go once the new index is durable.

@@ -141,7 +141,7 @@ impl SummaryLayout {
         for (off, bytes) in fields {
             put(*off, bytes);
         }
-        let crc = crc32c::crc32c(&b[..self.crc_off]);
+        let crc = utils::crc32c::crc32c(&b[..self.crc_off]);
         b[self.crc_off..self.crc_off + 4].copy_from_slice(&crc.to_be_bytes());
         b
     }
@@ -162,7 +162,7 @@ impl SummaryLayout {
             return Err(format!("unsupported format version {version}"));
         }
         let stored = u32_at(b, self.crc_off);
-        let computed = crc32c::crc32c(&b[..self.crc_off]);
+        let computed = utils::crc32c::crc32c(&b[..self.crc_off]);
         if stored != computed {
             return Err(format!(
                 "summary checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
@@ -584,7 +584,8 @@ impl LayerFileWriter {
             self.failed = true;
             return Err(self.io_error(e));
         }
-        self.crc_after_summary = crc32c::crc32c_append(self.crc_after_summary, &self.pending);
+        self.crc_after_summary =
+            utils::crc32c::crc32c_append(self.crc_after_summary, &self.pending);
         self.pending_offset += self.pending.len() as u64;
         self.pending.clear();
         self.start_writeback()
@@ -635,8 +636,8 @@ impl LayerFileWriter {
                 path: self.temp_path().to_owned(),
                 message: format!("a file of {size} bytes"),
             })?;
-        let crc32c = crc32c::crc32c_combine(
-            crc32c::crc32c(&summary_block[..]),
+        let crc32c = utils::crc32c::crc32c_combine(
+            utils::crc32c::crc32c(&summary_block[..]),
             self.crc_after_summary,
             after_len,
         );

@@ -140,7 +140,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 pub use pageserver_api::ingest::PutRecord;
-use pageserver_api::{reconstruct_page, Key, RedoError, RedoErrorKind, Value};
+use pageserver_api::{
+    reconstruct_page, reconstruct_page_taking, Key, RedoError, RedoErrorKind, Value,
+};
 use utils::{Lsn, TenantId, TimelineId, Wakeup};
 
 use crate::page_cache::{MaterializedPageKey, PageCache};

@@ -199,7 +199,7 @@ impl Timeline {
         }
         drop(cached);
         let newest = records.first().map(|(l, _)| *l);
-        let page = reconstruct_page(&records, self.conf.max_value_size)
+        let page = reconstruct_page_taking(&mut records, self.conf.max_value_size)
             .map_err(|source| TimelineError::of_redo(key, lsn, &records, source))?;
         if let (Some(page), Some(newest)) = (&page, newest) {
             // The page is the same for every LSN from its newest version up to `lsn`.

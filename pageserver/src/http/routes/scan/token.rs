@@ -77,7 +77,7 @@ pub fn encode(position: &ScanPosition) -> String {
     b[LSN..LSN + 8].copy_from_slice(&position.lsn.0.to_be_bytes());
     b[END..END + KEY_LEN].copy_from_slice(&position.end.to_bytes());
     b[LAST..LAST + KEY_LEN].copy_from_slice(&position.last.to_bytes());
-    let crc = crc32c::crc32c(&b[..CHECKSUM]);
+    let crc = utils::crc32c::crc32c(&b[..CHECKSUM]);
     b[CHECKSUM..CHECKSUM + 4].copy_from_slice(&crc.to_be_bytes());
     URL_SAFE_NO_PAD.encode(b)
 }
@@ -99,7 +99,7 @@ pub fn decode(text: &str) -> Result<ScanPosition, TokenError> {
         });
     }
     let stored = u32::from_be_bytes(array_at(&b, CHECKSUM));
-    if crc32c::crc32c(&b[..CHECKSUM]) != stored {
+    if utils::crc32c::crc32c(&b[..CHECKSUM]) != stored {
         return Err(TokenError::Checksum);
     }
     let u64_at = |o: usize| u64::from_be_bytes(array_at(&b, o));

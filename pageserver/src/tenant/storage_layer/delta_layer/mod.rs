@@ -73,7 +73,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use pageserver_api::value::ValueDecodeError;
+use pageserver_api::value::{ValueDecodeError, KIND_IMAGE};
 use pageserver_api::{Key, Value};
 use utils::{Lsn, TenantId, TimelineId};
 
@@ -81,6 +81,7 @@ use crate::format::blob_io::{BlobHeader, BlobReadError, BlockCursor};
 use crate::format::block_io::{
     read_range_through_cache, warm_blocks_through_cache, FileBlockReader,
 };
+use crate::format::cached_range::CachedRange;
 use crate::format::compression::{decompress, Compression, ValueCompressor};
 use crate::format::disk_btree::{
     node_is_valid, BtreeReadError, DiskBtreeBuilder, DiskBtreeReader, VecBlockSink,
@@ -246,6 +247,14 @@ impl DeltaLayer {
                 "value of key {key} at {lsn} would span bytes {offset}..{end}"
             )));
         }
+        if let Some(cached) = CachedRange::lookup(
+            self.file.cache(),
+            self.file.file_id(),
+            offset..end,
+            BlockKind::Value,
+        ) {
+            return self.decode_cached(key, lsn, entry, &cached);
+        }
         let bytes = Bytes::from(
             read_range_through_cache(
                 self.file.cache(),
@@ -272,6 +281,56 @@ impl DeltaLayer {
         let compressed = bytes.get(header_len) == Some(&COMPRESSED_VALUE_KIND);
         let value = self.decode_value_bytes(key, lsn, entry, bytes.slice(header_len..))?;
         Ok((value, compressed))
+    }
+
+    /// [`Self::read_value_range`] of a value whose blocks are all cached: the length header and
+    /// the checksum are read in place, and only the checked body is copied out, once.
+    fn decode_cached(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        entry: u64,
+        cached: &CachedRange<'_>,
+    ) -> Result<(Value, bool), LayerFileError> {
+        let len = cached.len();
+        let head = if len >= 4 {
+            cached.array::<4>(0)
+        } else {
+            let mut head = [0u8; 4];
+            cached.copy_to(0, &mut head[..len]);
+            head
+        };
+        let Some((header_len, blob_len)) = BlobHeader::parse(&head[..len.min(4)]) else {
+            return Err(self.corrupt(format!(
+                "value of key {key} at {lsn}: {len} bytes cannot hold its length header"
+            )));
+        };
+        if header_len.checked_add(blob_len) != Some(len) {
+            return Err(self.corrupt(format!(
+                "value of key {key} at {lsn}: its header says {blob_len} bytes, but the next value starts {} bytes on",
+                len - header_len
+            )));
+        }
+        let Some(body_len) = blob_len.checked_sub(VALUE_CRC_LEN) else {
+            return Err(self.corrupt(format!(
+                "value of key {key} at {lsn} is {blob_len} bytes, too short for its checksum"
+            )));
+        };
+        let body = header_len..header_len + body_len;
+        let stored = cached.array::<VALUE_CRC_LEN>(body.end);
+        if cached.crc32c(body.clone()) != u32::from_be_bytes(stored) {
+            return Err(self.corrupt(format!("value of key {key} at {lsn}: checksum mismatch")));
+        }
+        if !body.is_empty() && cached.array::<1>(body.start)[0] == KIND_IMAGE {
+            // An image is its kind byte and the page: the page alone is copied out, into a
+            // buffer of its own that a redo can write into (`reconstruct_page_taking`).
+            let page = Bytes::from(cached.to_vec(body.start + 1..body.end));
+            let value = self.check_will_init(key, lsn, entry, Ok(Value::Image(page)))?;
+            return Ok((value, false));
+        }
+        let body = Bytes::from(cached.to_vec(body));
+        let compressed = body.first() == Some(&COMPRESSED_VALUE_KIND);
+        Ok((self.decode_body(key, lsn, entry, body)?, compressed))
     }
 
     /// Brings the values of `versions` (listed by [`Self::versions_at_lsn`]) into the page
@@ -371,17 +430,23 @@ impl DeltaLayer {
         entry: u64,
         buf: Bytes,
     ) -> Result<Value, LayerFileError> {
-        let body = self.checked_body(key, lsn, &buf)?;
+        let body_len = self.checked_body(key, lsn, &buf)?.len();
+        self.decode_body(key, lsn, entry, buf.slice(..body_len))
+    }
+
+    /// A stored value's body, its checksum checked, decoded: an image's bytes are a slice of
+    /// it, not a copy.
+    fn decode_body(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        entry: u64,
+        body: Bytes,
+    ) -> Result<Value, LayerFileError> {
         if body.first() == Some(&COMPRESSED_VALUE_KIND) {
-            return self.decode_compressed(key, lsn, entry, body);
+            return self.decode_compressed(key, lsn, entry, &body);
         }
-        let body_len = body.len();
-        self.check_will_init(
-            key,
-            lsn,
-            entry,
-            Value::deserialize_bytes(buf.slice(..body_len)),
-        )
+        self.check_will_init(key, lsn, entry, Value::deserialize_bytes(body))
     }
 
     /// A compressed stored value (kind byte, then one frame), decompressed and decoded.
@@ -425,7 +490,7 @@ impl DeltaLayer {
         };
         let (body, crc) = buf.split_at(body_len);
         let stored = u32::from_be_bytes([crc[0], crc[1], crc[2], crc[3]]);
-        if crc32c::crc32c(body) != stored {
+        if utils::crc32c::crc32c(body) != stored {
             return Err(self.corrupt(format!("value of key {key} at {lsn}: checksum mismatch")));
         }
         Ok(body)

@@ -232,7 +232,7 @@ impl DeltaLayerWriter {
         if let Ok(plain_header) = BlobHeader::new(plain_blob) {
             self.plain_bytes += (plain_header.encoded_len() + plain_blob) as u64;
         }
-        let crc = crc32c::crc32c_append(crc32c::crc32c(kind), stored);
+        let crc = utils::crc32c::crc32c_append(utils::crc32c::crc32c(kind), stored);
         let header = match BlobHeader::new(kind.len() + stored.len() + VALUE_CRC_LEN) {
             Ok(header) => header,
             Err(e) => {

@@ -239,7 +239,7 @@ impl ValueStream<'_> {
             for (i, block) in self.chunk.chunks_exact(PAGE_SZ).enumerate() {
                 let blkno = first + i as u64;
                 let expected = self.crcs[blkno as usize - 1];
-                let computed = crc32c::crc32c(block);
+                let computed = utils::crc32c::crc32c(block);
                 if computed != expected {
                     return Err(self.layer.corrupt(format!(
                         "value block {blkno}: checksum mismatch: the table says \

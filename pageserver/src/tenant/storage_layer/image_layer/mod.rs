@@ -179,7 +179,7 @@ fn table_slot(blkno: u32) -> (u32, usize) {
 
 /// Whether a checksum table block matches its own trailing CRC-32C.
 fn table_block_is_valid(block: &[u8; PAGE_SZ]) -> bool {
-    crc32c::crc32c(&block[..TABLE_CRC_OFF]) == u32_at(block, TABLE_CRC_OFF)
+    utils::crc32c::crc32c(&block[..TABLE_CRC_OFF]) == u32_at(block, TABLE_CRC_OFF)
 }
 
 /// An open image layer file.
@@ -303,12 +303,12 @@ impl ImageLayer {
         access: Access,
         read: impl FnOnce(&[u8; PAGE_SZ]) -> T,
     ) -> Result<T, LayerFileError> {
-        let check = move |block: &[u8; PAGE_SZ]| crc32c::crc32c(block) == expected;
+        let check = move |block: &[u8; PAGE_SZ]| utils::crc32c::crc32c(block) == expected;
         let reader = self.file.blocks(access).verified_by(&check);
         let block = reader.read_blk(blkno).map_err(|e| self.block_error(e))?;
         // A cached block passed the check before it was cached.
         if !matches!(block, BlockLease::Cached(_)) {
-            let computed = crc32c::crc32c(&block[..]);
+            let computed = utils::crc32c::crc32c(&block[..]);
             if computed != expected {
                 return Err(self.corrupt(format!(
                     "value block {blkno}: checksum mismatch: the table says {expected:#010x}, \
@@ -449,7 +449,7 @@ impl ImageLayer {
                 expected.push(u32_at(&block[..], slot));
             }
             let check = |blkno: u32, block: &[u8; PAGE_SZ]| {
-                crc32c::crc32c(block) == expected[(blkno - run.start) as usize]
+                utils::crc32c::crc32c(block) == expected[(blkno - run.start) as usize]
             };
             warm_blocks_through_cache(
                 self.file.cache(),

@@ -140,7 +140,7 @@ fn images_of_every_size_read_back_and_verify() {
     let bytes = std::fs::read(&written.path).unwrap();
     assert_eq!(written.size, bytes.len() as u64);
     // The CRC-32C computed while writing is the file's.
-    assert_eq!(written.crc32c, crc32c::crc32c(&bytes));
+    assert_eq!(written.crc32c, utils::crc32c::crc32c(&bytes));
     assert_eq!(
         written.path.file_name().unwrap().to_str().unwrap(),
         format!("{}-{}__0000000000000500", rel_key(0), rel_key(30))
@@ -435,10 +435,10 @@ fn verify_checks_what_no_read_looks_at() {
     // byte 8192 + 3000. Make one of them non-zero, with the block's checksum to match.
     let padding = PAGE_SZ + 3000 + 10;
     bytes[padding] = 0xAA;
-    let block_crc = crc32c::crc32c(&bytes[PAGE_SZ..2 * PAGE_SZ]);
+    let block_crc = utils::crc32c::crc32c(&bytes[PAGE_SZ..2 * PAGE_SZ]);
     let table = s.checksums_start_blk as usize * PAGE_SZ;
     bytes[table..table + 4].copy_from_slice(&block_crc.to_be_bytes());
-    let own = crc32c::crc32c(&bytes[table..table + TABLE_CRC_OFF]);
+    let own = utils::crc32c::crc32c(&bytes[table..table + TABLE_CRC_OFF]);
     bytes[table + TABLE_CRC_OFF..table + PAGE_SZ].copy_from_slice(&own.to_be_bytes());
     std::fs::write(&written.path, &bytes).unwrap();
 

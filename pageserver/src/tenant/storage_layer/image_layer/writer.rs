@@ -160,7 +160,7 @@ impl ImageLayerWriter {
         let mut rest = bytes;
         while !rest.is_empty() {
             let n = (PAGE_SZ - in_block).min(rest.len());
-            self.partial_crc = crc32c::crc32c_append(self.partial_crc, &rest[..n]);
+            self.partial_crc = utils::crc32c::crc32c_append(self.partial_crc, &rest[..n]);
             rest = &rest[n..];
             in_block += n;
             if in_block == PAGE_SZ {
@@ -217,7 +217,7 @@ impl ImageLayerWriter {
             for (slot, crc) in block.chunks_exact_mut(4).zip(chunk) {
                 slot.copy_from_slice(&crc.to_be_bytes());
             }
-            let own = crc32c::crc32c(&block[..TABLE_CRC_OFF]);
+            let own = utils::crc32c::crc32c(&block[..TABLE_CRC_OFF]);
             block[TABLE_CRC_OFF..].copy_from_slice(&own.to_be_bytes());
             self.file.append(&block)?;
         }

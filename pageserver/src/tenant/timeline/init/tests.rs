@@ -300,7 +300,7 @@ fn the_manifest_is_the_commit_point_of_a_flush() {
     };
     let bytes = std::fs::read(dir.path().join(&entry.name)).unwrap();
     assert_eq!(entry.size, bytes.len() as u64);
-    assert_eq!(entry.crc32c, crc32c::crc32c(&bytes));
+    assert_eq!(entry.crc32c, utils::crc32c::crc32c(&bytes));
     assert_eq!(
         Manifest::load(dir.path()).unwrap(),
         StoredMetadata::Manifest(manifest)

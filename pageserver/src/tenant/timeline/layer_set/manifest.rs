@@ -375,7 +375,7 @@ impl Manifest {
             }
             push_name(&mut b, name).map_err(bad)?;
         }
-        let crc = crc32c::crc32c(&b);
+        let crc = utils::crc32c::crc32c(&b);
         b.extend_from_slice(&crc.to_be_bytes());
         Ok(b)
     }
@@ -407,7 +407,7 @@ impl Manifest {
             ));
         }
         let stored = u32_at(body_len);
-        let computed = crc32c::crc32c(&b[..body_len]);
+        let computed = utils::crc32c::crc32c(&b[..body_len]);
         if stored != computed {
             return Err(format!(
                 "checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
@@ -586,7 +586,7 @@ pub(crate) fn store_legacy(dir: &Path, disk_consistent_lsn: Lsn) {
     b[0..4].copy_from_slice(&MAGIC.to_be_bytes());
     b[4..6].copy_from_slice(&VERSION_LEGACY.to_be_bytes());
     b[8..16].copy_from_slice(&disk_consistent_lsn.0.to_be_bytes());
-    let crc = crc32c::crc32c(&b[..16]);
+    let crc = utils::crc32c::crc32c(&b[..16]);
     b[16..20].copy_from_slice(&crc.to_be_bytes());
     std::fs::write(dir.join(METADATA_FILE), b).unwrap();
 }

@@ -13,7 +13,7 @@
 //! collecting at the first version that needs no older history, or at an image layer, which
 //! answers for every key of its range (the older streams' versions of the key are skipped past,
 //! unread): the rule of [`KeyHistory`], which GetPage's walk follows too; and redoes the page
-//! with `reconstruct_page`, the function GetPage uses. So an entry
+//! with `reconstruct_page_taking`, the function GetPage uses. So an entry
 //! is byte for byte what `GET .../page` answers, and a key whose versions hold no base (the page
 //! does not exist) is left out, as a point read would say 404.
 //!
@@ -103,7 +103,7 @@
 //! layer as point reads do.
 
 use bytes::Bytes;
-use pageserver_api::{reconstruct_page, Key, Value};
+use pageserver_api::{reconstruct_page_taking, Key, Value};
 use utils::{Lsn, TimelineId};
 
 use crate::tenant::storage_layer::key_history::KeyHistory;
@@ -294,12 +294,14 @@ impl ScanCursor {
 
     /// Takes the next key of the merge and its page as of the cursor's LSN (`None` if its
     /// versions hold no base): the key's versions from each stream, newest layer first, read
-    /// down to the first that needs no older history, then redone.
+    /// down to the first that needs no older history, then redone. `records` is scratch room
+    /// for the versions, kept by the caller from key to key.
     fn take(
         &mut self,
         layers: &[ScanLayer],
         sizes: ChunkSizes,
         max_value_size: usize,
+        records: &mut Vec<(Lsn, Value)>,
     ) -> Result<Option<(Key, Option<Bytes>)>, TimelineError> {
         let Some(key) = self.peek(layers, sizes)? else {
             return Ok(None);
@@ -311,7 +313,7 @@ impl ScanCursor {
             });
         }
         let lsn = self.lsn;
-        let mut records: Vec<(Lsn, Value)> = Vec::new();
+        records.clear();
         if let Some(positioned) = &mut self.positioned {
             let mut history = KeyHistory::default();
             // Streams are in layer order, newest first, as GetPage walks the layers; `peek`
@@ -336,8 +338,8 @@ impl ScanCursor {
         // `key` < `end` <= Key::MAX, so it has a successor.
         self.from = key.next();
         self.last = Some(key);
-        let page = reconstruct_page(&records, max_value_size)
-            .map_err(|source| TimelineError::of_redo(key, lsn, &records, source))?;
+        let page = reconstruct_page_taking(records, max_value_size)
+            .map_err(|source| TimelineError::of_redo(key, lsn, records, source))?;
         Ok(Some((key, page)))
     }
 }
@@ -360,8 +362,9 @@ pub(crate) fn next_page(
     let sizes = cursor.chunk_sizes(limit);
     let max_value_size = timeline.conf.max_value_size;
     let mut entries = Vec::with_capacity(limit.min(MAX_CHUNK_KEYS));
+    let mut records = Vec::new();
     while entries.len() < limit {
-        match cursor.take(&layers, sizes, max_value_size)? {
+        match cursor.take(&layers, sizes, max_value_size, &mut records)? {
             Some((key, Some(page))) => entries.push((key, page)),
             // No base at `lsn`: the page does not exist there.
             Some((_, None)) => {}

@@ -58,7 +58,7 @@ fn tokens_round_trip_and_any_damage_is_refused() {
     // A well-formed token with a version or fields this server never issues.
     let mut raw = URL_SAFE_NO_PAD.decode(&text).unwrap();
     let reseal = |raw: &mut Vec<u8>| {
-        let crc = crc32c::crc32c(&raw[..token_off::CHECKSUM]);
+        let crc = utils::crc32c::crc32c(&raw[..token_off::CHECKSUM]);
         raw[token_off::CHECKSUM..].copy_from_slice(&crc.to_be_bytes());
         URL_SAFE_NO_PAD.encode(&raw)
     };

@@ -103,7 +103,7 @@ fn format_1_files_still_load_as_legacy() {
 /// Re-seals `body` (everything but the checksum) with a valid checksum, so that the field
 /// checks behind the checksum are what is tested.
 fn sealed(mut body: Vec<u8>) -> Vec<u8> {
-    let crc = crc32c::crc32c(&body);
+    let crc = utils::crc32c::crc32c(&body);
     body.extend_from_slice(&crc.to_be_bytes());
     body
 }
