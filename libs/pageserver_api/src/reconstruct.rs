@@ -287,7 +287,8 @@ pub fn reconstruct_page_taking<L: Ord>(
         records_newest_first.iter(),
         max_page_size,
         |at, image| match taken {
-            // No copy when the bytes are a buffer of their own (as a layer read hands out).
+            // No copy when the bytes are a whole buffer of their own (as a hot layer read hands
+            // out); a slice further into its buffer is moved to the front of it, in place.
             Some((taken_at, bytes)) if taken_at == at => Vec::from(bytes),
             _ => image.to_vec(),
         },

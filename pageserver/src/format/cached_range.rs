@@ -12,7 +12,8 @@
 //! does not matter.
 //!
 //! A range spans at most [`MAX_CACHED_RANGE_BLOCKS`] blocks (longer ones take the fallback) and
-//! holds its leases, pinning those pages, only until it is dropped: a reader decodes and lets go.
+//! holds its leases, pinning those pages, only until it is dropped: a reader copies out what it
+//! needs and lets go before it decodes.
 
 use std::ops::Range;
 
@@ -53,6 +54,8 @@ impl<'c> CachedRange<'c> {
         }
         let mut leases = [None, None, None];
         for (slot, blkno) in leases.iter_mut().zip(first..=last) {
+            // A block missing after others were found: those count one more reference in the
+            // CLOCK (the fallback read takes them again), never a second hit in the counters.
             *slot = Some(cache.peek_file_page(file, blkno)?);
         }
         cache.count_file_hits(file, blocks);

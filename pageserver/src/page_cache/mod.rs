@@ -463,10 +463,7 @@ impl PageCache {
     /// [`Self::peek_file_page`] and then read.
     #[inline]
     pub fn count_file_hits(&self, file: FileId, blocks: usize) {
-        let hits = &self.file_kind_counters(file).hits;
-        for _ in 0..blocks {
-            hits.inc();
-        }
+        self.file_kind_counters(file).hits.add(blocks as u64);
     }
 
     /// Block `blkno` of `file`, if cached.

@@ -30,7 +30,12 @@ impl StripedCounter {
 
     #[inline]
     pub(super) fn inc(&self) {
-        self.0[my_stripe()].0.fetch_add(1, Ordering::Relaxed);
+        self.add(1);
+    }
+
+    #[inline]
+    pub(super) fn add(&self, n: u64) {
+        self.0[my_stripe()].0.fetch_add(n, Ordering::Relaxed);
     }
 
     pub(super) fn get(&self) -> u64 {

@@ -562,3 +562,17 @@ fn taking_a_lone_image_returns_it_and_keeps_it() {
     );
     assert_eq!(records[0].1, Value::Image(base));
 }
+
+#[test]
+fn taking_reports_an_lsn_out_of_order_as_borrowing_does() {
+    // The image is taken before the walk finds the LSNs out of order above it.
+    let records = vec![
+        (10u64, delta(false, vec![patch(0, b"x")])),
+        (20u64, delta(false, vec![patch(1, b"y")])),
+        (5u64, Value::Image(Bytes::from(vec![1u8; 8192]))),
+    ];
+    let mut owned = records.clone();
+    let err = reconstruct_page_taking(&mut owned, MAX).unwrap_err();
+    assert_eq!(Err(err), reconstruct_page(&records, MAX));
+    assert_eq!(owned.len(), records.len());
+}

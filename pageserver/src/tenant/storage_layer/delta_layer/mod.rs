@@ -253,7 +253,7 @@ impl DeltaLayer {
             offset..end,
             BlockKind::Value,
         ) {
-            return self.decode_cached(key, lsn, entry, &cached);
+            return self.decode_cached(key, lsn, entry, cached);
         }
         let bytes = Bytes::from(
             read_range_through_cache(
@@ -290,7 +290,7 @@ impl DeltaLayer {
         key: Key,
         lsn: Lsn,
         entry: u64,
-        cached: &CachedRange<'_>,
+        cached: CachedRange<'_>,
     ) -> Result<(Value, bool), LayerFileError> {
         let len = cached.len();
         let head = if len >= 4 {
@@ -329,6 +329,8 @@ impl DeltaLayer {
             return Ok((value, false));
         }
         let body = Bytes::from(cached.to_vec(body));
+        // The blocks are let go before decoding (which may decompress).
+        drop(cached);
         let compressed = body.first() == Some(&COMPRESSED_VALUE_KIND);
         Ok((self.decode_body(key, lsn, entry, body)?, compressed))
     }

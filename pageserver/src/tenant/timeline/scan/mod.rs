@@ -21,7 +21,7 @@
 //!   open layer     ── versions_at_lsn ──> [k1:v9 k4:v8,v7]       ┐  least key; its versions,
 //!   frozen layer   ── versions_at_lsn ──> [k2:v6 k4:v5(init)]    ├─ newest layer first, down
 //!   delta layer    ── versions_at_lsn ──> [k3:v2 k4:v1 ...]      │  to a base; the rest
-//!   image layer    ── versions_at_lsn ──> [k1:img k3:img ...]    ┘  skipped ─> reconstruct_page
+//!   image layer    ── versions_at_lsn ──> [k1:img k3:img ...]    ┘  skipped ─> reconstruct_page_taking
 //! ```
 //!
 //! **Values are read when the merge takes their key, not when a chunk is buffered.** A stream
