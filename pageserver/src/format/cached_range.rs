@@ -52,7 +52,7 @@ impl<'c> CachedRange<'c> {
         if blocks > MAX_CACHED_RANGE_BLOCKS {
             return None;
         }
-        let mut leases = [None, None, None];
+        let mut leases = [const { None }; MAX_CACHED_RANGE_BLOCKS];
         for (slot, blkno) in leases.iter_mut().zip(first..=last) {
             // A block missing after others were found: those count one more reference in the
             // CLOCK (the fallback read takes them again), never a second hit in the counters.

@@ -462,7 +462,7 @@ impl PageCache {
     /// Counts `blocks` hits on blocks of `file` that a reader found with
     /// [`Self::peek_file_page`] and then read.
     #[inline]
-    pub fn count_file_hits(&self, file: FileId, blocks: usize) {
+    pub(crate) fn count_file_hits(&self, file: FileId, blocks: usize) {
         self.file_kind_counters(file).hits.add(blocks as u64);
     }
 

@@ -266,18 +266,7 @@ impl DeltaLayer {
             )
             .map_err(|e| self.corrupt(e))?,
         );
-        let Some((header_len, blob_len)) = BlobHeader::parse(&bytes) else {
-            return Err(self.corrupt(format!(
-                "value of key {key} at {lsn}: {} bytes cannot hold its length header",
-                bytes.len()
-            )));
-        };
-        if header_len.checked_add(blob_len) != Some(bytes.len()) {
-            return Err(self.corrupt(format!(
-                "value of key {key} at {lsn}: its header says {blob_len} bytes, but the next value starts {} bytes on",
-                bytes.len() - header_len
-            )));
-        }
+        let header_len = self.value_header_len(key, lsn, &bytes, bytes.len())?;
         let compressed = bytes.get(header_len) == Some(&COMPRESSED_VALUE_KIND);
         let value = self.decode_value_bytes(key, lsn, entry, bytes.slice(header_len..))?;
         Ok((value, compressed))
@@ -300,27 +289,11 @@ impl DeltaLayer {
             cached.copy_to(0, &mut head[..len]);
             head
         };
-        let Some((header_len, blob_len)) = BlobHeader::parse(&head[..len.min(4)]) else {
-            return Err(self.corrupt(format!(
-                "value of key {key} at {lsn}: {len} bytes cannot hold its length header"
-            )));
-        };
-        if header_len.checked_add(blob_len) != Some(len) {
-            return Err(self.corrupt(format!(
-                "value of key {key} at {lsn}: its header says {blob_len} bytes, but the next value starts {} bytes on",
-                len - header_len
-            )));
-        }
-        let Some(body_len) = blob_len.checked_sub(VALUE_CRC_LEN) else {
-            return Err(self.corrupt(format!(
-                "value of key {key} at {lsn} is {blob_len} bytes, too short for its checksum"
-            )));
-        };
+        let header_len = self.value_header_len(key, lsn, &head[..len.min(4)], len)?;
+        let body_len = self.body_len(key, lsn, len - header_len)?;
         let body = header_len..header_len + body_len;
         let stored = cached.array::<VALUE_CRC_LEN>(body.end);
-        if cached.crc32c(body.clone()) != u32::from_be_bytes(stored) {
-            return Err(self.corrupt(format!("value of key {key} at {lsn}: checksum mismatch")));
-        }
+        self.check_checksum(key, lsn, cached.crc32c(body.clone()), stored)?;
         if !body.is_empty() && cached.array::<1>(body.start)[0] == KIND_IMAGE {
             // An image is its kind byte and the page: the page alone is copied out, into a
             // buffer of its own that a redo can write into (`reconstruct_page_taking`).
@@ -477,6 +450,51 @@ impl DeltaLayer {
         )
     }
 
+    /// The length of the length header of a stored value of `len` bytes (header included),
+    /// from its first bytes `head`: checked to say exactly `len`.
+    fn value_header_len(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        head: &[u8],
+        len: usize,
+    ) -> Result<usize, LayerFileError> {
+        let Some((header_len, blob_len)) = BlobHeader::parse(head) else {
+            return Err(self.corrupt(format!(
+                "value of key {key} at {lsn}: {len} bytes cannot hold its length header"
+            )));
+        };
+        if header_len.checked_add(blob_len) != Some(len) {
+            return Err(self.corrupt(format!(
+                "value of key {key} at {lsn}: its header says {blob_len} bytes, but the next value starts {} bytes on",
+                len - header_len
+            )));
+        }
+        Ok(header_len)
+    }
+
+    /// The length of the body of a stored value whose blob (body and checksum) is `blob_len`.
+    fn body_len(&self, key: Key, lsn: Lsn, blob_len: usize) -> Result<usize, LayerFileError> {
+        blob_len.checked_sub(VALUE_CRC_LEN).ok_or_else(|| {
+            self.corrupt(format!(
+                "value of key {key} at {lsn} is {blob_len} bytes, too short for its checksum"
+            ))
+        })
+    }
+
+    fn check_checksum(
+        &self,
+        key: Key,
+        lsn: Lsn,
+        computed: u32,
+        stored: [u8; VALUE_CRC_LEN],
+    ) -> Result<(), LayerFileError> {
+        if computed != u32::from_be_bytes(stored) {
+            return Err(self.corrupt(format!("value of key {key} at {lsn}: checksum mismatch")));
+        }
+        Ok(())
+    }
+
     /// The body of a stored value whose checksum checks out.
     fn checked_body<'b>(
         &self,
@@ -484,17 +502,9 @@ impl DeltaLayer {
         lsn: Lsn,
         buf: &'b [u8],
     ) -> Result<&'b [u8], LayerFileError> {
-        let Some(body_len) = buf.len().checked_sub(VALUE_CRC_LEN) else {
-            return Err(self.corrupt(format!(
-                "value of key {key} at {lsn} is {} bytes, too short for its checksum",
-                buf.len()
-            )));
-        };
-        let (body, crc) = buf.split_at(body_len);
-        let stored = u32::from_be_bytes([crc[0], crc[1], crc[2], crc[3]]);
-        if utils::crc32c::crc32c(body) != stored {
-            return Err(self.corrupt(format!("value of key {key} at {lsn}: checksum mismatch")));
-        }
+        let (body, crc) = buf.split_at(self.body_len(key, lsn, buf.len())?);
+        let stored = crate::format::array_at(crc, 0);
+        self.check_checksum(key, lsn, utils::crc32c::crc32c(body), stored)?;
         Ok(body)
     }
 
